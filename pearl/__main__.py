@@ -1,0 +1,5 @@
+import sys
+
+from pearl.cli import main
+
+sys.exit(main())

@@ -1,0 +1,215 @@
+"""One typed configuration schema, loaded from TOML, with ``--set section.key=value`` overrides.
+
+Each section is a frozen dataclass; unknown sections or keys are errors that suggest the closest
+valid name. GPU lists accept arrays of ids or range strings such as ``"0-15"`` or ``"16-19,24"``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pearl.core.errors import ConfigError
+
+GpuList = tuple[int, ...]
+
+
+def parse_gpus(value: Any, where: str = "gpus") -> GpuList:
+    """``[0, 1, 2]``, ``"0-3"``, ``"0-3,8"`` or ``""`` -> a sorted tuple of distinct ids."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    if isinstance(value, str):
+        out: list[int] = []
+        for part in filter(None, (p.strip() for p in value.split(","))):
+            lo, sep, hi = part.partition("-")
+            try:
+                a = int(lo)
+                b = int(hi) if sep else a
+            except ValueError:
+                raise ConfigError(f"{where}: {part!r} is not a GPU id or range like 0-15") from None
+            if b < a:
+                raise ConfigError(f"{where}: range {part!r} runs backwards")
+            out.extend(range(a, b + 1))
+        value = out
+    if not isinstance(value, list | tuple) or not all(
+        isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in value
+    ):
+        raise ConfigError(f"{where}: expected GPU ids (a list of ints >= 0 or a range string)")
+    if len(set(value)) != len(value):
+        raise ConfigError(f"{where}: a GPU id appears twice")
+    return tuple(sorted(value))
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    gpu: str = "H800"
+    tp: int = 2
+    training_gpus: GpuList = tuple(range(0, 16))
+    reserved_gpus: GpuList = tuple(range(16, 20))
+    preemptible_gpus: GpuList = tuple(range(20, 32))
+    initial_preemptible: GpuList = ()  # preemptible GPUs present at start
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = "qwen3-8b"
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    batch: int = 64  # trajectories per rollout batch (B)
+    group_size: int = 16
+    max_trajectory_tokens: int = 32768
+    staleness: int = 1
+    # Priors for the workload profile until telemetry arrives (per trajectory, per turn).
+    turns: float = 30.0  # S
+    new_tokens_per_turn: float = 600.0  # delta_L
+    generated_tokens_per_turn: float = 250.0  # r
+    env_s: float = 60.0  # T_env over the whole step
+    theta: float = 0.5
+
+
+@dataclass(frozen=True)
+class DecisionConfig:
+    mode_switch_threshold: float = 0.10  # relative gain needed to switch coloc <-> disagg
+    ratio_change_threshold: float = 0.03  # relative gain needed to change N_P:N_D
+    ema_alpha: float = 0.3
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    enabled: bool = True
+    toggle_cost_s: float = 9.44  # prior T_toggle: activation 6.26 s + return 3.18 s (Table 3)
+
+
+@dataclass(frozen=True)
+class Config:
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    decision: DecisionConfig = field(default_factory=DecisionConfig)
+    gate: GateConfig = field(default_factory=GateConfig)
+
+    def validate(self) -> Config:
+        c = self.cluster
+        if c.tp < 1:
+            raise ConfigError(f"cluster.tp must be >= 1, got {c.tp}")
+        pools = {"training_gpus": c.training_gpus, "reserved_gpus": c.reserved_gpus,
+                 "preemptible_gpus": c.preemptible_gpus}
+        names = list(pools)
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                both = set(pools[a]) & set(pools[b])
+                if both:
+                    raise ConfigError(f"cluster.{a} and cluster.{b} share GPU ids {sorted(both)}")
+        extra = set(c.initial_preemptible) - set(c.preemptible_gpus)
+        if extra:
+            raise ConfigError(f"cluster.initial_preemptible {sorted(extra)} are not preemptible GPUs")
+        if self.workload.batch < 1:
+            raise ConfigError("workload.batch must be >= 1")
+        return self
+
+
+def _section_types() -> dict[str, type]:
+    hints = typing.get_type_hints(Config)
+    return {f.name: hints[f.name] for f in dataclasses.fields(Config)}
+
+
+def _suggest(name: str, options: list[str]) -> str:
+    close = difflib.get_close_matches(name, options, n=1)
+    return f"; did you mean {close[0]!r}?" if close else f"; valid: {', '.join(sorted(options))}"
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    if tp is GpuList or tp == GpuList:
+        return parse_gpus(value, where)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    else:
+        raise ConfigError(f"{where}: unsupported type {tp}")
+    raise ConfigError(f"{where}: expected {tp.__name__}, got {type(value).__name__} {value!r}")
+
+
+def from_mapping(data: dict[str, Any], source: str = "config") -> Config:
+    """Build a validated Config from a TOML-like mapping; unknown names are errors."""
+    sections = _section_types()
+    built: dict[str, Any] = {}
+    for sname, body in data.items():
+        if sname not in sections:
+            raise ConfigError(f"{source}: unknown section [{sname}]{_suggest(sname, list(sections))}")
+        if not isinstance(body, dict):
+            raise ConfigError(f"{source}: [{sname}] must be a table")
+        cls = sections[sname]
+        hints = typing.get_type_hints(cls)
+        keys = [f.name for f in dataclasses.fields(cls)]
+        kwargs = {}
+        for key, value in body.items():
+            if key not in hints:
+                raise ConfigError(f"{source}: unknown key {sname}.{key}{_suggest(key, keys)}")
+            kwargs[key] = _coerce(value, hints[key], f"{source}: {sname}.{key}")
+        built[sname] = cls(**kwargs)
+    return Config(**built).validate()
+
+
+def parse_override(text: str) -> tuple[str, str, Any]:
+    """``section.key=value`` with the value read as a TOML literal (bare words are strings)."""
+    path, eq, raw = text.partition("=")
+    section, dot, key = path.strip().partition(".")
+    if not eq or not dot or not section or not key:
+        raise ConfigError(f"--set {text!r}: expected section.key=value")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return section, key, value
+
+
+def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read a TOML file (or the defaults when ``path`` is None) and apply overrides."""
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        p = Path(path)
+        source = str(p)
+        try:
+            data = tomllib.loads(p.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {p} does not exist") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{p}: not valid TOML: {e}") from None
+    for text in overrides:
+        section, key, value = parse_override(text)
+        data.setdefault(section, {})
+        if not isinstance(data[section], dict):
+            raise ConfigError(f"--set {text!r}: {section} is not a section")
+        data[section][key] = value
+    return from_mapping(data, source)
+
+
+__all__ = [
+    "ClusterConfig",
+    "Config",
+    "DecisionConfig",
+    "GateConfig",
+    "ModelConfig",
+    "WorkloadConfig",
+    "from_mapping",
+    "load",
+    "parse_gpus",
+    "parse_override",
+]

@@ -1,0 +1,51 @@
+"""PEARL's pure core: no threads, sockets, sleeps, clocks or files. Time is an argument."""
+
+from pearl.core.errors import (
+    ConfigError,
+    InfeasibleConfiguration,
+    InvalidEvent,
+    InvariantViolation,
+    LogCorrupted,
+    LogError,
+    LogLocked,
+    NotALog,
+    PearlError,
+    ProtocolError,
+    SchemaError,
+)
+from pearl.core.state import (
+    Activity,
+    ClusterState,
+    Mode,
+    Role,
+    Step,
+    StepOp,
+    Target,
+    TrainingPhase,
+    Worker,
+    Zone,
+)
+
+__all__ = [
+    "Activity",
+    "ClusterState",
+    "ConfigError",
+    "InfeasibleConfiguration",
+    "InvalidEvent",
+    "InvariantViolation",
+    "LogCorrupted",
+    "LogError",
+    "LogLocked",
+    "Mode",
+    "NotALog",
+    "PearlError",
+    "ProtocolError",
+    "Role",
+    "SchemaError",
+    "Step",
+    "StepOp",
+    "Target",
+    "TrainingPhase",
+    "Worker",
+    "Zone",
+]

@@ -1,0 +1,50 @@
+"""One error root for PEARL, and the few subclasses callers act on differently.
+
+Messages say what was expected, what came, and what to do.
+"""
+
+from __future__ import annotations
+
+
+class PearlError(Exception):
+    """Root of every error PEARL raises on purpose."""
+
+
+class ConfigError(PearlError):
+    """A configuration file or override is invalid."""
+
+
+class SchemaError(PearlError):
+    """A record or message does not match its schema (wrong kind, version, field or type)."""
+
+
+class ProtocolError(PearlError):
+    """A peer sent something the wire protocol does not allow."""
+
+
+class InvariantViolation(PearlError):
+    """A table update would break an invariant of the GPU-worker-role table; nothing was changed."""
+
+
+class InvalidEvent(InvariantViolation):
+    """An elastic event does not fit the current state (unknown GPU, training-begin twice, ...)."""
+
+
+class InfeasibleConfiguration(PearlError):
+    """No configuration satisfies the capacity constraints for the current budget."""
+
+
+class LogError(PearlError):
+    """The event log cannot be opened or written."""
+
+
+class NotALog(LogError):
+    """The directory does not exist or holds no PEARL event log."""
+
+
+class LogCorrupted(LogError):
+    """The log is damaged in a way replay must not paper over (names file and offset)."""
+
+
+class LogLocked(LogError):
+    """Another process holds the log open for writing."""

@@ -1,0 +1,192 @@
+"""Every record the event log holds, as frozen typed dataclasses.
+
+Each record has one msgpack-ready mapping ``{"kind": ..., "v": SCHEMA_VERSION, ...}`` (see
+:mod:`pearl.core.schema`). Kinds:
+
+- set-up: ``cluster-init``;
+- elastic events: ``gpus-added``, ``gpus-reclaimed``, ``training-begin``, ``training-finished``,
+  ``weights-published``;
+- membership and role changes: ``worker-added``, ``worker-removed``, ``role-changed``,
+  ``activity-changed``, ``worker-failed``;
+- plan transactions: ``plan-begin`` (with its steps), ``step-done``, ``plan-commit``,
+  ``plan-abort``;
+- telemetry: ``telemetry`` (one summary per rollout step, what the Runtime Tracker fits).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pearl.core.schema import Registry, to_wire
+from pearl.core.state import Activity, Role, Step, Target, Zone
+
+RECORDS = Registry("record")
+
+
+@RECORDS.register("cluster-init")
+class ClusterInit:
+    """First record of every log: the GPU universe and the tensor-parallel degree."""
+
+    tp: int
+    training_gpus: tuple[int, ...]
+    reserved_gpus: tuple[int, ...]
+    preemptible_gpus: tuple[int, ...]
+
+
+@RECORDS.register("gpus-added")
+class GpusAdded:
+    """Preemptible GPUs joined the dedicated rollout zone (inter-scale expansion)."""
+
+    gpus: tuple[int, ...]
+
+
+@RECORDS.register("gpus-reclaimed")
+class GpusReclaimed:
+    """Preemptible GPUs are being taken back; workers on them stop receiving requests at once."""
+
+    gpus: tuple[int, ...]
+
+
+@RECORDS.register("training-begin")
+class TrainingBegin:
+    """The trainer wants its GPUs: every borrowed GPU must come back before it proceeds."""
+
+    step: int
+
+
+@RECORDS.register("training-finished")
+class TrainingFinished:
+    """A training step is done; its GPUs may be borrowed until the next training-begin."""
+
+    step: int
+    weights_version: int | None = None
+
+
+@RECORDS.register("weights-published")
+class WeightsPublished:
+    version: int
+    uri: str = ""
+
+
+@RECORDS.register("worker-added")
+class WorkerAdded:
+    """A rollout worker takes a free slot and binds to its GPUs for life (starts transitioning)."""
+
+    worker: int
+    gpus: tuple[int, ...]
+    role: Role
+    zone: Zone
+
+
+@RECORDS.register("worker-removed")
+class WorkerRemoved:
+    worker: int
+    reason: str = ""
+
+
+@RECORDS.register("role-changed")
+class RoleChanged:
+    worker: int
+    role: Role
+
+
+@RECORDS.register("activity-changed")
+class ActivityChanged:
+    worker: int
+    activity: Activity
+
+
+@RECORDS.register("worker-failed")
+class WorkerFailed:
+    """A worker host died or failed a command; it stops receiving requests."""
+
+    worker: int
+    reason: str
+    incarnation: int = 0
+
+
+@RECORDS.register("plan-begin")
+class PlanBegin:
+    """A reconfiguration plan (W_add, W_remove, rho) as ordered steps toward ``target``."""
+
+    plan: int
+    cause: str
+    target: Target
+    steps: tuple[Step, ...]
+    mandatory: bool = False  # a shrink or GPU return: completed on recovery, never cancelled
+
+
+@RECORDS.register("step-done")
+class StepDone:
+    plan: int
+    step: int
+
+
+@RECORDS.register("plan-commit")
+class PlanCommit:
+    plan: int
+
+
+@RECORDS.register("plan-abort")
+class PlanAbort:
+    plan: int
+    reason: str
+
+
+@RECORDS.register("telemetry")
+class Telemetry:
+    """One rollout step's workload summary (the Runtime Tracker's input, §4.3.2 and §5).
+
+    ``S`` turns of the slowest trajectory, ``delta_L`` new prompt tokens per turn, ``r`` generated
+    tokens per turn, ``theta`` bubble ratio, ``A``/``b`` decode iteration cost fit, ``t_prefill``
+    seconds per prefill token, ``T_env`` environment seconds, ``makespan_s`` measured step time.
+    ``toggle_s`` is a measured activation + return time when the step borrowed GPUs.
+    """
+
+    step: int
+    batch: int
+    S: float
+    delta_L: float
+    r: float
+    theta: float
+    A: float
+    b: float
+    t_prefill: float
+    T_env: float
+    makespan_s: float
+    toggle_s: float | None = None
+
+
+Record = Any  # any class registered in RECORDS
+
+
+def encode(record: Record) -> dict[str, Any]:
+    return to_wire(record)
+
+
+def decode(mapping: Any) -> Record:
+    return RECORDS.decode(mapping)
+
+
+__all__ = [
+    "RECORDS",
+    "ActivityChanged",
+    "ClusterInit",
+    "GpusAdded",
+    "GpusReclaimed",
+    "PlanAbort",
+    "PlanBegin",
+    "PlanCommit",
+    "Record",
+    "RoleChanged",
+    "StepDone",
+    "Telemetry",
+    "TrainingBegin",
+    "TrainingFinished",
+    "WeightsPublished",
+    "WorkerAdded",
+    "WorkerFailed",
+    "WorkerRemoved",
+    "decode",
+    "encode",
+]

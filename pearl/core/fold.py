@@ -1,0 +1,86 @@
+"""State = fold(records): how each log record changes the unified table.
+
+``apply`` is the pure, one-record update used live (the Orchestrator logs, then applies);
+``apply_all`` folds many records through one private builder, which is what replay uses. Both
+check that sequence numbers run last + 1, and both leave the input state untouched when a record is
+rejected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from pearl.core import events as ev
+from pearl.core.errors import InvariantViolation
+from pearl.core.state import Activity, ClusterState, TableBuilder
+
+
+def _init(t: TableBuilder, r: ev.ClusterInit) -> None:
+    t.init(r.tp, r.training_gpus, r.reserved_gpus, r.preemptible_gpus)
+
+
+_HANDLERS: dict[type, Callable[[TableBuilder, Any], None]] = {
+    ev.ClusterInit: _init,
+    ev.GpusAdded: lambda t, r: t.add_gpus(r.gpus),
+    ev.GpusReclaimed: lambda t, r: t.reclaim_gpus(r.gpus),
+    ev.TrainingBegin: lambda t, r: t.training_begin(r.step),
+    ev.TrainingFinished: lambda t, r: t.training_finished(r.step, r.weights_version),
+    ev.WeightsPublished: lambda t, r: t.publish_weights(r.version),
+    ev.WorkerAdded: lambda t, r: t.add_worker(r.worker, r.gpus, r.role, r.zone),
+    ev.WorkerRemoved: lambda t, r: t.remove_worker(r.worker),
+    ev.RoleChanged: lambda t, r: t.set_role(r.worker, r.role),
+    ev.ActivityChanged: lambda t, r: t.set_activity(r.worker, r.activity),
+    ev.WorkerFailed: lambda t, r: _failed(t, r),
+    ev.PlanBegin: lambda t, r: t.plan_begin(r.plan, r.cause, r.target, r.steps),
+    ev.StepDone: lambda t, r: t.step_done(r.plan, r.step),
+    ev.PlanCommit: lambda t, r: t.plan_commit(r.plan),
+    ev.PlanAbort: lambda t, r: t.plan_abort(r.plan),
+    ev.Telemetry: lambda t, r: None,
+}
+
+
+def _failed(t: TableBuilder, r: ev.WorkerFailed) -> None:
+    w = t.workers.get(r.worker)
+    if w is None:
+        raise InvariantViolation(f"worker-failed names unknown worker {r.worker}")
+    if w.activity is Activity.ACTIVE:
+        t.set_activity(r.worker, Activity.TRANSITIONING)
+
+
+def apply_to(builder: TableBuilder, record: Any, seq: int | None = None) -> None:
+    """Fold one record into a builder (validating first; a rejected record changes nothing)."""
+    expected = builder.seq + 1
+    if seq is not None and seq != expected:
+        raise InvariantViolation(f"record sequence {seq} does not follow {builder.seq}; expected {expected}")
+    handler = _HANDLERS.get(type(record))
+    if handler is None:
+        raise InvariantViolation(f"no fold rule for {type(record).__name__}")
+    handler(builder, record)
+    builder.seq = expected
+
+
+def apply(state: ClusterState, record: Any, seq: int | None = None) -> ClusterState:
+    """The table after ``record``; ``state`` itself never changes."""
+    b = state.thaw()
+    apply_to(b, record, seq)
+    return b.freeze()
+
+
+def apply_all(state: ClusterState, records: Iterable[Any], first_seq: int | None = None) -> ClusterState:
+    """Fold records in order; on a rejected record raise and leave ``state`` untouched."""
+    b = state.thaw()
+    seq = first_seq
+    for r in records:
+        apply_to(b, r, seq)
+        if seq is not None:
+            seq += 1
+    return b.freeze()
+
+
+def replay(records: Iterable[Any]) -> ClusterState:
+    """The table from the start of a log."""
+    return apply_all(ClusterState(), records, first_seq=1)
+
+
+__all__ = ["apply", "apply_all", "apply_to", "replay"]

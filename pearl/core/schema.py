@@ -1,0 +1,217 @@
+"""Frozen, typed records and their single msgpack-ready mapping.
+
+Every record and message type is a frozen dataclass registered under a kind. ``to_wire`` turns an
+instance into one plain mapping ``{"kind": K, "v": SCHEMA_VERSION, field: value, ...}`` (enums as
+their values, nested structs as mappings, tuples as arrays); ``from_wire`` checks the kind, the
+schema version and the type of every field before building the instance, so malformed input
+raises :class:`SchemaError` and never a ``TypeError`` deep inside the caller.
+
+Per-class converters are built once, on first use, from the type hints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import types
+import typing
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from pearl.core.errors import SchemaError
+
+SCHEMA_VERSION = 1
+
+T = TypeVar("T")
+_Conv = Callable[[Any], Any]
+
+
+class Registry:
+    """A namespace of kinds: one for log records, another for wire messages."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.kinds: dict[str, type] = {}
+
+    def register(self, kind: str) -> Callable[[type[T]], type[T]]:
+        """Class decorator: make ``cls`` a frozen slotted dataclass known under ``kind``."""
+
+        def wrap(cls: type[T]) -> type[T]:
+            if kind in self.kinds:
+                raise ValueError(f"{self.name} kind {kind!r} registered twice")
+            dc = _frozen(cls)
+            dc.KIND = kind  # type: ignore[attr-defined]
+            self.kinds[kind] = dc
+            return dc
+
+        return wrap
+
+    def decode(self, mapping: Any) -> Any:
+        """Build the registered instance a wire mapping describes; raise SchemaError otherwise."""
+        if not isinstance(mapping, dict):
+            raise SchemaError(f"{self.name}: expected a mapping, got {type(mapping).__name__}")
+        kind = mapping.get("kind")
+        cls = self.kinds.get(kind)  # type: ignore[arg-type]
+        if cls is None:
+            raise SchemaError(f"unknown {self.name} kind {kind!r}; known: {sorted(self.kinds)}")
+        version = mapping.get("v")
+        if version != SCHEMA_VERSION:
+            raise SchemaError(
+                f"{self.name} {kind!r} has schema version {version!r}, this PEARL reads "
+                f"version {SCHEMA_VERSION}; upgrade PEARL or convert the data"
+            )
+        return _codec(cls).decode(mapping, skip=("kind", "v"))
+
+
+def struct(cls: type[T]) -> type[T]:
+    """Class decorator for nested value types (encoded as a mapping without kind)."""
+    return _frozen(cls)
+
+
+def _frozen(cls: type[T]) -> type[T]:
+    return dataclasses.dataclass(frozen=True, slots=True)(cls)  # type: ignore[return-value]
+
+
+def to_wire(obj: Any) -> dict[str, Any]:
+    """The single mapping of a registered record: kind, schema version and fields."""
+    out = {"kind": obj.KIND, "v": SCHEMA_VERSION}
+    out.update(_codec(type(obj)).encode(obj))
+    return out
+
+
+def to_plain(obj: Any) -> dict[str, Any]:
+    """The mapping of a struct or record without kind and version (for JSON views)."""
+    return _codec(type(obj)).encode(obj)
+
+
+def from_plain(cls: type[T], mapping: Any) -> T:
+    """Decode a struct from its plain mapping."""
+    if not isinstance(mapping, dict):
+        raise SchemaError(f"{cls.__name__}: expected a mapping, got {type(mapping).__name__}")
+    return _codec(cls).decode(mapping)  # type: ignore[no-any-return]
+
+
+class _Codec:
+    def __init__(self, cls: type) -> None:
+        hints = typing.get_type_hints(cls)
+        self.cls = cls
+        self.fields: list[tuple[str, _Conv, _Conv, bool]] = []
+        for f in dataclasses.fields(cls):
+            enc, dec = _converters(hints[f.name], f"{cls.__name__}.{f.name}")
+            required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            self.fields.append((f.name, enc, dec, required))
+        self.names = frozenset(f[0] for f in self.fields)
+
+    def encode(self, obj: Any) -> dict[str, Any]:
+        return {name: enc(getattr(obj, name)) for name, enc, _, _ in self.fields}
+
+    def decode(self, m: dict[str, Any], skip: tuple[str, ...] = ()) -> Any:
+        kwargs = {}
+        for name, _, dec, required in self.fields:
+            if name in m:
+                kwargs[name] = dec(m[name])
+            elif required:
+                raise SchemaError(f"{self.cls.__name__}: missing field {name!r}")
+        if len(m) - len(skip) > len(kwargs):
+            extra = sorted(set(m) - self.names - set(skip), key=str)
+            if extra:
+                raise SchemaError(f"{self.cls.__name__}: unknown field(s) {extra}")
+        return self.cls(**kwargs)
+
+
+_CODECS: dict[type, _Codec] = {}
+
+
+def _codec(cls: type) -> _Codec:
+    c = _CODECS.get(cls)
+    if c is None:
+        c = _CODECS[cls] = _Codec(cls)
+    return c
+
+
+def _ident(v: Any) -> Any:
+    return v
+
+
+def _converters(tp: Any, where: str) -> tuple[_Conv, _Conv]:
+    """Encoder and checking decoder for one annotated type."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return _ident, _ident
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) != 1:
+            raise TypeError(f"{where}: only Optional[X] unions are supported")
+        enc, dec = _converters(inner[0], where)
+        return (lambda v: None if v is None else enc(v)), (lambda v: None if v is None else dec(v))
+    if tp is bool:
+        return _ident, _checker(lambda v: type(v) is bool, "bool", where)
+    if tp is int:
+        return _ident, _checker(lambda v: type(v) is int, "int", where)
+    if tp is str:
+        return _ident, _checker(lambda v: type(v) is str, "str", where)
+    if tp is bytes:
+        return _ident, _checker(lambda v: type(v) is bytes, "bytes", where)
+    if tp is float:
+
+        def dec_float(v: Any) -> float:
+            if type(v) is float:
+                return v
+            if type(v) is int:
+                return float(v)
+            raise SchemaError(f"{where}: expected float, got {type(v).__name__}")
+
+        return _ident, dec_float
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        values = [m.value for m in tp]
+
+        def dec_enum(v: Any) -> Any:
+            try:
+                return tp(v)
+            except ValueError:
+                raise SchemaError(f"{where}: {v!r} is not one of {values}") from None
+
+        return (lambda v: v.value), dec_enum
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            ienc, idec = _converters(args[0], where + "[]")
+            if ienc is _ident:
+                enc_t: _Conv = _ident
+            else:
+
+                def enc_t(v: Any) -> Any:
+                    return tuple(ienc(x) for x in v)
+
+            def dec_t(v: Any) -> tuple[Any, ...]:
+                if type(v) not in (list, tuple):
+                    raise SchemaError(f"{where}: expected an array, got {type(v).__name__}")
+                return tuple(idec(x) for x in v)
+
+            return enc_t, dec_t
+        raise TypeError(f"{where}: use tuple[X, ...]")
+    if origin is dict:
+        kenc, kdec = _converters(args[0], where + ".key")
+        venc, vdec = _converters(args[1], where + ".value")
+
+        def dec_d(v: Any) -> dict[Any, Any]:
+            if not isinstance(v, dict):
+                raise SchemaError(f"{where}: expected a mapping, got {type(v).__name__}")
+            return {kdec(k): vdec(x) for k, x in v.items()}
+
+        return (lambda v: {kenc(k): venc(x) for k, x in v.items()}), dec_d
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return (lambda v: _codec(tp).encode(v)), (lambda v: from_plain(tp, v))
+    raise TypeError(f"{where}: unsupported field type {tp!r}")
+
+
+def _checker(ok: Callable[[Any], bool], name: str, where: str) -> _Conv:
+    def dec(v: Any) -> Any:
+        if ok(v):
+            return v
+        raise SchemaError(f"{where}: expected {name}, got {type(v).__name__} {v!r:.40}")
+
+    return dec
+
+
+__all__ = ["SCHEMA_VERSION", "Registry", "from_plain", "struct", "to_plain", "to_wire"]
