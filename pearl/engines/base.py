@@ -1,0 +1,184 @@
+"""The one contract every inference engine implements (torch, sglang, sim).
+
+A worker host owns exactly one engine. The engine runs its own scheduling loop (continuous
+batching) and hands results back through ``concurrent.futures.Future`` objects, so the WorkerActor
+stays a thin shell: it forwards commands and reports results.
+
+Prefill-decode disaggregation follows SGLang's shape: the router sends the *same* request to a
+prefill worker and to a decode worker with a shared ``transfer_id`` (SGLang's bootstrap room).
+The prefill engine computes the KV cache and the first token and ships the KV to ``kv_peer``
+through its :class:`KVChannel`; the decode engine waits for that transfer (with a timeout),
+continues decoding, and its result is the request's result.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import Any, Protocol
+
+from pearl.core.errors import PearlError
+from pearl.core.schema import struct
+from pearl.core.state import Role
+
+
+class EngineError(PearlError):
+    """An engine cannot do what was asked (wrong role, busy, released, older weights, ...)."""
+
+
+class KVTimeout(EngineError):
+    """A decode worker never received the KV cache of a request; the router should retry."""
+
+
+class FinishReason(enum.StrEnum):
+    STOP = "stop"  # a stop id was generated
+    LENGTH = "length"  # max_new_tokens reached (or the context limit)
+    ABORT = "abort"  # aborted: output_ids holds the tokens generated so far
+    PREFILLED = "prefilled"  # prefill role: KV shipped, first token in output_ids
+
+
+@struct
+class SamplingParams:
+    max_new_tokens: int = 64
+    temperature: float = 0.0  # 0 means greedy
+    top_p: float = 1.0
+    stop_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+
+@struct
+class GenerateRequest:
+    rid: str
+    input_ids: tuple[int, ...]
+    sampling: SamplingParams = SamplingParams()
+    trajectory: str = ""  # turns of one trajectory share a prefix: keep its KV for the next turn
+    return_logprobs: bool = True
+    transfer_id: str = ""  # PD only: names this request's KV transfer prefill -> decode
+    kv_peer: str = ""  # PD only, prefill side: address of the decode worker's KV inbox
+
+
+@struct
+class GenerateResult:
+    rid: str
+    output_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]  # one per output token (empty when not requested)
+    finish_reason: FinishReason
+    weights_version: int
+    prompt_tokens: int
+    cached_tokens: int = 0  # prompt tokens whose KV was reused instead of prefilled
+
+
+@struct
+class IterationStat:
+    """One scheduler iteration: what the Runtime Tracker fits A, b and t_prefill from."""
+
+    t_start: float  # engine clock (monotonic seconds)
+    duration_s: float
+    decode_batch: int  # sequences that produced a token in this iteration
+    prefill_tokens: int  # prompt tokens computed in this iteration (chunked prefill)
+
+
+@struct
+class KVTransferStat:
+    transfer_id: str
+    bytes: int
+    duration_s: float
+    direction: str  # "send" | "recv"
+
+
+@struct
+class EngineTelemetry:
+    iterations: tuple[IterationStat, ...] = ()
+    transfers: tuple[KVTransferStat, ...] = ()
+
+
+class KVChannel(Protocol):
+    """Moves KV caches peer to peer (zero-copy multipart frames), never through pearld."""
+
+    address: str  # where peers send KV destined to this engine
+
+    def send(self, peer: str, transfer_id: str, meta: dict[str, Any], frames: Sequence[Any]) -> None:
+        """Ship one request's KV to ``peer``; returns once the frames are handed to the socket."""
+
+    def receive(self, transfer_id: str, timeout_s: float) -> tuple[dict[str, Any], list[Any]]:
+        """The KV shipped under ``transfer_id``; raises KVTimeout when it does not arrive in time."""
+
+
+class Engine(ABC):
+    """One inference engine. Methods are thread-safe; ``generate`` never blocks on the model."""
+
+    kind: str = "abstract"
+
+    @property
+    @abstractmethod
+    def role(self) -> Role: ...
+
+    @property
+    @abstractmethod
+    def weights_version(self) -> int: ...
+
+    @abstractmethod
+    def start(self) -> None:
+        """Build the model and allocate memory; afterwards the engine serves."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Abort everything in flight and free all resources. Idempotent."""
+
+    @abstractmethod
+    def generate(self, request: GenerateRequest) -> Future[GenerateResult]:
+        """Queue a request; the future resolves when it finishes, is aborted, or fails."""
+
+    @abstractmethod
+    def abort(self, rid: str) -> None:
+        """Abort one request; its future resolves with ABORT and the tokens generated so far."""
+
+    def abort_all(self) -> None:
+        """Abort every request in flight (shrink: keep the generated prefixes)."""
+        for rid in self.in_flight():
+            self.abort(rid)
+
+    @abstractmethod
+    def in_flight(self) -> list[str]:
+        """Request ids queued or running."""
+
+    @abstractmethod
+    def drain(self, timeout_s: float) -> bool:
+        """Stop admitting, wait for in-flight requests to finish; True when none is left."""
+
+    @abstractmethod
+    def release_memory(self) -> None:
+        """Drop KV cache and weights from device memory, keep the process (borrow hand-back)."""
+
+    @abstractmethod
+    def resume_memory(self) -> None:
+        """Re-allocate what release_memory dropped; weights come back at the same version."""
+
+    @abstractmethod
+    def load_weights(self, version: int, source: Any) -> None:
+        """Load weights by version (a path or a state dict); an older version raises EngineError."""
+
+    @abstractmethod
+    def set_role(self, role: Role) -> None:
+        """Switch role; the engine must be idle (drain first), else EngineError."""
+
+    @abstractmethod
+    def telemetry(self) -> EngineTelemetry:
+        """Stats collected since the last call (and forget them)."""
+
+
+__all__ = [
+    "Engine",
+    "EngineError",
+    "EngineTelemetry",
+    "FinishReason",
+    "GenerateRequest",
+    "GenerateResult",
+    "IterationStat",
+    "KVChannel",
+    "KVTimeout",
+    "KVTransferStat",
+    "SamplingParams",
+]
