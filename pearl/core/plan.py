@@ -1,0 +1,201 @@
+"""Minimal-change plan generation (paper §4.4.2, eq. 5-6).
+
+Membership is fixed by the budget: workers on reclaimed GPUs leave, free dedicated GPU groups get
+new workers in the lowest empty slots, and overlap workers join while training GPUs are borrowed
+and leave when they are not. Among survivors ``S = W ∩ W'`` each role keeps up to its target count
+(lowest slot ids first); the remaining deficits are filled by joiners, then by the survivors in
+excess. That reaches the minimum change count ``D_worker + D_role`` and never moves a survivor's
+slot or GPU binding.
+
+Steps come in stages that executors run in order (all steps of a stage finish before the next
+stage starts): returns first (they are mandatory), then the training hand-off, then joiners
+(initialised in the background while everyone else serves), then role switches and atomic
+admission at commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from pearl.core.errors import InfeasibleConfiguration
+from pearl.core.state import (
+    ROLLOUT_ROLES,
+    Activity,
+    ClusterState,
+    Role,
+    Step,
+    StepOp,
+    Target,
+    TrainingPhase,
+    Worker,
+    Zone,
+)
+
+STAGE = {
+    StepOp.REMOVE: 0,
+    StepOp.DEACTIVATE: 0,
+    StepOp.RECLAIM: 1,
+    StepOp.LEND: 1,
+    StepOp.ADD: 2,
+    StepOp.ACTIVATE: 2,
+    StepOp.SET_ROLE: 3,
+}
+JOIN_OPS = (StepOp.ADD, StepOp.ACTIVATE)
+
+
+@dataclass(frozen=True, slots=True)
+class Membership:
+    """W' split by how each member gets there."""
+
+    survivors: tuple[Worker, ...]  # in W and W': keep slot and binding
+    reactivate: tuple[Worker, ...]  # retained overlap workers that join again
+    new_groups: tuple[tuple[tuple[int, ...], Zone], ...]  # free GPU groups for new workers
+    leave: tuple[Worker, ...]  # in W, not in W'
+    lend: int | None = None  # training worker to release its GPUs first
+    reclaim: int | None = None  # training worker to take its GPUs back
+
+    @property
+    def N(self) -> int:
+        """Rollout workers in W' (the decision's budget N_k)."""
+        return len(self.survivors) + len(self.reactivate) + len(self.new_groups)
+
+    @property
+    def N_dedicated(self) -> int:
+        return sum(1 for w in self.survivors if w.zone is Zone.DEDICATED) + sum(
+            1 for _, z in self.new_groups if z is Zone.DEDICATED
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """(W_add, W_remove, rho) and the ordered steps that realise it."""
+
+    target: Target
+    W_add: tuple[int, ...]
+    W_remove: tuple[int, ...]
+    rho: tuple[tuple[int, Role], ...]  # survivors that switch role, and to what
+    steps: tuple[Step, ...]
+
+    @property
+    def D_worker(self) -> int:
+        """Eq. 5: membership changes."""
+        return len(self.W_add) + len(self.W_remove)
+
+    @property
+    def D_role(self) -> int:
+        """Eq. 6: role changes among survivors."""
+        return len(self.rho)
+
+    @property
+    def empty(self) -> bool:
+        return not self.steps
+
+
+def _members(state: ClusterState) -> Iterable[Worker]:
+    """W: rollout workers that are in the active set or on their way in or out of it."""
+    return (w for w in state.workers.values() if w.is_rollout and w.activity is not Activity.INACTIVE)
+
+
+def _groups(gpus: Iterable[int], tp: int) -> list[tuple[int, ...]]:
+    s = sorted(gpus)
+    return [tuple(s[i : i + tp]) for i in range(0, len(s) - tp + 1, tp)]
+
+
+def membership(state: ClusterState, borrow: bool, exclude_gpus: frozenset[int] = frozenset()) -> Membership:
+    """Who is in W' given the GPUs present now and whether training GPUs are borrowed.
+
+    ``exclude_gpus`` keeps GPUs out of new groups (e.g. ones whose worker keeps failing).
+    """
+    if borrow and state.phase is TrainingPhase.TRAINING:
+        raise InfeasibleConfiguration("cannot borrow training GPUs while a training step needs them")
+    survivors, leave = [], []
+    for w in sorted(_members(state), key=lambda w: w.id):
+        gone = w.zone is Zone.DEDICATED and any(g in state.reclaiming_gpus for g in w.gpus)
+        if gone or (w.zone is Zone.OVERLAP and not borrow):
+            leave.append(w)
+        else:
+            survivors.append(w)
+    bound = {g for w in state.workers.values() if w.is_rollout for g in w.gpus}
+    free = state.dedicated_gpus - bound - exclude_gpus
+    new_groups = [(g, Zone.DEDICATED) for g in _groups(free, state.tp)]
+    reactivate: list[Worker] = []
+    trainers = state.training_workers()
+    lend = reclaim = None
+    if borrow:
+        retained = {w.gpus: w for w in state.rollout_workers(Zone.OVERLAP) if w.activity is Activity.INACTIVE}
+        for g in _groups(state.training_gpus, state.tp):
+            if g in retained:
+                reactivate.append(retained[g])
+            elif not any(x in bound for x in g) and not set(g) & exclude_gpus:
+                new_groups.append((g, Zone.OVERLAP))
+        if trainers and trainers[0].activity is Activity.ACTIVE and (reactivate or any(
+            z is Zone.OVERLAP for _, z in new_groups
+        )):
+            lend = trainers[0].id
+    elif trainers and state.phase is TrainingPhase.TRAINING and trainers[0].activity is not Activity.ACTIVE:
+        reclaim = trainers[0].id
+    return Membership(tuple(survivors), tuple(reactivate), tuple(new_groups), tuple(leave), lend, reclaim)
+
+
+def _free_slots(state: ClusterState, n: int) -> list[int]:
+    out, i = [], 0
+    while len(out) < n:
+        if i not in state.workers:
+            out.append(i)
+        i += 1
+    return out
+
+
+def plan(state: ClusterState, target: Target, m: Membership) -> Plan:
+    """Turn target counts into the minimal-change plan from ``state`` (eq. 5-6)."""
+    if target.N != m.N:
+        raise InfeasibleConfiguration(f"target {target} has {target.N} workers but W' has {m.N}")
+    dst = {r: target.count(r) for r in ROLLOUT_ROLES}
+    kept = dict.fromkeys(ROLLOUT_ROLES, 0)
+    excess: list[Worker] = []
+    for w in m.survivors:  # already sorted by slot id
+        if kept[w.role] < dst[w.role]:
+            kept[w.role] += 1
+        else:
+            excess.append(w)
+    deficit = [r for r in ROLLOUT_ROLES for _ in range(dst[r] - kept[r])]
+
+    def take(preferred: Role | None = None) -> Role:
+        if preferred is not None and preferred in deficit:
+            deficit.remove(preferred)
+            return preferred
+        return deficit.pop(0)
+
+    steps: list[Step] = [Step(StepOp.REMOVE if w.zone is Zone.DEDICATED else StepOp.DEACTIVATE, w.id) for w in m.leave]
+    if m.reclaim is not None:
+        steps.append(Step(StepOp.RECLAIM, m.reclaim))
+    if m.lend is not None:
+        steps.append(Step(StepOp.LEND, m.lend))
+    W_add: list[int] = []
+    for w in m.reactivate:  # a retained worker keeps its old role when it is still wanted
+        steps.append(Step(StepOp.ACTIVATE, w.id, take(w.role), w.gpus, w.zone))
+        W_add.append(w.id)
+    for slot, (gpus, zone) in zip(_free_slots(state, len(m.new_groups)), m.new_groups, strict=True):
+        steps.append(Step(StepOp.ADD, slot, take(), gpus, zone))
+        W_add.append(slot)
+    rho: list[tuple[int, Role]] = []
+    for w in excess:
+        role = take()
+        rho.append((w.id, role))
+        steps.append(Step(StepOp.SET_ROLE, w.id, role))
+    assert not deficit, "every target role is filled"
+    return Plan(target, tuple(W_add), tuple(w.id for w in m.leave), tuple(rho), tuple(steps))
+
+
+def min_changes(state: ClusterState, target: Target, m: Membership) -> tuple[int, int]:
+    """Eq. 5-6 computed directly from the role counts: (D_worker, D_role)."""
+    n_src = dict.fromkeys(ROLLOUT_ROLES, 0)
+    for w in m.survivors:
+        n_src[w.role] += 1
+    D_worker = len(m.reactivate) + len(m.new_groups) + len(m.leave)
+    D_role = sum(n_src[r] - min(n_src[r], target.count(r)) for r in ROLLOUT_ROLES)
+    return D_worker, D_role
+
+
+__all__ = ["JOIN_OPS", "STAGE", "Membership", "Plan", "membership", "min_changes", "plan"]

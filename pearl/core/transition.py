@@ -1,0 +1,134 @@
+"""How each plan step shows in the table: records at its start, at its end, at commit and abort.
+
+A step's start takes the worker out of routing where needed (``transitioning``) or binds a new
+worker to its slot; its end records the effect (removed, inactive, new role, training hand-off);
+the commit admits every joiner and role-changer at once (atomic admission); an abort removes the
+joiners and re-admits survivors whose role change finished. The command that asks an executor to
+perform a step is built here too, so the pair (records, command) always matches.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pearl.core import commands as cmd
+from pearl.core import events as ev
+from pearl.core.state import Activity, ClusterState, PlanProgress, Step, StepOp, Worker
+
+
+def _to(w: Worker | None, activity: Activity) -> list[Any]:
+    if w is None or w.activity is activity:
+        return []
+    return [ev.ActivityChanged(w.id, activity)]
+
+
+def start_records(s: ClusterState, step: Step) -> list[Any]:
+    """Records logged when ``step`` starts (before its command is sent)."""
+    w = s.workers.get(step.worker)
+    if step.op is StepOp.ADD:
+        assert step.role is not None and step.zone is not None
+        return [ev.WorkerAdded(step.worker, step.gpus, step.role, step.zone)]
+    if step.op is StepOp.ACTIVATE:
+        assert w is not None and step.role is not None
+        out: list[Any] = [] if w.role is step.role else [ev.RoleChanged(w.id, step.role)]
+        return out + _to(w, Activity.TRANSITIONING)
+    return _to(w, Activity.TRANSITIONING)  # stop routing / hand-off in progress
+
+
+def step_command(s: ClusterState, plan: int, k: int, step: Step, force: bool = False) -> Any:
+    """The executor command for step ``k`` of ``plan``."""
+    op, wid = step.op, step.worker
+    if op is StepOp.ADD:
+        w = s.workers[wid]
+        return cmd.StartWorker(wid, w.incarnation, w.gpus, w.role, w.zone, s.weights_version, plan, k)
+    if op is StepOp.ACTIVATE:
+        assert step.role is not None
+        return cmd.ActivateWorker(wid, step.role, s.weights_version, plan, k)
+    if op is StepOp.REMOVE:
+        return cmd.StopWorker(wid, plan, k, keep_partial=True, force=force)
+    if op is StepOp.DEACTIVATE:
+        return cmd.DeactivateWorker(wid, plan, k, keep_partial=True, force=force)
+    if op is StepOp.SET_ROLE:
+        assert step.role is not None
+        return cmd.SetRole(wid, step.role, plan, k)
+    if op is StepOp.LEND:
+        return cmd.LendTraining(wid, plan, k)
+    return cmd.ReclaimTraining(wid, plan, k)
+
+
+def done_records(s: ClusterState, plan: int, k: int, step: Step) -> list[Any]:
+    """Records logged when step ``k`` finished."""
+    out: list[Any] = [ev.StepDone(plan, k)]
+    w = s.workers.get(step.worker)
+    if step.op is StepOp.REMOVE:
+        out += _to(w, Activity.TRANSITIONING)
+        out.append(ev.WorkerRemoved(step.worker, "plan"))
+    elif step.op is StepOp.DEACTIVATE:
+        out += _to(w, Activity.TRANSITIONING) + [ev.ActivityChanged(step.worker, Activity.INACTIVE)]
+    elif step.op is StepOp.SET_ROLE:
+        assert step.role is not None and w is not None
+        out += _to(w, Activity.TRANSITIONING)
+        if w.role is not step.role:
+            out.append(ev.RoleChanged(step.worker, step.role))
+    elif step.op is StepOp.LEND:
+        out += _to(w, Activity.INACTIVE)
+    elif step.op is StepOp.RECLAIM:
+        out += _to(w, Activity.ACTIVE)
+    return out
+
+
+def _admitted(p: PlanProgress) -> list[int]:
+    return [
+        s.worker
+        for k, s in enumerate(p.steps)
+        if k in p.done and s.op in (StepOp.ADD, StepOp.ACTIVATE, StepOp.SET_ROLE)
+    ]
+
+
+def commit_records(s: ClusterState, failed: frozenset[int] = frozenset()) -> list[Any]:
+    """Atomic admission: joiners and role-changers become routable together, then plan-commit."""
+    p = s.plan
+    assert p is not None and p.complete
+    out: list[Any] = []
+    for wid in _admitted(p):
+        if wid not in failed:
+            out += _to(s.workers.get(wid), Activity.ACTIVE)
+    return out + [ev.PlanCommit(p.plan)]
+
+
+def abort_records(s: ClusterState, reason: str, failed: frozenset[int] = frozenset()) -> list[Any]:
+    """Cancel a plan: joiners leave (or go back to inactive), finished role changes are kept."""
+    p = s.plan
+    assert p is not None
+    out: list[Any] = []
+    for k, step in enumerate(p.steps):
+        w = s.workers.get(step.worker)
+        if w is None:
+            continue
+        if step.op is StepOp.ADD:
+            out += _to(w, Activity.TRANSITIONING) + [ev.WorkerRemoved(w.id, "expansion cancelled")]
+        elif step.op is StepOp.ACTIVATE:
+            out += _to(w, Activity.INACTIVE)
+        elif step.op is StepOp.SET_ROLE and w.activity is Activity.TRANSITIONING and w.id not in failed:
+            if k in p.done or w.role is step.role:
+                out += _to(w, Activity.ACTIVE)
+    return out + [ev.PlanAbort(p.plan, reason)]
+
+
+def cancel_command(step: Step) -> Any | None:
+    """Command that undoes a started joiner when its plan is cancelled."""
+    if step.op is StepOp.ADD:
+        return cmd.StopWorker(step.worker, keep_partial=False, force=True)
+    if step.op is StepOp.ACTIVATE:
+        return cmd.DeactivateWorker(step.worker, keep_partial=True, force=True)
+    return None
+
+
+__all__ = [
+    "abort_records",
+    "cancel_command",
+    "commit_records",
+    "done_records",
+    "start_records",
+    "step_command",
+]
