@@ -53,6 +53,7 @@ class ClusterConfig:
     reserved_gpus: GpuList = tuple(range(16, 20))
     preemptible_gpus: GpuList = tuple(range(20, 32))
     initial_preemptible: GpuList = ()  # preemptible GPUs present at start
+    mem_fraction: float = 0.9  # share of a worker's HBM for weights + KV cache (sets H_max)
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class WorkloadConfig:
     generated_tokens_per_turn: float = 250.0  # r
     env_s: float = 60.0  # T_env over the whole step
     theta: float = 0.5
+    turn_overhead_s: float = 0.5  # T_over: per-turn prefill/decode switching cost under colocation
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,9 @@ class DecisionConfig:
     mode_switch_threshold: float = 0.10  # relative gain needed to switch coloc <-> disagg
     ratio_change_threshold: float = 0.03  # relative gain needed to change N_P:N_D
     ema_alpha: float = 0.3
+    # Prefill keeps up (§4.2) when its busy time, lambda_P * t_prefill / N_P, is at most this share
+    # of the decode-path time (eq. 2); beyond it prefill queues grow and delay decode.
+    prefill_max_utilization: float = 0.9
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,16 @@ class Config:
             raise ConfigError(f"cluster.initial_preemptible {sorted(extra)} are not preemptible GPUs")
         if self.workload.batch < 1:
             raise ConfigError("workload.batch must be >= 1")
+        if not 0.0 < c.mem_fraction <= 1.0:
+            raise ConfigError(f"cluster.mem_fraction must be in (0, 1], got {c.mem_fraction}")
+        d = self.decision
+        if not 0.0 < d.prefill_max_utilization <= 1.0:
+            raise ConfigError("decision.prefill_max_utilization must be in (0, 1], "
+                              f"got {d.prefill_max_utilization}")
+        if not 0.0 < d.ema_alpha <= 1.0:
+            raise ConfigError(f"decision.ema_alpha must be in (0, 1], got {d.ema_alpha}")
+        if d.mode_switch_threshold < 0 or d.ratio_change_threshold < 0:
+            raise ConfigError("decision thresholds must be >= 0")
         return self
 
 
