@@ -1,0 +1,216 @@
+"""Workload profile priors and the Runtime Tracker: fits, summaries, EMA folding, replay."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from pearl import config
+from pearl.core import catalog, events
+from pearl.core.errors import SchemaError
+from pearl.core.profile import (
+    RuntimeTracker,
+    StepTelemetry,
+    TrajectoryStats,
+    WorkloadProfile,
+    fit_decode,
+    fit_prefill,
+    prior_profile,
+)
+
+TRUE_A, TRUE_B, TRUE_F = 4e-3, 4e-4, 0.6  # f = 0.6 -> theta = 0.4 / 0.6
+
+
+def _profile(**kw: float) -> WorkloadProfile:
+    base = dict(B=64, S=30.0, delta_L=600.0, r=250.0, theta=0.5, A=5e-3, b=3e-4, t_prefill=2e-5,
+                T_env=60.0, T_over=0.5, K=147456.0, K_seq=147456.0 * 25_500, H_max=1.2e11,
+                BW=8e10, T_toggle=9.44)
+    base.update(kw)
+    return WorkloadProfile(**base)  # type: ignore[arg-type]
+
+
+def _synthetic_step(rng: np.random.Generator, step: int = 1, noise: float = 0.03,
+                    toggle_s: float | None = None) -> StepTelemetry:
+    trs = tuple(TrajectoryStats(turns=int(t), new_tokens=int(t) * 500,
+                                generated_tokens=int(t) * 200, env_s=float(t) * 2.0)
+                for t in rng.integers(5, 21, size=64))
+    n = rng.integers(1, 33, size=3000)
+    d = (TRUE_A + TRUE_B * n) * (1 + noise * rng.standard_normal(n.size))
+    toks = rng.integers(200, 4000, size=400)
+    return StepTelemetry(
+        step=step, trajectories=trs, decode_batch=tuple(int(x) for x in n),
+        decode_s=tuple(float(x) for x in d), prefill_tokens=tuple(int(x) for x in toks),
+        prefill_s=tuple(float(x) * 2.5e-5 for x in toks),
+        active_fraction=tuple(float(x) for x in np.clip(TRUE_F + 0.05 * rng.standard_normal(200),
+                                                         0.01, 1)),
+        makespan_s=500.0, toggle_s=toggle_s)
+
+
+def test_prior_profile_combines_catalog_and_workload_config() -> None:
+    cfg = config.load(None, ["workload.turns=10", "workload.new_tokens_per_turn=1000",
+                             "workload.generated_tokens_per_turn=200", "gate.toggle_cost_s=5"])
+    p = prior_profile(cfg)
+    seq = 10 * 1200
+    r = catalog.roofline("qwen3-8b", "H800", 2, context=seq / 2, seq_tokens=seq)
+    assert (p.B, p.S, p.delta_L, p.r, p.T_toggle) == (64, 10, 1000, 200, 5)
+    assert (p.A, p.b, p.t_prefill, p.K, p.K_seq, p.H_max, p.BW) == (
+        r.A, r.b, r.t_prefill, r.K, r.K_seq, r.H_max, r.BW)
+    assert prior_profile(cfg, batch=96).B == 96
+
+
+def test_prior_kv_per_trajectory_is_capped_by_the_length_limit() -> None:
+    cfg = config.load(None, ["workload.turns=100", "workload.max_trajectory_tokens=32768"])
+    p = prior_profile(cfg)
+    assert p.K_seq == p.K * 32768
+
+
+@pytest.mark.parametrize("field", ["A", "theta", "K_seq"])
+@pytest.mark.parametrize("value", [-1.0, math.nan, math.inf])
+def test_profile_rejects_negative_or_non_finite(field: str, value: float) -> None:
+    with pytest.raises(SchemaError, match=field):
+        _profile(**{field: value})
+
+
+def test_fit_decode_recovers_a_and_b_from_noisy_iterations() -> None:
+    rng = np.random.default_rng(7)
+    n = rng.integers(1, 65, size=2000)
+    d = TRUE_A + TRUE_B * n + rng.normal(0, 0.05 * TRUE_A, n.size)
+    fit = fit_decode(n, d)
+    assert fit is not None and fit.n == 2000
+    assert fit.A == pytest.approx(TRUE_A, rel=0.03)
+    assert fit.b == pytest.approx(TRUE_B, rel=0.03)
+    assert fit.r2 > 0.95
+
+
+def test_fit_decode_degenerate_inputs() -> None:
+    assert fit_decode([8, 8, 8], [0.01, 0.011, 0.009]) is None  # no spread: no slope
+    assert fit_decode([4], [0.01]) is None
+    flat = fit_decode([1, 2, 3, 4], [0.010, 0.009, 0.008, 0.007])  # time falls with batch size
+    assert flat is not None and flat.b == 0.0 and flat.A == pytest.approx(0.0085)
+    origin = fit_decode([10, 20, 30], [0.0, 0.2, 0.4])  # would need a negative fixed cost
+    assert origin is not None and origin.A == 0.0 and origin.b > 0
+    exact = fit_decode([1, 2, 3], [0.5, 0.7, 0.9])
+    assert exact is not None and (exact.A, exact.b, exact.r2) == pytest.approx((0.3, 0.2, 1.0))
+
+
+def test_fit_prefill_is_time_per_token() -> None:
+    assert fit_prefill([1000, 3000], [0.02, 0.06]) == pytest.approx(2e-5)
+    assert fit_prefill([], []) is None
+
+
+def test_summarize_reads_the_step() -> None:
+    rng = np.random.default_rng(1)
+    step = _synthetic_step(rng, step=3, toggle_s=7.0)
+    tracker = RuntimeTracker(_profile(), alpha=0.3, L_max=32768)
+    s = tracker.summarize(step)
+    turns = [t.turns for t in step.trajectories]
+    assert isinstance(s, events.Telemetry)
+    assert (s.step, s.batch, s.S) == (3, 64, max(turns))
+    assert s.delta_L == pytest.approx(500) and s.r == pytest.approx(200)
+    assert s.T_env == pytest.approx(2.0 * max(turns))
+    assert s.theta == pytest.approx((1 - TRUE_F) / TRUE_F, rel=0.05)
+    assert s.A == pytest.approx(TRUE_A, rel=0.05) and s.b == pytest.approx(TRUE_B, rel=0.05)
+    assert s.t_prefill == pytest.approx(2.5e-5)
+    assert (s.makespan_s, s.toggle_s) == (500.0, 7.0)
+    assert tracker.profile == _profile()  # summarizing changes nothing
+
+
+def test_summarize_keeps_what_the_step_did_not_measure() -> None:
+    p = _profile()
+    step = StepTelemetry(step=1, trajectories=(TrajectoryStats(4, 400, 100, 3.0),),
+                         decode_batch=(8, 8, 9), decode_s=(0.01, 0.03, 0.02))  # R^2 ~ 0
+    s = RuntimeTracker(p, alpha=0.5, L_max=32768).summarize(step)
+    assert (s.A, s.b, s.theta, s.t_prefill) == (p.A, p.b, p.theta, p.t_prefill)
+    assert (s.S, s.delta_L, s.r, s.T_env) == (4, 100, 25, 3.0)
+
+
+@pytest.mark.parametrize("bad", [
+    dict(trajectories=()),
+    dict(trajectories=(TrajectoryStats(0, 1, 1, 1.0),)),
+    dict(decode_batch=(1, 2), decode_s=(0.1, -0.1)),
+    dict(active_fraction=(1.5,)),
+])
+def test_bad_telemetry_is_rejected(bad: dict[str, object]) -> None:
+    kw: dict[str, object] = dict(step=1, trajectories=(TrajectoryStats(2, 10, 10, 1.0),))
+    kw.update(bad)
+    with pytest.raises(SchemaError):
+        RuntimeTracker(_profile(), 0.3, 32768).summarize(StepTelemetry(**kw))  # type: ignore[arg-type]
+
+
+def test_unpaired_samples_are_rejected() -> None:
+    with pytest.raises(SchemaError, match="pair up"):
+        StepTelemetry(step=1, trajectories=(), decode_batch=(1, 2), decode_s=(0.1,))
+
+
+def test_observe_is_an_ema() -> None:
+    p = _profile()
+    t = RuntimeTracker(p, alpha=0.25, L_max=1e9)
+    s = events.Telemetry(step=1, batch=32, S=10.0, delta_L=1000.0, r=100.0, theta=1.0, A=1e-2,
+                         b=1e-3, t_prefill=4e-5, T_env=20.0, makespan_s=300.0)
+    q = t.observe(s)
+    assert q is t.profile
+    assert q.B == 32
+    assert q.S == pytest.approx(0.25 * 10 + 0.75 * 30)
+    assert q.A == pytest.approx(0.25 * 1e-2 + 0.75 * 5e-3)
+    assert q.theta == pytest.approx(0.25 * 1.0 + 0.75 * 0.5)
+    assert q.K_seq == pytest.approx(q.K * q.S * (q.delta_L + q.r))
+    assert (q.T_toggle, q.T_over, q.H_max, q.BW) == (p.T_toggle, p.T_over, p.H_max, p.BW)
+    for k in range(60):
+        q = t.observe(dataclasses.replace(s, step=k + 2))
+    assert (q.S, q.A, q.theta) == pytest.approx((10.0, 1e-2, 1.0), rel=1e-6)
+
+
+def test_toggle_cost_moves_only_on_steps_that_borrowed() -> None:
+    t = RuntimeTracker(_profile(T_toggle=10.0), alpha=0.5, L_max=32768)
+    s = events.Telemetry(step=1, batch=64, S=30.0, delta_L=600.0, r=250.0, theta=0.5, A=5e-3,
+                         b=3e-4, t_prefill=2e-5, T_env=60.0, makespan_s=1.0)
+    assert t.observe(s).T_toggle == 10.0
+    assert t.observe(dataclasses.replace(s, toggle_s=4.0)).T_toggle == pytest.approx(7.0)
+
+
+def test_kv_per_trajectory_stays_under_the_length_limit() -> None:
+    t = RuntimeTracker(_profile(), alpha=1.0, L_max=32768)
+    s = events.Telemetry(step=1, batch=64, S=100.0, delta_L=600.0, r=250.0, theta=0.5, A=5e-3,
+                         b=3e-4, t_prefill=2e-5, T_env=60.0, makespan_s=1.0)
+    assert t.observe(s).K_seq == pytest.approx(147456.0 * 32768)
+
+
+def test_bad_summary_changes_nothing() -> None:
+    t = RuntimeTracker(_profile(), alpha=0.5, L_max=32768)
+    s = events.Telemetry(step=1, batch=64, S=math.nan, delta_L=600.0, r=250.0, theta=0.5, A=5e-3,
+                         b=3e-4, t_prefill=2e-5, T_env=60.0, makespan_s=1.0)
+    with pytest.raises(SchemaError, match="S"):
+        t.observe(s)
+    with pytest.raises(SchemaError, match="batch"):
+        t.observe(dataclasses.replace(s, S=3.0, batch=0))
+    assert t.profile == _profile() and t.steps == 0
+
+
+def test_tracker_converges_to_the_truth_from_a_wrong_prior() -> None:
+    rng = np.random.default_rng(11)
+    t = RuntimeTracker(_profile(A=2e-2, b=1e-5, theta=3.0, t_prefill=1e-4), alpha=0.3,
+                       L_max=32768)
+    for k in range(25):
+        t.observe(t.summarize(_synthetic_step(rng, step=k + 1)))
+    p = t.profile
+    assert p.A == pytest.approx(TRUE_A, rel=0.03)
+    assert p.b == pytest.approx(TRUE_B, rel=0.03)
+    assert p.theta == pytest.approx((1 - TRUE_F) / TRUE_F, rel=0.05)
+    assert p.t_prefill == pytest.approx(2.5e-5, rel=0.01)
+
+
+def test_replaying_logged_summaries_rebuilds_the_profile() -> None:
+    rng = np.random.default_rng(5)
+    prior = _profile()
+    live = RuntimeTracker(prior, alpha=0.3, L_max=32768)
+    logged = []
+    for k in range(8):
+        s = live.summarize(_synthetic_step(rng, step=k + 1, toggle_s=6.0 if k % 3 == 0 else None))
+        live.observe(s)
+        logged.append(events.encode(s))  # what the event log stores
+    replayed = RuntimeTracker.replay(prior, 0.3, 32768, (events.decode(m) for m in logged))
+    assert replayed.profile == live.profile
+    assert replayed.steps == live.steps == 8
