@@ -1,0 +1,141 @@
+"""Bubble-aware makespan models (§4.3.1, eq. 1-3) and the capacity constraints of §4.2.
+
+Every function takes worker counts (a worker spans tp GPUs) as Python numbers or numpy arrays and
+returns the same shape, so the decision engine evaluates all N_P in [1, N-1] in one pass.
+
+Capacity constraints (a disaggregated configuration is feasible when both hold):
+
+- decode HBM: the decode workers hold the whole batch's KV cache, ``B * K_seq <= N_D * H_max``;
+- prefill throughput: per step the prefill pool receives ``lambda_P = B * S * delta_L`` tokens and
+  is busy ``lambda_P * t_prefill / N_P`` seconds. Those tokens arrive while the decode path runs,
+  so prefill keeps up when that busy time is at most ``max_util`` times the decode-path time
+  (eq. 2). Past that utilisation prefill queues grow and delay decode (an M/D/1 queue at 90%
+  already waits ~4.5 service times).
+
+Colocation has no constraint here: it is the fallback the paper names when no split is feasible.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from pearl.core.profile import WorkloadProfile
+
+# Worker counts and makespans: a number, or an array of them (one per configuration).
+Count = float | npt.NDArray[np.float64]
+Bools = bool | npt.NDArray[np.bool_]
+
+DECODE_HBM = "decode-hbm"
+PREFILL_THROUGHPUT = "prefill-throughput"
+NO_WORKERS = "no-workers"
+# Codes in :attr:`Sweep.excluded`: 0 feasible, then the first constraint a split violates.
+EXCLUDED_BY: tuple[str | None, ...] = (None, DECODE_HBM, PREFILL_THROUGHPUT)
+
+
+def T_coloc(p: WorkloadProfile, N: Count) -> Count:
+    """Eq. 1: colocated makespan, S [B dL / N t_prefill + r (A + b B / N) + T_over] + T_env."""
+    per_worker = p.B / N
+    turn = per_worker * p.delta_L * p.t_prefill + p.r * (p.A + p.b * per_worker) + p.T_over
+    return p.S * turn + p.T_env
+
+
+def T_decode(p: WorkloadProfile, N_D: Count) -> Count:
+    """Eq. 2: decode-path makespan, S r (A + b B / (N_D (1 + theta))) (1 + theta)."""
+    k = 1.0 + p.theta
+    return p.S * p.r * (p.A + p.b * p.B / (N_D * k)) * k
+
+
+def T_prefill(p: WorkloadProfile, N_P: Count) -> Count:
+    """Eq. 3: prefill-path makespan, S (B dL / N_P t_prefill + B dL K / BW)."""
+    tokens = p.B * p.delta_L
+    return p.S * (tokens / N_P * p.t_prefill + tokens * p.K / p.BW)
+
+
+def T_dis(p: WorkloadProfile, N_P: Count, N_D: Count) -> Count:
+    """Disaggregated makespan: max(T_prefill (eq. 3), T_decode (eq. 2)) + T_env."""
+    return np.maximum(T_prefill(p, N_P), T_decode(p, N_D)) + p.T_env
+
+
+def lambda_P(p: WorkloadProfile) -> float:
+    """Prefill tokens per step, B S delta_L (§4.2)."""
+    return p.B * p.S * p.delta_L
+
+
+def decode_hbm_ok(p: WorkloadProfile, N_D: Count) -> Bools:
+    """§4.2: the decode workers hold the batch's KV cache, B K_seq <= N_D H_max."""
+    return p.B * p.K_seq <= N_D * p.H_max
+
+
+def prefill_utilization(p: WorkloadProfile, N_P: Count, N_D: Count) -> Count:
+    """Prefill-pool busy time lambda_P t_prefill / N_P over the decode-path time (eq. 2)."""
+    return lambda_P(p) * p.t_prefill / N_P / T_decode(p, N_D)
+
+
+def prefill_keeps_up(p: WorkloadProfile, N_P: Count, N_D: Count,
+                     max_util: float) -> Bools:
+    """§4.2: prefill handles lambda_P without queueing, utilisation <= max_util."""
+    return prefill_utilization(p, N_P, N_D) <= max_util
+
+
+@dataclass(frozen=True, slots=True)
+class Sweep:
+    """Colocation and every split N_P = 1 .. N-1 of N workers, evaluated at once.
+
+    ``T_dis[i]``, ``excluded[i]`` describe N_P = i + 1; ``excluded`` indexes EXCLUDED_BY.
+    """
+
+    N: int
+    T_coloc: float
+    N_P: npt.NDArray[np.int64]
+    T_dis: npt.NDArray[np.float64]
+    excluded: npt.NDArray[np.int8]
+
+    @property
+    def feasible(self) -> npt.NDArray[np.bool_]:
+        return self.excluded == 0
+
+    def best_split(self) -> int | None:
+        """Index of the feasible split with the least predicted makespan (ties: fewest N_P)."""
+        if not self.N_P.size:
+            return None
+        masked = np.where(self.excluded == 0, self.T_dis, np.inf)
+        i = int(np.argmin(masked))
+        return i if masked[i] < np.inf else None
+
+
+def sweep(p: WorkloadProfile, N: int, max_util: float) -> Sweep:
+    """Evaluate eq. 1 for N workers and eq. 2-3 with the §4.2 constraints for every N_P."""
+    if N < 1:
+        empty = np.empty(0)
+        return Sweep(N, float("inf"), empty.astype(np.int64), empty, empty.astype(np.int8))
+    n_p = np.arange(1, N, dtype=np.int64)
+    n_d = N - n_p
+    t_pre = T_prefill(p, n_p.astype(np.float64))
+    t_dec = T_decode(p, n_d.astype(np.float64))
+    t_dis = np.maximum(t_pre, t_dec) + p.T_env
+    # Same quantities as decode_hbm_ok / prefill_keeps_up, reusing t_dec.
+    hbm_bad = p.B * p.K_seq > n_d * p.H_max
+    slow = lambda_P(p) * p.t_prefill / n_p > max_util * t_dec
+    excluded = np.where(hbm_bad, 1, np.where(slow, 2, 0)).astype(np.int8)
+    return Sweep(N, float(T_coloc(p, float(N))), n_p, t_dis, excluded)
+
+
+__all__ = [
+    "DECODE_HBM",
+    "EXCLUDED_BY",
+    "NO_WORKERS",
+    "PREFILL_THROUGHPUT",
+    "Sweep",
+    "T_coloc",
+    "T_decode",
+    "T_dis",
+    "T_prefill",
+    "decode_hbm_ok",
+    "lambda_P",
+    "prefill_keeps_up",
+    "prefill_utilization",
+    "sweep",
+]

@@ -1,0 +1,114 @@
+"""Eq. 1-3 against hand-computed values, and the §4.2 capacity constraints."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pearl.core import makespan as ms
+from pearl.core.profile import WorkloadProfile
+
+# Round numbers so every expected value below can be checked by hand.
+P = WorkloadProfile(B=64, S=10.0, delta_L=1000.0, r=100.0, theta=1.0, A=0.01, b=0.001,
+                    t_prefill=1e-4, T_env=50.0, T_over=0.2, K=1e5, K_seq=1e9, H_max=2e10,
+                    BW=1e10, T_toggle=5.0)
+
+
+def test_eq1_colocation() -> None:
+    # B/N = 8 per worker: prefill 8*1000*1e-4 = 0.8, decode 100*(0.01 + 0.001*8) = 1.8,
+    # T_over 0.2 -> 2.8 per turn, times S = 10, plus T_env = 50.
+    assert ms.T_coloc(P, 8) == pytest.approx(78.0)
+    assert ms.T_coloc(P, 4) == pytest.approx(10 * (1.6 + 100 * 0.026 + 0.2) + 50)
+
+
+def test_eq2_decode_path() -> None:
+    # S r (A + b B / (N_D (1 + theta))) (1 + theta) = 1000 * (0.01 + 0.001 * 64 / 8) * 2
+    assert ms.T_decode(P, 4) == pytest.approx(36.0)
+    assert ms.T_decode(P, 2) == pytest.approx(52.0)
+
+
+def test_eq3_prefill_path() -> None:
+    # S (B dL / N_P t_prefill + B dL K / BW) = 10 * (64000 / 4 * 1e-4 + 64000 * 1e5 / 1e10)
+    assert ms.T_prefill(P, 4) == pytest.approx(22.4)
+    assert ms.T_prefill(P, 1) == pytest.approx(70.4)
+
+
+def test_disaggregated_is_the_longer_path_plus_env() -> None:
+    assert ms.T_dis(P, 4, 4) == pytest.approx(36.0 + 50)  # decode-bound
+    assert ms.T_dis(P, 1, 7) == pytest.approx(70.4 + 50)  # prefill-bound
+
+
+def test_bubbles_slow_the_decode_path_only() -> None:
+    calm = WorkloadProfile(**{**_fields(P), "theta": 0.0})
+    assert ms.T_decode(calm, 4) == pytest.approx(1000 * (0.01 + 0.001 * 16))
+    assert ms.T_decode(P, 4) > ms.T_decode(calm, 4)
+    assert ms.T_coloc(P, 8) == ms.T_coloc(calm, 8)  # work conservation: no bubble term
+
+
+def test_monotone_in_worker_counts() -> None:
+    n = np.arange(1.0, 65.0)
+    assert np.all(np.diff(ms.T_coloc(P, n)) < 0)
+    assert np.all(np.diff(ms.T_decode(P, n)) < 0)
+    assert np.all(np.diff(ms.T_prefill(P, n)) < 0)
+
+
+def test_decode_hbm_constraint() -> None:
+    # B K_seq = 64 GB; each decode worker holds 20 GB -> at least 4 decode workers.
+    assert not ms.decode_hbm_ok(P, 3)
+    assert ms.decode_hbm_ok(P, 4)
+    exact = WorkloadProfile(**{**_fields(P), "K_seq": 1.25e9})  # 80 GB = 4 x 20 GB exactly
+    assert ms.decode_hbm_ok(exact, 4) and not ms.decode_hbm_ok(exact, 3.99)
+
+
+def test_prefill_throughput_constraint() -> None:
+    # lambda_P = 64 * 10 * 1000 tokens: the pool is busy 64 / N_P seconds.
+    assert ms.lambda_P(P) == 640_000
+    assert ms.prefill_utilization(P, 4, 4) == pytest.approx(16 / 36)
+    assert ms.prefill_utilization(P, 2, 6) == pytest.approx(32 / ms.T_decode(P, 6))
+    assert not ms.prefill_keeps_up(P, 2, 6, 0.9)  # 104% busy
+    assert ms.prefill_keeps_up(P, 3, 5, 0.9)
+    u = float(ms.prefill_utilization(P, 3, 5))
+    assert ms.prefill_keeps_up(P, 3, 5, u * (1 + 1e-9))
+    assert not ms.prefill_keeps_up(P, 3, 5, u * (1 - 1e-9))
+
+
+def test_sweep_excludes_exactly_the_violating_splits() -> None:
+    s = ms.sweep(P, 8, 0.9)
+    got = [ms.EXCLUDED_BY[c] for c in s.excluded]
+    # N_P = 1, 2: prefill cannot keep up; N_P = 5..7 leave fewer than 4 decode workers.
+    assert got == [ms.PREFILL_THROUGHPUT, ms.PREFILL_THROUGHPUT, None, None,
+                   ms.DECODE_HBM, ms.DECODE_HBM, ms.DECODE_HBM]
+    # N_P = 3: decode 1000 * (0.01 + 0.0064) * 2 = 32.8 > prefill 10 * (6.4 / 3 + 0.64) = 27.7.
+    assert s.best_split() == 2
+    assert s.T_dis[2] == pytest.approx(82.8)
+    assert s.T_dis[3] == pytest.approx(86.0)
+    assert s.T_coloc == pytest.approx(78.0)
+
+
+def test_sweep_matches_the_scalar_equations() -> None:
+    for N in (2, 8, 33):
+        s = ms.sweep(P, N, 0.9)
+        assert list(s.N_P) == list(range(1, N))
+        for i, n_p in enumerate(s.N_P):
+            n_p = int(n_p)
+            assert s.T_dis[i] == pytest.approx(ms.T_dis(P, n_p, N - n_p), rel=1e-12)
+            ok = bool(ms.decode_hbm_ok(P, N - n_p)) and bool(ms.prefill_keeps_up(P, n_p, N - n_p,
+                                                                                   0.9))
+            assert bool(s.feasible[i]) == ok
+
+
+def test_sweep_of_too_few_workers() -> None:
+    one = ms.sweep(P, 1, 0.9)
+    assert one.N_P.size == 0 and one.best_split() is None and one.T_coloc == ms.T_coloc(P, 1)
+    none = ms.sweep(P, 0, 0.9)
+    assert none.T_coloc == float("inf") and none.best_split() is None
+
+
+def test_nothing_feasible() -> None:
+    huge = WorkloadProfile(**{**_fields(P), "K_seq": 1e12})
+    s = ms.sweep(huge, 8, 0.9)
+    assert not s.feasible.any() and s.best_split() is None
+
+
+def _fields(p: WorkloadProfile) -> dict[str, float]:
+    return {k: getattr(p, k) for k in p.__dataclass_fields__}
