@@ -1,5 +1,6 @@
 """PEARL's pure core: no threads, sockets, sleeps, clocks or files. Time is an argument."""
 
+from pearl.core.decision import Alternative, Decision, best_makespan, decide
 from pearl.core.errors import (
     ConfigError,
     InfeasibleConfiguration,
@@ -12,6 +13,15 @@ from pearl.core.errors import (
     PearlError,
     ProtocolError,
     SchemaError,
+)
+from pearl.core.gate import GateResult, borrow_gate
+from pearl.core.makespan import T_coloc, T_decode, T_dis, T_prefill
+from pearl.core.profile import (
+    RuntimeTracker,
+    StepTelemetry,
+    TrajectoryStats,
+    WorkloadProfile,
+    prior_profile,
 )
 from pearl.core.state import (
     Activity,
@@ -28,8 +38,11 @@ from pearl.core.state import (
 
 __all__ = [
     "Activity",
+    "Alternative",
     "ClusterState",
     "ConfigError",
+    "Decision",
+    "GateResult",
     "InfeasibleConfiguration",
     "InvalidEvent",
     "InvariantViolation",
@@ -41,11 +54,23 @@ __all__ = [
     "PearlError",
     "ProtocolError",
     "Role",
+    "RuntimeTracker",
     "SchemaError",
     "Step",
     "StepOp",
+    "StepTelemetry",
+    "T_coloc",
+    "T_decode",
+    "T_dis",
+    "T_prefill",
     "Target",
     "TrainingPhase",
+    "TrajectoryStats",
     "Worker",
+    "WorkloadProfile",
     "Zone",
+    "best_makespan",
+    "borrow_gate",
+    "decide",
+    "prior_profile",
 ]
