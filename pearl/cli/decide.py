@@ -64,10 +64,9 @@ def run(args: argparse.Namespace) -> int:
             "model": cfg.model.name, "gpu": cfg.cluster.gpu,
             "profile": to_plain(profile),
         })
-        if gate is not None:
-            out["gate"] = {**to_plain(gate), "R": R, "B": profile.B}
-            out["gate"]["T_ded"] = _finite(gate.T_ded)
-            out["gate"]["benefit_s"] = _finite(gate.benefit_s)
+        if gate is not None:  # no workers at all makes T_ded, T_full inf: JSON null
+            g = {k: _finite(v) if isinstance(v, float) else v for k, v in to_plain(gate).items()}
+            out["gate"] = {**g, "R": R, "B": profile.B}
         print(json.dumps(out, indent=2))
         return 0
     print(_text(cfg, args, d, profile, gate, R, n_ded, n_ov, idle))

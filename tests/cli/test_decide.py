@@ -114,3 +114,15 @@ def test_bad_input_is_one_clear_line(capsys: pytest.CaptureFixture[str], argv: t
 def test_missing_config_file(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["decide", "--config", "/nonexistent.toml", "--gpus", "4"]) == 1
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_json_is_strict_even_without_workers(capsys: pytest.CaptureFixture[str]) -> None:
+    def no_constants(name: str) -> None:
+        raise AssertionError(f"{name} is not JSON")
+
+    for argv in (("--gpus", "0"), ("--gpus", "0", "--overlap-gpus", "1"),
+                 ("--gpus", "0", "--overlap-gpus", "4")):
+        code, out, _ = run(capsys, *argv, "--json")
+        assert code == 0
+        j = json.loads(out, parse_constant=no_constants)
+        assert j["predicted_makespan_s"] is None or j["N_C"] + j["N_P"] > 0
