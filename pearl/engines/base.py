@@ -99,11 +99,26 @@ class KVChannel(Protocol):
 
     address: str  # where peers send KV destined to this engine
 
-    def send(self, peer: str, transfer_id: str, meta: dict[str, Any], frames: Sequence[Any]) -> None:
+    def send(
+        self, peer: str, transfer_id: str, meta: dict[str, Any], frames: Sequence[Any]
+    ) -> None:
         """Ship one request's KV to ``peer``; returns once the frames are handed to the socket."""
 
     def receive(self, transfer_id: str, timeout_s: float) -> tuple[dict[str, Any], list[Any]]:
-        """The KV shipped under ``transfer_id``; raises KVTimeout when it does not arrive in time."""
+        """The KV shipped under ``transfer_id``; raises KVTimeout when it does not arrive in time.
+
+        The returned meta is what the sender passed plus ``sent_at`` and ``arrived_at`` (wall-clock
+        seconds) added by the channel, from which the receiver measures the transfer.
+        """
+
+    def poll(self, transfer_id: str) -> tuple[dict[str, Any], list[Any]] | None:
+        """``receive`` without waiting: the transfer if it has arrived, else None.
+
+        An engine loop polls its pending transfers between iterations instead of blocking on one.
+        """
+
+    def close(self) -> None:
+        """Release the inbox and the sockets. Idempotent."""
 
 
 class Engine(ABC):

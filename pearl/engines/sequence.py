@@ -1,0 +1,103 @@
+"""One request's life inside an engine, and the per-iteration plan the scheduler hands a backend."""
+
+from __future__ import annotations
+
+import enum
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from pearl.engines.base import EngineError, FinishReason, GenerateRequest, GenerateResult
+
+
+class Phase(enum.Enum):
+    WAIT_KV = "wait-kv"  # decode role: the prefill worker's KV has not arrived yet
+    QUEUED = "queued"  # waiting for KV pages (or KV arrived and waits to be imported)
+    PREFILL = "prefill"  # prompt tokens still to compute, in chunks
+    DECODE = "decode"  # one token per iteration
+
+
+@dataclass(eq=False)
+class Seq:
+    """A request in flight: ``tokens`` = prompt + output, K/V exists for ``tokens[:computed]``."""
+
+    req: GenerateRequest
+    future: Future[GenerateResult]
+    tokens: list[int]
+    phase: Phase = Phase.QUEUED
+    computed: int = 0
+    pages: list[int] = field(default_factory=list)
+    output: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    cached_tokens: int = -1  # set at first admission
+    deadline: float = 0.0  # WAIT_KV: monotonic time after which the KV is given up
+    kv: tuple[dict[str, Any], list[Any]] | None = None  # arrived KV waiting for pages
+    state: Any = None  # the backend's per-sequence state (a sampling generator, a digest, ...)
+
+    @property
+    def rid(self) -> str:
+        return self.req.rid
+
+    @property
+    def pending(self) -> int:
+        """Tokens whose K/V is still to be computed before the next sample."""
+        return len(self.tokens) - self.computed
+
+    def push(self, token: int, logprob: float) -> None:
+        self.tokens.append(token)
+        self.output.append(token)
+        self.logprobs.append(logprob)
+
+    def stop_reason(self, max_seq_len: int) -> FinishReason | None:
+        """Why generation ends after the last sampled token, or None to go on."""
+        sp = self.req.sampling
+        if self.output and self.output[-1] in sp.stop_ids:
+            return FinishReason.STOP
+        if len(self.output) >= sp.max_new_tokens or len(self.tokens) >= max_seq_len:
+            return FinishReason.LENGTH
+        return None
+
+    def result(self, reason: FinishReason, version: int) -> GenerateResult:
+        return GenerateResult(
+            rid=self.rid,
+            output_ids=tuple(self.output),
+            logprobs=tuple(self.logprobs) if self.req.return_logprobs else (),
+            finish_reason=reason,
+            weights_version=version,
+            prompt_tokens=len(self.req.input_ids),
+            cached_tokens=max(self.cached_tokens, 0),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """Compute K/V for ``seq.tokens[start:end]``; sample a token when ``end`` reaches the end."""
+
+    seq: Seq
+    start: int
+    end: int
+
+    @property
+    def samples(self) -> bool:
+        return self.end == len(self.seq.tokens)
+
+
+def check_request(req: GenerateRequest, max_seq_len: int) -> None:
+    """Reject a malformed request before it is queued (clear message, nothing changed)."""
+    sp = req.sampling
+    if not req.rid:
+        raise EngineError("request has an empty rid")
+    if not req.input_ids:
+        raise EngineError(f"request {req.rid}: input_ids is empty; give at least one token")
+    if len(req.input_ids) >= max_seq_len:
+        raise EngineError(f"request {req.rid}: prompt of {len(req.input_ids)} tokens leaves no "
+                          f"room under the context limit of {max_seq_len}")
+    if sp.max_new_tokens < 1:
+        raise EngineError(f"request {req.rid}: max_new_tokens must be >= 1, got "
+                          f"{sp.max_new_tokens}")
+    if sp.temperature < 0 or not 0 < sp.top_p <= 1:
+        raise EngineError(f"request {req.rid}: need temperature >= 0 and 0 < top_p <= 1, got "
+                          f"{sp.temperature}, {sp.top_p}")
+
+
+__all__ = ["Phase", "Segment", "Seq", "check_request"]

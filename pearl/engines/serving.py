@@ -1,0 +1,486 @@
+"""The serving loop in-process engines share: continuous batching, roles, PD, memory, telemetry.
+
+:class:`ServingEngine` implements the :class:`~pearl.engines.base.Engine` contract once. It runs
+one scheduler thread that, every iteration, takes new requests and aborts, polls the KV channel,
+admits queued sequences while KV pages last, and hands one batch of :class:`Segment` s (one decode
+token per running sequence, then chunked prefill up to the token budget) to the backend's
+``_forward``. Backends (the torch model, the sim cost model) only compute: K/V into pages and one
+sampled token per finished segment. Everything that changes engine state runs on that thread, so
+the public methods are thread-safe by construction.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from abc import abstractmethod
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from pearl.core.state import Role
+from pearl.engines.base import (
+    Engine,
+    EngineError,
+    EngineTelemetry,
+    FinishReason,
+    GenerateRequest,
+    GenerateResult,
+    IterationStat,
+    KVChannel,
+    KVTimeout,
+    KVTransferStat,
+)
+from pearl.engines.blocks import KVBlocks
+from pearl.engines.scheduler import Scheduler
+from pearl.engines.sequence import Phase, Segment, Seq, check_request
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+SERVING_ROLES = (Role.COLOCATED, Role.PREFILL, Role.DECODE)
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    """Scheduler knobs shared by every in-process engine."""
+
+    kv_budget_bytes: int = 64 << 20  # KV pool size: pages = budget // (page_size * bytes/token)
+    page_size: int = 16  # tokens per KV page
+    token_budget: int = 256  # tokens per iteration: decode first, prefill chunks fill the rest
+    max_running: int = 256  # sequences batched at once
+    kv_timeout_s: float = 30.0  # decode role: how long to wait for a prefill worker's KV
+    max_seq_len: int = 0  # context limit; 0 means the model's own
+    telemetry_cap: int = 100_000  # stats kept between two telemetry() calls
+
+
+class ServingEngine(Engine):
+    """The shared engine; subclasses supply the model (``_forward`` and the memory hooks)."""
+
+    def __init__(self, config: ServingConfig, role: Role, kv_channel: KVChannel | None) -> None:
+        self.cfg = config
+        self._role = role
+        self.kv_channel = kv_channel
+        self._check_role(role)
+        self._version = 0
+        self._cv = threading.Condition()
+        self._seqs: dict[str, Seq] = {}  # everything in flight, by rid
+        self._inbox: list[Seq] = []
+        self._aborts: list[str] = []
+        self._calls: list[tuple[Callable[[], Any], Future[Any]]] = []
+        self._wait_kv: list[Seq] = []  # decode role: requests whose KV has not arrived
+        self._iters: deque[IterationStat] = deque(maxlen=config.telemetry_cap)
+        self._xfers: deque[KVTransferStat] = deque(maxlen=config.telemetry_cap)
+        self._thread: threading.Thread | None = None
+        self._stopping = self._stopped = self._released = self._draining = False
+        self._pending_weights: tuple[int, Any] | None = None
+        self.sched: Scheduler | None = None  # None while released
+        self.max_seq_len = 0
+
+    # -- what a backend provides ---------------------------------------------------------------
+
+    @abstractmethod
+    def _bytes_per_token(self) -> int:
+        """K/V bytes one token occupies (all layers)."""
+
+    @abstractmethod
+    def _context_limit(self) -> int:
+        """The model's maximum sequence length."""
+
+    @abstractmethod
+    def _backend_start(self) -> None:
+        """Build the model; allocate nothing the KV pool needs yet (``_allocate_kv`` does)."""
+
+    @abstractmethod
+    def _allocate_kv(self, n_pages: int) -> None:
+        """Allocate K/V storage for ``n_pages`` pages of ``cfg.page_size`` tokens."""
+
+    @abstractmethod
+    def _forward(self, segments: list[Segment]) -> list[tuple[int, float]]:
+        """Compute K/V of every segment; one (token, logprob) per segment with ``samples``."""
+
+    @abstractmethod
+    def _export_kv(self, seq: Seq) -> tuple[dict[str, Any], list[Any]]:
+        """Meta and buffers of ``seq``'s K/V for ``tokens[:computed]``."""
+
+    @abstractmethod
+    def _import_kv(self, seq: Seq, meta: dict[str, Any], frames: list[Any]) -> None:
+        """Write received K/V into ``seq.pages``."""
+
+    @abstractmethod
+    def _free_device(self) -> None:
+        """Drop weights and K/V storage (release_memory)."""
+
+    @abstractmethod
+    def _restore_device(self) -> None:
+        """Bring the weights back at the current version (resume_memory)."""
+
+    @abstractmethod
+    def _load(self, version: int, source: Any) -> None:
+        """Load new weights into the live model."""
+
+    def _new_sequence(self, seq: Seq) -> None:
+        """Per-sequence backend state (e.g. a seeded sampling generator)."""
+
+    def _now(self) -> float:
+        """The clock telemetry is stamped with."""
+        return time.monotonic()
+
+    def _after_idle(self) -> None:
+        """Called when the loop wakes from an idle wait."""
+
+    # -- the contract --------------------------------------------------------------------------
+
+    @property
+    def role(self) -> Role:
+        return self._role
+
+    @property
+    def weights_version(self) -> int:
+        return self._version
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def start(self) -> None:
+        if self._thread is not None or self._stopped:
+            raise EngineError(f"{self.kind} engine was already started; build a new one")
+        self._backend_start()
+        limit = self._context_limit()
+        self.max_seq_len = min(limit, self.cfg.max_seq_len) if self.cfg.max_seq_len else limit
+        self._make_pool()
+        self._thread = threading.Thread(target=self._loop, name=f"{self.kind}-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cv:
+            if self._stopped:
+                return
+            self._stopping = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+        with self._cv:
+            self._stopped = True
+        if not self._released and self.sched is not None:
+            self._free_device()
+        self.sched = None
+
+    def generate(self, request: GenerateRequest) -> Future[GenerateResult]:
+        fut: Future[GenerateResult] = Future()
+        with self._cv:
+            self._need_serving("generate")
+            if self._draining:
+                raise EngineError(f"{self.kind} engine is draining; route {request.rid} elsewhere")
+            if request.rid in self._seqs:
+                raise EngineError(f"request {request.rid} is already in flight on this engine")
+            check_request(request, self.max_seq_len)
+            if self._role is Role.PREFILL and not (request.transfer_id and request.kv_peer):
+                raise EngineError(f"prefill engine: request {request.rid} needs transfer_id and "
+                                  "kv_peer (the decode worker's KV inbox)")
+            if self._role is Role.DECODE and not request.transfer_id:
+                raise EngineError(f"decode engine: request {request.rid} needs the transfer_id "
+                                  "its prefill worker ships the KV under")
+            seq = Seq(request, fut, list(request.input_ids))
+            self._seqs[request.rid] = seq
+            self._inbox.append(seq)
+            self._cv.notify_all()
+        return fut
+
+    def abort(self, rid: str) -> None:
+        with self._cv:
+            self._aborts.append(rid)
+            self._cv.notify_all()
+
+    def in_flight(self) -> list[str]:
+        with self._cv:
+            return list(self._seqs)
+
+    def drain(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            self._draining = True
+            try:
+                while self._seqs and (left := deadline - time.monotonic()) > 0:
+                    self._cv.wait(min(left, 0.5))
+                return not self._seqs
+            finally:
+                self._draining = False
+
+    def release_memory(self) -> None:
+        """Abort what is in flight (prefixes kept in the results), then free weights and KV."""
+
+        def release() -> None:
+            if self._released:
+                return
+            for seq in list(self._seqs.values()):
+                self._finish(seq, FinishReason.ABORT)
+            self._free_device()
+            self.sched = None
+            self._released = True
+
+        self._call(release)
+
+    def resume_memory(self) -> None:
+        def resume() -> None:
+            if not self._released:
+                return
+            self._restore_device()
+            self._make_pool()
+            self._released = False
+            if self._pending_weights is not None:
+                version, source = self._pending_weights
+                self._pending_weights = None
+                self._load(version, source)
+
+        self._call(resume)
+
+    def load_weights(self, version: int, source: Any) -> None:
+        def load() -> None:
+            if version < self._version:
+                raise EngineError(f"weights version {version} is older than the loaded version "
+                                  f"{self._version}; refusing to go back")
+            if self._released:  # applied by resume_memory (lazy propagation)
+                self._pending_weights = (version, source)
+            else:
+                self._load(version, source)
+                assert self.sched is not None
+                self.sched.blocks.clear_prefixes()  # resident K/V was computed with the old weights
+            self._version = version
+
+        self._call(load)
+
+    def set_role(self, role: Role) -> None:
+        self._check_role(role)
+
+        def switch() -> None:
+            if self._seqs:
+                raise EngineError(f"set_role({role}) needs an idle engine; {len(self._seqs)} "
+                                  "requests are in flight: drain or abort them first")
+            self._role = role
+
+        self._call(switch)
+
+    def telemetry(self) -> EngineTelemetry:
+        with self._cv:
+            out = EngineTelemetry(tuple(self._iters), tuple(self._xfers))
+            self._iters.clear()
+            self._xfers.clear()
+        return out
+
+    def kv_usage(self) -> dict[str, int]:
+        """Pages of the KV pool: total, free, held by resident prefixes, and evictions so far."""
+        with self._cv:
+            if self.sched is None:
+                return {"pages": 0, "free": 0, "cached": 0, "evictions": 0, "preemptions": 0,
+                        "bytes_per_page": 0}
+            b = self.sched.blocks
+            return {"pages": b.n_pages, "free": b.free_pages, "cached": b.cached_pages,
+                    "evictions": b.evictions, "preemptions": self.sched.preemptions,
+                    "bytes_per_page": b.bytes_per_page}
+
+    # -- helpers for the public side -----------------------------------------------------------
+
+    def _check_role(self, role: Role) -> None:
+        if role not in SERVING_ROLES:
+            raise EngineError(f"an engine serves as one of {[r.value for r in SERVING_ROLES]}, "
+                              f"not {role}")
+        if role is not Role.COLOCATED and self.kv_channel is None:
+            raise EngineError(f"role {role} moves KV caches: build the engine with a kv_channel")
+
+    def _need_serving(self, what: str) -> None:
+        if self._thread is None or self._stopping or self._stopped:
+            raise EngineError(f"{what}: the {self.kind} engine is not running (start() it)")
+        if self._released:
+            raise EngineError(f"{what}: the {self.kind} engine released its memory; call "
+                              "resume_memory() before generating")
+
+    def _call(self, fn: Callable[[], T], timeout_s: float = 600.0) -> T:
+        """Run ``fn`` on the engine thread between iterations and return its result."""
+        fut: Future[T] = Future()
+        with self._cv:
+            if self._thread is None or self._stopping:
+                raise EngineError(f"the {self.kind} engine is not running (start() it)")
+            self._calls.append((fn, fut))
+            self._cv.notify_all()
+        return fut.result(timeout_s)
+
+    def _make_pool(self) -> None:
+        blocks = KVBlocks(self.cfg.kv_budget_bytes, self._bytes_per_token(), self.cfg.page_size)
+        self._allocate_kv(blocks.n_pages)
+        self.sched = Scheduler(blocks, self.cfg.token_budget, self.cfg.max_running)
+
+    def _record_transfer(self, stat: KVTransferStat) -> None:
+        with self._cv:
+            self._xfers.append(stat)
+
+    # -- the scheduler thread ------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                busy = self.sched is not None and self.sched.busy
+                urgent = busy or self._inbox or self._aborts or self._calls or self._stopping
+                if not urgent:  # only KV transfers pending: poll the channel briskly
+                    self._cv.wait(0.001 if self._wait_kv else 0.5)
+                inbox, self._inbox = self._inbox, []
+                aborts, self._aborts = self._aborts, []
+                calls, self._calls = self._calls, []
+                stopping = self._stopping
+            if not busy:
+                self._after_idle()
+            for fn, fut in calls:
+                try:
+                    fut.set_result(fn())
+                except BaseException as e:  # the caller gets it; the loop goes on
+                    fut.set_exception(e)
+            if stopping:
+                for seq in list(self._seqs.values()):
+                    self._finish(seq, FinishReason.ABORT)
+                return
+            for seq in inbox:
+                self._accept(seq)
+            for rid in aborts:
+                if (seq := self._seqs.get(rid)) is not None:
+                    self._finish(seq, FinishReason.ABORT)
+            if self.sched is not None:
+                self._poll_transfers()
+                self._step(self.sched)
+
+    def _step(self, sched: Scheduler) -> None:
+        """One iteration: admit, plan, run the backend, commit, finish what is done."""
+        for seq, err in sched.admit(self._import_arrived):
+            self._fail(seq, err)
+        segments = sched.plan()
+        while sched.out_of_memory:
+            self._finish(sched.out_of_memory.pop(), FinishReason.LENGTH)
+        if not segments:
+            return
+        decode = sum(1 for g in segments if g.seq.phase is Phase.DECODE)
+        prefill = sum(g.end - g.start for g in segments if g.seq.phase is not Phase.DECODE)
+        t0 = self._now()
+        try:
+            samples = self._forward(segments)
+        except Exception as e:  # fail this batch, keep serving
+            log.exception("%s engine: forward failed", self.kind)
+            for seq in {id(g.seq): g.seq for g in segments}.values():
+                self._fail(seq, EngineError(f"model step failed: {type(e).__name__}: {e}"))
+            return
+        with self._cv:
+            self._iters.append(IterationStat(t0, self._now() - t0, decode, prefill))
+        for seq in sched.commit(segments, samples):
+            if self._role is Role.PREFILL:
+                self._ship(seq)
+            elif (reason := seq.stop_reason(self.max_seq_len)) is not None:
+                self._finish(seq, reason)
+
+    def _accept(self, seq: Seq) -> None:
+        if seq.future.done():
+            return
+        self._new_sequence(seq)
+        if self._role is Role.DECODE:
+            seq.phase = Phase.WAIT_KV
+            seq.deadline = time.monotonic() + self.cfg.kv_timeout_s
+            self._wait_kv.append(seq)
+        else:
+            assert self.sched is not None
+            self.sched.enqueue(seq)
+
+    # -- prefill -> decode ---------------------------------------------------------------------
+
+    def _ship(self, seq: Seq) -> None:
+        """Prefill role: send the prompt's K/V and the first token to the decode worker."""
+        assert self.kv_channel is not None
+        t0 = self._now()
+        try:
+            meta, frames = self._export_kv(seq)
+            meta.update(rid=seq.rid, prompt_tokens=seq.computed, first=seq.output[0],
+                        logprob=seq.logprobs[0], version=self._version)
+            self.kv_channel.send(seq.req.kv_peer, seq.req.transfer_id, meta, frames)
+        except Exception as e:
+            self._fail(seq, e if isinstance(e, EngineError) else EngineError(
+                f"prefill engine: shipping the KV of {seq.rid} to {seq.req.kv_peer} failed: {e}"))
+            return
+        nbytes = int(meta.get("kv_bytes", sum(memoryview(f).nbytes for f in frames)))
+        self._record_transfer(KVTransferStat(seq.req.transfer_id, nbytes, self._now() - t0,
+                                             "send"))
+        self._finish(seq, FinishReason.PREFILLED)
+
+    def _poll_transfers(self) -> None:
+        if not self._wait_kv:
+            return
+        assert self.kv_channel is not None and self.sched is not None
+        now = time.monotonic()
+        for seq in list(self._wait_kv):
+            got = self.kv_channel.poll(seq.req.transfer_id)
+            if got is None:
+                if now > seq.deadline:
+                    self._fail(seq, self._kv_timeout(seq))
+                continue
+            self._wait_kv.remove(seq)
+            meta, frames = got
+            n = len(seq.req.input_ids)
+            if meta.get("prompt_tokens") != n:
+                self._fail(seq, EngineError(
+                    f"decode engine: transfer {seq.req.transfer_id!r} holds K/V of "
+                    f"{meta.get('prompt_tokens')} tokens, request {seq.rid} has {n}"))
+                continue
+            nbytes = int(meta.get("kv_bytes", sum(memoryview(f).nbytes for f in frames)))
+            wire = meta.get("arrived_at", 0.0) - meta.get("sent_at", 0.0)
+            took = float(meta.get("transfer_s", wire))  # the sim states its modelled time
+            self._record_transfer(KVTransferStat(seq.req.transfer_id, nbytes, max(took, 0.0),
+                                                 "recv"))
+            seq.push(int(meta["first"]), float(meta["logprob"]))
+            if (reason := seq.stop_reason(self.max_seq_len)) is not None:
+                self._finish(seq, reason)
+                continue
+            seq.kv = (meta, frames)
+            self.sched.enqueue(seq)
+
+    def _import_arrived(self, seq: Seq) -> None:
+        assert seq.kv is not None
+        meta, frames = seq.kv
+        seq.computed = len(seq.tokens) - 1
+        self._import_kv(seq, meta, frames)
+
+    # -- ending a request ----------------------------------------------------------------------
+
+    def _finish(self, seq: Seq, reason: FinishReason) -> None:
+        """Resolve a sequence with its output so far; its pages go back or stay as a prefix."""
+        self._detach(seq)
+        self._resolve(seq, result=seq.result(reason, self._version))
+
+    def _fail(self, seq: Seq, error: BaseException) -> None:
+        self._detach(seq)
+        self._resolve(seq, error=error)
+
+    def _detach(self, seq: Seq) -> None:
+        if seq in self._wait_kv:
+            self._wait_kv.remove(seq)
+        seq.kv = None
+        if self.sched is not None:
+            self.sched.drop(seq, keep_prefix=self._role is not Role.DECODE)
+
+    def _resolve(self, seq: Seq, result: GenerateResult | None = None,
+                 error: BaseException | None = None) -> None:
+        with self._cv:
+            self._seqs.pop(seq.rid, None)
+            self._cv.notify_all()
+        if seq.future.done():
+            return
+        if error is not None:
+            seq.future.set_exception(error)
+        else:
+            seq.future.set_result(result)  # type: ignore[arg-type]
+
+    def _kv_timeout(self, seq: Seq) -> KVTimeout:
+        return KVTimeout(
+            f"decode engine: no KV for request {seq.rid} (transfer {seq.req.transfer_id!r}) within "
+            f"{self.cfg.kv_timeout_s:.3f}s at {getattr(self.kv_channel, 'address', '?')}; the "
+            "prefill worker failed or never got the request: retry it on a prefill/decode pair")
+
+
+__all__ = ["SERVING_ROLES", "ServingConfig", "ServingEngine"]
