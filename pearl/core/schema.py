@@ -101,11 +101,29 @@ class _Codec:
             required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
             self.fields.append((f.name, enc, dec, required))
         self.names = frozenset(f[0] for f in self.fields)
+        # Fast path, same results and errors: when every field is present and nothing else is,
+        # a value whose type is exactly its field's scalar type is taken as is, anything else
+        # goes through the field's decoder (which raises what the checked path would), and the
+        # instance is built positionally. Otherwise the checked path below runs.
+        self.plan = tuple((name, _exact(hints[name]), dec) for name, _, dec, _ in self.fields)
+        self.positional = all(f.init and not f.kw_only for f in dataclasses.fields(cls))
 
     def encode(self, obj: Any) -> dict[str, Any]:
         return {name: enc(getattr(obj, name)) for name, enc, _, _ in self.fields}
 
     def decode(self, m: dict[str, Any], skip: tuple[str, ...] = ()) -> Any:
+        if self.positional and len(m) == len(self.plan) + len(skip):
+            values = []
+            for name, exact, dec in self.plan:
+                if name not in m:
+                    break
+                v = m[name]
+                values.append(v if type(v) is exact else dec(v))
+            else:
+                return self.cls(*values)
+        return self.decode_checked(m, skip)
+
+    def decode_checked(self, m: dict[str, Any], skip: tuple[str, ...] = ()) -> Any:
         kwargs = {}
         for name, _, dec, required in self.fields:
             if name in m:
@@ -131,6 +149,14 @@ def _codec(cls: type) -> _Codec:
 
 def _ident(v: Any) -> Any:
     return v
+
+
+def _exact(tp: Any) -> type | None:
+    """The scalar type whose values decode as themselves under annotation ``tp`` (or None)."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _exact(inner[0]) if len(inner) == 1 else None
+    return tp if tp in (bool, int, str, bytes, float) else None
 
 
 def _converters(tp: Any, where: str) -> tuple[_Conv, _Conv]:
@@ -165,8 +191,13 @@ def _converters(tp: Any, where: str) -> tuple[_Conv, _Conv]:
         return _ident, dec_float
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         values = [m.value for m in tp]
+        by_value = tp._value2member_map_  # what tp(v) looks up first
 
         def dec_enum(v: Any) -> Any:
+            try:
+                return by_value[v]
+            except (KeyError, TypeError):
+                pass
             try:
                 return tp(v)
             except ValueError:
@@ -183,9 +214,15 @@ def _converters(tp: Any, where: str) -> tuple[_Conv, _Conv]:
                 def enc_t(v: Any) -> Any:
                     return tuple(ienc(x) for x in v)
 
+            exact = _exact(args[0])
+
             def dec_t(v: Any) -> tuple[Any, ...]:
                 if type(v) not in (list, tuple):
                     raise SchemaError(f"{where}: expected an array, got {type(v).__name__}")
+                if exact is not None:
+                    t = tuple(v)
+                    if not t or set(map(type, t)) == {exact}:
+                        return t
                 return tuple(idec(x) for x in v)
 
             return enc_t, dec_t

@@ -1,0 +1,158 @@
+"""The record codec: every kind round-trips; malformed input is a SchemaError, never a crash."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pearl.core import events as ev
+from pearl.core.errors import SchemaError
+from pearl.core.schema import SCHEMA_VERSION, _codec, from_plain, to_plain
+from pearl.core.state import Activity, Mode, Role, Step, StepOp, Target, Zone
+
+EXAMPLES: list[Any] = [
+    ev.ClusterInit(tp=2, training_gpus=(0, 1), reserved_gpus=(2, 3), preemptible_gpus=(4, 5, 6)),
+    ev.GpusAdded(gpus=(4, 5)),
+    ev.GpusReclaimed(gpus=(5,)),
+    ev.TrainingBegin(step=3),
+    ev.TrainingFinished(step=3, weights_version=4),
+    ev.TrainingFinished(step=3),
+    ev.WeightsPublished(version=4, uri="file:///w/4"),
+    ev.WorkerAdded(worker=1, gpus=(2, 3), role=Role.DECODE, zone=Zone.DEDICATED),
+    ev.WorkerRemoved(worker=1, reason="reclaimed"),
+    ev.RoleChanged(worker=1, role=Role.PREFILL),
+    ev.ActivityChanged(worker=1, activity=Activity.TRANSITIONING),
+    ev.WorkerFailed(worker=1, reason="heartbeat lost", incarnation=7),
+    ev.PlanBegin(
+        plan=9,
+        cause="gpus-added",
+        target=Target(Mode.DISAGGREGATED, 1, 2, 0),
+        steps=(
+            Step(StepOp.ADD, 4, Role.DECODE, (4, 5), Zone.DEDICATED),
+            Step(StepOp.SET_ROLE, 1, Role.PREFILL),
+            Step(StepOp.LEND, 0),
+        ),
+        mandatory=True,
+    ),
+    ev.StepDone(plan=9, step=0),
+    ev.PlanCommit(plan=9),
+    ev.PlanAbort(plan=9, reason="worker 4 failed to start"),
+    ev.Telemetry(step=1, batch=64, S=12.0, delta_L=300.0, r=120.5, theta=0.2, A=0.01, b=2e-5,
+                 t_prefill=1e-5, T_env=1.5, makespan_s=88.0, toggle_s=2.5),
+]
+
+
+def wire(record: Any) -> dict[str, Any]:
+    return msgpack.unpackb(msgpack.packb(ev.encode(record), use_bin_type=True))
+
+
+def test_examples_cover_every_kind() -> None:
+    assert {type(r).KIND for r in EXAMPLES} == set(ev.RECORDS.kinds)
+
+
+@pytest.mark.parametrize("record", EXAMPLES, ids=lambda r: type(r).KIND)
+def test_round_trip_through_msgpack(record: Any) -> None:
+    m = wire(record)
+    assert m["kind"] == type(record).KIND and m["v"] == SCHEMA_VERSION
+    assert ev.decode(m) == record
+    assert ev.decode(copy.deepcopy(m)) is not record
+
+
+def test_enums_and_structs_travel_as_plain_values() -> None:
+    m = wire(EXAMPLES[12])
+    assert m["target"] == {"mode": "disaggregated", "N_P": 1, "N_D": 2, "N_C": 0}
+    assert m["steps"][2] == {"op": "lend", "worker": 0, "role": None, "gpus": [], "zone": None}
+    assert from_plain(Target, m["target"]) == Target(Mode.DISAGGREGATED, 1, 2, 0)
+    assert to_plain(Target(Mode.COLOCATED, 0, 0, 3))["mode"] == "colocated"
+
+
+def test_int_is_accepted_where_a_float_is_declared() -> None:
+    m = wire(EXAMPLES[-1])
+    m["S"] = 12
+    r = ev.decode(m)
+    assert r.S == 12.0 and type(r.S) is float
+
+
+def bad(record: Any, **changes: Any) -> dict[str, Any]:
+    m = wire(record)
+    for k, v in changes.items():
+        if v is KeyError:
+            del m[k]
+        else:
+            m[k] = v
+    return m
+
+
+@pytest.mark.parametrize(
+    ("mapping", "message"),
+    [
+        ([1, 2], "expected a mapping, got list"),
+        ({"v": 1}, "unknown record kind None"),
+        ({"kind": "gpus-eaten", "v": 1}, "unknown record kind 'gpus-eaten'"),
+        (bad(EXAMPLES[3], v=2), "schema version 2"),
+        (bad(EXAMPLES[3], v=KeyError), "schema version None"),
+        (bad(EXAMPLES[3], colour="red"), r"unknown field\(s\) \['colour'\]"),
+        (bad(EXAMPLES[3], step=KeyError), "missing field 'step'"),
+        (bad(EXAMPLES[3], step="3"), "TrainingBegin.step: expected int, got str"),
+        (bad(EXAMPLES[3], step=True), "TrainingBegin.step: expected int, got bool"),
+        (bad(EXAMPLES[3], step=3.0), "TrainingBegin.step: expected int, got float"),
+        (bad(EXAMPLES[1], gpus=[1, "2"]), r"GpusAdded.gpus\[\]: expected int, got str"),
+        (bad(EXAMPLES[1], gpus=5), "GpusAdded.gpus: expected an array, got int"),
+        (bad(EXAMPLES[10], activity="asleep"), "'asleep' is not one of"),
+        (bad(EXAMPLES[10], activity=["active"]), "is not one of"),
+        (bad(EXAMPLES[4], weights_version="4"), "TrainingFinished.weights_version: expected int"),
+        (bad(EXAMPLES[-1], S="fast"), "Telemetry.S: expected float, got str"),
+        (bad(EXAMPLES[12], target={"mode": "colocated"}), "Target: missing field 'N_P'"),
+        (bad(EXAMPLES[12], target=[1]), "Target: expected a mapping, got list"),
+        (bad(EXAMPLES[12], steps=[{"op": "fly", "worker": 1}]), "'fly' is not one of"),
+    ],
+)
+def test_malformed_records_raise_schema_errors(mapping: Any, message: str) -> None:
+    with pytest.raises(SchemaError, match=message):
+        ev.decode(mapping)
+
+
+# The decoder has a fast path for well-formed mappings; it must agree with the checked path on
+# every input, valid or not: same record, or the same error message.
+
+_values = st.one_of(
+    st.none(), st.booleans(), st.integers(-3, 9), st.floats(allow_nan=False), st.text(max_size=3),
+    st.sampled_from(["active", "decode", "dedicated", "add", "colocated"]),
+    st.lists(st.integers(0, 9), max_size=3), st.lists(st.text(max_size=2), max_size=2),
+)
+
+
+@st.composite
+def mutated(draw: st.DrawFn) -> tuple[type, dict[str, Any]]:
+    record = draw(st.sampled_from(EXAMPLES))
+    m = wire(record)
+    del m["kind"], m["v"]
+    for _ in range(draw(st.integers(0, 3))):
+        op = draw(st.sampled_from(["set", "drop", "add"]))
+        if op == "set" and m:
+            m[draw(st.sampled_from(sorted(m)))] = draw(_values)
+        elif op == "drop" and m:
+            del m[draw(st.sampled_from(sorted(m)))]
+        elif op == "add":
+            m[draw(st.text(min_size=1, max_size=4))] = draw(_values)
+    return type(record), m
+
+
+def outcome(fn: Any, m: dict[str, Any]) -> tuple[str, Any]:
+    try:
+        return "ok", fn(copy.deepcopy(m))
+    except SchemaError as e:
+        return "error", str(e)
+
+
+@settings(max_examples=400, deadline=None)
+@given(mutated())
+def test_fast_path_agrees_with_the_checked_path(case: tuple[type, dict[str, Any]]) -> None:
+    cls, m = case
+    codec = _codec(cls)
+    assert outcome(codec.decode, m) == outcome(codec.decode_checked, m)
