@@ -1,0 +1,240 @@
+"""Wire-protocol constants and the transport-level message kinds, in one module.
+
+Every message on a PEARL socket is a frozen, typed record registered under a kind. Log records
+(:data:`pearl.core.events.RECORDS`) and controller commands (:data:`pearl.core.commands.COMMANDS`)
+travel as they are; :data:`MESSAGES` below adds what only the wire needs: liveness, request and
+reply kinds of the API, pub/sub of state changes, worker registration and actor calls.
+Other modules add kinds by registering more classes in :data:`MESSAGES`.
+
+Kinds must be unique across the three registries (the envelope names only the kind);
+:func:`transports.codec.registries_overlap` checks that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pearl.core.errors import SchemaError
+from pearl.core.events import RECORDS, GpusAdded, GpusReclaimed, TrainingBegin, TrainingFinished
+from pearl.core.schema import Registry, to_wire
+
+# -- constants ------------------------------------------------------------------------------
+
+PROTOCOL_VERSION = 1
+"""Envelope version; a peer speaking another version gets an ``error`` reply (code ``version``)."""
+
+MAX_ENVELOPE_BYTES = 1 << 20
+"""Largest first frame (the msgpack envelope). Requests and replies are small; bulk goes after."""
+
+MAX_FRAME_BYTES = 64 << 20
+"""Largest bulk frame after the envelope."""
+
+MAX_MESSAGE_BYTES = 256 << 20
+"""Largest multipart message, all frames together. Also the socket's ZMQ_MAXMSGSIZE hard cap."""
+
+MAX_FRAMES = 65
+"""Most frames in one message: the envelope plus up to 64 bulk buffers."""
+
+HEARTBEAT_INTERVAL_S = 1.0
+"""Default heartbeat interval."""
+
+LIVENESS = 3
+"""A peer is dead after this many missed heartbeat intervals (ZeroMQ guide, Paranoid Pirate)."""
+
+REQUEST_TIMEOUT_S = 2.5
+"""Default time a client waits for one reply before it reconnects and retries (Lazy Pirate)."""
+
+REQUEST_RETRIES = 3
+"""Default number of re-sends after the first attempt before a request fails."""
+
+POLL_MS = 100
+"""Longest single poll of any loop: no poll waits forever, so close() is always prompt."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Size limits a codec enforces before it decodes anything."""
+
+    max_envelope: int = MAX_ENVELOPE_BYTES
+    max_frame: int = MAX_FRAME_BYTES
+    max_message: int = MAX_MESSAGE_BYTES
+    max_frames: int = MAX_FRAMES
+
+
+class ErrorCode:
+    """Codes of ``error`` replies; a client can branch on them."""
+
+    MALFORMED = "malformed"  # not msgpack, or not an envelope
+    VERSION = "version"  # another PROTOCOL_VERSION
+    TOO_LARGE = "too-large"  # a frame, the envelope or the message is over its limit
+    UNKNOWN_KIND = "unknown-kind"  # no registry knows the kind
+    SCHEMA = "schema"  # known kind, wrong fields or types (or another schema version)
+    UNEXPECTED = "unexpected"  # valid message this endpoint does not serve
+    REJECTED = "rejected"  # the handler refused it (a PearlError)
+    INTERNAL = "internal"  # the handler failed; the server logged the traceback
+
+
+# -- message kinds ----------------------------------------------------------------------------
+
+MESSAGES = Registry("message")
+
+_ELASTIC: tuple[type, ...] = (GpusAdded, GpusReclaimed, TrainingBegin, TrainingFinished)
+ELASTIC_EVENTS: dict[str, type] = {getattr(cls, "KIND"): cls for cls in _ELASTIC}  # noqa: B009
+"""Record kinds an ``event`` message may carry."""
+
+
+@MESSAGES.register("ping")
+class Ping:
+    nonce: int = 0
+
+
+@MESSAGES.register("pong")
+class Pong:
+    nonce: int = 0
+
+
+@MESSAGES.register("event")
+class Event:
+    """An elastic event for the ElasticScheduler, as the wire mapping of its log record.
+
+    Build it with :meth:`of`; :attr:`decoded` is the record. The mapping is checked on
+    construction, so a decoded ``Event`` always holds one of :data:`ELASTIC_EVENTS`.
+    """
+
+    record: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        kind = self.record.get("kind")
+        if kind not in ELASTIC_EVENTS:
+            raise SchemaError(
+                f"Event.record: expected one of {sorted(ELASTIC_EVENTS)}, got kind {kind!r}"
+            )
+        # Check the field types now, not in the scheduler; keep the canonical mapping (tuples,
+        # not the lists msgpack gives back) so that a round trip compares equal.
+        object.__setattr__(self, "record", to_wire(RECORDS.decode(self.record)))
+
+    @classmethod
+    def of(cls, record: Any) -> Event:
+        return cls(record=to_wire(record))
+
+    @property
+    def decoded(self) -> Any:
+        return RECORDS.decode(self.record)
+
+
+@MESSAGES.register("ack")
+class Ack:
+    """The request is durable: its record has log sequence number ``seq``."""
+
+    seq: int
+
+
+@MESSAGES.register("error")
+class Error:
+    """The request failed; ``code`` is one of :class:`ErrorCode`."""
+
+    code: str
+    message: str
+
+
+@MESSAGES.register("status-request")
+class StatusRequest:
+    pass
+
+
+@MESSAGES.register("status")
+class Status:
+    payload: dict[str, Any]
+
+
+@MESSAGES.register("subscribe")
+class Subscribe:
+    """Ask for a snapshot of ``topic``; later changes come over PUB/SUB."""
+
+    topic: str = "state"
+
+
+@MESSAGES.register("snapshot")
+class Snapshot:
+    """The whole state of a topic as of change number ``seq`` of publisher ``incarnation``."""
+
+    seq: int
+    payload: dict[str, Any]
+    topic: str = "state"
+    incarnation: int = 0
+
+
+@MESSAGES.register("change")
+class Change:
+    """Change number ``seq`` of a topic (consecutive within one publisher ``incarnation``)."""
+
+    seq: int
+    payload: dict[str, Any]
+    incarnation: int = 0
+
+
+@MESSAGES.register("register")
+class Register:
+    """A worker host announces itself (again after a pearld restart: same worker, same address)."""
+
+    worker: int
+    incarnation: int
+    address: str
+    pid: int
+
+
+@MESSAGES.register("heartbeat")
+class Heartbeat:
+    """I am alive. From a publisher, ``seq`` is its newest change (subscribers see lost ones)."""
+
+    incarnation: int = 0
+    seq: int = 0
+
+
+@MESSAGES.register("call")
+class Call:
+    """Actor-to-actor message: run ``method(**args)`` on the actor named ``actor``."""
+
+    actor: str
+    method: str
+    args: dict[str, Any]
+
+
+@MESSAGES.register("result")
+class Result:
+    """Generic reply to a ``call``."""
+
+    value: Any = None
+
+
+__all__ = [
+    "ELASTIC_EVENTS",
+    "HEARTBEAT_INTERVAL_S",
+    "LIVENESS",
+    "MAX_ENVELOPE_BYTES",
+    "MAX_FRAMES",
+    "MAX_FRAME_BYTES",
+    "MAX_MESSAGE_BYTES",
+    "MESSAGES",
+    "POLL_MS",
+    "PROTOCOL_VERSION",
+    "REQUEST_RETRIES",
+    "REQUEST_TIMEOUT_S",
+    "Ack",
+    "Call",
+    "Change",
+    "Error",
+    "ErrorCode",
+    "Event",
+    "Heartbeat",
+    "Limits",
+    "Ping",
+    "Pong",
+    "Register",
+    "Result",
+    "Snapshot",
+    "Status",
+    "StatusRequest",
+    "Subscribe",
+]
