@@ -1,0 +1,112 @@
+"""The one interface both log stores implement, and replay (latest snapshot + folded tail)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self
+
+from pearl.core.errors import InvariantViolation, LogCorrupted, LogError
+from pearl.core.events import Record
+from pearl.core.fold import apply_to
+from pearl.core.state import ClusterState
+
+Visitor = Callable[[int, Record], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """What replay rebuilt: the table, the snapshot's extra data, and where the tail began."""
+
+    state: ClusterState
+    extra: dict[str, Any] | None
+    snapshot_seq: int  # 0: no snapshot was used; the tail starts at snapshot_seq + 1
+
+
+class EventLog(ABC):
+    """An append-only, sequence-numbered log of records with snapshots of the folded table.
+
+    ``append`` returns only once the records are durable. Sequence numbers start at 1 and run
+    last + 1. Appending records the table would reject is the caller's job to prevent (the
+    Orchestrator folds before it logs); the log does not fold on append.
+    """
+
+    @abstractmethod
+    def append(self, records: Sequence[Record]) -> list[int]:
+        """Durably append ``records``; return their sequence numbers."""
+
+    @property
+    @abstractmethod
+    def last_seq(self) -> int:
+        """Sequence number of the last durable record (0 for an empty log)."""
+
+    @abstractmethod
+    def read(self, start: int = 1, until: int | None = None) -> Iterator[tuple[int, Record]]:
+        """(seq, record) for ``start <= seq <= until`` (``until`` defaults to the last record)."""
+
+    @abstractmethod
+    def write_snapshot(self, state: ClusterState, extra: dict[str, Any] | None = None) -> None:
+        """Durably store ``state`` (as of ``state.seq``, which must be durable) and ``extra``."""
+
+    @abstractmethod
+    def snapshots(self) -> list[int]:
+        """Sequence numbers of the stored snapshots, ascending."""
+
+    @abstractmethod
+    def read_snapshot(self, seq: int) -> tuple[ClusterState, dict[str, Any] | None]:
+        """The (state, extra) stored by the snapshot at ``seq``."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the log; later calls raise LogError. Idempotent."""
+
+    def load(self, until: int | None = None, visit: Visitor | None = None) -> Loaded:
+        """The table as of ``until`` (default: the last record): snapshot + folded tail.
+
+        ``visit(seq, record)`` is called for every tail record folded after the snapshot, in
+        order (the controller refits its profile from the telemetry among them).
+        """
+        last = self.last_seq
+        if until is None:
+            until = last
+        elif not 0 <= until <= last:
+            raise LogError(f"cannot replay to seq {until}: the log holds seq 1..{last}")
+        snap = max((s for s in self.snapshots() if s <= until), default=0)
+        state, extra = self.read_snapshot(snap) if snap else (ClusterState(), None)
+        builder = state.thaw()
+        seq = snap
+        try:
+            for seq, record in self.read(snap + 1, until):
+                apply_to(builder, record, seq)
+                if visit is not None:
+                    visit(seq, record)
+        except InvariantViolation as e:
+            raise LogCorrupted(
+                f"record {seq} cannot be replayed onto the table as of seq {builder.seq}: {e}"
+            ) from e
+        if builder.seq != until:
+            raise LogCorrupted(f"replay stopped at seq {builder.seq}, expected {until}")
+        return Loaded(builder.freeze(), extra, snap)
+
+    def _check_snapshot(self, state: ClusterState) -> None:
+        last = self.last_seq
+        if not 0 <= state.seq <= last:
+            raise LogError(
+                f"cannot snapshot the table as of seq {state.seq}: the log is durable to seq {last}"
+            )
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+__all__ = ["EventLog", "Loaded", "Visitor"]
