@@ -1,0 +1,86 @@
+"""Liveness with a fake clock: dead after 3 missed intervals, any message counts."""
+
+from __future__ import annotations
+
+import pytest
+
+from transports.heartbeat import HeartbeatSender, Liveness
+
+
+class FakeClock:
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_dead_after_three_missed_intervals() -> None:
+    clock = FakeClock()
+    live = Liveness(interval_s=0.5, clock=clock)
+    live.beat("w1")
+    clock.t += 1.49
+    assert live.alive("w1") and live.dead() == []
+    clock.t += 0.01  # 3 x 0.5 s of silence
+    assert not live.alive("w1")
+    assert live.dead() == ["w1"]
+    assert live.dead() == ["w1"]  # dead() reports, reap() forgets
+    assert live.reap() == ["w1"]
+    assert live.reap() == [] and live.peers() == []
+
+
+def test_any_beat_resets_the_timer_and_peers_are_independent() -> None:
+    clock = FakeClock()
+    live = Liveness(interval_s=1.0, liveness=3, clock=clock)
+    live.beat("a")
+    live.beat("b")
+    for _ in range(10):
+        clock.t += 2.0
+        live.beat("a")
+    assert live.alive("a") and not live.alive("b")
+    assert live.dead() == ["b"]
+    assert live.next_deadline() == live.last_seen("b") + 3.0  # type: ignore[operator]
+
+
+def test_unknown_peer_is_not_alive_and_explicit_now_wins() -> None:
+    live = Liveness(interval_s=1.0, clock=FakeClock())
+    assert not live.alive("ghost") and live.next_deadline() is None
+    live.beat("p", now=5.0)
+    assert live.alive("p", now=7.9) and not live.alive("p", now=8.0)
+    live.forget("p")
+    assert live.peers() == []
+
+
+def test_liveness_is_configurable_and_validated() -> None:
+    clock = FakeClock()
+    live = Liveness(interval_s=1.0, liveness=5, clock=clock)
+    live.beat("p")
+    clock.t += 4.5
+    assert live.alive("p") and live.timeout_s == 5.0
+    with pytest.raises(ValueError):
+        Liveness(interval_s=0)
+    with pytest.raises(ValueError):
+        Liveness(liveness=0)
+
+
+def test_sender_sends_when_due_and_any_send_counts() -> None:
+    clock = FakeClock()
+    sender = HeartbeatSender(interval_s=1.0, clock=clock)
+    sent: list[float] = []
+    assert sender.tick(lambda: sent.append(clock.t))  # nothing sent yet: due at once
+    clock.t += 0.6
+    assert not sender.tick(lambda: sent.append(clock.t))
+    assert sender.time_left() == pytest.approx(0.4)
+    sender.sent()  # a request went out: that is a heartbeat too
+    clock.t += 0.9
+    assert not sender.due()
+    clock.t += 0.1
+    assert sender.tick(lambda: sent.append(clock.t))
+    assert sent == [1000.0, 1001.6]
+
+
+def test_default_clock_is_monotonic() -> None:
+    import time
+
+    assert Liveness().clock is time.monotonic
+    assert HeartbeatSender().clock is time.monotonic
