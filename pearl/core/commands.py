@@ -1,8 +1,11 @@
-"""What the controller asks executors to do, sent only after the records behind it are durable.
+"""Messages between the controller and the executors.
 
-Every command that belongs to a plan step names ``(plan, step)``; the executor answers with a
-:class:`StepResult` for that pair. Commands are idempotent for a given ``(plan, step)`` so that
-recovery can simply re-send the ones whose step is not done.
+Commands say what the controller asks executors to do; they are sent only after the records
+behind them are durable. Every command that belongs to a plan step names ``(plan, step)`` and the
+executor answers with a :class:`StepResult` for that pair. Commands are idempotent for a given
+``(plan, step)`` so that recovery can simply re-send the ones whose step is not done.
+
+Reports are what executors, supervisors and the pipeline tell the controller.
 """
 
 from __future__ import annotations
@@ -49,17 +52,19 @@ class StopWorker:
     step: int = -1
     keep_partial: bool = True
     force: bool = False  # kill the host now: the GPUs must be returned regardless
+    cancel: bool = False  # undoes a joiner of a cancelled expansion (answered with cancel=True)
 
 
 @COMMANDS.register("deactivate-worker")
 class DeactivateWorker:
-    """Drain an overlap worker (aborting keeps prefixes), release its device memory, keep its process."""
+    """Drain an overlap worker (aborts keep prefixes), free its device memory, keep its process."""
 
     worker: int
     plan: int = 0
     step: int = -1
     keep_partial: bool = True
     force: bool = False
+    cancel: bool = False
 
 
 @COMMANDS.register("set-role")
@@ -104,6 +109,58 @@ class RoutingChanged:
     seq: int
 
 
+# -- reports -------------------------------------------------------------------------------
+
+
+@COMMANDS.register("step-result")
+class StepResult:
+    """An executor finished (ok) or failed step ``step`` of ``plan`` (or its cancellation)."""
+
+    plan: int
+    step: int
+    ok: bool = True
+    error: str = ""
+    cancel: bool = False
+    duration_s: float = 0.0
+
+
+@COMMANDS.register("worker-down")
+class WorkerDown:
+    """A worker host died or stopped heart-beating; its supervisor will try to restart it."""
+
+    worker: int
+    incarnation: int
+    reason: str
+
+
+@COMMANDS.register("worker-up")
+class WorkerUp:
+    """A worker host (re)registered and serves in the role the table gives it."""
+
+    worker: int
+    incarnation: int
+
+
+@COMMANDS.register("worker-lost")
+class WorkerLost:
+    """The supervisor gave up restarting a worker: remove it and keep its GPUs out for a while."""
+
+    worker: int
+    reason: str
+
+
+@COMMANDS.register("rollout-progress")
+class RolloutProgress:
+    """R of the current batch's B trajectories are not complete yet (for the borrowing gate)."""
+
+    remaining: int
+
+
+@COMMANDS.register("tick")
+class Tick:
+    """Time passed: check step deadlines and quarantine expiry."""
+
+
 Command = Any  # any class registered in COMMANDS
 
 __all__ = [
@@ -113,9 +170,15 @@ __all__ = [
     "DeactivateWorker",
     "LendTraining",
     "ReclaimTraining",
+    "RolloutProgress",
     "RoutingChanged",
     "SetRole",
     "StartWorker",
+    "StepResult",
     "StopWorker",
+    "Tick",
     "TrainingMayProceed",
+    "WorkerDown",
+    "WorkerLost",
+    "WorkerUp",
 ]

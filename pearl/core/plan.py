@@ -94,7 +94,9 @@ class Plan:
 
 def _members(state: ClusterState) -> Iterable[Worker]:
     """W: rollout workers that are in the active set or on their way in or out of it."""
-    return (w for w in state.workers.values() if w.is_rollout and w.activity is not Activity.INACTIVE)
+    return (
+        w for w in state.workers.values() if w.is_rollout and w.activity is not Activity.INACTIVE
+    )
 
 
 def _groups(gpus: Iterable[int], tp: int) -> list[tuple[int, ...]]:
@@ -102,17 +104,25 @@ def _groups(gpus: Iterable[int], tp: int) -> list[tuple[int, ...]]:
     return [tuple(s[i : i + tp]) for i in range(0, len(s) - tp + 1, tp)]
 
 
-def membership(state: ClusterState, borrow: bool, exclude_gpus: frozenset[int] = frozenset()) -> Membership:
+def membership(
+    state: ClusterState,
+    borrow: bool,
+    exclude_gpus: frozenset[int] = frozenset(),
+    evict: frozenset[int] = frozenset(),
+) -> Membership:
     """Who is in W' given the GPUs present now and whether training GPUs are borrowed.
 
-    ``exclude_gpus`` keeps GPUs out of new groups (e.g. ones whose worker keeps failing).
+    ``exclude_gpus`` keeps GPUs out of new groups (e.g. ones whose worker keeps failing);
+    ``evict`` names members that must leave (e.g. workers their supervisor gave up on).
     """
     if borrow and state.phase is TrainingPhase.TRAINING:
-        raise InfeasibleConfiguration("cannot borrow training GPUs while a training step needs them")
+        raise InfeasibleConfiguration(
+            "cannot borrow training GPUs while a training step needs them"
+        )
     survivors, leave = [], []
     for w in sorted(_members(state), key=lambda w: w.id):
         gone = w.zone is Zone.DEDICATED and any(g in state.reclaiming_gpus for g in w.gpus)
-        if gone or (w.zone is Zone.OVERLAP and not borrow):
+        if gone or w.id in evict or (w.zone is Zone.OVERLAP and not borrow):
             leave.append(w)
         else:
             survivors.append(w)
@@ -123,19 +133,31 @@ def membership(state: ClusterState, borrow: bool, exclude_gpus: frozenset[int] =
     trainers = state.training_workers()
     lend = reclaim = None
     if borrow:
-        retained = {w.gpus: w for w in state.rollout_workers(Zone.OVERLAP) if w.activity is Activity.INACTIVE}
+        retained = {
+            w.gpus: w
+            for w in state.rollout_workers(Zone.OVERLAP)
+            if w.activity is Activity.INACTIVE
+        }
         for g in _groups(state.training_gpus, state.tp):
             if g in retained:
                 reactivate.append(retained[g])
             elif not any(x in bound for x in g) and not set(g) & exclude_gpus:
                 new_groups.append((g, Zone.OVERLAP))
-        if trainers and trainers[0].activity is Activity.ACTIVE and (reactivate or any(
-            z is Zone.OVERLAP for _, z in new_groups
-        )):
+        if (
+            trainers
+            and trainers[0].activity is Activity.ACTIVE
+            and (reactivate or any(z is Zone.OVERLAP for _, z in new_groups))
+        ):
             lend = trainers[0].id
-    elif trainers and state.phase is TrainingPhase.TRAINING and trainers[0].activity is not Activity.ACTIVE:
+    elif (
+        trainers
+        and state.phase is TrainingPhase.TRAINING
+        and trainers[0].activity is not Activity.ACTIVE
+    ):
         reclaim = trainers[0].id
-    return Membership(tuple(survivors), tuple(reactivate), tuple(new_groups), tuple(leave), lend, reclaim)
+    return Membership(
+        tuple(survivors), tuple(reactivate), tuple(new_groups), tuple(leave), lend, reclaim
+    )
 
 
 def _free_slots(state: ClusterState, n: int) -> list[int]:
@@ -167,7 +189,10 @@ def plan(state: ClusterState, target: Target, m: Membership) -> Plan:
             return preferred
         return deficit.pop(0)
 
-    steps: list[Step] = [Step(StepOp.REMOVE if w.zone is Zone.DEDICATED else StepOp.DEACTIVATE, w.id) for w in m.leave]
+    steps: list[Step] = [
+        Step(StepOp.REMOVE if w.zone is Zone.DEDICATED else StepOp.DEACTIVATE, w.id)
+        for w in m.leave
+    ]
     if m.reclaim is not None:
         steps.append(Step(StepOp.RECLAIM, m.reclaim))
     if m.lend is not None:

@@ -13,7 +13,16 @@ from typing import Any
 
 from pearl.core import commands as cmd
 from pearl.core import events as ev
-from pearl.core.state import Activity, ClusterState, PlanProgress, Step, StepOp, Worker
+from pearl.core.state import (
+    Activity,
+    ClusterState,
+    PlanProgress,
+    Step,
+    StepOp,
+    TrainingPhase,
+    Worker,
+    Zone,
+)
 
 
 def _to(w: Worker | None, activity: Activity) -> list[Any]:
@@ -40,7 +49,9 @@ def step_command(s: ClusterState, plan: int, k: int, step: Step, force: bool = F
     op, wid = step.op, step.worker
     if op is StepOp.ADD:
         w = s.workers[wid]
-        return cmd.StartWorker(wid, w.incarnation, w.gpus, w.role, w.zone, s.weights_version, plan, k)
+        return cmd.StartWorker(
+            wid, w.incarnation, w.gpus, w.role, w.zone, s.weights_version, plan, k
+        )
     if op is StepOp.ACTIVATE:
         assert step.role is not None
         return cmd.ActivateWorker(wid, step.role, s.weights_version, plan, k)
@@ -57,14 +68,20 @@ def step_command(s: ClusterState, plan: int, k: int, step: Step, force: bool = F
 
 
 def done_records(s: ClusterState, plan: int, k: int, step: Step) -> list[Any]:
-    """Records logged when step ``k`` finished."""
-    out: list[Any] = [ev.StepDone(plan, k)]
+    """Records logged when step ``k`` finished: its effect first, then ``step-done``.
+
+    In that order a crash between the two leaves the step not done but its effect applied, and
+    re-running the step is harmless (these records skip what is already true)."""
+    out: list[Any] = []
     w = s.workers.get(step.worker)
     if step.op is StepOp.REMOVE:
-        out += _to(w, Activity.TRANSITIONING)
-        out.append(ev.WorkerRemoved(step.worker, "plan"))
+        if w is not None:
+            out += _to(w, Activity.TRANSITIONING) + [ev.WorkerRemoved(step.worker, "plan")]
     elif step.op is StepOp.DEACTIVATE:
-        out += _to(w, Activity.TRANSITIONING) + [ev.ActivityChanged(step.worker, Activity.INACTIVE)]
+        if w is not None and w.activity is not Activity.INACTIVE:
+            out += _to(w, Activity.TRANSITIONING) + [
+                ev.ActivityChanged(step.worker, Activity.INACTIVE)
+            ]
     elif step.op is StepOp.SET_ROLE:
         assert step.role is not None and w is not None
         out += _to(w, Activity.TRANSITIONING)
@@ -74,7 +91,17 @@ def done_records(s: ClusterState, plan: int, k: int, step: Step) -> list[Any]:
         out += _to(w, Activity.INACTIVE)
     elif step.op is StepOp.RECLAIM:
         out += _to(w, Activity.ACTIVE)
-    return out
+    return out + [ev.StepDone(plan, k)]
+
+
+def _can_serve(s: ClusterState, w: Worker | None) -> bool:
+    """Whether the table lets ``w`` become active now (its GPUs are its to use)."""
+    if w is None or any(g in s.reclaiming_gpus for g in w.gpus):
+        return False
+    if w.zone is Zone.DEDICATED:
+        return True
+    lent = all(t.activity is Activity.INACTIVE for t in s.training_workers())
+    return lent and s.phase is TrainingPhase.IDLE
 
 
 def _admitted(p: PlanProgress) -> list[int]:
@@ -91,8 +118,9 @@ def commit_records(s: ClusterState, failed: frozenset[int] = frozenset()) -> lis
     assert p is not None and p.complete
     out: list[Any] = []
     for wid in _admitted(p):
-        if wid not in failed:
-            out += _to(s.workers.get(wid), Activity.ACTIVE)
+        w = s.workers.get(wid)
+        if wid not in failed and _can_serve(s, w):
+            out += _to(w, Activity.ACTIVE)
     return out + [ev.PlanCommit(p.plan)]
 
 
@@ -109,18 +137,19 @@ def abort_records(s: ClusterState, reason: str, failed: frozenset[int] = frozens
             out += _to(w, Activity.TRANSITIONING) + [ev.WorkerRemoved(w.id, "expansion cancelled")]
         elif step.op is StepOp.ACTIVATE:
             out += _to(w, Activity.INACTIVE)
-        elif step.op is StepOp.SET_ROLE and w.activity is Activity.TRANSITIONING and w.id not in failed:
-            if k in p.done or w.role is step.role:
+        elif step.op is StepOp.SET_ROLE and w.activity is Activity.TRANSITIONING:
+            finished = k in p.done or w.role is step.role
+            if finished and w.id not in failed and _can_serve(s, w):
                 out += _to(w, Activity.ACTIVE)
     return out + [ev.PlanAbort(p.plan, reason)]
 
 
-def cancel_command(step: Step) -> Any | None:
+def cancel_command(plan: int, k: int, step: Step) -> Any | None:
     """Command that undoes a started joiner when its plan is cancelled."""
     if step.op is StepOp.ADD:
-        return cmd.StopWorker(step.worker, keep_partial=False, force=True)
+        return cmd.StopWorker(step.worker, plan, k, keep_partial=False, force=True, cancel=True)
     if step.op is StepOp.ACTIVATE:
-        return cmd.DeactivateWorker(step.worker, keep_partial=True, force=True)
+        return cmd.DeactivateWorker(step.worker, plan, k, force=True, cancel=True)
     return None
 
 

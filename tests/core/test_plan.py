@@ -46,7 +46,10 @@ def tables(draw: st.DrawFn) -> ClusterState:
     for g, use in zip(groups, used, strict=True):
         if use:
             role = draw(st.sampled_from(ROLLOUT_ROLES))
-            recs += [ev.WorkerAdded(slot, g, role, Zone.DEDICATED), ev.ActivityChanged(slot, Activity.ACTIVE)]
+            recs += [
+                ev.WorkerAdded(slot, g, role, Zone.DEDICATED),
+                ev.ActivityChanged(slot, Activity.ACTIVE),
+            ]
             slot += 1
     s = replay(recs)
     if n_train and draw(st.booleans()):  # lend the training GPUs to some overlap workers
@@ -56,7 +59,9 @@ def tables(draw: st.DrawFn) -> ClusterState:
             if draw(st.booleans()):
                 role = draw(st.sampled_from(ROLLOUT_ROLES))
                 act = draw(st.sampled_from([Activity.ACTIVE, Activity.INACTIVE]))
-                s = apply_all(s, [ev.WorkerAdded(slot, g, role, Zone.OVERLAP), ev.ActivityChanged(slot, act)])
+                s = apply_all(
+                    s, [ev.WorkerAdded(slot, g, role, Zone.OVERLAP), ev.ActivityChanged(slot, act)]
+                )
                 slot += 1
     reclaim = [g for g in present if draw(st.booleans())]
     if reclaim:
@@ -125,13 +130,25 @@ def test_plan_is_minimal_and_executes(s: ClusterState, borrow: bool, data: st.Da
 
 
 def test_reclaim_removes_worker_and_keeps_others() -> None:
-    s = replay([
-        ev.ClusterInit(2, (), (0, 1), (2, 3, 4, 5)),
-        ev.GpusAdded((2, 3, 4, 5)),
-        *[r for wid, g, role in ((1, (0, 1), Role.PREFILL), (2, (2, 3), Role.DECODE), (3, (4, 5), Role.DECODE))
-          for r in (ev.WorkerAdded(wid, g, role, Zone.DEDICATED), ev.ActivityChanged(wid, Activity.ACTIVE))],
-        ev.GpusReclaimed((4,)),
-    ])
+    s = replay(
+        [
+            ev.ClusterInit(2, (), (0, 1), (2, 3, 4, 5)),
+            ev.GpusAdded((2, 3, 4, 5)),
+            *[
+                r
+                for wid, g, role in (
+                    (1, (0, 1), Role.PREFILL),
+                    (2, (2, 3), Role.DECODE),
+                    (3, (4, 5), Role.DECODE),
+                )
+                for r in (
+                    ev.WorkerAdded(wid, g, role, Zone.DEDICATED),
+                    ev.ActivityChanged(wid, Activity.ACTIVE),
+                )
+            ],
+            ev.GpusReclaimed((4,)),
+        ]
+    )
     assert s.workers[3].activity is Activity.TRANSITIONING  # stops routing at once
     m = membership(s, borrow=False)
     assert [w.id for w in m.leave] == [3] and m.N == 2
@@ -143,11 +160,13 @@ def test_reclaim_removes_worker_and_keeps_others() -> None:
 
 
 def test_borrow_lends_training_first_then_return_reclaims() -> None:
-    s = replay([
-        ev.ClusterInit(2, (0, 1, 2, 3), (4, 5), ()),
-        ev.WorkerAdded(1, (4, 5), Role.COLOCATED, Zone.DEDICATED),
-        ev.ActivityChanged(1, Activity.ACTIVE),
-    ])
+    s = replay(
+        [
+            ev.ClusterInit(2, (0, 1, 2, 3), (4, 5), ()),
+            ev.WorkerAdded(1, (4, 5), Role.COLOCATED, Zone.DEDICATED),
+            ev.ActivityChanged(1, Activity.ACTIVE),
+        ]
+    )
     m = membership(s, borrow=True)
     assert m.lend == 0 and m.N == 3
     p = plan(s, Target(Mode.DISAGGREGATED, 1, 2, 0), m)

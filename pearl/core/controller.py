@@ -1,0 +1,433 @@
+"""The control loop as a pure state machine: ``(state, event, now) -> (state, records, commands)``.
+
+``records`` must be made durable before ``commands`` are sent; ``state`` is exactly the fold of
+``records`` into the previous state (the controller folds them itself as it emits them, so an
+invalid record raises before anything is logged). The simulator and the daemon drive this same
+object, with simulated or real time.
+
+Policy, in the order of §4.1.2: an elastic event updates the budget (logged first); then, with no
+plan in flight, the controller computes W' from the budget (:func:`pearl.core.plan.membership`),
+asks the PD Decision Engine for the target, and turns it into a minimal-change plan. One plan is in
+flight at a time and events that arrive meanwhile are applied to the logged state. Returns
+(reclaimed GPUs, Training Begin) are mandatory: they interrupt an optional expansion or borrow,
+which is then cancelled as a whole (all-or-nothing admission), and they never wait for role
+changes — a forced re-role follows as its own plan. A borrowed GPU comes back before the trainer
+hears ``training-may-proceed``; a return step that outlives its deadline is forced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from pearl.core import commands as cmd
+from pearl.core import events as ev
+from pearl.core.fold import apply_to
+from pearl.core.plan import JOIN_OPS, STAGE, Membership, membership, plan
+from pearl.core.policy import Policy
+from pearl.core.profile import WorkloadProfile
+from pearl.core.state import Activity, ClusterState, Mode, Role, StepOp, Target, TrainingPhase, Zone
+from pearl.core.transition import (
+    abort_records,
+    cancel_command,
+    commit_records,
+    done_records,
+    start_records,
+    step_command,
+)
+
+DEFAULT_TIMEOUTS: Mapping[StepOp, float] = MappingProxyType(
+    {
+        StepOp.ADD: 600.0,
+        StepOp.ACTIVATE: 120.0,
+        StepOp.REMOVE: 30.0,
+        StepOp.DEACTIVATE: 30.0,
+        StepOp.SET_ROLE: 120.0,
+        StepOp.LEND: 60.0,
+        StepOp.RECLAIM: 60.0,
+    }
+)
+MANDATORY_OPS = (StepOp.REMOVE, StepOp.DEACTIVATE, StepOp.RECLAIM)
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    timeouts: Mapping[StepOp, float] = field(default_factory=lambda: DEFAULT_TIMEOUTS)
+    quarantine_s: float = 30.0  # first back-off for GPUs whose worker failed; doubles per failure
+    max_quarantine_s: float = 600.0
+
+
+@dataclass(frozen=True)
+class ControllerState:
+    """The table plus what the controller remembers beside it."""
+
+    table: ClusterState
+    profile: WorkloadProfile
+    started: Mapping[int, float] = field(default_factory=dict)  # step -> deadline (plan in flight)
+    cancelled: frozenset[int] = frozenset()  # joiner steps told to cancel, awaiting their answer
+    aborting: str | None = None  # why the plan in flight is being cancelled
+    training_waiting: bool = False  # the trainer waits for training-may-proceed
+    failed: frozenset[int] = frozenset()  # workers reported down, not back yet
+    lost: frozenset[int] = frozenset()  # workers their supervisor gave up on
+    quarantine: Mapping[int, float] = field(default_factory=dict)  # GPU -> until
+    strikes: Mapping[int, int] = field(default_factory=dict)  # GPU -> failures so far
+    remaining: int | None = None  # R: trajectories of the batch not complete yet
+    plan_began: float = 0.0  # when the plan in flight began
+    toggle_measured: float = 0.0  # hand-off seconds of borrow cycles since the last telemetry
+    last_decision: Any = None  # the Decision behind the latest plan (for status)
+    last_gate: Any = None  # the latest borrowing-gate verdict (for status)
+
+    @property
+    def mandatory(self) -> bool:
+        p = self.table.plan
+        return p is not None and any(s.op in MANDATORY_OPS for s in p.steps)
+
+
+@dataclass
+class Output:
+    state: ControllerState
+    records: list[Any]
+    commands: list[Any]
+
+
+class _Tx:
+    """One handling step: folds records as they are emitted and collects commands."""
+
+    def __init__(self, s: ControllerState, now: float) -> None:
+        self.s, self.now = s, now
+        self.builder = s.table.thaw()
+        self.records: list[Any] = []
+        self.commands: list[Any] = []
+
+    @property
+    def table(self) -> ClusterState:
+        return self.builder.freeze()
+
+    def log(self, *records: Any) -> None:
+        for r in records:
+            apply_to(self.builder, r)  # raises before anything is logged if r is invalid
+            self.records.append(r)
+
+    def set(self, **changes: Any) -> None:
+        self.s = dataclasses.replace(self.s, **changes)
+
+    def finish(self) -> Output:
+        self.set(table=self.builder.freeze())
+        return Output(self.s, self.records, self.commands)
+
+
+class Controller:
+    """PEARL's control loop. Stateless itself: all state lives in :class:`ControllerState`."""
+
+    def __init__(self, policy: Policy, config: ControllerConfig | None = None) -> None:
+        self.policy = policy
+        self.config = config or ControllerConfig()
+
+    # -- entry points ---------------------------------------------------------------------------
+
+    def initial(self, table: ClusterState, profile: WorkloadProfile) -> ControllerState:
+        return ControllerState(table=table, profile=profile, remaining=profile.B)
+
+    def handle(self, s: ControllerState, event: Any, now: float) -> Output:
+        """React to one event; raises InvalidEvent (nothing changed) for input that does not fit."""
+        tx = _Tx(s, now)
+        if isinstance(event, ev.GpusAdded | ev.WeightsPublished):
+            tx.log(event)
+        elif isinstance(event, ev.GpusReclaimed):
+            tx.log(event)
+            self._interrupt(tx, "gpus-reclaimed")
+        elif isinstance(event, ev.TrainingBegin):
+            tx.log(event)
+            tx.set(training_waiting=True)
+            self._interrupt(tx, "training-begin")
+        elif isinstance(event, ev.TrainingFinished):
+            tx.log(event)
+            tx.set(remaining=s.profile.B)
+        elif isinstance(event, ev.Telemetry):
+            if event.toggle_s is None and s.toggle_measured > 0:
+                event = dataclasses.replace(event, toggle_s=s.toggle_measured)
+            tx.log(event)
+            tx.set(profile=self.policy.observe(tx.s.profile, event), toggle_measured=0.0)
+        elif isinstance(event, cmd.StepResult):
+            self._step_result(tx, event)
+        elif isinstance(event, cmd.WorkerDown):
+            self._worker_down(tx, event)
+        elif isinstance(event, cmd.WorkerUp):
+            self._worker_up(tx, event)
+        elif isinstance(event, cmd.WorkerLost):
+            self._quarantine(tx, event.worker)
+            tx.set(lost=tx.s.lost | {event.worker})
+            self._interrupt(tx, f"worker {event.worker} lost")
+        elif isinstance(event, cmd.RolloutProgress):
+            tx.set(remaining=max(0, event.remaining))
+        elif isinstance(event, cmd.Tick):
+            self._tick(tx)
+        else:
+            raise TypeError(f"controller cannot handle {type(event).__name__}")
+        self._advance(tx)
+        return tx.finish()
+
+    def recover(self, table: ClusterState, profile: WorkloadProfile, now: float) -> Output:
+        """After replay: re-send the commands of started steps; cancel an unfinished expansion,
+        complete an unfinished shrink or return; the trainer's wait is answered again."""
+        s = self.initial(table, profile)
+        s = dataclasses.replace(s, training_waiting=table.phase is TrainingPhase.TRAINING)
+        tx = _Tx(s, now)
+        p = table.plan
+        if p is not None:
+            started = {
+                k: now + self.config.timeouts[st.op]
+                for k, st in enumerate(p.steps)
+                if k not in p.done and self._looks_started(table, st)
+            }
+            tx.set(started=started)
+            if not tx.s.mandatory:
+                self._interrupt(tx, "recovery: expansion never committed")
+            for k in started:
+                if k not in tx.s.cancelled:
+                    tx.commands.append(step_command(tx.table, p.plan, k, p.steps[k]))
+        self._advance(tx)
+        return tx.finish()
+
+    # -- events ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def _looks_started(t: ClusterState, step: Any) -> bool:
+        w = t.workers.get(step.worker)
+        if step.op is StepOp.ADD:
+            return w is not None
+        return w is not None and w.activity is Activity.TRANSITIONING
+
+    def _interrupt(self, tx: _Tx, reason: str) -> None:
+        """A mandatory change arrived: cancel an optional plan in flight (all or nothing)."""
+        p = tx.table.plan
+        if p is None or tx.s.mandatory or tx.s.aborting is not None:
+            return
+        # Started non-joining steps run to completion; every started joiner is undone.
+        started = {k: d for k, d in tx.s.started.items() if p.steps[k].op not in JOIN_OPS}
+        cancelled = set()
+        for k, st in enumerate(p.steps):
+            if st.op in JOIN_OPS and (k in tx.s.started or k in p.done):
+                tx.commands.append(cancel_command(p.plan, k, st))
+                cancelled.add(k)
+                started[k] = tx.now + self.config.timeouts[StepOp.REMOVE]
+        tx.set(aborting=reason, cancelled=frozenset(cancelled), started=started)
+
+    def _step_result(self, tx: _Tx, r: cmd.StepResult) -> None:
+        p = tx.table.plan
+        if p is None or p.plan != r.plan or not 0 <= r.step < len(p.steps):
+            return  # stale: a result for a plan that is over
+        step = p.steps[r.step]
+        if r.cancel or r.step in tx.s.cancelled:
+            if r.cancel:
+                tx.set(started={k: d for k, d in tx.s.started.items() if k != r.step})
+            return
+        if r.step in p.done or r.step not in tx.s.started:
+            return
+        if r.ok or step.op in MANDATORY_OPS:
+            # A return that failed still returned the GPUs: the host is killed if needed.
+            if not r.ok:
+                tx.commands.append(step_command(tx.table, p.plan, r.step, step, force=True))
+            self._done(tx, r.step)
+            return
+        if step.op is StepOp.SET_ROLE:  # the worker is broken; its supervisor restarts it
+            tx.log(ev.WorkerFailed(step.worker, r.error or "set-role failed"))
+            tx.set(failed=tx.s.failed | {step.worker})
+            self._done(tx, r.step)
+            return
+        if step.op in JOIN_OPS:
+            self._quarantine(tx, step.worker)
+        tx.set(started={k: d for k, d in tx.s.started.items() if k != r.step})
+        self._interrupt(tx, f"step {r.step} ({step.op}) failed: {r.error}")
+
+    def _done(self, tx: _Tx, k: int) -> None:
+        p = tx.table.plan
+        assert p is not None
+        tx.log(*done_records(tx.table, p.plan, k, p.steps[k]))
+        tx.set(started={j: d for j, d in tx.s.started.items() if j != k})
+
+    def _worker_down(self, tx: _Tx, e: cmd.WorkerDown) -> None:
+        w = tx.table.workers.get(e.worker)
+        stale = e.incarnation and w is not None and w.incarnation != e.incarnation
+        if w is None or stale or w.role is Role.TRAINING:
+            return
+        tx.log(ev.WorkerFailed(w.id, e.reason, w.incarnation))
+        tx.set(failed=tx.s.failed | {w.id})
+        p = tx.table.plan
+        if p is None:
+            return
+        for k, st in enumerate(p.steps):
+            if st.worker != w.id or k in p.done or k not in tx.s.started:
+                continue
+            if st.op in JOIN_OPS and k not in tx.s.cancelled:
+                self._quarantine(tx, w.id)
+                self._interrupt(tx, f"worker {w.id} failed while joining: {e.reason}")
+            elif st.op in MANDATORY_OPS or st.op is StepOp.SET_ROLE:
+                self._done(tx, k)  # a dead host holds nothing: its GPUs are back
+
+    def _worker_up(self, tx: _Tx, e: cmd.WorkerUp) -> None:
+        w = tx.table.workers.get(e.worker)
+        if w is None or w.incarnation != e.incarnation:
+            tx.commands.append(cmd.StopWorker(e.worker, force=True))  # the log does not know it
+            return
+        if w.id not in tx.s.failed:
+            return
+        tx.set(failed=tx.s.failed - {w.id})
+        p = tx.table.plan
+        busy = p is not None and any(
+            st.worker == w.id and k not in p.done for k, st in enumerate(p.steps)
+        )
+        if (
+            not busy
+            and w.activity is Activity.TRANSITIONING
+            and not any(g in tx.table.reclaiming_gpus for g in w.gpus)
+        ) and (w.zone is Zone.DEDICATED or self._lent(tx.table)):
+            tx.log(ev.ActivityChanged(w.id, Activity.ACTIVE))
+            tx.commands.append(cmd.RoutingChanged(tx.table.seq))
+
+    @staticmethod
+    def _lent(t: ClusterState) -> bool:
+        return t.phase is TrainingPhase.IDLE and all(
+            w.activity is Activity.INACTIVE for w in t.training_workers()
+        )
+
+    def _quarantine(self, tx: _Tx, wid: int) -> None:
+        w = tx.table.workers.get(wid)
+        if w is None:
+            return
+        strikes, until = dict(tx.s.strikes), dict(tx.s.quarantine)
+        for g in w.gpus:
+            strikes[g] = strikes.get(g, 0) + 1
+            backoff = self.config.quarantine_s * 2 ** (strikes[g] - 1)
+            until[g] = tx.now + min(backoff, self.config.max_quarantine_s)
+        tx.set(strikes=strikes, quarantine=until)
+
+    def _tick(self, tx: _Tx) -> None:
+        q = {g: u for g, u in tx.s.quarantine.items() if u > tx.now}
+        if len(q) != len(tx.s.quarantine):
+            tx.set(quarantine=q)
+        p = tx.table.plan
+        if p is None:
+            return
+        for k, deadline in sorted(tx.s.started.items()):
+            if deadline > tx.now or k in tx.table.plan.done:  # type: ignore[union-attr]
+                continue
+            st = p.steps[k]
+            if k in tx.s.cancelled:  # stop waiting; the forced cancel is repeated once more
+                tx.commands.append(cancel_command(p.plan, k, st))
+                tx.set(started={j: d for j, d in tx.s.started.items() if j != k})
+            elif st.op in MANDATORY_OPS:
+                # Returns are bounded in time: kill the host and count the GPUs as returned.
+                tx.commands.append(step_command(tx.table, p.plan, k, st, force=True))
+                self._done(tx, k)
+            else:
+                self._step_result(tx, cmd.StepResult(p.plan, k, ok=False, error="timed out"))
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    def _advance(self, tx: _Tx) -> None:
+        for _ in range(64):
+            p = tx.table.plan
+            if p is not None:
+                if tx.s.aborting is not None:
+                    if tx.s.started:
+                        return  # wait for started steps and cancellations to answer
+                    tx.log(*abort_records(tx.table, tx.s.aborting, tx.s.failed))
+                    tx.commands.append(cmd.RoutingChanged(tx.table.seq))
+                    tx.set(aborting=None, cancelled=frozenset(), started={})
+                    continue
+                todo = [k for k in range(len(p.steps)) if k not in p.done]
+                if not todo:
+                    if _is_toggle(p.steps):
+                        tx.set(toggle_measured=tx.s.toggle_measured + tx.now - tx.s.plan_began)
+                    tx.log(*commit_records(tx.table, tx.s.failed))
+                    tx.commands.append(cmd.RoutingChanged(tx.table.seq))
+                    tx.set(started={})
+                    continue
+                stage = min(STAGE[p.steps[k].op] for k in todo)
+                fresh = [k for k in todo if STAGE[p.steps[k].op] == stage and k not in tx.s.started]
+                started = dict(tx.s.started)
+                for k in fresh:
+                    st = p.steps[k]
+                    tx.log(*start_records(tx.table, st))
+                    tx.commands.append(step_command(tx.table, p.plan, k, st))
+                    started[k] = tx.now + self.config.timeouts[st.op]
+                tx.set(started=started)
+                return
+            if tx.s.training_waiting and all(
+                w.activity is Activity.ACTIVE for w in tx.table.training_workers()
+            ):
+                tx.commands.append(cmd.TrainingMayProceed(tx.table.training_step))
+                tx.set(training_waiting=False)
+            if not self._begin_next_plan(tx):
+                return
+
+    def _begin_next_plan(self, tx: _Tx) -> bool:
+        t = tx.table
+        if not t.initialised:
+            return False
+        borrow = self._borrow(tx)
+        m = membership(t, borrow, frozenset(tx.s.quarantine), tx.s.lost)
+        if m.leave or m.reclaim is not None:
+            # Returns first and fast: no joiners, no role changes in this plan.
+            m = Membership(m.survivors, (), (), m.leave, None, m.reclaim)
+            target = _counts(m)
+            decision = None
+            cause = "return"
+        else:
+            current = _counts(Membership(m.survivors, (), (), ()))
+            decision = self.policy.decide(tx.s.profile, m.N, current)
+            target = decision.target
+            cause = "expand" if m.reactivate or m.new_groups else "rebalance"
+        new = plan(t, target, m)
+        if new.empty:
+            return False
+        tx.log(
+            ev.PlanBegin(
+                t.last_plan + 1,
+                cause,
+                target,
+                new.steps,
+                mandatory=bool(m.leave) or m.reclaim is not None,
+            )
+        )
+        tx.set(
+            last_decision=decision or tx.s.last_decision,
+            started={},
+            cancelled=frozenset(),
+            plan_began=tx.now,
+        )
+        return True
+
+    def _borrow(self, tx: _Tx) -> bool:
+        t = tx.table
+        if t.phase is TrainingPhase.TRAINING or not t.training_workers():
+            return False
+        if any(w.activity is not Activity.INACTIVE for w in t.rollout_workers(Zone.OVERLAP)):
+            return True  # keep what is borrowed until the trainer wants it back
+        n_ded = membership(t, False, frozenset(tx.s.quarantine), tx.s.lost).N
+        n_overlap = len(t.training_gpus) // t.tp
+        R = tx.s.profile.B if tx.s.remaining is None else tx.s.remaining
+        verdict = self.policy.gate(tx.s.profile, n_ded, n_ded + n_overlap, R)
+        tx.set(last_gate=verdict)
+        return bool(verdict.enabled)
+
+
+def _is_toggle(steps: Any) -> bool:
+    """A hand-off of retained overlap workers (no cold start): what T_toggle measures (§4.6)."""
+    ops = {st.op for st in steps}
+    return bool(ops & {StepOp.LEND, StepOp.RECLAIM}) and StepOp.ADD not in ops
+
+
+def _counts(m: Membership) -> Target:
+    n = {r: 0 for r in (Role.PREFILL, Role.DECODE, Role.COLOCATED)}
+    for w in m.survivors:
+        n[w.role] += 1
+    mode = Mode.DISAGGREGATED if n[Role.PREFILL] or n[Role.DECODE] else Mode.COLOCATED
+    return Target(mode, n[Role.PREFILL], n[Role.DECODE], n[Role.COLOCATED])
+
+
+__all__ = ["Controller", "ControllerConfig", "ControllerState", "Output"]

@@ -1,0 +1,97 @@
+"""Which decisions the controller makes: PEARL's, or a baseline's or an ablation's.
+
+PEARL decides the PD mode and ratio with the PD Decision Engine (§4.3) and borrows training GPUs
+through the benefit-aware gate (§4.6). The baselines and ablations of §6 run the *same* controller
+with other choices: always colocated (ROLL, RLBoost+), always disaggregated at the best ratio
+(ablation A), borrowing never (RLBoost+), always (ungated toggle, ablation B) or gated (C).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass
+
+from pearl.core.decision import Decision, DecisionParams, decide
+from pearl.core.events import Telemetry
+from pearl.core.gate import GateResult, borrow_gate
+from pearl.core.makespan import T_coloc
+from pearl.core.profile import RuntimeTracker, WorkloadProfile
+from pearl.core.state import Mode, Target
+
+
+class PD(enum.StrEnum):
+    ADAPTIVE = "adaptive"  # the PD Decision Engine
+    COLOCATED = "colocated"  # every worker colocated
+    DISAGGREGATED = "disaggregated"  # forced disaggregation at the best feasible ratio
+
+
+class Borrow(enum.StrEnum):
+    GATED = "gated"  # eq. 7
+    ALWAYS = "always"  # ungated toggle
+    NEVER = "never"
+
+
+@dataclass(frozen=True)
+class Policy:
+    decision: DecisionParams
+    pd: PD = PD.ADAPTIVE
+    borrow: Borrow = Borrow.GATED
+    alpha: float = 0.3  # EMA weight of a new step's telemetry
+    L_max: float = 32768.0  # maximum trajectory length (caps K_seq)
+
+    def decide(self, profile: WorkloadProfile, N: int, current: Target | None) -> Decision:
+        """Target for N workers under this policy (hysteresis against ``current``)."""
+        if self.pd is PD.ADAPTIVE or N <= 1:
+            d = decide(profile, N, current, self.decision)
+            if self.pd is PD.ADAPTIVE or d.target.mode is Mode.COLOCATED:
+                return d
+        if self.pd is PD.COLOCATED:
+            target = Target(Mode.COLOCATED, 0, 0, N)
+            return Decision(target, float(T_coloc(profile, N)), (), "policy: colocated")
+        # Forced disaggregation: the best feasible split, ignoring colocation.
+        d = decide(profile, N, None, _NoModeSwitch(self.decision))
+        splits = [a for a in d.alternatives if a.mode is Mode.DISAGGREGATED and a.feasible]
+        if not splits:
+            splits = [a for a in d.alternatives if a.mode is Mode.DISAGGREGATED]
+        if not splits:
+            return d
+        best = min(splits, key=lambda a: a.predicted_makespan_s)
+        return Decision(
+            best.target, best.predicted_makespan_s, d.alternatives, "policy: disaggregated"
+        )
+
+    def gate(self, profile: WorkloadProfile, N_ded: int, N_full: int, R: int) -> GateResult:
+        """Whether to borrow the training GPUs (N_full - N_ded overlap workers) now."""
+        result = borrow_gate(
+            profile, N_ded, N_full - N_ded, min(max(R, 0), profile.B), self.decision
+        )
+        if self.borrow is Borrow.GATED:
+            return result
+        return dataclasses.replace(result, enabled=self.borrow is Borrow.ALWAYS and N_full > N_ded)
+
+    def observe(self, profile: WorkloadProfile, summary: Telemetry) -> WorkloadProfile:
+        """The profile after one more step's telemetry (EMA, §4.3.2)."""
+        return RuntimeTracker(profile, self.alpha, self.L_max).observe(summary)
+
+
+@dataclass(frozen=True)
+class _NoModeSwitch:
+    """Decision knobs for forced disaggregation: no hysteresis, same constraints."""
+
+    inner: DecisionParams
+
+    @property
+    def mode_switch_threshold(self) -> float:
+        return 0.0
+
+    @property
+    def ratio_change_threshold(self) -> float:
+        return 0.0
+
+    @property
+    def prefill_max_utilization(self) -> float:
+        return self.inner.prefill_max_utilization
+
+
+__all__ = ["PD", "Borrow", "Policy"]

@@ -1,0 +1,310 @@
+"""Controller scenarios: a scripted executor answers commands; the table must stay valid,
+records must fold to the controller's state, and borrowed GPUs come back before training."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from pearl import config
+from pearl.core import commands as cmd
+from pearl.core import events as ev
+from pearl.core.controller import Controller, ControllerState
+from pearl.core.errors import InvalidEvent, InvariantViolation
+from pearl.core.fold import apply_all, replay
+from pearl.core.policy import Borrow, Policy
+from pearl.core.profile import prior_profile
+from pearl.core.state import (
+    Activity,
+    ClusterState,
+    Mode,
+    Role,
+    StepOp,
+    TrainingPhase,
+    Zone,
+    validate,
+)
+
+CFG = config.load(
+    "configs/sim-32.toml",
+    ["cluster.training_gpus=0-3", "cluster.reserved_gpus=4-7", "cluster.preemptible_gpus=8-15"],
+)
+STEP_OPS = (
+    cmd.StartWorker,
+    cmd.ActivateWorker,
+    cmd.StopWorker,
+    cmd.DeactivateWorker,
+    cmd.SetRole,
+    cmd.LendTraining,
+    cmd.ReclaimTraining,
+)
+
+
+class Harness:
+    """Drives a Controller like the daemon would: log (here: keep) records, then send commands.
+
+    Commands for plan steps queue up in ``pending``; ``answer`` replies to them. After every
+    output the table is validated and must equal the fold of every record so far."""
+
+    def __init__(self, borrow: Borrow = Borrow.NEVER, records: list[Any] | None = None) -> None:
+        self.ctl = Controller(Policy(CFG.decision, borrow=borrow))
+        c = CFG.cluster
+        init = ev.ClusterInit(c.tp, c.training_gpus, c.reserved_gpus, c.preemptible_gpus)
+        self.records: list[Any] = list(records or [init])
+        table = replay(self.records)
+        self.now = 0.0
+        self.pending: list[Any] = []
+        self.sent: list[Any] = []
+        out = self.ctl.recover(table, prior_profile(CFG), self.now)
+        self.s: ControllerState = out.state
+        self._take(out)
+
+    def _take(self, out: Any) -> None:
+        self.records += out.records
+        self.s = out.state
+        validate(self.s.table)
+        assert replay(self.records) == self.s.table, "state = fold(records)"
+        for c in out.commands:
+            self.sent.append(c)
+            if isinstance(c, STEP_OPS):
+                self.pending.append(c)
+
+    def send(self, event: Any, dt: float = 0.0) -> None:
+        self.now += dt
+        self._take(self.ctl.handle(self.s, event, self.now))
+
+    def answer(
+        self, pick: Callable[[Any], bool] = lambda c: True, ok: bool = True, dt: float = 1.0
+    ) -> int:
+        """Reply to the pending commands ``pick`` selects (in order); returns how many."""
+        chosen = [c for c in self.pending if pick(c)]
+        self.pending = [c for c in self.pending if not pick(c)]
+        for c in chosen:
+            cancel = getattr(c, "cancel", False)
+            self.send(cmd.StepResult(c.plan, c.step, ok=ok, cancel=cancel, duration_s=dt), dt)
+        return len(chosen)
+
+    def settle(self, limit: int = 50) -> None:
+        for _ in range(limit):
+            if not self.answer():
+                return
+        raise AssertionError("controller never settled")
+
+    @property
+    def table(self) -> ClusterState:
+        return self.s.table
+
+
+def test_start_brings_up_reserved_workers_and_admits_them_together() -> None:
+    h = Harness()
+    assert [type(c) for c in h.pending] == [cmd.StartWorker, cmd.StartWorker]
+    assert h.table.routable() == []
+    h.answer(lambda c: c.worker == h.pending[0].worker)
+    assert h.table.routable() == []  # the first ready joiner waits for the group
+    h.settle()
+    assert len(h.table.routable()) == 2 and h.table.plan is None
+
+
+def test_expansion_then_reclaim_keeps_table_valid() -> None:
+    h = Harness()
+    h.settle()
+    h.send(ev.GpusAdded((8, 9, 10, 11)))
+    assert sum(isinstance(c, cmd.StartWorker) for c in h.pending) == 2
+    h.settle()
+    assert len(h.table.routable()) == 4
+    victim = next(w for w in h.table.routable() if 8 in w.gpus)
+    h.send(ev.GpusReclaimed((8,)))
+    assert victim.id not in {w.id for w in h.table.routable()}  # stops routing at once
+    assert any(isinstance(c, cmd.StopWorker) and c.worker == victim.id for c in h.pending)
+    h.settle()
+    assert victim.id not in h.table.workers and 8 not in h.table.present_gpus
+    assert len(h.table.routable()) == 3  # GPU 9 alone cannot host a TP2 worker
+
+
+def test_reclaim_during_expansion_cancels_the_whole_group() -> None:
+    h = Harness()
+    h.settle()
+    h.send(ev.GpusAdded((8, 9, 10, 11)))
+    joiners = [c.worker for c in h.pending if isinstance(c, cmd.StartWorker)]
+    h.answer(lambda c: c.worker == joiners[1])  # one joiner ready, the other still initialising
+    h.send(ev.GpusReclaimed((8,)))
+    cancels = [c for c in h.pending if getattr(c, "cancel", False)]
+    assert sorted(c.worker for c in cancels) == sorted(joiners)
+    h.settle()
+    kinds = [r for r in h.records if isinstance(r, ev.PlanAbort)]
+    assert len(kinds) == 1
+    validate(h.table)
+    assert 8 not in h.table.present_gpus and not h.table.reclaiming_gpus
+    assert len(h.table.routable()) == 3  # re-expanded on 10-11 after the cancel
+
+
+def test_worker_failure_during_admission_cancels_and_quarantines() -> None:
+    h = Harness()
+    h.settle()
+    h.send(ev.GpusAdded((8, 9, 10, 11)))
+    bad = next(c for c in h.pending if isinstance(c, cmd.StartWorker) and 8 in c.gpus)
+    h.answer(lambda c: c is bad, ok=False)
+    h.settle()
+    assert any(isinstance(r, ev.PlanAbort) for r in h.records)
+    assert {8, 9} <= set(h.s.quarantine)
+    assert not any(8 in w.gpus for w in h.table.workers.values())
+    assert len(h.table.routable()) == 3  # 10-11 was re-planned without the quarantined pair
+    h.send(cmd.Tick(), dt=CFG.gate.toggle_cost_s + 60)
+    assert any(isinstance(c, cmd.StartWorker) and 8 in c.gpus for c in h.pending)  # retried
+    h.settle()
+    assert len(h.table.routable()) == 4
+
+
+def test_borrow_and_mandatory_return_before_training() -> None:
+    h = Harness(borrow=Borrow.ALWAYS)
+    # Idle training GPUs are borrowed from the start; training lends them before overlap
+    # workers start on them.
+    assert [type(c) for c in h.pending] == [cmd.LendTraining]
+    h.settle()
+    overlap = [w for w in h.table.routable() if w.zone is Zone.OVERLAP]
+    assert len(overlap) == 2
+    h.send(ev.TrainingBegin(1))
+    assert not any(w.zone is Zone.OVERLAP for w in h.table.routable())  # stop routing at once
+    assert all(isinstance(c, cmd.DeactivateWorker) for c in h.pending) and len(h.pending) == 2
+    h.answer()
+    assert [type(c) for c in h.pending] == [cmd.ReclaimTraining]
+    assert not any(isinstance(c, cmd.TrainingMayProceed) for c in h.sent)  # not before GPUs return
+    h.answer()
+    assert cmd.TrainingMayProceed(1) in h.sent
+    assert h.table.workers[0].activity is Activity.ACTIVE
+    assert all(w.activity is Activity.INACTIVE for w in h.table.rollout_workers(Zone.OVERLAP))
+    h.settle()
+    # The next borrow reuses the retained overlap processes (activation, not a cold start).
+    h.send(ev.TrainingFinished(1, 1))
+    h.answer()
+    assert {type(c) for c in h.pending} == {cmd.ActivateWorker}
+    h.settle()
+    assert len(h.table.routable()) == 4
+
+
+def test_no_borrowing_means_training_proceeds_at_once() -> None:
+    h = Harness(borrow=Borrow.NEVER)
+    h.settle()
+    h.send(ev.TrainingBegin(1))
+    assert h.pending == [] and cmd.TrainingMayProceed(1) in h.sent
+
+
+def test_training_begin_during_borrow_cancels_it_and_returns_on_time() -> None:
+    h = Harness(borrow=Borrow.ALWAYS)
+    h.answer()  # lend done; overlap workers start
+    assert {type(c) for c in h.pending} == {cmd.StartWorker}
+    h.send(ev.TrainingBegin(2))
+    h.settle()
+    assert cmd.TrainingMayProceed(2) in h.sent
+    assert h.table.workers[0].activity is Activity.ACTIVE
+    assert all(w.activity is Activity.INACTIVE for w in h.table.rollout_workers(Zone.OVERLAP))
+
+
+def test_return_step_past_deadline_is_forced() -> None:
+    h = Harness(borrow=Borrow.ALWAYS)
+    h.settle()
+    h.send(ev.TrainingBegin(2))
+    h.pending.clear()  # the overlap workers never answer their deactivation
+    h.send(cmd.Tick(), dt=h.ctl.config.timeouts[StepOp.DEACTIVATE] + 1)
+    forced = [c for c in h.sent if isinstance(c, cmd.DeactivateWorker) and c.force]
+    assert len(forced) == 2
+    h.answer()  # the reclaim
+    assert cmd.TrainingMayProceed(2) in h.sent
+
+
+def test_forced_switch_when_last_decode_worker_is_reclaimed() -> None:
+    h = Harness()
+    h.settle()
+    h.send(ev.GpusAdded(tuple(range(8, 16))))
+    h.settle()
+    counts = h.table.role_counts()
+    if counts.mode is not Mode.DISAGGREGATED:
+        pytest.skip("priors chose colocation for 6 workers")
+    decode = [w for w in h.table.routable() if w.role is Role.DECODE]
+    gpus = tuple(g for w in decode for g in w.gpus if g >= 8)
+    h.send(ev.GpusReclaimed(gpus))
+    h.settle()
+    after = h.table.role_counts()
+    assert after.mode is Mode.COLOCATED or (after.N_P >= 1 and after.N_D >= 1)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ev.GpusReclaimed((12,)),  # not present
+        ev.GpusAdded((40,)),  # unknown
+        ev.GpusReclaimed((5,)),  # reserved
+        ev.TrainingFinished(1, 1),  # without a begin
+    ],
+)
+def test_bad_events_change_nothing(bad: Any) -> None:
+    h = Harness()
+    h.settle()
+    before = h.s
+    with pytest.raises(InvalidEvent):
+        h.ctl.handle(h.s, bad, h.now)
+    assert h.s is before and replay(h.records) == before.table
+
+
+def test_training_begin_twice_is_rejected() -> None:
+    h = Harness()
+    h.settle()
+    h.send(ev.TrainingBegin(1))
+    with pytest.raises(InvalidEvent):
+        h.ctl.handle(h.s, ev.TrainingBegin(2), h.now)
+
+
+def test_recovery_from_any_prefix_of_the_log_converges() -> None:
+    """Crash after any record (a torn batch included): replay, recover, answer what is re-sent;
+    the table ends valid, no plan hangs, and every borrowed GPU is back once training begins."""
+    h = Harness(borrow=Borrow.ALWAYS)
+    h.settle()
+    h.send(ev.GpusAdded((8, 9, 10, 11)))
+    h.answer(lambda c: isinstance(c, cmd.StartWorker) and 8 in c.gpus)
+    h.send(ev.TrainingBegin(1))
+    h.settle()
+    h.send(ev.TrainingFinished(1, 1))
+    h.answer()
+    h.send(ev.GpusReclaimed((10,)))
+    h.settle()
+    assert len(h.records) > 40
+    for cut in range(1, len(h.records) + 1):
+        r = Harness(borrow=Borrow.ALWAYS, records=h.records[:cut])
+        r.settle()
+        if r.table.phase is TrainingPhase.IDLE:
+            r.send(ev.TrainingBegin(r.table.training_step + 1))
+        r.settle()
+        assert r.table.workers[0].activity is Activity.ACTIVE, cut
+        assert any(isinstance(c, cmd.TrainingMayProceed) for c in r.sent), cut
+        assert r.table.plan is None and not r.table.reclaiming_gpus, cut
+
+
+def test_telemetry_is_logged_and_moves_the_profile() -> None:
+    h = Harness()
+    h.settle()
+    p0 = h.s.profile
+    t = ev.Telemetry(
+        step=1,
+        batch=64,
+        S=10,
+        delta_L=1000,
+        r=300,
+        theta=1.0,
+        A=p0.A * 2,
+        b=p0.b,
+        t_prefill=p0.t_prefill,
+        T_env=30,
+        makespan_s=100,
+    )
+    h.send(t)
+    assert h.records[-len(h.records) + h.records.index(t)] == t
+    assert h.s.profile.A > p0.A and h.s.profile.S < p0.S
+
+
+def test_apply_all_refuses_records_out_of_order() -> None:
+    h = Harness()
+    h.settle()
+    with pytest.raises(InvariantViolation):
+        apply_all(replay(h.records), [ev.PlanCommit(99)])
