@@ -1,0 +1,391 @@
+"""Request/reply over ROUTER/DEALER: a threaded :class:`Server` and a Lazy Pirate :class:`Client`.
+
+A server handler is a plain callable ``handler(env: Envelope) -> reply``: it gets the decoded
+request and returns a registered message, a :class:`Reply` (message plus bulk frames), or
+``None`` for one-way messages (heartbeats). :func:`dispatch` builds one from a table of message
+types. Handlers run on the server's own thread, one at a time.
+
+Bad input never stops a server: whatever the codec rejects gets an ``error`` reply with a code
+(:class:`~transports.protocol.ErrorCode`); a handler raising :class:`PearlError` gets a
+``rejected`` error reply, any other exception an ``internal`` one (logged with its traceback).
+
+Clients retry the *same* request id after a timeout, on a new socket (Lazy Pirate); the server
+remembers recent replies by ``(sender, id)`` and answers a retry from that cache, so a handler
+never runs twice for one request while it is remembered.
+
+Thread safety: ZeroMQ sockets are not thread-safe. A server's socket is touched only by its
+thread. A client serialises callers with an internal lock (one request in flight at a time);
+give each busy thread its own client for parallel requests.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from pearl.core.errors import PearlError, ProtocolError
+from transports.auth import (
+    ClientKeys,
+    ServerKeys,
+    check_bind,
+    release_server,
+    secure_client,
+    secure_server,
+)
+from transports.codec import BadMessage, Codec, Envelope
+from transports.heartbeat import Liveness
+from transports.protocol import (
+    POLL_MS,
+    REQUEST_RETRIES,
+    REQUEST_TIMEOUT_S,
+    Error,
+    ErrorCode,
+    Limits,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_ERROR_TEXT = 2000  # error replies stay small whatever the exception says
+REPLY_CACHE = 1024  # recent replies kept for retried requests
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A reply message with bulk frames sent after its envelope (zero-copy)."""
+
+    msg: Any
+    frames: Sequence[Any] = ()
+
+
+Handler = Callable[[Envelope], Any]
+
+
+class RemoteError(PearlError):
+    """The server answered with an ``error`` message."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.remote_message = message
+
+
+class RequestTimeout(PearlError):
+    """No reply after every retry."""
+
+
+def dispatch(table: Mapping[type, Callable[[Envelope], Any]]) -> Handler:
+    """A handler calling ``table[type(env.msg)]``; other kinds get an ``unexpected`` error."""
+
+    def handle(env: Envelope) -> Any:
+        fn = table.get(type(env.msg))
+        if fn is None:
+            served = sorted(t.KIND for t in table)  # type: ignore[attr-defined]
+            raise BadMessage(ErrorCode.UNEXPECTED, f"{env.kind!r} is not served here; {served}")
+        return fn(env)
+
+    return handle
+
+
+def _socket(ctx: zmq.Context[Any], kind: int, limits: Limits) -> zmq.Socket[Any]:
+    sock = ctx.socket(kind)
+    sock.linger = 0
+    sock.setsockopt(zmq.MAXMSGSIZE, limits.max_message)  # libzmq drops larger frames unread
+    return sock
+
+
+class Server:
+    """A ROUTER endpoint answering requests on its own thread until :meth:`close`."""
+
+    def __init__(
+        self,
+        address: str,
+        handler: Handler,
+        *,
+        ctx: zmq.Context[Any] | None = None,
+        keys: ServerKeys | None = None,
+        limits: Limits | None = None,
+        name: str = "server",
+        liveness: Liveness | None = None,
+    ) -> None:
+        check_bind(address, keys)
+        self.handler = handler
+        self.name = name
+        self.liveness = liveness
+        self.codec = Codec(limits)
+        self.ctx = ctx or zmq.Context.instance()
+        self.served = 0  # requests answered by the handler
+        self.rejected = 0  # error replies for bad input or failing handlers
+        self._ids = itertools.count(1)
+        self._cache: OrderedDict[tuple[str, int], list[Any]] = OrderedDict()
+        self._domain: str | None = None
+        self._sock = _socket(self.ctx, zmq.ROUTER, self.codec.limits)
+        self._wake_addr = f"inproc://pearl-server-wake-{id(self)}-{secrets.token_hex(4)}"
+        self._wake_rx = self.ctx.socket(zmq.PAIR)
+        self._wake_tx = self.ctx.socket(zmq.PAIR)
+        try:
+            if keys is not None:
+                self._domain = secure_server(self._sock, keys)
+            self._sock.bind(address)
+            self._wake_rx.linger = self._wake_tx.linger = 0
+            self._wake_rx.bind(self._wake_addr)
+            self._wake_tx.connect(self._wake_addr)
+        except BaseException:
+            self._close_sockets()
+            raise
+        self.address: str = self._sock.get_string(zmq.LAST_ENDPOINT)
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=f"rpc-{name}", daemon=True)
+        self._thread.start()
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop serving, join the thread and close the sockets. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._wake_tx.send(b"", zmq.NOBLOCK)
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            raise PearlError(f"rpc server {self.name} did not stop within {timeout_s}s")
+        self._close_sockets()
+
+    def _close_sockets(self) -> None:
+        for s in (self._sock, self._wake_rx, self._wake_tx):
+            s.close(linger=0)
+        if self._domain is not None:
+            release_server(self.ctx, self._domain)
+            self._domain = None
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._wake_rx, zmq.POLLIN)
+        while True:
+            events = dict(poller.poll(POLL_MS))
+            if self._wake_rx in events or self._closed:
+                return
+            for _ in range(1000):  # drain a burst, then look at the wake socket again
+                try:
+                    parts = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                try:
+                    self._serve(parts)
+                except Exception:  # never let one message take the server down
+                    log.exception("rpc server %s: failed to answer a message", self.name)
+
+    def _serve(self, parts: list[Any]) -> None:
+        identity = parts[0].bytes
+        try:
+            env = self.codec.decode(parts[1:])
+        except BadMessage as e:
+            self._error(identity, e.code, str(e), e.corr)
+            return
+        if self.liveness is not None:
+            self.liveness.beat(env.sender)
+        key = (env.sender, env.id)
+        cached = self._cache.get(key) if env.id else None
+        if cached is not None:
+            self._sock.send_multipart([identity, *cached], copy=False)
+            return
+        try:
+            out = self.handler(env)
+        except BadMessage as e:
+            self._error(identity, e.code, str(e), env.id, key)
+            return
+        except PearlError as e:
+            self._error(identity, ErrorCode.REJECTED, f"{type(e).__name__}: {e}", env.id, key)
+            return
+        except Exception as e:
+            log.exception("rpc server %s: handler failed on %r", self.name, env.kind)
+            self._error(identity, ErrorCode.INTERNAL, f"{type(e).__name__}: {e}", env.id, key)
+            return
+        if out is None:
+            return
+        msg, bulk = (out.msg, out.frames) if isinstance(out, Reply) else (out, ())
+        try:
+            frames = self.codec.encode(
+                msg, id=next(self._ids), corr=env.id, sender=self.name, frames=bulk
+            )
+        except ProtocolError as e:
+            log.error("rpc server %s: handler reply to %r unsendable: %s", self.name, env.kind, e)
+            self._error(identity, ErrorCode.INTERNAL, str(e), env.id, key)
+            return
+        self.served += 1
+        if env.id and not bulk:
+            self._remember(key, frames)
+        self._sock.send_multipart([identity, *frames], copy=False)
+
+    def _error(
+        self, identity: bytes, code: str, text: str, corr: int, key: tuple[str, int] | None = None
+    ) -> None:
+        self.rejected += 1
+        msg = Error(code=code, message=text[:MAX_ERROR_TEXT])
+        frames = self.codec.encode(msg, id=next(self._ids), corr=corr, sender=self.name)
+        if key is not None and key[1]:
+            self._remember(key, frames)
+        self._sock.send_multipart([identity, *frames])
+
+    def _remember(self, key: tuple[str, int], frames: list[Any]) -> None:
+        self._cache[key] = frames
+        if len(self._cache) > REPLY_CACHE:
+            self._cache.popitem(last=False)
+
+
+class Client:
+    """A DEALER that sends one request at a time and waits for its reply (Lazy Pirate)."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        ctx: zmq.Context[Any] | None = None,
+        keys: ClientKeys | None = None,
+        limits: Limits | None = None,
+        name: str | None = None,
+        timeout_s: float = REQUEST_TIMEOUT_S,
+        retries: int = REQUEST_RETRIES,
+        backoff_s: float = 0.05,
+        max_backoff_s: float = 2.0,
+    ) -> None:
+        self.address = address
+        self.ctx = ctx or zmq.Context.instance()
+        self.keys = keys
+        self.codec = Codec(limits)
+        self.name = name or f"client-{os.getpid()}-{secrets.token_hex(4)}"
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.reconnects = 0
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._sock: zmq.Socket[Any] | None = self._connect()
+
+    def _connect(self) -> zmq.Socket[Any]:
+        sock = _socket(self.ctx, zmq.DEALER, self.codec.limits)
+        if self.keys is not None:
+            secure_client(sock, self.keys)
+        sock.connect(self.address)
+        return sock
+
+    def _reconnect(self) -> zmq.Socket[Any]:
+        if self._sock is not None:
+            self._sock.close(linger=0)
+        self.reconnects += 1
+        self._sock = self._connect()
+        return self._sock
+
+    def request(
+        self,
+        msg: Any,
+        timeout_s: float | None = None,
+        *,
+        retries: int | None = None,
+        frames: Sequence[Any] = (),
+    ) -> Any:
+        """Send ``msg``, return the reply message; an ``error`` reply raises RemoteError."""
+        env = self.request_envelope(msg, timeout_s, retries=retries, frames=frames)
+        if isinstance(env.msg, Error):
+            raise RemoteError(env.msg.code, env.msg.message)
+        return env.msg
+
+    def request_envelope(
+        self,
+        msg: Any,
+        timeout_s: float | None = None,
+        *,
+        retries: int | None = None,
+        frames: Sequence[Any] = (),
+    ) -> Envelope:
+        """Like :meth:`request` but returns the whole reply (bulk frames, sender); no raise."""
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        tries = 1 + (self.retries if retries is None else retries)
+        with self._lock:
+            if self._sock is None:
+                raise PearlError(f"client of {self.address} is closed")
+            rid = next(self._ids)
+            out = self.codec.encode(msg, id=rid, sender=self.name, frames=frames)
+            backoff = self.backoff_s
+            for attempt in range(tries):
+                if attempt:
+                    time.sleep(backoff)  # the server may be restarting: give it room
+                    backoff = min(backoff * 2, self.max_backoff_s)
+                    self._reconnect()
+                sock = self._sock
+                try:
+                    sock.send_multipart(out, zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    time.sleep(timeout)  # nowhere to queue it: counts as a lost attempt
+                    continue
+                reply = self._await(sock, rid, time.monotonic() + timeout)
+                if reply is not None:
+                    return reply
+                log.info(
+                    "no reply from %s to %r within %.2fs (attempt %d/%d)",
+                    self.address,
+                    msg.KIND,
+                    timeout,
+                    attempt + 1,
+                    tries,
+                )
+            # The request may still sit in the old socket's queue; never deliver it later.
+            self._reconnect()
+            raise RequestTimeout(
+                f"no reply from {self.address} to {msg.KIND!r} after {tries} attempt(s) of "
+                f"{timeout:g}s; is the server running and is the address right?"
+            )
+
+    def _await(self, sock: zmq.Socket[Any], rid: int, deadline: float) -> Envelope | None:
+        while True:
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0 or not sock.poll(left_ms, zmq.POLLIN):
+                return None
+            env = self.codec.decode(sock.recv_multipart(copy=False))
+            if env.corr == rid:
+                return env
+            log.debug("dropping stale reply %d (waiting for %d)", env.corr, rid)
+
+    def send(self, msg: Any, frames: Sequence[Any] = ()) -> bool:
+        """One-way message (heartbeat, event without ack); False if it could not be queued."""
+        with self._lock:
+            if self._sock is None:
+                raise PearlError(f"client of {self.address} is closed")
+            out = self.codec.encode(msg, id=next(self._ids), sender=self.name, frames=frames)
+            try:
+                self._sock.send_multipart(out, zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return False
+            return True
+
+    def close(self) -> None:
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close(linger=0)
+                self._sock = None
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["Client", "Handler", "RemoteError", "Reply", "RequestTimeout", "Server", "dispatch"]
