@@ -133,6 +133,7 @@ class _Inbox:
                 self.cv.wait(min(left, 0.5))
 
     def _take(self, tid: str) -> tuple[dict[str, Any], Frames] | None:
+        self._expire(time.monotonic())
         item = self.items.pop(tid, None)
         if item is None:
             return None

@@ -15,7 +15,8 @@ from pearl.engines.base import (
     KVTimeout,
     SamplingParams,
 )
-from tests.engines.conftest import Engines, new_weights, prompt_of, run
+
+from .helpers import Engines, new_weights, prompt_of, run
 
 LONG = 3000  # tokens: seconds of generation on either engine, so an abort lands mid-way
 
@@ -50,7 +51,8 @@ def test_stop_ids_end_generation_at_the_first_stop(engines: Engines) -> None:
 
 def test_logprobs_can_be_left_out(engines: Engines) -> None:
     e = engines.make()
-    req = GenerateRequest("n", prompt_of(8), SamplingParams(max_new_tokens=4), return_logprobs=False)
+    sp = SamplingParams(max_new_tokens=4)
+    req = GenerateRequest("n", prompt_of(8), sp, return_logprobs=False)
     assert e.generate(req).result(30).logprobs == ()
 
 
@@ -141,7 +143,8 @@ def test_disaggregated_generation_matches_colocated(engines: Engines) -> None:
         assert rd.logprobs == pytest.approx(want.logprobs, abs=1e-4)
     sent = prefill.telemetry().transfers
     got = decode.telemetry().transfers
-    assert [t.direction for t in sent] == ["send"] * 3 and [t.direction for t in got] == ["recv"] * 3
+    assert [t.direction for t in sent] == ["send"] * 3
+    assert [t.direction for t in got] == ["recv"] * 3
     assert [t.bytes for t in sent] == [t.bytes for t in got] and all(t.bytes > 0 for t in got)
     assert all(it.prefill_tokens == 0 for it in decode.telemetry().iterations)
 
@@ -151,8 +154,8 @@ def test_kv_may_arrive_before_the_decode_request(engines: Engines) -> None:
     decode = engines.make(Role.DECODE)
     coloc = engines.make()
     prompt, sp = prompt_of(33), SamplingParams(max_new_tokens=6)
-    prefill.generate(GenerateRequest("r", prompt, sp, transfer_id="early",
-                                     kv_peer=decode.kv_channel.address)).result(30)  # type: ignore[attr-defined]
+    peer = decode.kv_channel.address  # type: ignore[attr-defined]
+    prefill.generate(GenerateRequest("r", prompt, sp, transfer_id="early", kv_peer=peer)).result(30)
     time.sleep(0.05)
     rd = decode.generate(GenerateRequest("r", prompt, sp, transfer_id="early")).result(30)
     assert rd.output_ids == run(coloc, prompt, max_new_tokens=6).output_ids
