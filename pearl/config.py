@@ -92,6 +92,35 @@ class GateConfig:
     toggle_cost_s: float = 9.44  # prior T_toggle: activation 6.26 s + return 3.18 s (Table 3)
 
 
+DEFAULT_ENDPOINT = "tcp://127.0.0.1:7440"
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    endpoint: str = DEFAULT_ENDPOINT  # where pearld's API listens (loopback or ipc:// by default)
+    keys_dir: str = ""  # CURVE keys (pearl keys generate); required to bind a non-local address
+    heartbeat_s: float = 1.0  # worker hosts heart-beat this often; dead after 3 missed
+    tick_s: float = 0.5  # how often the controller checks deadlines
+    snapshot_every: int = 1000  # records between snapshots of the table
+    restart_budget: int = 3  # restarts of one worker host before it is given up
+    restart_backoff_s: float = 1.0  # first restart delay; doubles per restart
+    reconcile_grace_s: float = 10.0  # after a restart, how long workers get to re-register
+    worker_orphan_s: float = 120.0  # a worker host exits after pearld is unreachable this long
+    borrow: str = "gated"  # gated | always | never
+    pd: str = "adaptive"  # adaptive | colocated | disaggregated
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    kind: str = "sim"  # sim | torch | sglang
+    time_scale: float = 0.01  # sim: simulated seconds take time_scale real seconds
+    preset: str = "tiny"  # torch: model preset (tiny, small, qwen3-0.6b) or a local directory
+    device: str = "cpu"
+    threads: int = 1  # torch threads per worker host
+    kv_budget_mb: float = 64.0
+    seed: int = 0
+
+
 @dataclass(frozen=True)
 class Config:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
@@ -99,6 +128,8 @@ class Config:
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     decision: DecisionConfig = field(default_factory=DecisionConfig)
     gate: GateConfig = field(default_factory=GateConfig)
+    daemon: DaemonConfig = field(default_factory=DaemonConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
 
     def validate(self) -> Config:
         c = self.cluster
@@ -127,7 +158,22 @@ class Config:
             raise ConfigError(f"decision.ema_alpha must be in (0, 1], got {d.ema_alpha}")
         if d.mode_switch_threshold < 0 or d.ratio_change_threshold < 0:
             raise ConfigError("decision thresholds must be >= 0")
+        _one_of("daemon.borrow", self.daemon.borrow, ("gated", "always", "never"))
+        _one_of("daemon.pd", self.daemon.pd, ("adaptive", "colocated", "disaggregated"))
+        _one_of("engine.kind", self.engine.kind, ("sim", "torch", "sglang"))
+        for name in ("heartbeat_s", "tick_s", "restart_backoff_s", "reconcile_grace_s",
+                     "worker_orphan_s"):
+            if getattr(self.daemon, name) <= 0:
+                raise ConfigError(f"daemon.{name} must be > 0")
+        if self.engine.time_scale <= 0:
+            raise ConfigError("engine.time_scale must be > 0")
         return self
+
+
+def _one_of(where: str, value: str, options: tuple[str, ...]) -> None:
+    if value not in options:
+        raise ConfigError(f"{where} = {value!r}; expected one of {', '.join(options)}"
+                          f"{_suggest(value, list(options))}")
 
 
 def _section_types() -> dict[str, type]:
@@ -217,9 +263,12 @@ def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] 
 
 
 __all__ = [
+    "DEFAULT_ENDPOINT",
     "ClusterConfig",
     "Config",
+    "DaemonConfig",
     "DecisionConfig",
+    "EngineConfig",
     "GateConfig",
     "ModelConfig",
     "WorkloadConfig",
