@@ -155,7 +155,7 @@ def test_random_frames_never_escape_as_other_errors(frames: list[bytes]) -> None
 @settings(max_examples=200, deadline=None)
 @given(
     st.recursive(
-        st.none() | st.booleans() | st.integers() | st.text() | st.binary(),
+        st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.text() | st.binary(),
         lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(), c, max_size=4),
         max_leaves=20,
     )

@@ -1,0 +1,139 @@
+"""Loopback by default; anything else needs CURVE keys, and only authorized clients get through."""
+
+from __future__ import annotations
+
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from pearl.cli import main as pearl_main
+from pearl.core.errors import ConfigError
+from transports.auth import ClientKeys, InsecureBind, ServerKeys, check_bind, generate, is_local
+from transports.protocol import Ping, Pong
+from transports.pubsub import Publisher
+from transports.rpc import Client, RequestTimeout, Server, dispatch
+
+Ctx = zmq.Context[Any]
+HANDLER = dispatch({Ping: lambda env: Pong(env.msg.nonce)})
+
+
+@pytest.mark.parametrize(
+    ("address", "local"),
+    [
+        ("tcp://127.0.0.1:*", True),
+        ("tcp://127.0.0.1:5555", True),
+        ("tcp://127.3.4.5:1", True),
+        ("tcp://localhost:5555", True),
+        ("tcp://[::1]:5555", True),
+        ("ipc:///tmp/pearl.sock", True),
+        ("inproc://x", True),
+        ("tcp://0.0.0.0:5555", False),
+        ("tcp://*:5555", False),
+        ("tcp://10.0.0.7:5555", False),
+        ("tcp://eth0:5555", False),
+        ("tcp://[::]:5555", False),
+        ("tcp://example.org:5555", False),
+        ("udp://127.0.0.1:5555", False),
+        ("127.0.0.1:5555", False),
+    ],
+)
+def test_is_local(address: str, local: bool) -> None:
+    assert is_local(address) is local
+
+
+def test_non_local_bind_without_keys_is_refused(ctx: Ctx) -> None:
+    with pytest.raises(InsecureBind, match="pearl keys generate DIR"):
+        Server("tcp://0.0.0.0:*", HANDLER, ctx=ctx)
+    with pytest.raises(InsecureBind, match="pearl keys generate DIR"):
+        Publisher("tcp://*:*", ctx=ctx)
+    assert isinstance(InsecureBind("x"), ConfigError)
+    check_bind("tcp://127.0.0.1:*", None)  # loopback is fine without keys
+
+
+@pytest.fixture
+def keydir(tmp_path: Path) -> Path:
+    d = tmp_path / "keys"
+    assert pearl_main(["keys", "generate", str(d), "--client", "cli", "--client", "worker"]) == 0
+    return d
+
+
+def test_keys_generate_layout_and_permissions(keydir: Path, capsys: pytest.CaptureFixture[str]):
+    for name in ("server.key_secret", "cli.key_secret", "worker.key_secret"):
+        assert stat.S_IMODE((keydir / name).stat().st_mode) == 0o600
+    assert stat.S_IMODE(keydir.stat().st_mode) == 0o700
+    keys = ServerKeys.load(keydir)
+    assert len(keys.authorized) == 2
+    assert ClientKeys.load(keydir, "cli").server_public == keys.public
+    zmq.auth.load_certificate(keydir / "server.key")  # readable by pyzmq's own loader
+    # Again: refused, nothing overwritten; a new client name is added next to the old ones.
+    before = (keydir / "server.key_secret").read_bytes()
+    assert pearl_main(["keys", "generate", str(keydir), "--client", "cli"]) == 1
+    assert "exist already" in capsys.readouterr().err
+    assert pearl_main(["keys", "generate", str(keydir), "--client", "trainer"]) == 0
+    assert (keydir / "server.key_secret").read_bytes() == before
+    assert len(ServerKeys.load(keydir).authorized) == 3
+
+
+def test_missing_or_empty_key_dirs_say_how_to_fix(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="pearl keys generate"):
+        ServerKeys.load(tmp_path)
+    generate(tmp_path / "k", clients=())
+    with pytest.raises(ConfigError, match="nobody could connect"):
+        ServerKeys.load(tmp_path / "k")
+    with pytest.raises(ConfigError, match="pearl keys generate"):
+        ClientKeys.load(tmp_path / "k", "nobody")
+    with pytest.raises(ConfigError):
+        generate(tmp_path / "k", clients=("../evil",))
+
+
+@pytest.fixture
+def curve_server(ctx: Ctx, keydir: Path) -> Iterator[tuple[Server, str]]:
+    with Server("tcp://0.0.0.0:*", HANDLER, ctx=ctx, keys=ServerKeys.load(keydir)) as s:
+        port = s.address.rsplit(":", 1)[1]
+        yield s, f"tcp://127.0.0.1:{port}"
+
+
+def test_authorized_curve_client_talks(ctx: Ctx, keydir: Path, curve_server: Any) -> None:
+    _, address = curve_server
+    for name in ("cli", "worker"):
+        with Client(address, ctx=ctx, keys=ClientKeys.load(keydir, name), timeout_s=3) as c:
+            assert c.request(Ping(nonce=5), retries=0) == Pong(nonce=5)
+
+
+def _times_out(ctx: Ctx, address: str, keys: ClientKeys | None) -> None:
+    with (
+        Client(address, ctx=ctx, keys=keys, timeout_s=0.4, retries=0) as c,
+        pytest.raises(RequestTimeout),
+    ):
+        c.request(Ping(nonce=1))
+
+
+def test_unauthorized_client_key_gets_nothing(ctx: Ctx, keydir: Path, curve_server: Any) -> None:
+    server, address = curve_server
+    public, secret = zmq.curve_keypair()
+    good = ClientKeys.load(keydir, "cli")
+    _times_out(ctx, address, ClientKeys(public, secret, good.server_public))  # ZAP denies it
+    _times_out(ctx, address, ClientKeys(good.public, good.secret, public))  # wrong server key
+    _times_out(ctx, address, None)  # no CURVE at all
+    assert server.served == 0 and server.rejected == 0  # nothing even reached the handler
+
+
+def test_curve_servers_share_a_context_with_separate_allow_lists(ctx: Ctx, tmp_path: Path) -> None:
+    generate(tmp_path / "a", ("ca",))
+    generate(tmp_path / "b", ("cb",))
+    with (
+        Server("tcp://127.0.0.1:*", HANDLER, ctx=ctx, keys=ServerKeys.load(tmp_path / "a")) as sa,
+        Server("tcp://127.0.0.1:*", HANDLER, ctx=ctx, keys=ServerKeys.load(tmp_path / "b")) as sb,
+    ):
+        ca = ClientKeys.load(tmp_path / "a", "ca")
+        cb = ClientKeys.load(tmp_path / "b", "cb")
+        with Client(sa.address, ctx=ctx, keys=ca, timeout_s=3, retries=0) as c:
+            assert c.request(Ping(nonce=1)) == Pong(nonce=1)
+        # cb's key pair, told sa's public key: the handshake works but sa's allow list refuses it.
+        _times_out(ctx, sa.address, ClientKeys(cb.public, cb.secret, ca.server_public))
+        with Client(sb.address, ctx=ctx, keys=cb, timeout_s=3, retries=0) as c:
+            assert c.request(Ping(nonce=2)) == Pong(nonce=2)
