@@ -1,0 +1,192 @@
+"""The unified table's invariants, one rule at a time: rejected updates change nothing."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+import pytest
+
+from pearl.core import events as ev
+from pearl.core.errors import InvalidEvent, InvariantViolation
+from pearl.core.fold import apply, apply_all, apply_to, replay
+from pearl.core.state import (
+    Activity,
+    ClusterState,
+    Mode,
+    Role,
+    Step,
+    StepOp,
+    Target,
+    TrainingPhase,
+    Zone,
+    validate,
+)
+
+TRAINING, RESERVED, PREEMPTIBLE = (0, 1), (2, 3, 4, 5), (6, 7, 8, 9)
+INIT = ev.ClusterInit(tp=1, training_gpus=TRAINING, reserved_gpus=RESERVED,
+                      preemptible_gpus=PREEMPTIBLE)
+A, I, T = Activity.ACTIVE, Activity.INACTIVE, Activity.TRANSITIONING
+
+
+def table(*records: Any) -> ClusterState:
+    return replay([INIT, *records])
+
+
+def rejects(state: ClusterState, record: Any, match: str, kind: type = InvariantViolation) -> None:
+    """``record`` is refused and neither the state nor a builder holding it changes."""
+    b = state.thaw()
+    before = {k: copy.copy(v) for k, v in vars(b).items()}
+    with pytest.raises(kind, match=match):
+        apply_to(b, record)
+    assert {k: copy.copy(v) for k, v in vars(b).items()} == before
+    with pytest.raises(kind, match=match):
+        apply(state, record)
+    assert b.freeze() == state
+
+
+def dedicated(wid: int, gpu: int, role: Role = Role.DECODE) -> list[Any]:
+    return [ev.WorkerAdded(wid, (gpu,), role, Zone.DEDICATED), ev.ActivityChanged(wid, A)]
+
+
+LENT = [ev.ActivityChanged(0, I), ev.WorkerAdded(5, (0,), Role.DECODE, Zone.OVERLAP),
+        ev.ActivityChanged(5, A)]
+
+
+def test_cluster_init_sets_up_the_training_worker() -> None:
+    s = table()
+    assert s.seq == 1 and s.tp == 1 and s.phase is TrainingPhase.IDLE
+    (w,) = s.workers.values()
+    assert (w.id, w.gpus, w.role, w.activity, w.zone) == (0, TRAINING, Role.TRAINING, A,
+                                                          Zone.OVERLAP)
+    validate(s)
+
+
+def test_cluster_init_is_checked() -> None:
+    rejects(table(), INIT, "already initialised")
+    rejects(ClusterState(), ev.ClusterInit(0, (), (), ()), "must be >= 1")
+    rejects(ClusterState(), ev.ClusterInit(1, (0, 1), (1, 2), ()), r"\[1\] are both training")
+    rejects(ClusterState(), ev.GpusAdded((6,)), "not initialised")
+
+
+def test_seq_must_follow_the_last_record() -> None:
+    s = table()
+    with pytest.raises(InvariantViolation, match="sequence 3 does not follow 1"):
+        apply(s, ev.GpusAdded((6,)), seq=3)
+    assert apply(s, ev.GpusAdded((6,)), seq=2).seq == 2
+    with pytest.raises(InvariantViolation, match="does not follow"):
+        apply_all(ClusterState(), [INIT, ev.GpusAdded((6,))], first_seq=2)
+
+
+def test_no_gpu_is_bound_to_two_rollout_workers() -> None:
+    s = table(*dedicated(1, 2))
+    rejects(s, ev.WorkerAdded(2, (2,), Role.PREFILL, Zone.DEDICATED), "already bound to rollout")
+    rejects(s, ev.WorkerAdded(1, (3,), Role.PREFILL, Zone.DEDICATED), "slot 1 is taken")
+    rejects(s, ev.WorkerAdded(2, (6,), Role.PREFILL, Zone.DEDICATED), "not available")
+    rejects(s, ev.WorkerAdded(2, (3, 4), Role.PREFILL, Zone.DEDICATED), "needs 1 distinct GPUs")
+    rejects(s, ev.WorkerAdded(2, (3,), Role.TRAINING, Zone.DEDICATED), "fixed at cluster-init")
+    s2 = apply(s, ev.WorkerAdded(2, (3,), Role.PREFILL, Zone.DEDICATED))
+    validate(s2)
+    bad = dataclasses.replace(s2, workers={**s2.workers, 3: dataclasses.replace(s2.workers[2],
+                                                                                id=3)})
+    with pytest.raises(InvariantViolation, match="GPU 3 is bound to rollout workers"):
+        validate(bad)
+
+
+def test_overlap_worker_is_active_only_while_training_lends_its_gpus() -> None:
+    s = table()
+    rejects(s, ev.WorkerAdded(5, (0,), Role.DECODE, Zone.OVERLAP), "still owns; lend it first")
+    s = table(*LENT)
+    assert s.workers[5].activity is A and s.workers[0].activity is I
+    validate(s)
+    # the trainer cannot take the GPUs back while the overlap worker holds them
+    rejects(s, ev.ActivityChanged(0, A), "still hold them")
+    # training-begin stops routing to overlap workers at once; they cannot come back
+    s = apply(s, ev.TrainingBegin(1))
+    assert s.phase is TrainingPhase.TRAINING and s.workers[5].activity is T
+    rejects(s, ev.ActivityChanged(5, A), "while training needs its GPUs")
+    rejects(s, ev.TrainingFinished(1), "still being returned")
+    s = apply_all(s, [ev.ActivityChanged(5, I), ev.ActivityChanged(0, A)])
+    s = apply(s, ev.TrainingFinished(1, 2))
+    assert s.phase is TrainingPhase.IDLE and s.weights_version == 2
+    validate(s)
+
+
+def test_training_phase_rules() -> None:
+    s = table(ev.TrainingBegin(1))
+    rejects(s, ev.TrainingBegin(2), "still running", InvalidEvent)
+    rejects(s, ev.TrainingFinished(2), "step 1 is running", InvalidEvent)
+    rejects(table(), ev.TrainingFinished(0), "without a training-begin", InvalidEvent)
+    s = apply(s, ev.TrainingFinished(1, 3))
+    rejects(s, ev.TrainingBegin(0), "already ran", InvalidEvent)
+    rejects(s, ev.WeightsPublished(2), "older than the current 3", InvalidEvent)
+
+
+def test_reclaimed_gpus_stop_routing_and_return_with_their_worker() -> None:
+    s = table(ev.GpusAdded((6, 7)), *dedicated(1, 6), *dedicated(2, 2))
+    rejects(s, ev.GpusAdded((6,)), "already present", InvalidEvent)
+    rejects(s, ev.GpusAdded((5,)), "not a preemptible GPU", InvalidEvent)
+    rejects(s, ev.GpusReclaimed((2,)), "reserved, not preemptible", InvalidEvent)
+    rejects(s, ev.GpusReclaimed((8,)), "not present", InvalidEvent)
+    rejects(s, ev.GpusReclaimed((7, 7)), "names a GPU twice", InvalidEvent)
+    s = apply(s, ev.GpusReclaimed((6, 7)))
+    assert s.workers[1].activity is T and s.reclaiming_gpus == {6} and s.present_gpus == set()
+    rejects(s, ev.ActivityChanged(1, A), r"GPUs \[6\] were reclaimed")
+    rejects(s, ev.WorkerAdded(3, (7,), Role.DECODE, Zone.DEDICATED), "not available")
+    s = apply(s, ev.WorkerRemoved(1))
+    assert 1 not in s.workers and s.reclaiming_gpus == set()
+    validate(s)
+
+
+def test_active_workers_must_drain_before_removal_or_role_change() -> None:
+    s = table(*dedicated(1, 2))
+    rejects(s, ev.WorkerRemoved(1), "stop routing to it")
+    rejects(s, ev.RoleChanged(1, Role.PREFILL), "drain it before")
+    rejects(s, ev.WorkerRemoved(0), "training workers cannot be removed")
+    rejects(s, ev.RoleChanged(0, Role.DECODE), "fixed at cluster-init")
+    rejects(s, ev.ActivityChanged(9, A), "no worker in slot 9")
+    s = apply_all(s, [ev.ActivityChanged(1, T), ev.RoleChanged(1, Role.PREFILL)])
+    assert s.workers[1].role is Role.PREFILL
+    assert s.workers[1].incarnation == 2  # bound for life: role changes keep the incarnation
+
+
+def test_worker_failed_stops_routing() -> None:
+    s = apply(table(*dedicated(1, 2)), ev.WorkerFailed(1, "gone"))
+    assert s.workers[1].activity is T and s.routable() == []
+    rejects(s, ev.WorkerFailed(4, "?"), "unknown worker 4")
+
+
+def test_plans_are_transactions() -> None:
+    target = Target(Mode.COLOCATED, 0, 0, 1)
+    steps = (Step(StepOp.ADD, 1, Role.COLOCATED, (2,), Zone.DEDICATED),)
+    s = table(ev.PlanBegin(1, "grow", target, steps))
+    assert s.plan is not None and not s.plan.complete
+    rejects(s, ev.PlanBegin(2, "again", target, ()), "still in flight")
+    rejects(s, ev.PlanCommit(1), r"steps \[0\] are not done")
+    rejects(s, ev.StepDone(1, 1), "has no step 1")
+    rejects(s, ev.StepDone(2, 0), "not in flight")
+    s = apply(s, ev.StepDone(1, 0))
+    rejects(s, ev.StepDone(1, 0), "already done")
+    s = apply(s, ev.PlanCommit(1))
+    assert s.plan is None and s.last_plan == 1
+    rejects(s, ev.PlanBegin(1, "old id", target, ()), "must increase")
+    rejects(s, ev.PlanBegin(2, "x", target, (Step(StepOp.REMOVE, 7),)), "unknown worker 7")
+    rejects(s, ev.PlanBegin(2, "x", target, (Step(StepOp.ADD, 0),)), "slot is taken")
+    s = apply_all(s, [ev.PlanBegin(2, "x", target, ()), ev.PlanAbort(2, "changed mind")])
+    assert s.plan is None and s.last_plan == 2
+
+
+def test_telemetry_changes_only_the_seq() -> None:
+    s = table()
+    t = apply(s, ev.Telemetry(step=0, batch=1, S=1.0, delta_L=1.0, r=1.0, theta=0.0, A=0.0,
+                              b=0.0, t_prefill=0.0, T_env=0.0, makespan_s=1.0))
+    assert dataclasses.replace(t, seq=s.seq) == s
+
+
+def test_json_view_lists_workers_first() -> None:
+    j = table(*LENT).to_json()
+    assert list(j)[:2] == ["seq", "workers"]
+    assert j["workers"][1] == {"id": 5, "gpus": [0], "role": "decode", "activity": "active",
+                               "zone": "overlap", "incarnation": 2}
+    assert (j["mode"], j["N_D"], j["phase"]) == ("disaggregated", 1, "idle")
