@@ -14,14 +14,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from abc import abstractmethod
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pearl.core.state import Role
+from pearl.engines.backend import Backend, ServingConfig
 from pearl.engines.base import (
     Engine,
     EngineError,
@@ -31,32 +30,19 @@ from pearl.engines.base import (
     GenerateResult,
     IterationStat,
     KVChannel,
-    KVTimeout,
     KVTransferStat,
 )
 from pearl.engines.blocks import KVBlocks
+from pearl.engines.handoff import KVHandoff
 from pearl.engines.scheduler import Scheduler
-from pearl.engines.sequence import Phase, Segment, Seq, check_request
+from pearl.engines.sequence import Phase, Seq, check_request
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 SERVING_ROLES = (Role.COLOCATED, Role.PREFILL, Role.DECODE)
 
 
-@dataclass(frozen=True)
-class ServingConfig:
-    """Scheduler knobs shared by every in-process engine."""
-
-    kv_budget_bytes: int = 64 << 20  # KV pool size: pages = budget // (page_size * bytes/token)
-    page_size: int = 16  # tokens per KV page
-    token_budget: int = 256  # tokens per iteration: decode first, prefill chunks fill the rest
-    max_running: int = 256  # sequences batched at once
-    kv_timeout_s: float = 30.0  # decode role: how long to wait for a prefill worker's KV
-    max_seq_len: int = 0  # context limit; 0 means the model's own
-    telemetry_cap: int = 100_000  # stats kept between two telemetry() calls
-
-
-class ServingEngine(Engine):
+class ServingEngine(Engine, Backend):
     """The shared engine; subclasses supply the model (``_forward`` and the memory hooks)."""
 
     def __init__(self, config: ServingConfig, role: Role, kv_channel: KVChannel | None) -> None:
@@ -70,66 +56,15 @@ class ServingEngine(Engine):
         self._inbox: list[Seq] = []
         self._aborts: list[str] = []
         self._calls: list[tuple[Callable[[], Any], Future[Any]]] = []
-        self._wait_kv: list[Seq] = []  # decode role: requests whose KV has not arrived
         self._iters: deque[IterationStat] = deque(maxlen=config.telemetry_cap)
         self._xfers: deque[KVTransferStat] = deque(maxlen=config.telemetry_cap)
         self._thread: threading.Thread | None = None
         self._stopping = self._stopped = self._released = self._draining = False
         self._pending_weights: tuple[int, Any] | None = None
+        self.handoff = KVHandoff(kv_channel, config.kv_timeout_s, self._record_transfer,
+                                 self._now) if kv_channel is not None else None
         self.sched: Scheduler | None = None  # None while released
         self.max_seq_len = 0
-
-    # -- what a backend provides ---------------------------------------------------------------
-
-    @abstractmethod
-    def _bytes_per_token(self) -> int:
-        """K/V bytes one token occupies (all layers)."""
-
-    @abstractmethod
-    def _context_limit(self) -> int:
-        """The model's maximum sequence length."""
-
-    @abstractmethod
-    def _backend_start(self) -> None:
-        """Build the model; allocate nothing the KV pool needs yet (``_allocate_kv`` does)."""
-
-    @abstractmethod
-    def _allocate_kv(self, n_pages: int) -> None:
-        """Allocate K/V storage for ``n_pages`` pages of ``cfg.page_size`` tokens."""
-
-    @abstractmethod
-    def _forward(self, segments: list[Segment]) -> list[tuple[int, float]]:
-        """Compute K/V of every segment; one (token, logprob) per segment with ``samples``."""
-
-    @abstractmethod
-    def _export_kv(self, seq: Seq) -> tuple[dict[str, Any], list[Any]]:
-        """Meta and buffers of ``seq``'s K/V for ``tokens[:computed]``."""
-
-    @abstractmethod
-    def _import_kv(self, seq: Seq, meta: dict[str, Any], frames: list[Any]) -> None:
-        """Write received K/V into ``seq.pages``."""
-
-    @abstractmethod
-    def _free_device(self) -> None:
-        """Drop weights and K/V storage (release_memory)."""
-
-    @abstractmethod
-    def _restore_device(self) -> None:
-        """Bring the weights back at the current version (resume_memory)."""
-
-    @abstractmethod
-    def _load(self, version: int, source: Any) -> None:
-        """Load new weights into the live model."""
-
-    def _new_sequence(self, seq: Seq) -> None:
-        """Per-sequence backend state (e.g. a seeded sampling generator)."""
-
-    def _now(self) -> float:
-        """The clock telemetry is stamped with."""
-        return time.monotonic()
-
-    def _after_idle(self) -> None:
-        """Called when the loop wakes from an idle wait."""
 
     # -- the contract --------------------------------------------------------------------------
 
@@ -325,7 +260,7 @@ class ServingEngine(Engine):
                 busy = self.sched is not None and self.sched.busy
                 urgent = busy or self._inbox or self._aborts or self._calls or self._stopping
                 if not urgent:  # only KV transfers pending: poll the channel briskly
-                    self._cv.wait(0.001 if self._wait_kv else 0.5)
+                    self._cv.wait(0.001 if self.handoff and self.handoff.waiting else 0.5)
                 inbox, self._inbox = self._inbox, []
                 aborts, self._aborts = self._aborts, []
                 calls, self._calls = self._calls, []
@@ -344,10 +279,10 @@ class ServingEngine(Engine):
             for seq in inbox:
                 self._accept(seq)
             for rid in aborts:
-                if (seq := self._seqs.get(rid)) is not None:
-                    self._finish(seq, FinishReason.ABORT)
+                if (victim := self._seqs.get(rid)) is not None:
+                    self._finish(victim, FinishReason.ABORT)
             if self.sched is not None:
-                self._poll_transfers()
+                self._poll_transfers(self.sched)
                 self._step(self.sched)
 
     def _step(self, sched: Scheduler) -> None:
@@ -382,63 +317,33 @@ class ServingEngine(Engine):
             return
         self._new_sequence(seq)
         if self._role is Role.DECODE:
-            seq.phase = Phase.WAIT_KV
-            seq.deadline = time.monotonic() + self.cfg.kv_timeout_s
-            self._wait_kv.append(seq)
+            assert self.handoff is not None
+            self.handoff.expect(seq)
         else:
             assert self.sched is not None
             self.sched.enqueue(seq)
 
-    # -- prefill -> decode ---------------------------------------------------------------------
-
     def _ship(self, seq: Seq) -> None:
-        """Prefill role: send the prompt's K/V and the first token to the decode worker."""
-        assert self.kv_channel is not None
-        t0 = self._now()
+        """Prefill role: the first token is sampled, the K/V goes to the decode worker."""
+        assert self.handoff is not None
         try:
-            meta, frames = self._export_kv(seq)
-            meta.update(rid=seq.rid, prompt_tokens=seq.computed, first=seq.output[0],
-                        logprob=seq.logprobs[0], version=self._version)
-            self.kv_channel.send(seq.req.kv_peer, seq.req.transfer_id, meta, frames)
-        except Exception as e:
-            self._fail(seq, e if isinstance(e, EngineError) else EngineError(
-                f"prefill engine: shipping the KV of {seq.rid} to {seq.req.kv_peer} failed: {e}"))
+            self.handoff.ship(seq, self._export_kv, self._version)
+        except EngineError as e:
+            self._fail(seq, e)
             return
-        nbytes = int(meta.get("kv_bytes", sum(memoryview(f).nbytes for f in frames)))
-        self._record_transfer(KVTransferStat(seq.req.transfer_id, nbytes, self._now() - t0,
-                                             "send"))
         self._finish(seq, FinishReason.PREFILLED)
 
-    def _poll_transfers(self) -> None:
-        if not self._wait_kv:
+    def _poll_transfers(self, sched: Scheduler) -> None:
+        if self.handoff is None or not self.handoff.waiting:
             return
-        assert self.kv_channel is not None and self.sched is not None
-        now = time.monotonic()
-        for seq in list(self._wait_kv):
-            got = self.kv_channel.poll(seq.req.transfer_id)
-            if got is None:
-                if now > seq.deadline:
-                    self._fail(seq, self._kv_timeout(seq))
-                continue
-            self._wait_kv.remove(seq)
-            meta, frames = got
-            n = len(seq.req.input_ids)
-            if meta.get("prompt_tokens") != n:
-                self._fail(seq, EngineError(
-                    f"decode engine: transfer {seq.req.transfer_id!r} holds K/V of "
-                    f"{meta.get('prompt_tokens')} tokens, request {seq.rid} has {n}"))
-                continue
-            nbytes = int(meta.get("kv_bytes", sum(memoryview(f).nbytes for f in frames)))
-            wire = meta.get("arrived_at", 0.0) - meta.get("sent_at", 0.0)
-            took = float(meta.get("transfer_s", wire))  # the sim states its modelled time
-            self._record_transfer(KVTransferStat(seq.req.transfer_id, nbytes, max(took, 0.0),
-                                                 "recv"))
-            seq.push(int(meta["first"]), float(meta["logprob"]))
+        arrived, failed = self.handoff.poll()
+        for seq, err in failed:
+            self._fail(seq, err)
+        for seq in arrived:
             if (reason := seq.stop_reason(self.max_seq_len)) is not None:
-                self._finish(seq, reason)
-                continue
-            seq.kv = (meta, frames)
-            self.sched.enqueue(seq)
+                self._finish(seq, reason)  # the first token already ends it
+            else:
+                sched.enqueue(seq)
 
     def _import_arrived(self, seq: Seq) -> None:
         assert seq.kv is not None
@@ -458,8 +363,8 @@ class ServingEngine(Engine):
         self._resolve(seq, error=error)
 
     def _detach(self, seq: Seq) -> None:
-        if seq in self._wait_kv:
-            self._wait_kv.remove(seq)
+        if self.handoff is not None:
+            self.handoff.forget(seq)
         seq.kv = None
         if self.sched is not None:
             self.sched.drop(seq, keep_prefix=self._role is not Role.DECODE)
@@ -475,12 +380,6 @@ class ServingEngine(Engine):
             seq.future.set_exception(error)
         else:
             seq.future.set_result(result)  # type: ignore[arg-type]
-
-    def _kv_timeout(self, seq: Seq) -> KVTimeout:
-        return KVTimeout(
-            f"decode engine: no KV for request {seq.rid} (transfer {seq.req.transfer_id!r}) within "
-            f"{self.cfg.kv_timeout_s:.3f}s at {getattr(self.kv_channel, 'address', '?')}; the "
-            "prefill worker failed or never got the request: retry it on a prefill/decode pair")
 
 
 __all__ = ["SERVING_ROLES", "ServingConfig", "ServingEngine"]

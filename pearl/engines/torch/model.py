@@ -45,7 +45,7 @@ def dir_config(path: str) -> Qwen3Config:
         cfg = Qwen3Config.from_pretrained(path, local_files_only=True)
     except Exception as e:
         raise EngineError(f"{path} is not a local Qwen3 model directory: {e}") from None
-    return cfg  # type: ignore[no-any-return]
+    return cfg
 
 
 def resolve_device(device: str) -> torch.device:
@@ -74,20 +74,20 @@ class WeightSource:
 
 
 def build(config: Qwen3Config, source: WeightSource, device: torch.device,
-          dtype: torch.dtype) -> Qwen3ForCausalLM:
+          dtype: torch.dtype) -> Any:
     """A model in eval mode on ``device`` holding the weights ``source`` names."""
     if source.kind == "seed":
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(source.value))
-            model = Qwen3ForCausalLM(config)
-        return model.to(device=device, dtype=dtype).eval()  # type: ignore[no-any-return]
+            model: Any = Qwen3ForCausalLM(config)
+        return model.to(device=device, dtype=dtype).eval()
     if source.kind == "dir":
         try:
             model = Qwen3ForCausalLM.from_pretrained(source.value, local_files_only=True,
                                                      dtype=dtype)
         except Exception as e:
             raise EngineError(f"cannot load a Qwen3 model from {source.value}: {e}") from None
-        return model.to(device=device).eval()  # type: ignore[no-any-return]
+        return model.to(device=device).eval()
     with torch.device("meta"):
         model = Qwen3ForCausalLM(config)
     model = model.to(dtype=dtype).to_empty(device=device).eval()
@@ -114,7 +114,7 @@ def read_state(source: WeightSource) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_into(model: Qwen3ForCausalLM, source: WeightSource) -> None:
+def load_into(model: Any, source: WeightSource) -> None:
     """Copy a state dict (file or mapping) into the model's parameters, checking every name."""
     state = read_state(source)
     try:
@@ -142,7 +142,8 @@ def source_of(version_source: Any) -> WeightSource:
 def kv_bytes_per_token(config: Qwen3Config, dtype: torch.dtype) -> int:
     """K and V of one token over all layers."""
     elem = torch.tensor([], dtype=dtype).element_size()
-    return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * elem
+    c: Any = config
+    return 2 * int(c.num_hidden_layers) * int(c.num_key_value_heads) * int(c.head_dim) * elem
 
 
 __all__ = ["DTYPES", "PRESETS", "WeightSource", "build", "dir_config", "kv_bytes_per_token",

@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers import Qwen3ForCausalLM
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
 from pearl.engines.sequence import Segment, Seq
@@ -24,14 +23,14 @@ from pearl.engines.sequence import Segment, Seq
 class PagedRunner:
     """Holds the K/V pool and runs one iteration; every method runs on the engine thread."""
 
-    def __init__(self, model: Qwen3ForCausalLM, n_pages: int, page_size: int,
+    def __init__(self, model: Any, n_pages: int, page_size: int,
                  max_seq_len: int) -> None:
         cfg = model.config
         p = next(model.parameters())
         self.model, self.device, self.dtype = model, p.device, p.dtype
         self.page_size = page_size
-        self.n_layers, self.kv_heads = cfg.num_hidden_layers, cfg.num_key_value_heads
-        self.heads, self.head_dim = cfg.num_attention_heads, cfg.head_dim
+        self.n_layers, self.kv_heads = int(cfg.num_hidden_layers), int(cfg.num_key_value_heads)
+        self.heads, self.head_dim = int(cfg.num_attention_heads), int(cfg.head_dim)
         slots = n_pages * page_size
         shape = (slots, self.kv_heads, self.head_dim)
         self.k = [torch.zeros(shape, dtype=self.dtype, device=self.device)
@@ -101,7 +100,7 @@ class PagedRunner:
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         rows = [offsets[i + 1] - 1 for i, g in enumerate(segments) if g.samples]
         h = self.model.model.norm(x[rows])
-        return self.model.lm_head(h).float()  # type: ignore[no-any-return]
+        return self.model.lm_head(h).float()
 
     def _attention(self, li: int, layer: Any, x: torch.Tensor, cos: torch.Tensor,
                    sin: torch.Tensor, slots: torch.Tensor, one_rows: torch.Tensor,
@@ -136,7 +135,7 @@ class PagedRunner:
             causal = torch.arange(g.end, device=self.device)[None] <= qpos  # [n, end]
             o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=causal, enable_gqa=True)
             out[row:row + n] = o[0].transpose(0, 1)
-        return attn.o_proj(out.view(t, self.heads * self.head_dim))  # type: ignore[no-any-return]
+        return attn.o_proj(out.view(t, self.heads * self.head_dim))
 
     # -- moving K/V between engines -----------------------------------------------------------
 
