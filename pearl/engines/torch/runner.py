@@ -121,16 +121,16 @@ class PagedRunner:
         if one_keys is not None:
             key_slots, valid = one_keys
             qd = q[one_rows][:, :, None]  # [B, H, 1, D]
-            kd = kc[key_slots].transpose(1, 2)  # [B, KVH, L, D]
-            vd = vc[key_slots].transpose(1, 2)
+            kd = _gather(kc, key_slots).transpose(1, 2)  # [B, KVH, L, D]
+            vd = _gather(vc, key_slots).transpose(1, 2)
             o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=valid[:, None, None],
                                                enable_gqa=True)
             out[one_rows] = o[:, :, 0]
         for row, g, key_slots in chunks:
             n = g.end - g.start
             qp = q[row:row + n].transpose(0, 1)[None]  # [1, H, n, D]
-            kp = kc[key_slots].transpose(0, 1)[None]  # [1, KVH, end, D]
-            vp = vc[key_slots].transpose(0, 1)[None]
+            kp = _gather(kc, key_slots).transpose(0, 1)[None]  # [1, KVH, end, D]
+            vp = _gather(vc, key_slots).transpose(0, 1)[None]
             qpos = torch.arange(g.start, g.end, device=self.device)[:, None]
             causal = torch.arange(g.end, device=self.device)[None] <= qpos  # [n, end]
             o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=causal, enable_gqa=True)
@@ -144,8 +144,8 @@ class PagedRunner:
         s = self.slots(seq, 0, n)
         out = []
         for li in range(self.n_layers):
-            out.append(self.k[li][s].cpu().contiguous())
-            out.append(self.v[li][s].cpu().contiguous())
+            out.append(_gather(self.k[li], s).cpu())
+            out.append(_gather(self.v[li], s).cpu())
         return out
 
     def write(self, seq: Seq, tensors: list[torch.Tensor]) -> None:
@@ -155,6 +155,12 @@ class PagedRunner:
         for li in range(self.n_layers):
             self.k[li].index_copy_(0, s, tensors[2 * li].to(self.device, self.dtype))
             self.v[li].index_copy_(0, s, tensors[2 * li + 1].to(self.device, self.dtype))
+
+
+def _gather(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """Rows ``slots`` (any shape) of a [slots, KVH, D] pool; index_select is several times faster
+    than advanced indexing here."""
+    return pool.index_select(0, slots.reshape(-1)).view(*slots.shape, *pool.shape[1:])
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
