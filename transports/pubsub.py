@@ -200,6 +200,7 @@ class Subscriber:
         self._applied = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._owner: int | None = None  # the one thread allowed to touch the SUB socket
         ctx = ctx or zmq.Context.instance()
         self._sock = ctx.socket(zmq.SUB)
         self._sock.linger = 0
@@ -219,6 +220,7 @@ class Subscriber:
 
     def sync(self) -> int:
         """Wait until the subscription is live, take a snapshot, apply buffered changes."""
+        self._check_thread()
         deadline = time.monotonic() + self.join_timeout_s
         while not self._buffer:
             left = deadline - time.monotonic()
@@ -233,12 +235,23 @@ class Subscriber:
 
     def pump(self, timeout_s: float = 0.1) -> int:
         """Apply what arrives within ``timeout_s`` (syncing first if needed); returns the count."""
+        self._check_thread()
         self._applied = 0
         if not self.synced:
             self.sync()
         self._read(timeout_s)
         self._drain()
         return self._applied
+
+    def _check_thread(self) -> None:
+        me = threading.get_ident()
+        if self._owner is None:
+            self._owner = me
+        elif self._owner != me:
+            raise PearlError(
+                "Subscriber used from two threads: ZeroMQ sockets are not thread-safe; "
+                "pump it from one thread (or use start())"
+            )
 
     def _drain(self) -> None:
         while True:
@@ -303,7 +316,8 @@ class Subscriber:
             self.on_gap(gap)
 
     def start(self) -> None:
-        """Run :meth:`pump` on a background thread until :meth:`close`."""
+        """Run :meth:`pump` on a background thread until :meth:`close` (it becomes the owner)."""
+        self._owner = None
         self._thread = threading.Thread(target=self._loop, name="sub", daemon=True)
         self._thread.start()
 

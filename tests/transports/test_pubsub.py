@@ -222,3 +222,22 @@ def test_background_thread(ctx: Ctx, endpoints: Any, client: Client) -> None:
     finally:
         sub.close()
     assert mirror.gaps == []
+
+
+def test_a_second_thread_is_refused(ctx: Ctx, endpoints: Any, client: Client) -> None:
+    owner, server = endpoints
+    mirror = Mirror()
+    errors: list[BaseException] = []
+    with subscriber(ctx, owner, server, mirror, client) as sub:
+        sub.sync()
+
+        def other() -> None:
+            try:
+                sub.pump(0)
+            except BaseException as e:
+                errors.append(e)
+
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+    assert len(errors) == 1 and "not thread-safe" in str(errors[0])
