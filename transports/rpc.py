@@ -185,7 +185,7 @@ class Server:
             # zmq.Again: an exception per request costs more than the check.
             sock = self._sock
             for _ in range(1000):
-                if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                if not int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                     break
                 parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
                 try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -137,3 +138,33 @@ def test_curve_servers_share_a_context_with_separate_allow_lists(ctx: Ctx, tmp_p
         _times_out(ctx, sa.address, ClientKeys(cb.public, cb.secret, ca.server_public))
         with Client(sb.address, ctx=ctx, keys=cb, timeout_s=3, retries=0) as c:
             assert c.request(Ping(nonce=2)) == Pong(nonce=2)
+
+
+def test_curve_publisher_and_subscriber(ctx: Ctx, keydir: Path) -> None:
+    from transports.protocol import Subscribe
+    from transports.pubsub import Subscriber
+
+    got: list[tuple[int, dict[str, Any]]] = []
+    keys = ClientKeys.load(keydir, "worker")
+    with Publisher("tcp://0.0.0.0:*", ctx=ctx, keys=ServerKeys.load(keydir)) as pub:
+        snap = dispatch({Subscribe: lambda env: pub.snapshot(lambda: {"n": 0})})
+        with (
+            Server("tcp://127.0.0.1:*", snap, ctx=ctx, keys=ServerKeys.load(keydir)) as srv,
+            Client(srv.address, ctx=ctx, keys=keys, timeout_s=3) as client,
+        ):
+            port = pub.address.rsplit(":", 1)[1]
+            with Subscriber(
+                f"tcp://127.0.0.1:{port}",
+                client,
+                ctx=ctx,
+                keys=keys,
+                on_snapshot=lambda seq, p: got.append((seq, p)),
+                on_change=lambda seq, p: got.append((seq, p)),
+            ) as sub:
+                assert sub.sync() == 0
+                pub.publish({"n": 1})
+                deadline = time.monotonic() + 5
+                while len(got) < 2:
+                    assert time.monotonic() < deadline
+                    sub.pump(0.05)
+    assert got == [(0, {"n": 0}), (1, {"n": 1})]
