@@ -12,6 +12,7 @@ from pearl.log.framing import MAX_RECORD
 from pearl.log.memory import MemoryLog, MemoryStorage
 from pearl.log.segments import Repair, Segment
 from pearl.log.snapshot import state_from_snapshot, state_to_snapshot
+from pearl.log.verify import Verdict, verify
 
 __all__ = [
     "MAX_RECORD",
@@ -27,7 +28,9 @@ __all__ = [
     "NotALog",
     "Repair",
     "Segment",
+    "Verdict",
     "Visitor",
     "state_from_snapshot",
     "state_to_snapshot",
+    "verify",
 ]

@@ -7,6 +7,10 @@ records that flush covered. Callers arriving meanwhile queue up for the next flu
 covers every record that waited for it. ``group_commit=False`` syncs every record on its own (the
 benchmark baseline).
 
+When the last flush carried more appends than are queued now, the new leader yields once before
+taking the queue: the writers it just released are about to append again and join this flush
+instead of the next (a single writer never waits).
+
 A failed write or sync poisons the log object: the bytes on disk are unknown, so every later call
 raises :class:`LogError` and the owner must reopen, which repairs a torn tail.
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +38,10 @@ from pearl.log.segments import Repair, Segment
 
 SEGMENT_BYTES = 64 << 20
 _sync = getattr(os, "fdatasync", os.fsync)  # the file size is data: fdatasync covers appends
+
+
+def _yield() -> None:
+    time.sleep(0)  # releases the GIL and the CPU, so threads about to append get to run
 
 
 class FileLog(EventLog):
@@ -71,6 +80,7 @@ class FileLog(EventLog):
         self._snap_lock = threading.Lock()
         self._pending: list[bytes] = []
         self._flushing = False
+        self._last_group = 1
         try:
             self._open(create and not readonly)
         except OSError as e:
@@ -140,9 +150,16 @@ class FileLog(EventLog):
 
     def _lead(self) -> None:
         """Flush everything queued, with the lock released during the write and the sync."""
-        batch, upto = b"".join(self._pending), self._next - 1
-        self._pending.clear()
         self._flushing = True
+        if len(self._pending) < self._last_group:
+            # The last flush carried more appends than are queued now: their writers are
+            # likely about to append again. Yield once so they join this flush, not the next.
+            self._cond.release()
+            _yield()
+            self._cond.acquire()
+        batch, upto = b"".join(self._pending), self._next - 1
+        self._last_group = len(self._pending)
+        self._pending.clear()
         self._cond.release()
         failure: BaseException | None = None
         new = None

@@ -133,8 +133,11 @@ def test_oversize_and_unencodable_records_are_refused_whole(store: Store) -> Non
         log.append([small, big])
     with pytest.raises(SchemaError, match="cannot encode"):
         log.append([small, object()])
+    with pytest.raises(SchemaError, match="cannot encode WorkerFailed"):
+        log.append([small, ev.WorkerFailed(worker=1, reason=object())])  # fails inside msgpack
     assert log.last_seq == 2 and len(list(log.read())) == 2
     assert log.append([small]) == [3]
+    assert list(log.read(3)) == [(3, small)]
 
 
 def test_closed_log_refuses_calls(store: Store) -> None:
