@@ -28,12 +28,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # the realistic record stream lives with the log tests
-
-from log.workload import Workload  # noqa: E402
+sys.path.insert(0, str(ROOT))  # the realistic record stream lives with the log tests
 
 import pearl.log.file as file_mod  # noqa: E402
 from pearl.log import FileLog  # noqa: E402
+from tests.log.workload import Workload  # noqa: E402
 
 GROUP_TARGET = 20.0
 REPLAY_TARGET = 300_000
