@@ -1,0 +1,106 @@
+"""The API endpoint: pearld's one ZeroMQ ROUTER for the CLI, trainers and worker hosts, plus the
+PUB socket that streams every logged change to ``pearl watch``.
+
+Requests are served on the server's thread: elastic events go to the ElasticScheduler and are
+answered once durable; ``status`` is answered from the latest published view without touching the
+Orchestrator; worker hellos and heartbeats go to the RoleSupervisor; ``call`` messages are
+delivered to the named local actor. Whatever is malformed gets an error reply (the rpc server's
+job) and pearld keeps serving.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from actors.base import Directory, PearlActor, serve_directory
+from actors.messages import StateChanged, Welcome, WorkerBeat, WorkerHello
+from pearl.core.errors import PearlError
+from transports.auth import ServerKeys
+from transports.protocol import Call, Event, Ping, Pong, Status, StatusRequest, Subscribe
+from transports.pubsub import Publisher
+from transports.rpc import Server, dispatch
+
+log = logging.getLogger(__name__)
+
+EVENT_TIMEOUT_S = 30.0
+
+
+def pub_address(endpoint: str) -> str:
+    """The PUB socket lives next to the API: ``ipc://x.sock`` -> ``ipc://x.sock.pub``, a TCP port
+    -> any free port on the same host (announced in the status view)."""
+    if endpoint.startswith("ipc://"):
+        return endpoint + ".pub"
+    host = endpoint.rsplit(":", 1)[0]
+    return f"{host}:*"
+
+
+class ApiEndpoint(PearlActor):
+    name = "api"
+    handles = {StateChanged: "state_changed"}
+
+    def __init__(
+        self, directory: Directory, endpoint: str, boot_id: str, keys: ServerKeys | None = None
+    ) -> None:
+        super().__init__()
+        self.directory, self.endpoint, self.boot_id, self.keys = directory, endpoint, boot_id, keys
+        self.view: dict[str, Any] = {}
+        self.server: Server | None = None
+        self.publisher: Publisher | None = None
+
+    def on_start(self) -> None:
+        self.publisher = Publisher(pub_address(self.endpoint), keys=self.keys)
+        calls = serve_directory(self.directory)
+        self.server = Server(
+            self.endpoint,
+            dispatch(
+                {
+                    Ping: lambda env: Pong(env.msg.nonce),
+                    Event: self._event,
+                    StatusRequest: lambda env: Status(self.view),
+                    Subscribe: lambda env: self.publisher.snapshot(lambda: self.view),  # type: ignore[union-attr]
+                    WorkerHello: self._hello,
+                    WorkerBeat: self._beat,
+                    Call: calls,
+                }
+            ),
+            keys=self.keys,
+            name="pearld",
+        )
+        log.info(
+            "pearld listening on %s (changes on %s)", self.server.address, self.publisher.address
+        )
+
+    @property
+    def address(self) -> str:
+        assert self.server is not None
+        return self.server.address
+
+    def _event(self, env: Any) -> Any:
+        return self.directory.get("scheduler").ask(env.msg.decoded, EVENT_TIMEOUT_S)
+
+    def _hello(self, env: Any) -> Welcome:
+        return self.directory.get("supervisor").ask(env.msg, 10.0)  # type: ignore[no-any-return]
+
+    def _beat(self, env: Any) -> Welcome:
+        try:
+            return self.directory.get("supervisor").ask(env.msg, 2.0)  # type: ignore[no-any-return]
+        except PearlError:  # a busy supervisor must not look like a dead pearld
+            return Welcome(self.boot_id, known=True)
+
+    def state_changed(self, msg: StateChanged) -> None:
+        view = dict(msg.status)
+        view["endpoint"] = self.server.address if self.server else self.endpoint
+        view["pub_endpoint"] = self.publisher.address if self.publisher else ""
+        self.view = view
+        if self.publisher is not None:
+            self.publisher.publish(view)
+
+    def on_stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        if self.publisher is not None:
+            self.publisher.close()
+
+
+__all__ = ["ApiEndpoint", "pub_address"]

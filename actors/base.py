@@ -1,0 +1,199 @@
+"""Actors addressed by name: a local one through its pykka inbox, a remote one over ZeroMQ.
+
+:class:`Directory` maps names ("orchestrator", "router", "worker/7", ...) to refs with the same two
+methods, ``tell(msg)`` and ``ask(msg, timeout_s)``, so an actor cannot tell whether its peer lives
+in its process. Messages are registered, typed records; over ZeroMQ they travel inside a
+``call`` message (``method`` is ``tell`` or ``ask``, ``args = {"msg": wire mapping}``) and are
+decoded by the one codec on the other side. An rpc :class:`~transports.rpc.Server` handler built
+by :func:`serve_directory` delivers them to local actors.
+
+:class:`PearlActor` dispatches on the message's type to a method named in ``handles``. A failure
+while handling a ``tell`` stops a pykka actor; ``on_failure`` reports it to the supervisor
+callback so the daemon can restart the actor from the logged state (conventions §5).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, ClassVar, Protocol
+
+import pykka
+
+from pearl.core.errors import PearlError
+from pearl.core.schema import to_wire
+from transports.codec import lookup
+from transports.protocol import Call, Result
+from transports.rpc import Client
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ASK_S = 10.0
+
+
+class ActorUnavailable(PearlError):
+    """No actor is registered under that name, or it stopped."""
+
+
+class Ref(Protocol):
+    name: str
+
+    def tell(self, msg: Any) -> None: ...
+
+    def ask(self, msg: Any, timeout_s: float = DEFAULT_ASK_S) -> Any: ...
+
+
+class LocalRef:
+    """A pykka actor in this process."""
+
+    def __init__(self, name: str, ref: pykka.ActorRef[Any]) -> None:
+        self.name, self.ref = name, ref
+
+    def tell(self, msg: Any) -> None:
+        try:
+            self.ref.tell(msg)
+        except pykka.ActorDeadError:
+            raise ActorUnavailable(f"actor {self.name} has stopped") from None
+
+    def ask(self, msg: Any, timeout_s: float = DEFAULT_ASK_S) -> Any:
+        try:
+            return self.ref.ask(msg, timeout=timeout_s)
+        except pykka.ActorDeadError:
+            raise ActorUnavailable(f"actor {self.name} has stopped") from None
+        except pykka.Timeout:
+            raise ActorUnavailable(
+                f"actor {self.name} did not answer within {timeout_s}s"
+            ) from None
+
+
+class RemoteRef:
+    """An actor in another process, reached through that process's rpc server."""
+
+    def __init__(self, name: str, client: Client) -> None:
+        self.name, self.client = name, client
+
+    def tell(self, msg: Any) -> None:
+        self.client.request(Call(self.name, "tell", {"msg": to_wire(msg)}))
+
+    def ask(self, msg: Any, timeout_s: float = DEFAULT_ASK_S) -> Any:
+        reply = self.client.request(Call(self.name, "ask", {"msg": to_wire(msg)}), timeout_s)
+        value = reply.value if isinstance(reply, Result) else reply
+        return decode_value(value)
+
+
+def decode_value(value: Any) -> Any:
+    """A wire mapping of a registered kind becomes its record; anything else passes through."""
+    if isinstance(value, dict) and "kind" in value:
+        reg = lookup(value["kind"])
+        if reg is not None:
+            return reg.decode(value)
+    return value
+
+
+def encode_value(value: Any) -> Any:
+    return to_wire(value) if hasattr(value, "KIND") else value
+
+
+class Directory:
+    """Name -> ref, shared by the actors of one process."""
+
+    def __init__(self) -> None:
+        self._refs: dict[str, Ref] = {}
+        self._lock = threading.Lock()
+
+    def register(self, ref: Ref) -> None:
+        with self._lock:
+            self._refs[ref.name] = ref
+
+    def unregister(self, name: str, ref: Ref | None = None) -> None:
+        with self._lock:
+            if ref is None or self._refs.get(name) is ref:
+                self._refs.pop(name, None)
+
+    def get(self, name: str) -> Ref:
+        with self._lock:
+            ref = self._refs.get(name)
+        if ref is None:
+            raise ActorUnavailable(f"no actor named {name!r}")
+        return ref
+
+    def find(self, name: str) -> Ref | None:
+        with self._lock:
+            return self._refs.get(name)
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._refs)
+
+    def tell(self, name: str, msg: Any) -> bool:
+        """Best-effort tell; False when the actor is missing or gone."""
+        ref = self.find(name)
+        if ref is None:
+            return False
+        try:
+            ref.tell(msg)
+            return True
+        except PearlError as e:
+            log.warning("tell %s %s failed: %s", name, type(msg).__name__, e)
+            return False
+
+
+def serve_directory(directory: Directory) -> Callable[[Any], Any]:
+    """An rpc handler for ``call`` messages: deliver the message to a local actor."""
+
+    def handle(env: Any) -> Any:
+        call = env.msg
+        if not isinstance(call, Call) or call.method not in ("tell", "ask"):
+            raise PearlError(f"expected a call with method tell or ask, got {env.kind}")
+        msg = decode_value(call.args.get("msg"))
+        ref = directory.get(call.actor)
+        if call.method == "tell":
+            ref.tell(msg)
+            return Result(None)
+        return Result(encode_value(ref.ask(msg)))
+
+    return handle
+
+
+class PearlActor(pykka.ThreadingActor):
+    """Dispatch by message type: ``handles = {Type: "method_name", ...}``."""
+
+    handles: ClassVar[dict[type, str]] = {}
+    name: ClassVar[str] = "actor"
+    on_crash: Callable[[str, BaseException | None], None] | None = None
+
+    def on_receive(self, message: Any) -> Any:
+        for cls in type(message).__mro__:
+            method = self.handles.get(cls)
+            if method is not None:
+                return getattr(self, method)(message)
+        raise PearlError(f"{self.name} does not handle {type(message).__name__}")
+
+    def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
+        log.error("actor %s failed: %s", self.name, exception_value)
+        if self.on_crash is not None:
+            self.on_crash(self.name, exception_value)
+
+
+def start(directory: Directory, cls: type[PearlActor], *args: Any, **kwargs: Any) -> LocalRef:
+    """Start an actor, register it under its name, and confirm it is alive."""
+    ref = LocalRef(cls.name, cls.start(*args, **kwargs))
+    if not ref.ref.is_alive():
+        raise ActorUnavailable(f"actor {cls.name} did not start")
+    directory.register(ref)
+    return ref
+
+
+__all__ = [
+    "ActorUnavailable",
+    "Directory",
+    "LocalRef",
+    "PearlActor",
+    "Ref",
+    "RemoteRef",
+    "decode_value",
+    "encode_value",
+    "serve_directory",
+    "start",
+]

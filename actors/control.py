@@ -1,0 +1,124 @@
+"""The small control actors around the Orchestrator: ElasticScheduler, RuntimeTracker and
+DecisionEngine — each a thin shell around the pure core.
+
+- ElasticScheduler receives elastic events (CLI, trainers, trace drivers), hands them to the
+  Orchestrator and answers with the durable record's sequence number; it remembers which training
+  step may proceed.
+- RuntimeTracker gathers engine telemetry and rollout-step statistics and turns each step into one
+  logged ``telemetry`` summary (least-squares A, b; prefill rate; bubble ratio) via
+  :class:`pearl.core.profile.RuntimeTracker`.
+- DecisionEngine answers "what would you choose for N workers" from the current profile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from actors.base import Directory, PearlActor
+from actors.messages import EngineTelemetryReport, RolloutStep, StateChanged
+from pearl.core import commands as cmd
+from pearl.core import events as ev
+from pearl.core.decision import decide
+from pearl.core.profile import RuntimeTracker as Tracker
+from pearl.core.profile import StepTelemetry, WorkloadProfile
+from pearl.core.schema import from_plain
+from pearl.core.state import Target
+
+
+class ElasticScheduler(PearlActor):
+    name = "scheduler"
+    handles = {
+        ev.GpusAdded: "event",
+        ev.GpusReclaimed: "event",
+        ev.TrainingBegin: "event",
+        ev.TrainingFinished: "event",
+        cmd.TrainingMayProceed: "proceed",
+        StateChanged: "ignore",
+    }
+
+    def __init__(self, directory: Directory) -> None:
+        super().__init__()
+        self.directory = directory
+        self.proceeded = 0
+
+    def event(self, record: Any) -> Any:
+        return self.directory.get("orchestrator").ask(record)  # Ack(seq) once durable
+
+    def proceed(self, c: cmd.TrainingMayProceed) -> None:
+        self.proceeded = max(self.proceeded, c.step)
+        self.directory.tell("trainer", c)
+
+    def ignore(self, _: Any) -> None:
+        return None
+
+
+class RuntimeTracker(PearlActor):
+    name = "tracker"
+    handles = {
+        EngineTelemetryReport: "engine",
+        RolloutStep: "step",
+        StateChanged: "state_changed",
+    }
+
+    def __init__(self, directory: Directory, alpha: float, L_max: float) -> None:
+        super().__init__()
+        self.directory, self.alpha, self.L_max = directory, alpha, L_max
+        self.profile: WorkloadProfile | None = None
+        self.decode: list[tuple[int, float]] = []
+        self.prefill: list[tuple[int, float]] = []
+
+    def state_changed(self, msg: StateChanged) -> None:
+        self.profile = from_plain(WorkloadProfile, msg.status["profile"])
+
+    def engine(self, msg: EngineTelemetryReport) -> None:
+        for it in msg.telemetry.iterations:
+            if it.decode_batch and not it.prefill_tokens:
+                self.decode.append((it.decode_batch, it.duration_s))
+            elif it.prefill_tokens and not it.decode_batch:
+                self.prefill.append((it.prefill_tokens, it.duration_s))
+
+    def step(self, msg: RolloutStep) -> ev.Telemetry | None:
+        if self.profile is None or not msg.trajectories:
+            return None
+        t = StepTelemetry(
+            step=msg.step,
+            trajectories=msg.trajectories,
+            decode_batch=tuple(b for b, _ in self.decode),
+            decode_s=tuple(s for _, s in self.decode),
+            prefill_tokens=tuple(n for n, _ in self.prefill),
+            prefill_s=tuple(s for _, s in self.prefill),
+            active_fraction=msg.active_fraction,
+            makespan_s=msg.makespan_s,
+        )
+        self.decode, self.prefill = [], []
+        summary = Tracker(self.profile, self.alpha, self.L_max).summarize(t)
+        self.directory.tell("orchestrator", summary)
+        return summary
+
+
+@dataclass(frozen=True)
+class DecideQuery:
+    N: int
+    current: Target | None = None
+
+
+class DecisionEngine(PearlActor):
+    name = "decision"
+    handles = {StateChanged: "state_changed", DecideQuery: "query"}
+
+    def __init__(self, params: Any) -> None:
+        super().__init__()
+        self.params = params
+        self.profile: WorkloadProfile | None = None
+
+    def state_changed(self, msg: StateChanged) -> None:
+        self.profile = from_plain(WorkloadProfile, msg.status["profile"])
+
+    def query(self, q: DecideQuery) -> dict[str, Any]:
+        if self.profile is None:
+            return {}
+        return decide(self.profile, q.N, q.current, self.params).to_json()
+
+
+__all__ = ["DecideQuery", "DecisionEngine", "ElasticScheduler", "RuntimeTracker"]

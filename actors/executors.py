@@ -1,0 +1,83 @@
+"""The two executors of the orchestration plan (§4.5, §4.6), as thin translators.
+
+The InterScaleRebuilder runs the dedicated zone's steps: a new worker host is spawned and given
+its ``start-worker`` command; a leaving one is told to stop (it aborts its requests keeping their
+generated prefixes, reports, and exits) and is not restarted; a role switch goes to the worker.
+The IntraScaleToggleManager runs the overlap zone's: retained overlap workers are activated or
+deactivated in place (process retention), and the training GPUs are lent or reclaimed through the
+trainer when one is connected (otherwise the trainer manages its memory itself and the step is
+done at once).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from actors.base import Directory, PearlActor
+from actors.supervisor import Retire, Spawn
+from pearl.core import commands as cmd
+
+
+def _result(c: Any, ok: bool = True, error: str = "") -> cmd.StepResult:
+    return cmd.StepResult(c.plan, c.step, ok=ok, error=error, cancel=getattr(c, "cancel", False))
+
+
+class InterScaleRebuilder(PearlActor):
+    name = "rebuilder"
+    handles = {
+        cmd.StartWorker: "on_start_worker",
+        cmd.StopWorker: "on_stop_worker",
+        cmd.SetRole: "on_set_role",
+    }
+
+    def __init__(self, directory: Directory) -> None:
+        super().__init__()
+        self.directory = directory
+
+    def on_start_worker(self, c: cmd.StartWorker) -> None:
+        self.directory.tell("supervisor", Spawn(c))
+
+    def on_stop_worker(self, c: cmd.StopWorker) -> None:
+        report = _result(c) if c.plan else None
+        ref = self.directory.find(f"worker/{c.worker}")
+        if ref is not None and not c.force and self.directory.tell(ref.name, c):
+            self.directory.tell("supervisor", Retire(c.worker))  # it reports, then exits
+        else:
+            self.directory.tell("supervisor", Retire(c.worker, force=True, report=report))
+
+    def on_set_role(self, c: cmd.SetRole) -> None:
+        if not self.directory.tell(f"worker/{c.worker}", c):
+            self.directory.tell("orchestrator", _result(c, False, "worker host not connected"))
+
+
+class IntraScaleToggleManager(PearlActor):
+    name = "toggle"
+    handles = {
+        cmd.ActivateWorker: "activate",
+        cmd.DeactivateWorker: "deactivate",
+        cmd.LendTraining: "hand_off",
+        cmd.ReclaimTraining: "hand_off",
+    }
+
+    def __init__(self, directory: Directory) -> None:
+        super().__init__()
+        self.directory = directory
+
+    def activate(self, c: cmd.ActivateWorker) -> None:
+        if not self.directory.tell(f"worker/{c.worker}", c):
+            self.directory.tell("supervisor", Spawn(c))  # no retained process: cold start
+
+    def deactivate(self, c: cmd.DeactivateWorker) -> None:
+        name = f"worker/{c.worker}"
+        if c.force and self.directory.find(name) is not None:
+            # Out of time (or cancelling): the GPUs come back by ending the process.
+            self.directory.tell("supervisor", Retire(c.worker, force=True, report=_result(c)))
+        elif not self.directory.tell(name, c):
+            self.directory.tell("orchestrator", _result(c))  # nothing holds device memory
+
+    def hand_off(self, c: Any) -> None:
+        if not self.directory.tell("trainer", c):
+            self.directory.tell("orchestrator", _result(c))
+
+
+__all__ = ["InterScaleRebuilder", "IntraScaleToggleManager"]

@@ -1,0 +1,155 @@
+"""Starting worker host processes: a local-subprocess launcher behind an interface another cluster
+engine (Ray, Kubernetes, Slurm) can implement.
+
+A worker host is ``python -m actors.worker_host`` with its identity, GPUs and engine settings on
+the command line; it finds pearld through ``--endpoint`` and registers itself. Processes are
+tracked and stopped by pid, never by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Protocol
+
+from pearl.config import EngineConfig
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    worker: int
+    incarnation: int
+    gpus: tuple[int, ...]
+    endpoint: str  # pearld's API
+    engine: EngineConfig
+    model: str
+    gpu: str
+    tp: int
+    heartbeat_s: float
+    orphan_s: float
+    state_dir: str
+
+
+class Launcher(Protocol):
+    def launch(self, spec: WorkerSpec) -> int:
+        """Start a worker host; returns its pid."""
+
+    def alive(self, pid: int) -> bool: ...
+
+    def kill(self, pid: int, force: bool = False) -> None: ...
+
+
+class LocalProcessLauncher:
+    """One subprocess per worker host on this machine (CUDA_VISIBLE_DEVICES set to its GPUs)."""
+
+    def __init__(self, log_dir: Path | None = None) -> None:
+        self.log_dir = log_dir
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+
+    def launch(self, spec: WorkerSpec) -> int:
+        env = dict(os.environ)
+        if spec.engine.kind != "sim":
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in spec.gpus)
+        args = [
+            sys.executable,
+            "-m",
+            "actors.worker_host",
+            "--endpoint",
+            spec.endpoint,
+            "--worker",
+            str(spec.worker),
+            "--incarnation",
+            str(spec.incarnation),
+            "--gpus",
+            ",".join(str(g) for g in spec.gpus),
+            "--engine",
+            json.dumps(asdict(spec.engine)),
+            "--model",
+            spec.model,
+            "--gpu",
+            spec.gpu,
+            "--tp",
+            str(spec.tp),
+            "--heartbeat-s",
+            str(spec.heartbeat_s),
+            "--orphan-s",
+            str(spec.orphan_s),
+            "--state-dir",
+            spec.state_dir,
+        ]
+        out = subprocess.DEVNULL
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            path = self.log_dir / f"worker-{spec.worker}-{spec.incarnation}.log"
+            out = open(path, "ab")  # noqa: SIM115 - the child owns it
+        proc = subprocess.Popen(
+            args,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        if out is not subprocess.DEVNULL:
+            out.close()
+        self._children[proc.pid] = proc
+        return proc.pid
+
+    def alive(self, pid: int) -> bool:
+        child = self._children.get(pid)
+        if child is not None:
+            if child.poll() is None:
+                return True
+            self._children.pop(pid, None)
+            return False
+        try:  # a host adopted after a pearld restart is not our child
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return not _zombie(pid)
+
+    def kill(self, pid: int, force: bool = False) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL if force else signal.SIGTERM)
+        child = self._children.get(pid)
+        if child is not None:
+            try:
+                child.wait(timeout=5.0 if not force else 1.0)
+            except subprocess.TimeoutExpired:
+                os.kill(pid, signal.SIGKILL)
+                child.wait(timeout=2.0)
+            self._children.pop(pid, None)
+
+    def reap_all(self, timeout_s: float = 3.0) -> None:
+        """Stop every child we started (daemon shutdown)."""
+        for pid in list(self._children):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for pid, child in list(self._children.items()):
+            try:
+                child.wait(timeout=max(0.01, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait(timeout=2.0)
+            self._children.pop(pid, None)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return False
+
+
+__all__ = ["Launcher", "LocalProcessLauncher", "WorkerSpec"]

@@ -1,0 +1,141 @@
+"""Message kinds between pearld's actors, worker hosts and trainers (besides log records and the
+controller's commands, which travel unchanged). Registered in the transport's one registry so the
+one codec encodes and checks them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pearl.core.profile import TrajectoryStats
+from pearl.core.state import Role
+from pearl.engines.base import EngineTelemetry, GenerateRequest, GenerateResult
+from transports.protocol import MESSAGES
+
+
+@MESSAGES.register("worker-hello")
+class WorkerHello:
+    """A worker host announces itself to pearld (again after a pearld restart)."""
+
+    worker: int
+    incarnation: int
+    pid: int
+    address: str  # its rpc server: commands reach its WorkerActor here
+    kv_address: str = ""  # its KV inbox (prefill -> decode transfers)
+    engine_ready: bool = False  # the engine already serves (a pearld restart found it running)
+    role: Role | None = None
+
+
+@MESSAGES.register("worker-beat")
+class WorkerBeat:
+    """Heartbeat of a worker host; the reply carries pearld's boot id (a change means re-hello)."""
+
+    worker: int
+    incarnation: int
+
+
+@MESSAGES.register("welcome")
+class Welcome:
+    boot_id: str
+    known: bool = True  # False: the log does not know this worker; it will be stopped
+
+
+@MESSAGES.register("restore-worker")
+class RestoreWorker:
+    """A restarted worker host: bring the engine up in ``role`` at ``weights_version``."""
+
+    worker: int
+    incarnation: int
+    role: Role
+    weights_version: int
+    active: bool = True  # False: a retained overlap worker, keep device memory released
+
+
+@MESSAGES.register("generate")
+class Generate:
+    """Run one request on a worker; its result comes back as ``generate-done``."""
+
+    request: GenerateRequest
+
+
+@MESSAGES.register("generate-done")
+class GenerateDone:
+    worker: int
+    rid: str
+    result: GenerateResult | None = None
+    error: str = ""
+    retryable: bool = False  # e.g. the KV never arrived: route the request again
+
+
+@MESSAGES.register("abort-request")
+class AbortRequest:
+    rid: str
+
+
+@MESSAGES.register("load-weights")
+class LoadWeights:
+    """Move to weights ``version`` (from the weight store at ``uri``; lazy propagation)."""
+
+    version: int
+    uri: str = ""
+
+
+@MESSAGES.register("engine-telemetry")
+class EngineTelemetryReport:
+    worker: int
+    telemetry: EngineTelemetry
+
+
+@MESSAGES.register("state-changed")
+class StateChanged:
+    """The Orchestrator's view after a logged change (status payload and routable workers)."""
+
+    seq: int
+    status: dict[str, Any]
+
+
+@MESSAGES.register("supervise")
+class Supervise:
+    """Periodic prod for the RoleSupervisor: reap dead hosts, restart with back-off."""
+
+
+@MESSAGES.register("trainer-hello")
+class TrainerHello:
+    """A trainer (embedding API client) that handles lend / reclaim of the training GPUs."""
+
+    address: str
+
+
+@MESSAGES.register("route")
+class Route:
+    """Ask the Router to run ``request``; the result goes to actor ``reply_to`` as generate-done."""
+
+    request: GenerateRequest
+    reply_to: str
+
+
+@MESSAGES.register("rollout-step")
+class RolloutStep:
+    """A rollout step ended: what its trajectories did (the Runtime Tracker fits the profile)."""
+
+    step: int
+    trajectories: tuple[TrajectoryStats, ...]
+    makespan_s: float
+    active_fraction: tuple[float, ...] = ()
+
+
+__all__ = [
+    "AbortRequest",
+    "Route",
+    "RolloutStep",
+    "EngineTelemetryReport",
+    "Generate",
+    "GenerateDone",
+    "LoadWeights",
+    "RestoreWorker",
+    "StateChanged",
+    "Supervise",
+    "TrainerHello",
+    "Welcome",
+    "WorkerBeat",
+    "WorkerHello",
+]

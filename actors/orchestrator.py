@@ -1,0 +1,163 @@
+"""The Orchestrator: sole owner of the table and the event log. It logs, then applies, then sends.
+
+Every input goes through the pure :class:`~pearl.core.controller.Controller`; the records it
+returns are appended (durable, group commit) before the new state replaces the old one and before
+any command leaves. The reply to an elastic event is the sequence number of its record.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from actors.base import Directory, PearlActor
+from actors.messages import StateChanged
+from pearl.core import commands as cmd
+from pearl.core import events as ev
+from pearl.core.controller import Controller, ControllerState, Output
+from pearl.core.schema import to_plain
+from pearl.log import EventLog
+from transports.protocol import Ack, StatusRequest
+
+log = logging.getLogger(__name__)
+
+ROUTES: dict[type, str] = {
+    cmd.StartWorker: "rebuilder",
+    cmd.StopWorker: "rebuilder",
+    cmd.SetRole: "rebuilder",
+    cmd.ActivateWorker: "toggle",
+    cmd.DeactivateWorker: "toggle",
+    cmd.LendTraining: "toggle",
+    cmd.ReclaimTraining: "toggle",
+    cmd.TrainingMayProceed: "scheduler",
+}
+# Who hears about every logged change (status view, routable set, expected worker hosts).
+LISTENERS = ("router", "supervisor", "api", "decision", "scheduler")
+
+
+class Orchestrator(PearlActor):
+    name = "orchestrator"
+    handles = {
+        ev.GpusAdded: "on_event",
+        ev.GpusReclaimed: "on_event",
+        ev.TrainingBegin: "on_event",
+        ev.TrainingFinished: "on_event",
+        ev.WeightsPublished: "on_event",
+        ev.Telemetry: "on_event",
+        cmd.StepResult: "on_event",
+        cmd.WorkerDown: "on_event",
+        cmd.WorkerUp: "on_event",
+        cmd.WorkerLost: "on_event",
+        cmd.RolloutProgress: "on_event",
+        cmd.Tick: "on_event",
+        StatusRequest: "status",
+    }
+
+    def __init__(
+        self,
+        directory: Directory,
+        event_log: EventLog,
+        controller: Controller,
+        recovered: Output,
+        snapshot_every: int = 1000,
+        boot_id: str = "",
+    ) -> None:
+        super().__init__()
+        self.directory, self.log, self.controller = directory, event_log, controller
+        self.state: ControllerState = recovered.state
+        self._pending = recovered
+        self.snapshot_every = snapshot_every
+        self.boot_id = boot_id
+        self._since_snapshot = 0
+        self.proceeded = 0  # last training step told it may proceed
+
+    def on_start(self) -> None:
+        out, self._pending = self._pending, None  # type: ignore[assignment]
+        self._commit(out)
+
+    def on_event(self, event: Any) -> Ack:
+        out = self.controller.handle(self.state, event, time.monotonic())
+        first = self._commit(out)
+        return Ack(first if first else self.log.last_seq)
+
+    def _commit(self, out: Output) -> int:
+        """Log, then apply, then send. Returns the first record's sequence number (0: none)."""
+        seqs = self.log.append(out.records) if out.records else []
+        self.state = out.state
+        if self.state.table.seq != self.log.last_seq:  # the fold and the log must agree
+            raise RuntimeError(f"table at seq {self.state.table.seq}, log at {self.log.last_seq}")
+        for c in out.commands:
+            if isinstance(c, cmd.TrainingMayProceed):
+                self.proceeded = max(self.proceeded, c.step)
+            target = ROUTES.get(type(c))
+            if target is not None:
+                self.directory.tell(target, c)
+        if out.records:
+            changed = StateChanged(self.state.table.seq, self.status_payload())
+            for name in LISTENERS:
+                self.directory.tell(name, changed)
+            self._since_snapshot += len(out.records)
+            if self._since_snapshot >= self.snapshot_every:
+                self.log.write_snapshot(self.state.table)
+                self._since_snapshot = 0
+        return seqs[0] if seqs else 0
+
+    def status(self, _: Any = None) -> dict[str, Any]:
+        return self.status_payload()
+
+    def status_payload(self) -> dict[str, Any]:
+        s = self.state
+        t = s.table
+        out = t.to_json()
+        p = t.plan
+        out["budget"] = {
+            "dedicated_gpus": len(t.dedicated_gpus),
+            "training_gpus": len(t.training_gpus),
+            "lent": bool(t.training_workers())
+            and all(w.activity.value == "inactive" for w in t.training_workers()),
+        }
+        out["transitions"] = (
+            []
+            if p is None
+            else [
+                {
+                    "plan": p.plan,
+                    "cause": p.cause,
+                    "target": str(p.target),
+                    "steps": len(p.steps),
+                    "done": len(p.done),
+                    "aborting": s.aborting,
+                }
+            ]
+        )
+        out["training_may_proceed"] = self.proceeded
+        out["profile"] = to_plain(s.profile)
+        d = s.last_decision
+        out["decision"] = (
+            None
+            if d is None
+            else {
+                "target": str(d.target),
+                "predicted_makespan_s": d.predicted_makespan_s,
+                "reason": d.reason,
+            }
+        )
+        g = s.last_gate
+        out["gate"] = (
+            None if g is None else to_plain(g) if hasattr(g, "__dataclass_fields__") else None
+        )
+        out["failed"] = sorted(s.failed)
+        out["quarantined_gpus"] = sorted(s.quarantine)
+        out["boot_id"] = self.boot_id
+        return out
+
+    def on_stop(self) -> None:
+        try:
+            if self.log.last_seq:
+                self.log.write_snapshot(self.state.table)
+        except Exception as e:  # never block shutdown on a snapshot
+            log.warning("final snapshot failed: %s", e)
+
+
+__all__ = ["Orchestrator"]

@@ -1,0 +1,207 @@
+"""The WorkerActor: owns one engine in a worker host and executes the controller's commands.
+
+Every command that belongs to a plan step is answered with a ``step-result`` to the orchestrator;
+commands are idempotent, so recovery may resend them. Generation results (including aborted
+requests with the tokens generated so far) go to the router as ``generate-done``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from actors.base import Directory, PearlActor
+from actors.messages import (
+    AbortRequest,
+    EngineTelemetryReport,
+    Generate,
+    GenerateDone,
+    LoadWeights,
+    RestoreWorker,
+)
+from pearl.core import commands as cmd
+from pearl.core.errors import PearlError
+from pearl.core.state import Role
+from pearl.engines.base import Engine, GenerateResult, KVTimeout
+
+log = logging.getLogger(__name__)
+
+DRAIN_S = 5.0  # how long a role switch waits for in-flight requests before handing them over
+
+
+class WorkerActor(PearlActor):
+    handles = {
+        cmd.StartWorker: "on_start_worker",
+        RestoreWorker: "on_restore",
+        cmd.ActivateWorker: "on_activate",
+        cmd.DeactivateWorker: "on_deactivate",
+        cmd.StopWorker: "on_stop_worker",
+        cmd.SetRole: "on_set_role",
+        Generate: "on_generate",
+        AbortRequest: "on_abort",
+        LoadWeights: "on_load_weights",
+    }
+
+    def __init__(
+        self,
+        directory: Directory,
+        worker: int,
+        incarnation: int,
+        make_engine: Callable[[Role], Engine],
+        weights_source: Callable[[int], Any],
+        on_exit: Callable[[], None],
+    ) -> None:
+        super().__init__()
+        self.name = f"worker/{worker}"  # type: ignore[misc]
+        self.directory, self.worker, self.incarnation = directory, worker, incarnation
+        self.make_engine, self.weights_source, self.on_exit = make_engine, weights_source, on_exit
+        self.engine: Engine | None = None
+        self.released = False
+
+    # -- plan steps ----------------------------------------------------------------------------
+
+    def _step(self, c: Any, body: Callable[[], None]) -> None:
+        t0 = time.monotonic()
+        try:
+            body()
+            ok, error = True, ""
+        except PearlError as e:
+            ok, error = False, str(e)
+            log.warning("%s %s failed: %s", self.name, type(c).__name__, e)
+        if getattr(c, "plan", 0):
+            self.directory.tell(
+                "orchestrator",
+                cmd.StepResult(
+                    c.plan,
+                    c.step,
+                    ok=ok,
+                    error=error,
+                    cancel=getattr(c, "cancel", False),
+                    duration_s=time.monotonic() - t0,
+                ),
+            )
+
+    def _bring_up(self, role: Role, version: int) -> None:
+        if self.engine is None:
+            self.engine = self.make_engine(role)
+            self.engine.start()
+            self.released = False
+        elif self.released:
+            self.engine.resume_memory()
+            self.released = False
+        if self.engine.role is not role:
+            self._handover()
+            self.engine.set_role(role)
+        self._weights(version)
+
+    def _weights(self, version: int) -> None:
+        assert self.engine is not None
+        if version > self.engine.weights_version:
+            self.engine.load_weights(version, self.weights_source(version))
+
+    def on_start_worker(self, c: cmd.StartWorker) -> None:
+        self._step(c, lambda: self._bring_up(c.role, c.weights_version))
+
+    def on_restore(self, c: RestoreWorker) -> None:
+        try:
+            self._bring_up(c.role, c.weights_version)
+            if not c.active:
+                self.engine.release_memory()  # type: ignore[union-attr]
+                self.released = True
+            self.directory.tell("orchestrator", cmd.WorkerUp(self.worker, self.incarnation))
+        except PearlError as e:
+            log.error("%s could not be restored: %s", self.name, e)
+
+    def on_activate(self, c: cmd.ActivateWorker) -> None:
+        self._step(c, lambda: self._bring_up(c.role, c.weights_version))
+
+    def on_deactivate(self, c: cmd.DeactivateWorker) -> None:
+        def body() -> None:
+            if self.engine is not None and not self.released:
+                self.engine.release_memory()  # aborts in flight; prefixes go back to the router
+                self.released = True
+
+        self._step(c, body)
+
+    def on_stop_worker(self, c: cmd.StopWorker) -> None:
+        def body() -> None:
+            if self.engine is not None:
+                self.engine.stop()  # aborts in flight, keeping the generated prefixes
+                self.engine = None
+
+        self._step(c, body)
+        self.on_exit()
+
+    def on_set_role(self, c: cmd.SetRole) -> None:
+        def body() -> None:
+            if self.engine is None:
+                raise PearlError(f"{self.name} has no engine to switch")
+            if self.engine.role is not c.role:
+                self._handover()
+                self.engine.set_role(c.role)
+
+        self._step(c, body)
+
+    def _handover(self) -> None:
+        """Drain briefly, then abort what is left: the router resubmits the prefixes elsewhere."""
+        assert self.engine is not None
+        if not self.engine.drain(DRAIN_S):
+            self.engine.abort_all()
+            deadline = time.monotonic() + DRAIN_S
+            while self.engine.in_flight() and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+    # -- serving -------------------------------------------------------------------------------
+
+    def on_generate(self, msg: Generate) -> None:
+        rid = msg.request.rid
+        if self.engine is None or self.released:
+            self._done(rid, None, f"{self.name} is not serving", retryable=True)
+            return
+        try:
+            fut = self.engine.generate(msg.request)
+        except PearlError as e:
+            self._done(rid, None, str(e), retryable=True)
+            return
+        fut.add_done_callback(lambda f: self._finished(rid, f))
+
+    def _finished(self, rid: str, fut: Future[GenerateResult]) -> None:
+        try:
+            self._done(rid, fut.result(), "")
+        except KVTimeout as e:
+            self._done(rid, None, str(e), retryable=True)
+        except Exception as e:  # the router decides; the engine keeps serving
+            self._done(rid, None, str(e), retryable=False)
+
+    def _done(
+        self, rid: str, result: GenerateResult | None, error: str, retryable: bool = False
+    ) -> None:
+        self.directory.tell("router", GenerateDone(self.worker, rid, result, error, retryable))
+
+    def on_abort(self, msg: AbortRequest) -> None:
+        if self.engine is not None:
+            self.engine.abort(msg.rid)
+
+    def on_load_weights(self, msg: LoadWeights) -> None:
+        if self.engine is not None:
+            try:
+                self._weights(msg.version)
+            except PearlError as e:
+                log.warning("%s: %s", self.name, e)
+
+    def report_telemetry(self) -> None:
+        if self.engine is not None:
+            t = self.engine.telemetry()
+            if t.iterations or t.transfers:
+                self.directory.tell("tracker", EngineTelemetryReport(self.worker, t))
+
+    def on_stop(self) -> None:
+        if self.engine is not None:
+            self.engine.stop()
+            self.engine = None
+
+
+__all__ = ["WorkerActor"]

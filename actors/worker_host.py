@@ -1,0 +1,161 @@
+"""One worker host process: ``python -m actors.worker_host --endpoint ... --worker N ...``.
+
+It runs the WorkerActor that owns the engine, serves commands on its own rpc server, says hello to
+pearld, heart-beats, and says hello again whenever pearld's boot id changes (pearld restarted).
+Reports to pearld (step results, generation results, telemetry) leave through one queue and one
+thread, so the engine never waits on the network. If pearld stays unreachable for ``--orphan-s``
+the host exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from actors.base import Directory, LocalRef, serve_directory
+from actors.messages import Welcome, WorkerBeat, WorkerHello
+from actors.worker import WorkerActor
+from pearl.config import EngineConfig, parse_gpus
+from pearl.core.errors import PearlError
+from pearl.core.schema import to_wire
+from pearl.engines.factory import build_engine
+from transports.bulk import ZmqKVChannel
+from transports.protocol import Call
+from transports.rpc import Client, Server
+
+log = logging.getLogger("pearl.worker_host")
+
+
+class Reporter:
+    """Delivers tells to pearld's actors in order, off the engine's and actor's threads."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.q: queue.Queue[tuple[str, Any] | None] = queue.Queue()
+        self.thread = threading.Thread(target=self._run, name="reporter", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while (item := self.q.get()) is not None:
+            name, msg = item
+            for attempt in range(20):
+                try:
+                    self.client.request(Call(name, "tell", {"msg": to_wire(msg)}))
+                    break
+                except PearlError as e:
+                    if attempt == 19:
+                        log.warning("dropped %s for %s: %s", type(msg).__name__, name, e)
+                    time.sleep(min(2.0, 0.05 * 2**attempt))
+
+    def close(self) -> None:
+        self.q.put(None)
+        self.thread.join(5.0)
+
+
+class QueuedRef:
+    def __init__(self, name: str, reporter: Reporter) -> None:
+        self.name, self.reporter = name, reporter
+
+    def tell(self, msg: Any) -> None:
+        self.reporter.q.put((self.name, msg))
+
+    def ask(self, msg: Any, timeout_s: float = 10.0) -> Any:
+        raise PearlError(f"{self.name} is remote: worker hosts only tell pearld")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="pearl-worker-host")
+    p.add_argument("--endpoint", required=True)
+    p.add_argument("--worker", type=int, required=True)
+    p.add_argument("--incarnation", type=int, required=True)
+    p.add_argument("--gpus", default="")
+    p.add_argument("--engine", default="{}")
+    p.add_argument("--model", default="qwen3-8b")
+    p.add_argument("--gpu", default="H800")
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--heartbeat-s", type=float, default=1.0)
+    p.add_argument("--orphan-s", type=float, default=120.0)
+    p.add_argument("--state-dir", default="")
+    a = p.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s worker-{a.worker} %(levelname)s %(message)s"
+    )
+    engine_cfg = EngineConfig(**json.loads(a.engine))
+    parse_gpus(a.gpus)
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    directory = Directory()
+    to_pearld = Client(a.endpoint, timeout_s=2.0, retries=1, name=f"worker-{a.worker}")
+    reporter = Reporter(Client(a.endpoint, timeout_s=5.0, retries=2, name=f"worker-{a.worker}-r"))
+    for name in ("orchestrator", "router", "tracker"):
+        directory.register(QueuedRef(name, reporter))
+    kv = ZmqKVChannel()
+    weights_dir = Path(a.state_dir) / "weights" if a.state_dir else None
+
+    def weights_source(version: int) -> Any:
+        if weights_dir is None:
+            return None
+        path = weights_dir / f"v{version:08d}.safetensors"
+        return str(path) if path.exists() else None
+
+    def make_engine(role: Any) -> Any:
+        return build_engine(engine_cfg, model=a.model, gpu=a.gpu, tp=a.tp, role=role, kv_channel=kv)
+
+    actor = WorkerActor.start(
+        directory, a.worker, a.incarnation, make_engine, weights_source, stop.set
+    )
+    ref = LocalRef(f"worker/{a.worker}", actor)
+    directory.register(ref)
+    server = Server("tcp://127.0.0.1:*", serve_directory(directory), name=f"worker-{a.worker}")
+    hello = WorkerHello(a.worker, a.incarnation, os.getpid(), server.address, kv.address)
+
+    boot_id: str | None = None  # the pearld boot we said hello to
+    last_ok = time.monotonic()
+    try:
+        while not stop.is_set():
+            try:
+                if boot_id is None:
+                    ready = actor.proxy().engine.get() is not None
+                    reply = to_pearld.request(dataclasses.replace(hello, engine_ready=ready))
+                    if isinstance(reply, Welcome) and not reply.known:
+                        log.info("pearld does not know this worker; exiting")
+                        break
+                    boot_id = reply.boot_id if isinstance(reply, Welcome) else None
+                else:
+                    reply = to_pearld.request(WorkerBeat(a.worker, a.incarnation))
+                    if (
+                        not isinstance(reply, Welcome)
+                        or reply.boot_id != boot_id
+                        or not reply.known
+                    ):
+                        boot_id = None  # pearld restarted (or forgot us): say hello again
+                        continue
+                    actor.proxy().report_telemetry()
+                last_ok = time.monotonic()
+            except PearlError as e:
+                if time.monotonic() - last_ok > a.orphan_s:
+                    log.warning("pearld unreachable for %.0fs (%s); exiting", a.orphan_s, e)
+                    break
+            stop.wait(a.heartbeat_s)
+    finally:
+        server.close()
+        actor.stop(timeout=10)
+        reporter.close()
+        to_pearld.close()
+        kv.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

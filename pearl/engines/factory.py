@@ -1,0 +1,62 @@
+"""Build the engine a worker host runs from the ``[engine]`` config section.
+
+``sim`` takes its cost model from the catalog roofline of the configured model and GPU (so a sim
+worker costs what the decision engine's priors say); ``torch`` runs a real Qwen3-architecture model
+on CPU or CUDA. ``sglang`` is served by its own worker host (optional extra).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pearl.config import EngineConfig
+from pearl.core import catalog
+from pearl.core.errors import ConfigError
+from pearl.core.state import Role
+from pearl.engines.base import Engine, KVChannel
+
+
+def sim_cost(model: str, gpu: str, tp: int, context: float = 8192.0) -> Any:
+    """SimCost of one worker from the catalog roofline (Table 3 hand-off costs stay as shipped)."""
+    from pearl.engines.sim import SimCost
+
+    roof = catalog.roofline(model, gpu, tp, context=context, seq_tokens=2 * context)
+    return SimCost(
+        A=roof.A,
+        b=roof.b,
+        t_prefill=roof.t_prefill,
+        kv_bytes_per_token=int(roof.K),
+        kv_bandwidth=roof.BW,
+    )
+
+
+def build_engine(
+    cfg: EngineConfig, *, model: str, gpu: str, tp: int, role: Role, kv_channel: KVChannel | None
+) -> Engine:
+    if cfg.kind == "sim":
+        from pearl.engines.sim import SimEngine
+
+        return SimEngine(
+            cost=sim_cost(model, gpu, tp),
+            role=role,
+            kv_channel=kv_channel,
+            time_scale=cfg.time_scale,
+        )
+    if cfg.kind == "torch":
+        from pearl.engines.torch import TorchEngine
+
+        preset, path = (cfg.preset, "") if "/" not in cfg.preset else ("tiny", cfg.preset)
+        return TorchEngine(
+            role=role,
+            kv_channel=kv_channel,
+            preset=preset,
+            model_path=path,
+            device=cfg.device,
+            threads=cfg.threads,
+            seed=cfg.seed,
+            kv_budget_bytes=int(cfg.kv_budget_mb * (1 << 20)),
+        )
+    raise ConfigError(f"engine.kind = {cfg.kind!r} is not served by the built-in worker host")
+
+
+__all__ = ["build_engine", "sim_cost"]
