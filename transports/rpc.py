@@ -125,7 +125,9 @@ class Server:
         self.ctx = ctx or zmq.Context.instance()
         self.served = 0  # requests answered by the handler
         self.rejected = 0  # error replies for bad input or failing handlers
-        self._ids = itertools.count(1)
+        # The server keys its reply cache by (sender, id): a new client under a reused name (a
+        # CLI run, a restarted worker host) must not meet the replies of an earlier one.
+        self._ids = itertools.count(secrets.randbits(40) + 1)
         self._cache: OrderedDict[tuple[str, int], list[Any]] = OrderedDict()
         self._domain: str | None = None
         self._sock = _socket(self.ctx, zmq.ROUTER, self.codec.limits)
@@ -277,7 +279,9 @@ class Client:
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self.reconnects = 0
-        self._ids = itertools.count(1)
+        # The server keys its reply cache by (sender, id): a new client under a reused name (a
+        # CLI run, a restarted worker host) must not meet the replies of an earlier one.
+        self._ids = itertools.count(secrets.randbits(40) + 1)
         self._lock = threading.Lock()
         self._sock: zmq.Socket[Any] | None = self._connect()
 

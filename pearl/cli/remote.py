@@ -1,0 +1,164 @@
+"""``pearl event ...``, ``pearl status`` and ``pearl watch``: talking to a running pearld.
+
+The daemon is found by ``--endpoint``, else ``PEARL_ENDPOINT``, else the default endpoint; CURVE
+keys (for a daemon beyond loopback) come from ``--keys-dir`` or ``PEARL_KEYS``. Each event is
+acknowledged only once its record is durable, and the reply names its sequence number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from pearl.config import DEFAULT_ENDPOINT, parse_gpus
+from pearl.core import events as ev
+from pearl.core.errors import PearlError
+
+EVENTS = ("gpus-added", "gpus-reclaimed", "training-begin", "training-finished")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--endpoint", default=os.environ.get("PEARL_ENDPOINT", DEFAULT_ENDPOINT),
+                   help="pearld's API (default: $PEARL_ENDPOINT or %(default)s)")
+    p.add_argument("--keys-dir", default=os.environ.get("PEARL_KEYS", ""),
+                   help="CURVE client keys for a daemon beyond loopback ($PEARL_KEYS)")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for pearld")
+
+
+def register(subparsers: Any) -> None:
+    e = subparsers.add_parser("event", help="send an elastic event to pearld")
+    kinds = e.add_subparsers(dest="event", metavar="EVENT", required=True)
+    for kind in EVENTS:
+        k = kinds.add_parser(kind, help=f"{kind} event")
+        _common(k)
+        if kind.startswith("gpus"):
+            k.add_argument("--gpus", required=True, help="GPU ids, e.g. 4,5,6,7 or 20-23")
+        else:
+            k.add_argument("--step", type=int, help="training step (default: the next / current)")
+        if kind == "training-finished":
+            k.add_argument("--weights-version", type=int, help="the weights this step published")
+        k.set_defaults(handler=cmd_event)
+    s = subparsers.add_parser("status", help="the table, mode and ratio, budget, transitions")
+    _common(s)
+    s.add_argument("--json", action="store_true", help="one JSON object (see the README)")
+    s.set_defaults(handler=cmd_status)
+    w = subparsers.add_parser("watch", help="print every logged change as it happens")
+    _common(w)
+    w.add_argument("--json", action="store_true", help="one JSON object per change")
+    w.add_argument("--count", type=int, default=0, help="stop after this many changes")
+    w.set_defaults(handler=cmd_watch)
+
+
+def client(args: argparse.Namespace) -> Any:
+    from transports.auth import ClientKeys
+    from transports.rpc import Client
+
+    keys = ClientKeys.load(args.keys_dir) if args.keys_dir else None
+    return Client(args.endpoint, keys=keys, timeout_s=args.timeout, retries=1, name="pearl-cli")
+
+
+def fetch_status(c: Any) -> dict[str, Any]:
+    from transports.protocol import StatusRequest
+
+    payload = c.request(StatusRequest()).payload
+    if not payload:
+        raise PearlError("pearld is starting: its state is not published yet; try again")
+    return payload  # type: ignore[no-any-return]
+
+
+def build_event(args: argparse.Namespace, c: Any) -> Any:
+    if args.event == "gpus-added":
+        return ev.GpusAdded(parse_gpus(args.gpus, "--gpus"))
+    if args.event == "gpus-reclaimed":
+        return ev.GpusReclaimed(parse_gpus(args.gpus, "--gpus"))
+    step = args.step
+    if step is None:
+        status = fetch_status(c)
+        step = status["training_step"] + (1 if args.event == "training-begin" else 0)
+    if args.event == "training-begin":
+        return ev.TrainingBegin(step)
+    return ev.TrainingFinished(step, args.weights_version)
+
+
+def cmd_event(args: argparse.Namespace) -> int:
+    from transports.protocol import Event
+
+    with client(args) as c:
+        record = build_event(args, c)
+        ack = c.request(Event.of(record))
+    print(f"ok: {args.event} logged at seq {ack.seq}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    with client(args) as c:
+        status = fetch_status(c)
+    if args.json:
+        print(json.dumps(status, indent=None, sort_keys=False))
+    else:
+        print(render(status))
+    return 0
+
+
+def render(s: dict[str, Any]) -> str:
+    ratio = f"{s['N_C']}C" if s["mode"] == "colocated" else f"{s['N_P']}P{s['N_D']}D"
+    b = s.get("budget", {})
+    lines = [
+        f"pearld {s.get('endpoint', '')}  seq {s['seq']}  mode {s['mode']} {ratio}  "
+        f"training {s['phase']} (step {s['training_step']})  weights v{s['weights_version']}",
+        f"budget: {b.get('dedicated_gpus', 0)} dedicated GPUs, {b.get('training_gpus', 0)} training "
+        f"GPUs {'lent' if b.get('lent') else 'kept'}; tp {s['tp']}",
+    ]
+    d = s.get("decision")
+    if d:
+        lines.append(f"decision: {d['target']} predicted {d['predicted_makespan_s']:.1f}s ({d['reason']})")
+    for t in s.get("transitions", []):
+        state = f"aborting ({t['aborting']})" if t.get("aborting") else "in flight"
+        lines.append(f"plan {t['plan']} {t['cause']} -> {t['target']}: {t['done']}/{t['steps']} "
+                     f"steps, {state}")
+    lines.append(f"{'id':>4} {'gpus':<14} {'role':<10} {'activity':<13} zone")
+    for w in s["workers"]:
+        gpus = ",".join(map(str, w["gpus"]))
+        if len(gpus) > 14:
+            gpus = f"{w['gpus'][0]}-{w['gpus'][-1]}"
+        lines.append(f"{w['id']:>4} {gpus:<14} {w['role']:<10} {w['activity']:<13} {w['zone']}")
+    return "\n".join(lines)
+
+
+def _line(seq: int, s: dict[str, Any]) -> str:
+    ratio = f"{s['N_C']}C" if s["mode"] == "colocated" else f"{s['N_P']}P{s['N_D']}D"
+    plans = ", ".join(f"plan {t['plan']} {t['cause']} {t['done']}/{t['steps']}"
+                      for t in s.get("transitions", [])) or "steady"
+    return (f"{time.strftime('%H:%M:%S')} seq {s['seq']:>6} {s['mode']:<13} {ratio:<7} "
+            f"routable {sum(w['activity'] == 'active' and w['role'] != 'training' for w in s['workers'])}"
+            f"  training {s['phase']}  {plans}")
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    from transports.pubsub import Subscriber
+
+    seen = 0
+    with client(args) as c:
+        status = fetch_status(c)
+
+        def show(seq: int, payload: dict[str, Any]) -> None:
+            nonlocal seen
+            seen += 1
+            print(json.dumps(payload) if args.json else _line(seq, payload), flush=True)
+
+        sub = Subscriber(status["pub_endpoint"], c, on_snapshot=show, on_change=show,
+                         on_gap=lambda g: print(f"# {g}", file=sys.stderr))
+        try:
+            sub.sync()
+            while not args.count or seen < args.count:
+                sub.pump(0.5)
+        finally:
+            sub.close()
+    return 0
+
+
+__all__ = ["register", "render"]
