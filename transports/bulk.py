@@ -4,7 +4,7 @@ One message is a multipart ZeroMQ message ``[header, buffer, buffer, ...]``: the
 msgpack mapping (protocol version, transfer id, the sender's meta, a send timestamp and the size of
 every buffer), the buffers are raw bytes sent zero-copy (``copy=False``). Nothing is pickled.
 
-:class:`ZmqKVChannel` binds one PULL inbox per engine, drains it on a receiver thread into a
+:class:`ZmqKVChannel` binds one PULL inbox per engine and drains it, when polled, into a
 buffer keyed by transfer id (a transfer may arrive before its decode request; the buffer is bounded
 in bytes and entries expire after a TTL), and sends through one PUSH socket per peer.
 :class:`LocalKVHub` gives in-process channels with the same behaviour, for unit tests.
@@ -102,7 +102,8 @@ class _Inbox:
         self.bytes = 0
         self.dropped = 0
 
-    def put(self, tid: str, meta: dict[str, Any], frames: Frames) -> None:
+    def put(self, tid: str, meta: dict[str, Any], frames: Frames, age_s: float = 0.0) -> None:
+        """Buffer one transfer; ``age_s``: how long ago it was sent (its TTL runs from then)."""
         size = sum(memoryview(f).nbytes for f in frames)
         with self.cv:
             self._expire(time.monotonic())
@@ -114,7 +115,7 @@ class _Inbox:
                 self.dropped += 1
                 log.warning("KV transfer %s (%d bytes) exceeds the inbox bound; dropped", tid, size)
                 return
-            self.items[tid] = (meta, frames, size, time.monotonic())
+            self.items[tid] = (meta, frames, size, time.monotonic() - max(age_s, 0.0))
             self.bytes += size
             self.cv.notify_all()
 
@@ -162,7 +163,13 @@ def _timeout_error(tid: str, timeout_s: float, address: str) -> KVTimeout:
 
 
 class ZmqKVChannel:
-    """A KVChannel over ZeroMQ: a PULL inbox bound on loopback (or ipc), PUSH sockets to peers."""
+    """A KVChannel over ZeroMQ: a PULL inbox bound on loopback (or ipc), PUSH sockets to peers.
+
+    No receiver thread: libzmq's I/O thread takes the bytes off the wire, and ``poll``/``receive``
+    move whatever has arrived into the inbox on the caller's thread. On a worker whose engine
+    owns one core, a Python receiver thread would fight the engine for the GIL and the core on
+    every transfer; here the engine loop drains its inbox between iterations instead.
+    """
 
     def __init__(
         self,
@@ -181,10 +188,8 @@ class ZmqKVChannel:
         self._send_timeout_ms = int(send_timeout_s * 1000)
         self._peers: dict[str, zmq.Socket] = {}
         self._send_lock = threading.Lock()
-        self._closed = threading.Event()
-        self._thread = threading.Thread(target=self._receive_loop, name=f"kv-inbox {self.address}",
-                                        daemon=True)
-        self._thread.start()
+        self._recv_lock = threading.Lock()  # the PULL socket is used by one thread at a time
+        self._closed = False
 
     @property
     def dropped(self) -> int:
@@ -194,9 +199,9 @@ class ZmqKVChannel:
     def send(
         self, peer: str, transfer_id: str, meta: dict[str, Any], frames: Sequence[Any]
     ) -> None:
-        if self._closed.is_set():
-            raise EngineError(f"KV channel {self.address} is closed")
         with self._send_lock:
+            if self._closed:
+                raise EngineError(f"KV channel {self.address} is closed")
             sock = self._peers.get(peer)
             if sock is None:
                 sock = self._peers[peer] = make_socket(self._ctx, zmq.PUSH)
@@ -209,31 +214,44 @@ class ZmqKVChannel:
                                   f"{self._send_timeout_ms} ms; is the decode worker up?") from None
 
     def poll(self, transfer_id: str) -> tuple[dict[str, Any], Frames] | None:
-        return self._inbox.take(transfer_id)
+        got = self._inbox.take(transfer_id)
+        if got is None:
+            self._drain(0)
+            got = self._inbox.take(transfer_id)
+        return got
 
     def receive(self, transfer_id: str, timeout_s: float) -> tuple[dict[str, Any], Frames]:
-        got = self._inbox.wait(transfer_id, timeout_s)
-        if got is None:
-            raise _timeout_error(transfer_id, timeout_s, self.address)
+        deadline = time.monotonic() + timeout_s
+        while (got := self._inbox.take(transfer_id)) is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _timeout_error(transfer_id, timeout_s, self.address)
+            self._drain(int(min(left, 0.05) * 1000) + 1)
         return got
 
     def close(self) -> None:
-        """Stop the receiver and close every socket. Idempotent."""
-        if self._closed.is_set():
-            return
-        self._closed.set()
-        self._thread.join(timeout=2.0)
-        with self._send_lock:
+        """Close every socket. Idempotent."""
+        with self._send_lock, self._recv_lock:
+            if self._closed:
+                return
+            self._closed = True
             for s in self._peers.values():
                 s.close(linger=0)
             self._peers.clear()
+            self._pull.close(linger=0)
 
-    def _receive_loop(self) -> None:
-        try:
-            while not self._closed.is_set():
-                if not self._pull.poll(100):
-                    continue
-                parts = self._pull.recv_multipart(copy=False)
+    def _drain(self, wait_ms: int) -> None:
+        """Move every message that has arrived into the inbox, waiting up to ``wait_ms`` for one."""
+        with self._recv_lock:
+            if self._closed:
+                raise EngineError(f"KV channel {self.address} is closed")
+            if not self._pull.poll(wait_ms):
+                return
+            while True:
+                try:
+                    parts = self._pull.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    return
                 try:
                     tid, meta, bufs = decode_header(parts)
                 except EngineError as e:  # bad input never takes the engine down
@@ -241,9 +259,7 @@ class ZmqKVChannel:
                     log.warning("KV inbox %s: dropped a malformed message: %s", self.address, e)
                     continue
                 meta["arrived_at"] = time.time()
-                self._inbox.put(tid, meta, bufs)
-        finally:
-            self._pull.close(linger=0)
+                self._inbox.put(tid, meta, bufs, age_s=meta["arrived_at"] - meta["sent_at"])
 
 
 class LocalKVHub:
