@@ -13,7 +13,6 @@ onto these primitives.
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -333,7 +332,7 @@ class TableBuilder:
             self.reclaiming_gpus.add(g)
             w = self.workers[owner]
             if w.activity is Activity.ACTIVE:  # stop routing to it at once
-                self._put(_replace(w, activity=Activity.TRANSITIONING))
+                self._put(_with(w, w.role, Activity.TRANSITIONING))
 
     def training_begin(self, step: int) -> None:
         self._need_init()
@@ -345,7 +344,7 @@ class TableBuilder:
         self.phase, self.training_step = TrainingPhase.TRAINING, step
         for w in list(self.workers.values()):  # borrowed GPUs must come back: stop routing now
             if w.zone is Zone.OVERLAP and w.is_rollout and w.activity is Activity.ACTIVE:
-                self._put(_replace(w, activity=Activity.TRANSITIONING))
+                self._put(_with(w, w.role, Activity.TRANSITIONING))
 
     def training_finished(self, step: int, weights_version: int | None) -> None:
         self._need_init()
@@ -401,7 +400,7 @@ class TableBuilder:
             raise InvariantViolation("the training role is fixed at cluster-init")
         if w.activity is Activity.ACTIVE:
             raise InvariantViolation(f"worker {wid} is active; drain it before changing its role")
-        self._put(_replace(w, role=role))
+        self._put(_with(w, role, w.activity))
 
     def set_activity(self, wid: int, activity: Activity) -> None:
         w = self._worker(wid)
@@ -422,7 +421,7 @@ class TableBuilder:
                 if w.zone is Zone.OVERLAP and self.phase is TrainingPhase.TRAINING:
                     raise InvariantViolation(
                         f"overlap worker {wid} cannot become active while training needs its GPUs")
-        self._put(_replace(w, activity=activity))
+        self._put(_with(w, w.role, activity))
 
     # -- plans ----------------------------------------------------------------------------------
 
@@ -446,7 +445,7 @@ class TableBuilder:
             raise InvariantViolation(f"plan {plan} has no step {step} (it has {len(p.steps)})")
         if step in p.done:
             raise InvariantViolation(f"plan {plan} step {step} is already done")
-        self.plan = _replace(p, done=p.done + (step,))
+        self.plan = PlanProgress(p.plan, p.cause, p.target, p.steps, p.done + (step,))
 
     def plan_commit(self, plan: int) -> None:
         p = self._plan(plan)
@@ -505,8 +504,9 @@ class TableBuilder:
             owner[g] = w.id
 
 
-def _replace(obj: Any, **changes: Any) -> Any:
-    return dataclasses.replace(obj, **changes)
+def _with(w: Worker, role: Role, activity: Activity) -> Worker:
+    """``w`` with another role or activity (direct construction: replay calls this a lot)."""
+    return Worker(w.id, w.gpus, role, activity, w.zone, w.incarnation)
 
 
 def _span(gpus: Iterable[int]) -> str:
