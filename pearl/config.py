@@ -135,25 +135,32 @@ class Config:
         c = self.cluster
         if c.tp < 1:
             raise ConfigError(f"cluster.tp must be >= 1, got {c.tp}")
-        pools = {"training_gpus": c.training_gpus, "reserved_gpus": c.reserved_gpus,
-                 "preemptible_gpus": c.preemptible_gpus}
+        pools = {
+            "training_gpus": c.training_gpus,
+            "reserved_gpus": c.reserved_gpus,
+            "preemptible_gpus": c.preemptible_gpus,
+        }
         names = list(pools)
         for i, a in enumerate(names):
-            for b in names[i + 1:]:
+            for b in names[i + 1 :]:
                 both = set(pools[a]) & set(pools[b])
                 if both:
                     raise ConfigError(f"cluster.{a} and cluster.{b} share GPU ids {sorted(both)}")
         extra = set(c.initial_preemptible) - set(c.preemptible_gpus)
         if extra:
-            raise ConfigError(f"cluster.initial_preemptible {sorted(extra)} are not preemptible GPUs")
+            raise ConfigError(
+                f"cluster.initial_preemptible {sorted(extra)} are not preemptible GPUs"
+            )
         if self.workload.batch < 1:
             raise ConfigError("workload.batch must be >= 1")
         if not 0.0 < c.mem_fraction <= 1.0:
             raise ConfigError(f"cluster.mem_fraction must be in (0, 1], got {c.mem_fraction}")
         d = self.decision
         if not 0.0 < d.prefill_max_utilization <= 1.0:
-            raise ConfigError("decision.prefill_max_utilization must be in (0, 1], "
-                              f"got {d.prefill_max_utilization}")
+            raise ConfigError(
+                "decision.prefill_max_utilization must be in (0, 1], "
+                f"got {d.prefill_max_utilization}"
+            )
         if not 0.0 < d.ema_alpha <= 1.0:
             raise ConfigError(f"decision.ema_alpha must be in (0, 1], got {d.ema_alpha}")
         if d.mode_switch_threshold < 0 or d.ratio_change_threshold < 0:
@@ -161,8 +168,13 @@ class Config:
         _one_of("daemon.borrow", self.daemon.borrow, ("gated", "always", "never"))
         _one_of("daemon.pd", self.daemon.pd, ("adaptive", "colocated", "disaggregated"))
         _one_of("engine.kind", self.engine.kind, ("sim", "torch", "sglang"))
-        for name in ("heartbeat_s", "tick_s", "restart_backoff_s", "reconcile_grace_s",
-                     "worker_orphan_s"):
+        for name in (
+            "heartbeat_s",
+            "tick_s",
+            "restart_backoff_s",
+            "reconcile_grace_s",
+            "worker_orphan_s",
+        ):
             if getattr(self.daemon, name) <= 0:
                 raise ConfigError(f"daemon.{name} must be > 0")
         if self.engine.time_scale <= 0:
@@ -172,8 +184,10 @@ class Config:
 
 def _one_of(where: str, value: str, options: tuple[str, ...]) -> None:
     if value not in options:
-        raise ConfigError(f"{where} = {value!r}; expected one of {', '.join(options)}"
-                          f"{_suggest(value, list(options))}")
+        raise ConfigError(
+            f"{where} = {value!r}; expected one of {', '.join(options)}"
+            f"{_suggest(value, list(options))}"
+        )
 
 
 def _section_types() -> dict[str, type]:
@@ -212,7 +226,9 @@ def from_mapping(data: dict[str, Any], source: str = "config") -> Config:
     built: dict[str, Any] = {}
     for sname, body in data.items():
         if sname not in sections:
-            raise ConfigError(f"{source}: unknown section [{sname}]{_suggest(sname, list(sections))}")
+            raise ConfigError(
+                f"{source}: unknown section [{sname}]{_suggest(sname, list(sections))}"
+            )
         if not isinstance(body, dict):
             raise ConfigError(f"{source}: [{sname}] must be a table")
         cls = sections[sname]

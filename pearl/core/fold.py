@@ -52,7 +52,9 @@ def apply_to(builder: TableBuilder, record: Any, seq: int | None = None) -> None
     """Fold one record into a builder (validating first; a rejected record changes nothing)."""
     expected = builder.seq + 1
     if seq is not None and seq != expected:
-        raise InvariantViolation(f"record sequence {seq} does not follow {builder.seq}; expected {expected}")
+        raise InvariantViolation(
+            f"record sequence {seq} does not follow {builder.seq}; expected {expected}"
+        )
     handler = _HANDLERS.get(type(record))
     if handler is None:
         raise InvariantViolation(f"no fold rule for {type(record).__name__}")
@@ -67,7 +69,9 @@ def apply(state: ClusterState, record: Any, seq: int | None = None) -> ClusterSt
     return b.freeze()
 
 
-def apply_all(state: ClusterState, records: Iterable[Any], first_seq: int | None = None) -> ClusterState:
+def apply_all(
+    state: ClusterState, records: Iterable[Any], first_seq: int | None = None
+) -> ClusterState:
     """Fold records in order; on a rejected record raise and leave ``state`` untouched."""
     b = state.thaw()
     seq = first_seq

@@ -87,7 +87,9 @@ class Target:
         return self.N_P + self.N_D + self.N_C
 
     def count(self, role: Role) -> int:
-        return {Role.PREFILL: self.N_P, Role.DECODE: self.N_D, Role.COLOCATED: self.N_C}.get(role, 0)
+        return {Role.PREFILL: self.N_P, Role.DECODE: self.N_D, Role.COLOCATED: self.N_C}.get(
+            role, 0
+        )
 
     def __str__(self) -> str:
         if self.mode is Mode.COLOCATED:
@@ -280,21 +282,39 @@ class TableBuilder:
         reserved_gpus: Iterable[int],
         preemptible_gpus: Iterable[int],
     ) -> None:
-        training, reserved, preempt = (frozenset(x) for x in (training_gpus, reserved_gpus, preemptible_gpus))
+        training, reserved, preempt = (
+            frozenset(x) for x in (training_gpus, reserved_gpus, preemptible_gpus)
+        )
         if self.tp:
             raise InvariantViolation("cluster-init on a table that is already initialised")
         if tp < 1:
             raise InvariantViolation(f"tensor-parallel degree must be >= 1, got {tp}")
-        for a, b, what in ((training, reserved, "training and reserved"),
-                           (training, preempt, "training and preemptible"),
-                           (reserved, preempt, "reserved and preemptible")):
+        for a, b, what in (
+            (training, reserved, "training and reserved"),
+            (training, preempt, "training and preemptible"),
+            (reserved, preempt, "reserved and preemptible"),
+        ):
             if a & b:
                 raise InvariantViolation(f"GPU ids {sorted(a & b)} are both {what}")
         if any(g < 0 for g in training | reserved | preempt):
             raise InvariantViolation("GPU ids must be >= 0")
-        self.tp, self.training_gpus, self.reserved_gpus, self.preemptible_gpus = tp, training, reserved, preempt
+        self.tp, self.training_gpus, self.reserved_gpus, self.preemptible_gpus = (
+            tp,
+            training,
+            reserved,
+            preempt,
+        )
         if training:
-            self._put(Worker(0, tuple(sorted(training)), Role.TRAINING, Activity.ACTIVE, Zone.OVERLAP, self._incarnation()))
+            self._put(
+                Worker(
+                    0,
+                    tuple(sorted(training)),
+                    Role.TRAINING,
+                    Activity.ACTIVE,
+                    Zone.OVERLAP,
+                    self._incarnation(),
+                )
+            )
 
     def add_gpus(self, gpus: Iterable[int]) -> None:
         gpus = list(gpus)
@@ -303,8 +323,10 @@ class TableBuilder:
             raise InvalidEvent("gpus-added names no GPU")
         for g in gpus:
             if g not in self.preemptible_gpus:
-                raise InvalidEvent(f"GPU {g} is not a preemptible GPU of this cluster "
-                                   f"(preemptible ids: {_span(self.preemptible_gpus)})")
+                raise InvalidEvent(
+                    f"GPU {g} is not a preemptible GPU of this cluster "
+                    f"(preemptible ids: {_span(self.preemptible_gpus)})"
+                )
             if g in self.present_gpus or g in self.reclaiming_gpus:
                 raise InvalidEvent(f"GPU {g} is already present")
         if len(set(gpus)) != len(gpus):
@@ -337,10 +359,14 @@ class TableBuilder:
     def training_begin(self, step: int) -> None:
         self._need_init()
         if self.phase is TrainingPhase.TRAINING:
-            raise InvalidEvent(f"training-begin while training step {self.training_step} is still "
-                               "running; send training-finished first")
+            raise InvalidEvent(
+                f"training-begin while training step {self.training_step} is still "
+                "running; send training-finished first"
+            )
         if step < self.training_step:
-            raise InvalidEvent(f"training-begin for step {step}, but step {self.training_step} already ran")
+            raise InvalidEvent(
+                f"training-begin for step {step}, but step {self.training_step} already ran"
+            )
         self.phase, self.training_step = TrainingPhase.TRAINING, step
         for w in list(self.workers.values()):  # borrowed GPUs must come back: stop routing now
             if w.zone is Zone.OVERLAP and w.is_rollout and w.activity is Activity.ACTIVE:
@@ -351,8 +377,14 @@ class TableBuilder:
         if self.phase is not TrainingPhase.TRAINING:
             raise InvalidEvent("training-finished without a training-begin")
         if step != self.training_step:
-            raise InvalidEvent(f"training-finished for step {step}, but step {self.training_step} is running")
-        if any(w.activity is not Activity.ACTIVE for w in self.workers.values() if w.role is Role.TRAINING):
+            raise InvalidEvent(
+                f"training-finished for step {step}, but step {self.training_step} is running"
+            )
+        if any(
+            w.activity is not Activity.ACTIVE
+            for w in self.workers.values()
+            if w.role is Role.TRAINING
+        ):
             raise InvalidEvent("training-finished while borrowed GPUs are still being returned")
         if weights_version is not None:
             self._check_version(weights_version)
@@ -372,13 +404,19 @@ class TableBuilder:
         if role is Role.TRAINING:
             raise InvariantViolation("training workers are fixed at cluster-init")
         if len(gpus) != self.tp or len(set(gpus)) != len(gpus):
-            raise InvariantViolation(f"worker {wid} needs {self.tp} distinct GPUs, got {list(gpus)}")
-        pool = self.training_gpus if zone is Zone.OVERLAP else (self.reserved_gpus | self.present_gpus)
+            raise InvariantViolation(
+                f"worker {wid} needs {self.tp} distinct GPUs, got {list(gpus)}"
+            )
+        pool = (
+            self.training_gpus if zone is Zone.OVERLAP else (self.reserved_gpus | self.present_gpus)
+        )
         for g in gpus:
             if g not in pool:
                 raise InvariantViolation(f"GPU {g} is not available in the {zone} zone")
             if g in self._rollout_owner:
-                raise InvariantViolation(f"GPU {g} is already bound to rollout worker {self._rollout_owner[g]}")
+                raise InvariantViolation(
+                    f"GPU {g} is already bound to rollout worker {self._rollout_owner[g]}"
+                )
         if zone is Zone.OVERLAP:
             self._need_lent(gpus, wid)
         self._put(Worker(wid, tuple(gpus), role, Activity.TRANSITIONING, zone, self._incarnation()))
@@ -388,7 +426,9 @@ class TableBuilder:
         if w.role is Role.TRAINING:
             raise InvariantViolation("training workers cannot be removed")
         if w.activity is Activity.ACTIVE:
-            raise InvariantViolation(f"worker {wid} is active; stop routing to it before removing it")
+            raise InvariantViolation(
+                f"worker {wid} is active; stop routing to it before removing it"
+            )
         del self.workers[wid]
         for g in w.gpus:
             del self._rollout_owner[g]
@@ -410,17 +450,21 @@ class TableBuilder:
                 if busy:
                     raise InvariantViolation(
                         f"training worker {wid} cannot take its GPUs back while overlap worker(s) "
-                        f"{[o.id for o in busy]} still hold them")
+                        f"{[o.id for o in busy]} still hold them"
+                    )
         else:
             if activity is not Activity.INACTIVE and w.zone is Zone.OVERLAP:
                 self._need_lent(w.gpus, wid)
             if activity is Activity.ACTIVE:
                 gone = [g for g in w.gpus if g in self.reclaiming_gpus]
                 if gone:
-                    raise InvariantViolation(f"worker {wid} cannot become active: GPUs {gone} were reclaimed")
+                    raise InvariantViolation(
+                        f"worker {wid} cannot become active: GPUs {gone} were reclaimed"
+                    )
                 if w.zone is Zone.OVERLAP and self.phase is TrainingPhase.TRAINING:
                     raise InvariantViolation(
-                        f"overlap worker {wid} cannot become active while training needs its GPUs")
+                        f"overlap worker {wid} cannot become active while training needs its GPUs"
+                    )
         self._put(_with(w, w.role, activity))
 
     # -- plans ----------------------------------------------------------------------------------
@@ -428,13 +472,17 @@ class TableBuilder:
     def plan_begin(self, plan: int, cause: str, target: Target, steps: tuple[Step, ...]) -> None:
         self._need_init()
         if self.plan is not None:
-            raise InvariantViolation(f"plan {plan} begins while plan {self.plan.plan} is still in flight")
+            raise InvariantViolation(
+                f"plan {plan} begins while plan {self.plan.plan} is still in flight"
+            )
         if plan <= self.last_plan:
             raise InvariantViolation(f"plan ids must increase: {plan} after {self.last_plan}")
         for k, s in enumerate(steps):
             if s.op is StepOp.ADD:
                 if s.worker in self.workers:
-                    raise InvariantViolation(f"plan {plan} step {k} adds worker {s.worker}, whose slot is taken")
+                    raise InvariantViolation(
+                        f"plan {plan} step {k} adds worker {s.worker}, whose slot is taken"
+                    )
             elif s.worker not in self.workers:
                 raise InvariantViolation(f"plan {plan} step {k} names unknown worker {s.worker}")
         self.plan, self.last_plan = PlanProgress(plan, cause, target, tuple(steps)), plan
@@ -462,7 +510,9 @@ class TableBuilder:
 
     def _need_init(self) -> None:
         if not self.tp:
-            raise InvariantViolation("the table is not initialised (the log must start with cluster-init)")
+            raise InvariantViolation(
+                "the table is not initialised (the log must start with cluster-init)"
+            )
 
     def _worker(self, wid: int) -> Worker:
         w = self.workers.get(wid)
@@ -486,11 +536,14 @@ class TableBuilder:
             t = self._training_owner.get(g)
             if t is not None and self.workers[t].activity is Activity.ACTIVE:
                 raise InvariantViolation(
-                    f"overlap worker {wid} needs GPU {g}, which training worker {t} still owns; lend it first")
+                    f"overlap worker {wid} needs GPU {g}, which training worker {t} still owns; lend it first"
+                )
 
     def _check_version(self, version: int) -> None:
         if version < self.weights_version:
-            raise InvalidEvent(f"weights version {version} is older than the current {self.weights_version}")
+            raise InvalidEvent(
+                f"weights version {version} is older than the current {self.weights_version}"
+            )
 
     def _incarnation(self) -> int:
         n = self.next_incarnation
@@ -529,9 +582,13 @@ def validate(s: ClusterState) -> None:
         pool = s.training_gpus if w.zone is Zone.OVERLAP else s.dedicated_gpus | s.reclaiming_gpus
         for g in w.gpus:
             if g not in pool:
-                raise InvariantViolation(f"worker {wid} is bound to GPU {g}, not in its {w.zone} zone")
+                raise InvariantViolation(
+                    f"worker {wid} is bound to GPU {g}, not in its {w.zone} zone"
+                )
             if g in rollout_owner:
-                raise InvariantViolation(f"GPU {g} is bound to rollout workers {rollout_owner[g]} and {wid}")
+                raise InvariantViolation(
+                    f"GPU {g} is bound to rollout workers {rollout_owner[g]} and {wid}"
+                )
             rollout_owner[g] = wid
             if g in s.reclaiming_gpus and w.activity is Activity.ACTIVE:
                 raise InvariantViolation(f"worker {wid} is active on reclaimed GPU {g}")
@@ -540,9 +597,13 @@ def validate(s: ClusterState) -> None:
         for o in sharers:
             ow = s.workers[o]
             if ow.activity is not Activity.INACTIVE and t.activity is Activity.ACTIVE:
-                raise InvariantViolation(f"training worker {t.id} and overlap worker {o} both hold GPUs")
+                raise InvariantViolation(
+                    f"training worker {t.id} and overlap worker {o} both hold GPUs"
+                )
             if ow.activity is Activity.ACTIVE and s.phase is TrainingPhase.TRAINING:
-                raise InvariantViolation(f"overlap worker {o} is active while training needs its GPUs")
+                raise InvariantViolation(
+                    f"overlap worker {o} is active while training needs its GPUs"
+                )
     if not s.reclaiming_gpus <= set(rollout_owner):
         raise InvariantViolation("a reclaimed GPU is pending return but bound to no worker")
     if s.present_gpus & s.reclaiming_gpus or not s.present_gpus <= s.preemptible_gpus:
