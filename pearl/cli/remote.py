@@ -110,12 +110,14 @@ def render(s: dict[str, Any]) -> str:
     lines = [
         f"pearld {s.get('endpoint', '')}  seq {s['seq']}  mode {s['mode']} {ratio}  "
         f"training {s['phase']} (step {s['training_step']})  weights v{s['weights_version']}",
-        f"budget: {b.get('dedicated_gpus', 0)} dedicated GPUs, {b.get('training_gpus', 0)} training "
-        f"GPUs {'lent' if b.get('lent') else 'kept'}; tp {s['tp']}",
+        f"budget: {b.get('dedicated_gpus', 0)} dedicated GPUs, "
+        f"{b.get('training_gpus', 0)} training GPUs {'lent' if b.get('lent') else 'kept'}; tp {s['tp']}",
     ]
     d = s.get("decision")
     if d:
-        lines.append(f"decision: {d['target']} predicted {d['predicted_makespan_s']:.1f}s ({d['reason']})")
+        lines.append(
+            f"decision: {d['target']} predicted {d['predicted_makespan_s']:.1f}s ({d['reason']})"
+        )
     for t in s.get("transitions", []):
         state = f"aborting ({t['aborting']})" if t.get("aborting") else "in flight"
         lines.append(f"plan {t['plan']} {t['cause']} -> {t['target']}: {t['done']}/{t['steps']} "
@@ -129,12 +131,16 @@ def render(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _routable(w: dict[str, Any]) -> bool:
+    return bool(w["activity"] == "active" and w["role"] != "training")
+
+
 def _line(seq: int, s: dict[str, Any]) -> str:
     ratio = f"{s['N_C']}C" if s["mode"] == "colocated" else f"{s['N_P']}P{s['N_D']}D"
     plans = ", ".join(f"plan {t['plan']} {t['cause']} {t['done']}/{t['steps']}"
                       for t in s.get("transitions", [])) or "steady"
     return (f"{time.strftime('%H:%M:%S')} seq {s['seq']:>6} {s['mode']:<13} {ratio:<7} "
-            f"routable {sum(w['activity'] == 'active' and w['role'] != 'training' for w in s['workers'])}"
+            f"routable {sum(_routable(w) for w in s['workers'])}"
             f"  training {s['phase']}  {plans}")
 
 

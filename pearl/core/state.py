@@ -192,7 +192,7 @@ class ClusterState:
         return TableBuilder(self)
 
     def to_json(self) -> dict[str, Any]:
-        """The stable JSON view shared by ``pearl log replay --json`` and ``pearl status --json``."""
+        """The stable JSON view of ``pearl log replay --json`` and ``pearl status --json``."""
         counts = self.role_counts()
         return {
             "seq": self.seq,
@@ -536,7 +536,8 @@ class TableBuilder:
             t = self._training_owner.get(g)
             if t is not None and self.workers[t].activity is Activity.ACTIVE:
                 raise InvariantViolation(
-                    f"overlap worker {wid} needs GPU {g}, which training worker {t} still owns; lend it first"
+                    f"overlap worker {wid} needs GPU {g}, which training worker {t} still owns; "
+                    "lend it first"
                 )
 
     def _check_version(self, version: int) -> None:
