@@ -111,7 +111,8 @@ def render(s: dict[str, Any]) -> str:
         f"pearld {s.get('endpoint', '')}  seq {s['seq']}  mode {s['mode']} {ratio}  "
         f"training {s['phase']} (step {s['training_step']})  weights v{s['weights_version']}",
         f"budget: {b.get('dedicated_gpus', 0)} dedicated GPUs, "
-        f"{b.get('training_gpus', 0)} training GPUs {'lent' if b.get('lent') else 'kept'}; tp {s['tp']}",
+        f"{b.get('training_gpus', 0)} training GPUs {'lent' if b.get('lent') else 'kept'}; "
+        f"tp {s['tp']}",
     ]
     d = s.get("decision")
     if d:
