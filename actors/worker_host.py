@@ -120,6 +120,14 @@ def main(argv: list[str] | None = None) -> int:
     server = Server("tcp://127.0.0.1:*", serve_directory(directory), name=f"worker-{a.worker}")
     hello = WorkerHello(a.worker, a.incarnation, os.getpid(), server.address, kv.address)
 
+    pid_file = (
+        Path(a.state_dir) / "workers" / f"worker-{a.worker}-{a.incarnation}.pid"
+        if a.state_dir
+        else None
+    )
+    if pid_file is not None:  # lets operators (and tests) find and stop hosts by pid
+        pid_file.parent.mkdir(parents=True, exist_ok=True)
+        pid_file.write_text(f"{os.getpid()}\n")
     boot_id: str | None = None  # the pearld boot we said hello to
     last_ok = time.monotonic()
     try:
@@ -149,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
                     break
             stop.wait(a.heartbeat_s)
     finally:
+        if pid_file is not None:
+            pid_file.unlink(missing_ok=True)
         server.close()
         actor.stop(timeout=10)
         reporter.close()

@@ -20,6 +20,7 @@ from pearl.core.events import Record
 from pearl.core.schema import to_plain
 from pearl.core.state import ClusterState
 from pearl.log.file import FileLog
+from pearl.log.segments import MARKER
 from pearl.log.verify import verify
 
 Handler = Callable[[argparse.Namespace], int]
@@ -57,11 +58,19 @@ def _seq(text: str) -> int:
     return n
 
 
+def log_dir(path: str) -> str:
+    """A pearld state directory stands for the log inside it (``DIR/log``)."""
+    inner = os.path.join(path, "log")
+    here = os.path.exists(os.path.join(path, MARKER))
+    return inner if not here and os.path.exists(os.path.join(inner, MARKER)) else path
+
+
 def _guard(handler: Handler) -> Handler:
     """OS errors become LogError (one line from pearl.cli.main); a closed pipe ends quietly."""
 
     @functools.wraps(handler)
     def run(args: argparse.Namespace) -> int:
+        args.dir = log_dir(args.dir)
         try:
             return handler(args)
         except BrokenPipeError:
