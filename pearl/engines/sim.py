@@ -16,11 +16,11 @@ import hashlib
 import os
 import struct
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from pearl.core.state import Role
-from pearl.engines.base import KVChannel
+from pearl.engines.base import EngineError, KVChannel
 from pearl.engines.sequence import Phase, Segment, Seq
 from pearl.engines.serving import ServingConfig, ServingEngine
 
@@ -29,7 +29,7 @@ from pearl.engines.serving import ServingConfig, ServingEngine
 class SimCost:
     """What one rollout worker costs, in seconds. Defaults: a Qwen3-8B-class model on TP2 H800s.
 
-    ``pearl.core.catalog``'s roofline can fill one of these for any model and GPU.
+    :meth:`from_roofline` fills one from ``pearl.core.catalog.roofline`` for any model and GPU.
     """
 
     A: float = 0.012  # fixed time of one decode iteration (weight reads, launches)
@@ -43,6 +43,13 @@ class SimCost:
     load_s: float = 5.0  # load_weights of one snapshot
     context_limit: int = 32_768
     vocab_size: int = 151_936
+
+    @classmethod
+    def from_roofline(cls, roof: Any, **overrides: Any) -> SimCost:
+        """A, b, t_prefill, K and BW of a ``pearl.core.catalog.Roofline``; give the engine its
+        ``H_max`` as ``kv_budget_bytes``."""
+        return cls(**{"A": roof.A, "b": roof.b, "t_prefill": roof.t_prefill,
+                      "kv_bytes_per_token": int(roof.K), "kv_bandwidth": roof.BW, **overrides})
 
     def iteration_s(self, decode_batch: int, prefill_tokens: int) -> float:
         """Model seconds of one iteration."""
@@ -74,14 +81,9 @@ class SimEngine(ServingEngine):
         **overrides: Any,
     ) -> None:
         known = {f.name for f in fields(SimEngineConfig)}
-        bad = sorted(set(overrides) - known)
-        if bad:
-            from pearl.engines.base import EngineError
-
+        if bad := sorted(set(overrides) - known):
             raise EngineError(f"unknown SimEngine option(s) {bad}; known: {sorted(known)}")
-        cfg = config or SimEngineConfig()
-        if overrides:
-            cfg = SimEngineConfig(**{**cfg.__dict__, **overrides})
+        cfg = replace(config or SimEngineConfig(), **overrides)
         super().__init__(cfg, role, kv_channel)
         self.sim_cfg = cfg
         self.cost = cost or SimCost()
