@@ -107,14 +107,14 @@ class _Inbox:
         size = sum(memoryview(f).nbytes for f in frames)
         with self.cv:
             self._expire(time.monotonic())
-            if tid in self.items:
-                self._drop(tid, "replaced by a newer transfer with the same id")
-            while self.items and self.bytes + size > self.max_bytes:
-                self._drop(next(iter(self.items)), "inbox full")
             if size > self.max_bytes:
                 self.dropped += 1
                 log.warning("KV transfer %s (%d bytes) exceeds the inbox bound; dropped", tid, size)
                 return
+            if tid in self.items:
+                self._drop(tid, "replaced by a newer transfer with the same id")
+            while self.items and self.bytes + size > self.max_bytes:
+                self._drop(next(iter(self.items)), "inbox full")
             self.items[tid] = (meta, frames, size, time.monotonic() - max(age_s, 0.0))
             self.bytes += size
             self.cv.notify_all()

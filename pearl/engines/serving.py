@@ -151,7 +151,7 @@ class ServingEngine(Engine, Backend):
         def release() -> None:
             if self._released:
                 return
-            for seq in list(self._seqs.values()):
+            for seq in self._in_flight_seqs():
                 self._finish(seq, FinishReason.ABORT)
             self._free_device()
             self.sched = None
@@ -248,6 +248,10 @@ class ServingEngine(Engine, Backend):
         self._allocate_kv(blocks.n_pages)
         self.sched = Scheduler(blocks, self.cfg.token_budget, self.cfg.max_running)
 
+    def _in_flight_seqs(self) -> list[Seq]:
+        with self._cv:
+            return list(self._seqs.values())
+
     def _record_transfer(self, stat: KVTransferStat) -> None:
         with self._cv:
             self._xfers.append(stat)
@@ -273,7 +277,7 @@ class ServingEngine(Engine, Backend):
                 except BaseException as e:  # the caller gets it; the loop goes on
                     fut.set_exception(e)
             if stopping:
-                for seq in list(self._seqs.values()):
+                for seq in self._in_flight_seqs():
                     self._finish(seq, FinishReason.ABORT)
                 return
             for seq in inbox:

@@ -123,8 +123,12 @@ class SimEngine(ServingEngine):
 
     def _new_sequence(self, seq: Seq) -> None:
         sp = seq.req.sampling
-        seed = b"" if sp.temperature == 0 else struct.pack("<q", sp.seed or 0) if (
-            sp.seed is not None) else os.urandom(8)
+        if sp.temperature == 0:
+            seed = b""  # greedy: a function of (version, prompt, position) only
+        elif sp.seed is not None:
+            seed = struct.pack("<q", sp.seed)
+        else:
+            seed = os.urandom(8)
         prompt = struct.pack(f"<{len(seq.req.input_ids)}q", *seq.req.input_ids)
         seq.state = hashlib.blake2b(prompt + seed, digest_size=16).digest()
 
