@@ -81,13 +81,3 @@ def test_cost_comes_from_the_catalog_roofline() -> None:
     assert (cost.A, cost.b, cost.t_prefill, cost.kv_bandwidth) == (roof.A, roof.b, roof.t_prefill,
                                                                    roof.BW)
     assert cost.kv_bytes_per_token == roof.K and cost.start_s == 5.0
-
-
-def test_engines_are_created_by_kind() -> None:
-    from pearl.engines import create
-
-    e = create("sim", time_scale=0.5, max_running=3)
-    assert isinstance(e, SimEngine) and e.cfg.max_running == 3
-    assert create("torch", preset="tiny").kind == "torch"
-    with pytest.raises(EngineError, match="kinds"):
-        create("vllm")
