@@ -21,6 +21,7 @@ from actors.messages import RestoreWorker, StateChanged, Supervise, Welcome, Wor
 from actors.router import KvAddress
 from pearl.config import Config
 from pearl.core import commands as cmd
+from pearl.core.state import Role
 from transports.heartbeat import Liveness
 from transports.rpc import Client
 
@@ -161,7 +162,7 @@ class RoleSupervisor(PearlActor):
                 RestoreWorker(
                     h.worker,
                     h.incarnation,
-                    row["role"],
+                    Role(row["role"]),
                     self.weights_version,
                     active=row["activity"] != "inactive",
                 )
