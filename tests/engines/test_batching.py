@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
@@ -39,7 +40,7 @@ def test_chunked_prefill_interleaves_with_decode(engines: Engines) -> None:
     e = engines.make(token_budget=32)
     short = e.generate(GenerateRequest("short", prompt_of(4), SamplingParams(max_new_tokens=400)))
     while not any(it.decode_batch for it in e.telemetry().iterations):
-        pass
+        time.sleep(0.001)
     long = run(e, prompt_of(300, 3), rid="long", max_new_tokens=2)
     its = e.telemetry().iterations
     assert all(it.prefill_tokens + it.decode_batch <= 32 for it in its)
