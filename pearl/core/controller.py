@@ -142,7 +142,8 @@ class Controller:
         elif isinstance(event, ev.TrainingBegin):
             tx.log(event)
             tx.set(training_waiting=True)
-            self._interrupt(tx, "training-begin")
+            if _lends_training_gpus(tx.table):  # else nothing must come back: let plans run
+                self._interrupt(tx, "training-begin")
         elif isinstance(event, ev.TrainingFinished):
             tx.log(event)
             tx.set(remaining=s.profile.B)
@@ -331,6 +332,11 @@ class Controller:
     def _advance(self, tx: _Tx) -> None:
         for _ in range(64):
             p = tx.table.plan
+            if p is not None and tx.s.training_waiting and not _lends_training_gpus(tx.table):
+                # A plan that never touches the training GPUs (an inter-scale expansion, a
+                # dedicated re-role) does not hold training back.
+                tx.commands.append(cmd.TrainingMayProceed(tx.table.training_step))
+                tx.set(training_waiting=False)
             if p is not None:
                 if tx.s.aborting is not None:
                     if tx.s.started:
@@ -414,6 +420,17 @@ class Controller:
         verdict = self.policy.gate(tx.s.profile, n_ded, n_ded + n_overlap, R)
         tx.set(last_gate=verdict)
         return bool(verdict.enabled)
+
+
+def _lends_training_gpus(t: ClusterState) -> bool:
+    """Whether training GPUs are lent to rollout, or the plan in flight may lend them."""
+    if any(w.activity is not Activity.ACTIVE for w in t.training_workers()):
+        return True
+    if any(w.activity is not Activity.INACTIVE for w in t.rollout_workers(Zone.OVERLAP)):
+        return True
+    p = t.plan
+    return p is not None and any(
+        st.op in (StepOp.LEND, StepOp.ACTIVATE) or st.zone is Zone.OVERLAP for st in p.steps)
 
 
 def _is_toggle(steps: Any) -> bool:

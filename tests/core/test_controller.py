@@ -308,3 +308,29 @@ def test_apply_all_refuses_records_out_of_order() -> None:
     h.settle()
     with pytest.raises(InvariantViolation):
         apply_all(replay(h.records), [ev.PlanCommit(99)])
+
+
+def test_training_begin_leaves_a_dedicated_expansion_alone_when_nothing_is_lent() -> None:
+    """Nothing borrowed: training proceeds at once and the inter-scale expansion in flight is
+    not cancelled (it used to be, so an expansion longer than a rollout step never finished)."""
+    h = Harness(borrow=Borrow.NEVER)
+    h.settle()
+    h.send(ev.GpusAdded((8, 9, 10, 11)))
+    assert sum(isinstance(c, cmd.StartWorker) for c in h.pending) == 2
+    h.send(ev.TrainingBegin(1))
+    assert cmd.TrainingMayProceed(1) in h.sent
+    assert not any(getattr(c, "cancel", False) for c in h.pending)
+    h.settle()
+    assert not any(isinstance(r, ev.PlanAbort) for r in h.records)
+    assert len(h.table.routable()) == 4
+
+
+def test_training_begin_still_cancels_an_expansion_while_gpus_are_lent() -> None:
+    h = Harness(borrow=Borrow.ALWAYS)
+    h.settle()
+    h.send(ev.GpusAdded((8, 9, 10, 11)))
+    h.send(ev.TrainingBegin(1))
+    assert any(getattr(c, "cancel", False) for c in h.pending)
+    assert cmd.TrainingMayProceed(1) not in h.sent
+    h.settle()
+    assert cmd.TrainingMayProceed(1) in h.sent
