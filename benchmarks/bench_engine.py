@@ -315,7 +315,7 @@ def predict(run: Run, fit: dict[str, float], a: argparse.Namespace, disaggregate
     f = active_fraction(run, B) if disaggregated else 1.0
     p = WorkloadProfile(
         B=B, S=S, delta_L=delta_L, r=a.gen, theta=(1 - f) / f, A=fit["A"], b=fit["b"],
-        t_prefill=fit["t_prefill"], T_env=S * a.env_ms / 1000, T_over=0.0,
+        t_prefill=fit["t_prefill"], T_env=(S - 1) * a.env_ms / 1000, T_over=0.0,
         K=kv["bytes"] / max(prefill_tokens, 1) if disaggregated else 0.0, K_seq=0.0,
         H_max=a.kv_budget_mib * 2**20, BW=max(kv["idle"], 1.0), T_toggle=0.0)
     return float(T_dis(p, 1, 1)) if disaggregated else float(T_coloc(p, 2))
@@ -372,6 +372,9 @@ def main() -> None:
             w.call("resume")
             w.call("set_role", role=role.value)
         dis = play("1P1D", workers, True, a)
+        want = a.trajectories * a.turns
+        assert coloc.generated == dis.generated == want * a.gen, "a run lost tokens"
+        assert dis.prefilled_results == want, "a prefill did not hand its KV over"
         fit = fitted([coloc, dis])
         kv = kv_rates(dis, workers)
         for w in workers:
