@@ -1,0 +1,143 @@
+"""The fluid engine: closed-form single-request timing, prefix reuse, KV admission, aborts,
+disaggregated transfers."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from pearl.sim import clock as ck
+from pearl.sim.agreement import uniform
+from pearl.sim.clock import Clock
+from pearl.sim.costs import EngineParams, worker_costs
+from pearl.sim.rollout import Rollout, Traj
+from pearl.sim.static import run_static
+from pearl.sim.worker import COLOCATED, DECODE, PREFILL
+from pearl.sim.workload import TrajectorySpec
+
+
+def _drive(ro: Rollout, clock: Clock, done: list[Traj], n: int, until: float = 1e9) -> None:
+    while len(done) < n:
+        e = clock.pop()
+        assert e is not None and e[0] < until, "stalled"
+        _, kind, obj, ver = e
+        if kind == ck.WORKER:
+            ro.on_worker(obj, ver)
+        elif kind == ck.ENV:
+            ro.on_env(obj)
+        elif kind == ck.XFER:
+            obj.on_event(ver)
+
+
+def _cluster(roles: list[str], eng: EngineParams | None = None) -> tuple[Rollout, Clock,
+                                                                         list[Traj]]:
+    clock = Clock()
+    ro = Rollout(clock, worker_costs("qwen3-8b", eng or EngineParams()))
+    for i, r in enumerate(roles):
+        ro.add_worker(i, r, (2 * i, 2 * i + 1))
+    ro.set_routable(dict(enumerate(roles)))
+    done: list[Traj] = []
+    ro.on_traj_done = done.append
+    return ro, clock, done
+
+
+def test_single_request_matches_the_cost_model() -> None:
+    """One request alone: prefill (one chunk) then r decode iterations, nothing else."""
+    ro, clock, done = _cluster([COLOCATED])
+    c = ro.costs
+    spec = TrajectorySpec(0, (4000,), (100,), (0.0,))
+    ro.start([spec])
+    _drive(ro, clock, done, 1)
+    prefill = 4000 * c.prefill_token(0, 4000, True) + 4000 / c.chunk_tokens * c.A_prefill
+    decode = sum(c.decode_iteration(1, 4000 + k) for k in range(100))
+    assert clock.now == pytest.approx(prefill + decode, rel=2e-3)
+
+
+def test_second_turn_prefills_only_new_tokens_when_its_kv_is_resident() -> None:
+    ro, clock, done = _cluster([COLOCATED])
+    spec = TrajectorySpec(0, (3000, 500), (50, 50), (1.0, 0.0))
+    ro.start([spec])
+    _drive(ro, clock, done, 1)
+    assert ro.stats.prefill_tokens == 3500  # not 3000 + 3050 + 500
+
+
+def test_moving_to_another_worker_prefills_the_whole_context() -> None:
+    ro, clock, done = _cluster([COLOCATED, COLOCATED])
+    spec = TrajectorySpec(0, (3000, 500), (50, 50), (1.0, 0.0))
+    (tr,) = ro.start([spec])
+    while tr.k == 0:
+        e = clock.pop()
+        assert e is not None
+        if e[1] == ck.WORKER:
+            ro.on_worker(e[2], e[3])
+    home = tr.home
+    assert home is not None
+    ro.set_routable({w.wid: COLOCATED for w in ro.workers.values() if w is not home})
+    _drive(ro, clock, done, 1)
+    assert ro.stats.prefill_tokens == 3000 + 3050 + 500
+
+
+def test_kv_full_requests_queue_then_run() -> None:
+    eng = EngineParams()
+    kv = worker_costs("qwen3-8b", eng).kv_tokens
+    big = kv // 3
+    ro, clock, done = _cluster([COLOCATED])
+    specs = [TrajectorySpec(0, (big,), (10,), (0.0,)) for _ in range(4)]
+    ro.start(specs)
+    w = ro.workers[0]
+    assert len(w.admit_q) == 2  # two fit, two wait for memory
+    _drive(ro, clock, done, 4)
+    assert w.kv_used <= w.kv_cap and not w.admit_q
+
+
+def test_abort_keeps_the_generated_prefix() -> None:
+    ro, clock, done = _cluster([COLOCATED, COLOCATED])
+    spec = TrajectorySpec(0, (2000,), (400,), (0.0,))
+    (tr,) = ro.start([spec])
+    w = tr.w
+    assert w is not None
+    while not (tr.phase == 4 and w.generated(tr) >= 100):  # decoding, 100+ tokens out
+        e = clock.pop()
+        assert e is not None
+        if e[1] == ck.WORKER:
+            ro.on_worker(e[2], e[3])
+        w.advance(clock.now)
+        if tr.phase == 4 and w.generated(tr) < 100:
+            clock.at(clock.now + 0.05, ck.TICK)
+    got = w.generated(tr)
+    ro.remove_worker(w.wid)
+    assert tr.ctx == 2000 + got and tr.req_gen == 400 - got
+    _drive(ro, clock, done, 1)
+    assert tr.generated == 400  # nothing generated twice, nothing lost
+
+
+def test_disaggregated_path_transfers_kv_and_decodes() -> None:
+    ro, clock, done = _cluster([PREFILL, DECODE])
+    specs = [TrajectorySpec(0, (3000, 800), (60, 60), (0.5, 0.0)) for _ in range(3)]
+    ro.start(specs)
+    _drive(ro, clock, done, 3)
+    assert ro.link.bytes_moved > 0
+    assert ro.stats.decode_tokens == pytest.approx(3 * 120, abs=1)
+
+
+def test_decode_that_keeps_prefixes_moves_only_new_tokens() -> None:
+    moved = {}
+    for keep in (False, True):
+        ro, clock, done = _cluster([PREFILL, DECODE],
+                                   EngineParams(decode_keeps_prefix=keep))
+        ro.start([TrajectorySpec(0, (3000, 800), (60, 60), (0.5, 0.0))])
+        _drive(ro, clock, done, 1)
+        moved[keep] = ro.link.bytes_moved / ro.costs.K
+        # the prefill worker caches the prompt, not the response the decode worker wrote
+        assert ro.stats.prefill_tokens == 3000 + 60 + 800
+    assert moved[False] == 3000 + 3860  # the whole context crosses every turn
+    assert moved[True] == 3000 + 800  # only what the decode worker does not hold
+
+
+def test_time_scale_dilates_everything() -> None:
+    wl = uniform(turns=4, batch=8)
+    base = run_static("qwen3-8b", 2, workload=wl, batches=1).makespans[0]
+    slow = run_static("qwen3-8b", 2, workload=wl, batches=1,
+                      engine=dataclasses.replace(EngineParams(), time_scale=10.0)).makespans[0]
+    assert slow == pytest.approx(10 * base, rel=1e-6)
