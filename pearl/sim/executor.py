@@ -1,0 +1,99 @@
+"""Simulated executors: each controller command changes the rollout cluster and, after the
+operation's latency (Table 3 and :class:`pearl.sim.scenario.ReconfigCosts`), answers with a
+``StepResult``.
+
+- ``StartWorker``: a new worker prepares in the background (``prepare_s``), then the finalization
+  (``finalize_s``) syncs weights and updates routing, pausing admission of new requests cluster-wide
+  while requests already running continue (§6.5.2). It serves once the plan commits.
+- ``ActivateWorker``: a retained overlap worker restores its device state (``activate_s``).
+- ``StopWorker`` / ``DeactivateWorker`` / ``SetRole``: in-flight requests are aborted at once,
+  keeping their generated prefixes, and resubmitted elsewhere; the GPUs come back after
+  ``remove_s`` / ``deactivate_s``, the new role after ``role_switch_s``.
+- ``LendTraining`` / ``ReclaimTraining``: the trainer's side of a hand-off.
+
+Commands issued at the very start of a run complete at once: the run begins with the job's
+initial workers already serving.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pearl.core import commands as cmd
+from pearl.sim import clock as ck
+from pearl.sim.clock import Clock
+from pearl.sim.rollout import Rollout
+from pearl.sim.scenario import ReconfigCosts
+
+
+class Executors:
+    """Turns step commands into cluster changes and timed ``StepResult`` events."""
+
+    def __init__(self, clock: Clock, rollout: Rollout, costs: ReconfigCosts, t0: float) -> None:
+        self.clock = clock
+        self.rollout = rollout
+        self.costs = costs
+        self.t0 = t0
+        self.retained: dict[int, str] = {}  # overlap workers kept inactive: id -> role
+        self.preparing: dict[int, int] = {}  # worker id -> incarnation being started
+        self.ops: dict[str, int] = {}
+        self.gpus: dict[int, tuple[int, ...]] = {}  # worker id -> its GPU binding
+
+    def _latency(self, seconds: float) -> float:
+        return 0.0 if self.clock.now <= self.t0 else seconds
+
+    def _answer(self, c: Any, seconds: float, cancel: bool = False) -> None:
+        if c.plan == 0:
+            return  # not part of a plan: nobody waits for an answer
+        lat = self._latency(seconds)
+        result = cmd.StepResult(c.plan, c.step, ok=True, cancel=cancel, duration_s=lat)
+        self.clock.at(self.clock.now + lat, ck.STEP, result)
+        name = type(c).__name__
+        self.ops[name] = self.ops.get(name, 0) + 1
+
+    def command(self, c: Any) -> None:
+        ro, k = self.rollout, self.costs
+        if isinstance(c, cmd.StartWorker):
+            ro.add_worker(c.worker, c.role.value, c.gpus)
+            self.preparing[c.worker] = c.incarnation
+            self.gpus[c.worker] = c.gpus
+            lat = self._latency(k.prepare_s + k.finalize_s)
+            if lat > 0:
+                self.clock.at(self.clock.now + k.prepare_s, ck.PAUSE, (c.worker, c.incarnation))
+            self._answer(c, k.prepare_s + k.finalize_s)
+        elif isinstance(c, cmd.ActivateWorker):
+            ro.add_worker(c.worker, c.role.value, self.gpus.get(c.worker, ()))
+            self.retained.pop(c.worker, None)
+            self._answer(c, k.activate_s)
+        elif isinstance(c, cmd.StopWorker):
+            ro.remove_worker(c.worker)
+            self.preparing.pop(c.worker, None)
+            self.retained.pop(c.worker, None)
+            self._answer(c, k.remove_s, cancel=c.cancel)
+        elif isinstance(c, cmd.DeactivateWorker):
+            w = ro.workers.get(c.worker)
+            if w is not None:
+                self.retained[c.worker] = w.role
+            ro.remove_worker(c.worker)
+            self.preparing.pop(c.worker, None)
+            self._answer(c, k.deactivate_s, cancel=c.cancel)
+        elif isinstance(c, cmd.SetRole):
+            ro.set_role(c.worker, c.role.value)
+            self._answer(c, k.role_switch_s)
+        elif isinstance(c, cmd.LendTraining):
+            self._answer(c, k.lend_s)
+        elif isinstance(c, cmd.ReclaimTraining):
+            self._answer(c, k.reclaim_s)
+        else:
+            raise TypeError(f"not an executor command: {type(c).__name__}")
+
+    def on_pause(self, worker: int, incarnation: int) -> None:
+        """A joiner finished preparing: its finalization pauses admission of new requests."""
+        if self.preparing.get(worker) == incarnation and worker in self.rollout.workers:
+            self.rollout.pause(self.clock.now + self.costs.finalize_s)
+
+
+STEP_COMMANDS = (cmd.StartWorker, cmd.ActivateWorker, cmd.StopWorker, cmd.DeactivateWorker,
+                 cmd.SetRole, cmd.LendTraining, cmd.ReclaimTraining)
+
+__all__ = ["STEP_COMMANDS", "Executors"]
