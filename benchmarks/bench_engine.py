@@ -364,6 +364,7 @@ def main() -> None:
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         sys.exit("needs two cores")
+    load0 = os.getloadavg()[0]
     workers = [Worker(cores[0], a), Worker(cores[1], a)]
     try:
         coloc = play("2C", workers, False, a)
@@ -385,16 +386,17 @@ def main() -> None:
                 w.proc.wait(10)
             except subprocess.TimeoutExpired:
                 w.proc.kill()
-    report(a, coloc, dis, fit, kv)
+    report(a, coloc, dis, fit, kv, (load0, os.getloadavg()[0]))
 
 
 def report(a: argparse.Namespace, coloc: Run, dis: Run, fit: dict[str, float],
-           kv: dict[str, float]) -> None:
+           kv: dict[str, float], load: tuple[float, float]) -> None:
     pred = {"2C": predict(coloc, fit, a, False, kv), "1P1D": predict(dis, fit, a, True, kv)}
     base = coloc.generated / coloc.makespan_s
     print(f"\nworkload: {a.trajectories} trajectories x {a.turns} turns, first prompt "
           f"{a.first_prompt}, +{a.obs} observation tokens/turn, {a.gen} generated/turn, env "
-          f"{a.env_ms:.0f} ms; preset {a.preset}, one core + one torch thread per worker\n")
+          f"{a.env_ms:.0f} ms; preset {a.preset}, one core + one torch thread per worker; load "
+          f"average {load[0]:.2f} before, {load[1]:.2f} after (2 workers + this driver ~ 2)\n")
     print(f"{'config':<6} {'makespan s':>10} {'tokens/s':>9} {'vs 2C':>6} {'predicted s':>11} "
           f"{'error':>7}")
     rows = {}
