@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from actors.base import Directory, PearlActor
@@ -21,6 +22,11 @@ from pearl.log import EventLog
 from transports.protocol import Ack, StatusRequest
 
 log = logging.getLogger(__name__)
+
+@dataclass(frozen=True)
+class Boot:
+    """Sent once the orchestrator is registered: commit the recovery output."""
+
 
 ROUTES: dict[type, str] = {
     cmd.StartWorker: "rebuilder",
@@ -52,6 +58,7 @@ class Orchestrator(PearlActor):
         cmd.RolloutProgress: "on_event",
         cmd.Tick: "on_event",
         StatusRequest: "status",
+        Boot: "boot",
     }
 
     def __init__(
@@ -66,17 +73,23 @@ class Orchestrator(PearlActor):
         super().__init__()
         self.directory, self.log, self.controller = directory, event_log, controller
         self.state: ControllerState = recovered.state
-        self._pending = recovered
+        self._pending: Output | None = recovered
         self.snapshot_every = snapshot_every
         self.boot_id = boot_id
         self._since_snapshot = 0
         self.proceeded = 0  # last training step told it may proceed
 
-    def on_start(self) -> None:
-        out, self._pending = self._pending, None  # type: ignore[assignment]
-        self._commit(out)
+    def boot(self, _: Any = None) -> None:
+        """Log and send what recovery decided. Not in on_start: peers must be able to answer,
+        and they find the orchestrator by name only once it is registered."""
+        if self._pending is None:
+            return
+        out, self._pending = self._pending, None
+        if not self._commit(out):
+            self._broadcast()  # listeners need the recovered view even when nothing was logged
 
     def on_event(self, event: Any) -> Ack:
+        self.boot()
         out = self.controller.handle(self.state, event, time.monotonic())
         first = self._commit(out)
         return Ack(first if first else self.log.last_seq)
@@ -94,14 +107,17 @@ class Orchestrator(PearlActor):
             if target is not None:
                 self.directory.tell(target, c)
         if out.records:
-            changed = StateChanged(self.state.table.seq, self.status_payload())
-            for name in LISTENERS:
-                self.directory.tell(name, changed)
+            self._broadcast()
             self._since_snapshot += len(out.records)
             if self._since_snapshot >= self.snapshot_every:
                 self.log.write_snapshot(self.state.table)
                 self._since_snapshot = 0
         return seqs[0] if seqs else 0
+
+    def _broadcast(self) -> None:
+        changed = StateChanged(self.state.table.seq, self.status_payload())
+        for name in LISTENERS:
+            self.directory.tell(name, changed)
 
     def status(self, _: Any = None) -> dict[str, Any]:
         return self.status_payload()
@@ -160,4 +176,4 @@ class Orchestrator(PearlActor):
             log.warning("final snapshot failed: %s", e)
 
 
-__all__ = ["Orchestrator"]
+__all__ = ["Boot", "Orchestrator"]

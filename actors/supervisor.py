@@ -80,14 +80,19 @@ class RoleSupervisor(PearlActor):
         state_dir: str,
         boot_id: str,
         hello_timeout_s: float = 120.0,
+        initial: StateChanged | None = None,
     ) -> None:
         super().__init__()
         self.directory, self.launcher, self.cfg = directory, launcher, config
         self.endpoint, self.state_dir, self.boot_id = endpoint, state_dir, boot_id
         self.hosts: dict[int, Host] = {}
         self.liveness = Liveness(config.daemon.heartbeat_s)
-        self.expected: dict[int, dict[str, Any]] = {}  # worker id -> row of the table
+        # worker id -> row of the table; starts from the replayed table so that hosts saying
+        # hello before the first published change are judged against the log, not nothing.
+        self.expected: dict[int, dict[str, Any]] = {}
         self.weights_version = 0
+        if initial is not None:
+            self.state_changed(initial)
         self.booted = time.monotonic()
         self.hello_timeout_s = hello_timeout_s
 

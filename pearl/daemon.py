@@ -117,7 +117,8 @@ class Daemon:
         from actors.control import DecisionEngine, ElasticScheduler, RuntimeTracker
         from actors.executors import InterScaleRebuilder, IntraScaleToggleManager
         from actors.launcher import LocalProcessLauncher
-        from actors.orchestrator import Orchestrator
+        from actors.messages import StateChanged
+        from actors.orchestrator import Boot, Orchestrator
         from actors.router import Router
         from actors.supervisor import RoleSupervisor
         from transports.auth import ServerKeys, check_bind
@@ -146,6 +147,7 @@ class Daemon:
 
         self.directory = d = base.Directory()
         self.launcher = LocalProcessLauncher(self.state_dir / "workers")
+        table = recovered.state.table.to_json()
         self.address = self.endpoint  # a wildcard port is fixed once the API has bound
         self.refs.append(
             base.start(
@@ -157,6 +159,7 @@ class Daemon:
                 lambda: self.address,
                 str(self.state_dir),
                 self.boot_id,
+                initial=StateChanged(table["seq"], table),
             )
         )
         for cls in (InterScaleRebuilder, IntraScaleToggleManager, Router):
@@ -187,6 +190,7 @@ class Daemon:
                 self.boot_id,
             )
         )
+        self.refs[-1].ask(Boot(), 30.0)  # log and send what recovery decided, now it has a name
         for r in self.refs:
             if not r.ref.is_alive():
                 raise PearlError(f"actor {r.name} did not stay alive")
