@@ -92,13 +92,6 @@ class Plan:
         return not self.steps
 
 
-def _members(state: ClusterState) -> Iterable[Worker]:
-    """W: rollout workers that are in the active set or on their way in or out of it."""
-    return (
-        w for w in state.workers.values() if w.is_rollout and w.activity is not Activity.INACTIVE
-    )
-
-
 def _groups(gpus: Iterable[int], tp: int) -> list[tuple[int, ...]]:
     s = sorted(gpus)
     return [tuple(s[i : i + tp]) for i in range(0, len(s) - tp + 1, tp)]
@@ -120,13 +113,21 @@ def membership(
             "cannot borrow training GPUs while a training step needs them"
         )
     survivors, leave = [], []
-    for w in sorted(_members(state), key=lambda w: w.id):
-        gone = w.zone is Zone.DEDICATED and any(g in state.reclaiming_gpus for g in w.gpus)
-        if gone or w.id in evict or (w.zone is Zone.OVERLAP and not borrow):
+    reclaiming = state.reclaiming_gpus
+    bound: set[int] = set()
+    training, inactive, dedicated = Role.TRAINING, Activity.INACTIVE, Zone.DEDICATED
+    for wid in sorted(state.workers):  # slot order; plain loop: this runs at 16k workers
+        w = state.workers[wid]
+        if w.role is training:
+            continue
+        bound.update(w.gpus)
+        if w.activity is inactive:
+            continue
+        gone = reclaiming and w.zone is dedicated and not reclaiming.isdisjoint(w.gpus)
+        if gone or wid in evict or (w.zone is not dedicated and not borrow):
             leave.append(w)
         else:
             survivors.append(w)
-    bound = {g for w in state.workers.values() if w.is_rollout for g in w.gpus}
     free = state.dedicated_gpus - bound - exclude_gpus
     new_groups = [(g, Zone.DEDICATED) for g in _groups(free, state.tp)]
     reactivate: list[Worker] = []
@@ -161,12 +162,10 @@ def membership(
 
 
 def _free_slots(state: ClusterState, n: int) -> list[int]:
-    out, i = [], 0
-    while len(out) < n:
-        if i not in state.workers:
-            out.append(i)
-        i += 1
-    return out
+    """The n lowest empty slots (new workers reuse them; survivors keep theirs)."""
+    if not n:
+        return []
+    return sorted(set(range(len(state.workers) + n)) - state.workers.keys())[:n]
 
 
 def plan(state: ClusterState, target: Target, m: Membership) -> Plan:
