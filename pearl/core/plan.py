@@ -174,19 +174,53 @@ def plan(state: ClusterState, target: Target, m: Membership) -> Plan:
         raise InfeasibleConfiguration(f"target {target} has {target.N} workers but W' has {m.N}")
     dst = {r: target.count(r) for r in ROLLOUT_ROLES}
     kept = dict.fromkeys(ROLLOUT_ROLES, 0)
+    held = dict.fromkeys(ROLLOUT_ROLES, 0)  # roles kept in the dedicated zone
     excess: list[Worker] = []
+    dedicated = Zone.DEDICATED
     for w in m.survivors:  # already sorted by slot id
-        if kept[w.role] < dst[w.role]:
-            kept[w.role] += 1
+        role = w.role
+        if kept[role] < dst[role]:
+            kept[role] += 1
+            if w.zone is dedicated:
+                held[role] += 1
         else:
             excess.append(w)
-    deficit = [r for r in ROLLOUT_ROLES for _ in range(dst[r] - kept[r])]
+    deficit = {r: dst[r] - kept[r] for r in ROLLOUT_ROLES}
+    # Roles on dedicated GPUs should form a usable configuration on their own: borrowed overlap
+    # workers leave at every Training Begin. Joiners' roles are free and every survivor in excess
+    # switches anyway, so filling deficits in the dedicated zone first, balanced, costs no extra
+    # change (eq. 5-6) and spares a forced re-role (with rollout paused) after each return.
 
-    def take(preferred: Role | None = None) -> Role:
-        if preferred is not None and preferred in deficit:
-            deficit.remove(preferred)
-            return preferred
-        return deficit.pop(0)
+    def take(zone: Zone, preferred: Role | None = None) -> Role:
+        open_roles = [r for r in ROLLOUT_ROLES if deficit[r] > 0]
+        if preferred is not None and deficit.get(preferred, 0) > 0:
+            role = preferred
+        elif zone is Zone.DEDICATED:
+            role = min(open_roles, key=lambda r: (held[r], -deficit[r]))
+        else:
+            role = max(open_roles, key=lambda r: deficit[r])
+        deficit[role] -= 1
+        if zone is Zone.DEDICATED:
+            held[role] += 1
+        return role
+
+    slots = _free_slots(state, len(m.new_groups))
+    new_roles: dict[int, Role] = {}
+    rho: list[tuple[int, Role]] = []
+    for w in excess:
+        if w.zone is Zone.DEDICATED:
+            rho.append((w.id, take(Zone.DEDICATED)))
+    for k, (_, zone) in enumerate(m.new_groups):
+        if zone is Zone.DEDICATED:
+            new_roles[k] = take(zone)
+    act_roles = [take(w.zone, w.role) for w in m.reactivate]  # a retained worker keeps its role
+    for k, (_, zone) in enumerate(m.new_groups):
+        if zone is not Zone.DEDICATED:
+            new_roles[k] = take(zone)
+    for w in excess:
+        if w.zone is not Zone.DEDICATED:
+            rho.append((w.id, take(w.zone)))
+    assert not any(deficit.values()), "every target role is filled"
 
     steps: list[Step] = [
         Step(StepOp.REMOVE if w.zone is Zone.DEDICATED else StepOp.DEACTIVATE, w.id)
@@ -197,18 +231,13 @@ def plan(state: ClusterState, target: Target, m: Membership) -> Plan:
     if m.lend is not None:
         steps.append(Step(StepOp.LEND, m.lend))
     W_add: list[int] = []
-    for w in m.reactivate:  # a retained worker keeps its old role when it is still wanted
-        steps.append(Step(StepOp.ACTIVATE, w.id, take(w.role), w.gpus, w.zone))
+    for w, role in zip(m.reactivate, act_roles, strict=True):
+        steps.append(Step(StepOp.ACTIVATE, w.id, role, w.gpus, w.zone))
         W_add.append(w.id)
-    for slot, (gpus, zone) in zip(_free_slots(state, len(m.new_groups)), m.new_groups, strict=True):
-        steps.append(Step(StepOp.ADD, slot, take(), gpus, zone))
+    for k, (slot, (gpus, zone)) in enumerate(zip(slots, m.new_groups, strict=True)):
+        steps.append(Step(StepOp.ADD, slot, new_roles[k], gpus, zone))
         W_add.append(slot)
-    rho: list[tuple[int, Role]] = []
-    for w in excess:
-        role = take()
-        rho.append((w.id, role))
-        steps.append(Step(StepOp.SET_ROLE, w.id, role))
-    assert not deficit, "every target role is filled"
+    steps += [Step(StepOp.SET_ROLE, wid, role) for wid, role in rho]
     return Plan(target, tuple(W_add), tuple(w.id for w in m.leave), tuple(rho), tuple(steps))
 
 
