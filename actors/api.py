@@ -15,7 +15,7 @@ from typing import Any
 
 from actors.base import Directory, PearlActor, serve_directory
 from actors.messages import StateChanged, Welcome, WorkerBeat, WorkerHello
-from pearl.core.errors import PearlError
+from actors.supervisor import Liveboard
 from transports.auth import ServerKeys
 from transports.protocol import Call, Event, Ping, Pong, Status, StatusRequest, Subscribe
 from transports.pubsub import Publisher
@@ -40,10 +40,16 @@ class ApiEndpoint(PearlActor):
     handles = {StateChanged: "state_changed"}
 
     def __init__(
-        self, directory: Directory, endpoint: str, boot_id: str, keys: ServerKeys | None = None
+        self,
+        directory: Directory,
+        endpoint: str,
+        boot_id: str,
+        board: Liveboard,
+        keys: ServerKeys | None = None,
     ) -> None:
         super().__init__()
         self.directory, self.endpoint, self.boot_id, self.keys = directory, endpoint, boot_id, keys
+        self.board = board
         self.view: dict[str, Any] = {}
         self.server: Server | None = None
         self.publisher: Publisher | None = None
@@ -83,10 +89,8 @@ class ApiEndpoint(PearlActor):
         return self.directory.get("supervisor").ask(env.msg, 10.0)  # type: ignore[no-any-return]
 
     def _beat(self, env: Any) -> Welcome:
-        try:
-            return self.directory.get("supervisor").ask(env.msg, 2.0)  # type: ignore[no-any-return]
-        except PearlError:  # a busy supervisor must not look like a dead pearld
-            return Welcome(self.boot_id, known=True)
+        # Recorded here, on the server's thread: a busy supervisor must not look like a dead host.
+        return Welcome(self.boot_id, known=self.board.beat(env.msg.worker, env.msg.incarnation))
 
     def state_changed(self, msg: StateChanged) -> None:
         view = dict(msg.status)

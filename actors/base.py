@@ -15,6 +15,7 @@ callback so the daemon can restart the actor from the logged state (conventions 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 from collections.abc import Callable
 from typing import Any, ClassVar, Protocol
@@ -80,6 +81,44 @@ class RemoteRef:
         reply = self.client.request(Call(self.name, "ask", {"msg": to_wire(msg)}), timeout_s)
         value = reply.value if isinstance(reply, Result) else reply
         return decode_value(value)
+
+
+class CourierRef(RemoteRef):
+    """A remote actor whose tells leave from a background thread, in order, so that the sending
+    actor never blocks on a slow or dead peer. A tell that cannot be delivered is handed to
+    ``on_error(name, msg, error)``."""
+
+    def __init__(
+        self, name: str, client: Client, on_error: Callable[[str, Any, PearlError], None]
+    ) -> None:
+        super().__init__(name, client)
+        self.on_error = on_error
+        self._q: queue.Queue[Any] = queue.Queue()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"courier {name}", daemon=True)
+        self._thread.start()
+
+    def tell(self, msg: Any) -> None:
+        self._q.put(msg)
+
+    def _run(self) -> None:
+        while (msg := self._q.get()) is not _CLOSE:
+            if self._closed.is_set():
+                continue  # the peer is being forgotten: drop what is left
+            try:
+                RemoteRef.tell(self, msg)
+            except PearlError as e:
+                if not self._closed.is_set():
+                    self.on_error(self.name, msg, e)
+        self.client.close()
+
+    def close(self) -> None:
+        """Stop delivering; never waits for a peer (the thread finishes on its own)."""
+        self._closed.set()
+        self._q.put(_CLOSE)
+
+
+_CLOSE = object()
 
 
 def decode_value(value: Any) -> Any:
@@ -187,6 +226,7 @@ def start(directory: Directory, cls: type[PearlActor], *args: Any, **kwargs: Any
 
 __all__ = [
     "ActorUnavailable",
+    "CourierRef",
     "Directory",
     "LocalRef",
     "PearlActor",

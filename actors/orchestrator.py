@@ -23,6 +23,7 @@ from transports.protocol import Ack, StatusRequest
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class Boot:
     """Sent once the orchestrator is registered: commit the recovery output."""

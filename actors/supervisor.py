@@ -5,27 +5,64 @@ hello, watches heartbeats (dead after 3 missed intervals) and process exits, res
 host on the same GPUs with a restart budget and exponential back-off (reporting ``worker-down``,
 then ``worker-lost`` when the budget is spent), and after a pearld restart adopts the hosts that
 re-register, stops the ones the log does not know, and relaunches the ones that never come back.
+
+Heartbeats are recorded on a lock-protected :class:`Liveboard` by the API's thread directly, and
+commands reach hosts through courier threads, so a busy supervisor or a dead host never makes a
+healthy host look dead.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.base import Directory, PearlActor, RemoteRef
+from actors.base import CourierRef, Directory, PearlActor
 from actors.launcher import Launcher, WorkerSpec
-from actors.messages import RestoreWorker, StateChanged, Supervise, Welcome, WorkerBeat, WorkerHello
+from actors.messages import RestoreWorker, StateChanged, Supervise, Welcome, WorkerHello
 from actors.router import KvAddress
 from pearl.config import Config
 from pearl.core import commands as cmd
+from pearl.core.errors import PearlError
 from pearl.core.state import Role
 from transports.heartbeat import Liveness
 from transports.rpc import Client
 
 log = logging.getLogger(__name__)
+
+
+class Liveboard:
+    """Which hosts are registered, and when each was last heard from. Thread-safe."""
+
+    def __init__(self, interval_s: float) -> None:
+        self._live = Liveness(interval_s)
+        self._known: dict[int, int] = {}  # worker -> incarnation
+        self._lock = threading.Lock()
+
+    def add(self, worker: int, incarnation: int) -> None:
+        with self._lock:
+            self._known[worker] = incarnation
+            self._live.beat(str(worker))
+
+    def remove(self, worker: int) -> None:
+        with self._lock:
+            self._known.pop(worker, None)
+            self._live.forget(str(worker))
+
+    def beat(self, worker: int, incarnation: int) -> bool:
+        """Record a heartbeat; False when that host is not (or no longer) registered."""
+        with self._lock:
+            if self._known.get(worker) != incarnation:
+                return False
+            self._live.beat(str(worker))
+            return True
+
+    def dead(self) -> set[int]:
+        with self._lock:
+            return {int(w) for w in self._live.dead()}
 
 
 @dataclass(frozen=True)
@@ -44,14 +81,22 @@ class Retire:
     report: Any = None  # a StepResult to send once the host is gone
 
 
+@dataclass(frozen=True)
+class Undeliverable:
+    """A courier could not deliver ``msg`` to worker host ``worker``."""
+
+    worker: int
+    msg: Any
+    error: str
+
+
 @dataclass
 class Host:
     worker: int
     incarnation: int
     gpus: tuple[int, ...]
     pid: int = 0
-    ref: RemoteRef | None = None
-    kv_address: str = ""
+    ref: CourierRef | None = None
     restarts: int = 0
     restart_at: float | None = None
     pending: list[Any] = field(default_factory=list)  # commands waiting for hello
@@ -66,9 +111,9 @@ class RoleSupervisor(PearlActor):
         Spawn: "spawn",
         Retire: "retire",
         WorkerHello: "hello",
-        WorkerBeat: "beat",
         StateChanged: "state_changed",
         Supervise: "supervise",
+        Undeliverable: "undeliverable",
     }
 
     def __init__(
@@ -79,20 +124,22 @@ class RoleSupervisor(PearlActor):
         endpoint: Callable[[], str],
         state_dir: str,
         boot_id: str,
-        hello_timeout_s: float = 120.0,
+        board: Liveboard,
         initial: StateChanged | None = None,
+        hello_timeout_s: float = 120.0,
     ) -> None:
         super().__init__()
         self.directory, self.launcher, self.cfg = directory, launcher, config
         self.endpoint, self.state_dir, self.boot_id = endpoint, state_dir, boot_id
+        self.board = board
         self.hosts: dict[int, Host] = {}
-        self.liveness = Liveness(config.daemon.heartbeat_s)
         # worker id -> row of the table; starts from the replayed table so that hosts saying
         # hello before the first published change are judged against the log, not nothing.
         self.expected: dict[int, dict[str, Any]] = {}
         self.weights_version = 0
         if initial is not None:
             self.state_changed(initial)
+        self.awaited = {w for w, row in self.expected.items() if row["activity"] != "inactive"}
         self.booted = time.monotonic()
         self.hello_timeout_s = hello_timeout_s
 
@@ -100,16 +147,20 @@ class RoleSupervisor(PearlActor):
 
     def spawn(self, msg: Spawn) -> None:
         c = msg.command
+        row = self.expected.get(c.worker, {})
+        inc = getattr(c, "incarnation", 0) or row.get("incarnation", 0)
         h = self.hosts.get(c.worker)
+        if h is not None and h.incarnation != inc:
+            self._forget(h, kill=True)  # the slot's previous worker: not this one
+            h = None
         if h is not None and h.ref is not None and self.launcher.alive(h.pid):
             h.ref.tell(c)  # already up (e.g. re-sent after a pearld restart)
             return
-        row = self.expected.get(c.worker, {})
         gpus = tuple(getattr(c, "gpus", ()) or row.get("gpus", ()))
-        inc = getattr(c, "incarnation", 0) or row.get("incarnation", 0)
         h = h or Host(c.worker, inc, gpus)
         h.pending.append(c)
         self.hosts[c.worker] = h
+        self.awaited.discard(c.worker)
         if not h.pid or not self.launcher.alive(h.pid):
             self._launch(h)
 
@@ -140,9 +191,11 @@ class RoleSupervisor(PearlActor):
 
     def hello(self, msg: WorkerHello) -> Welcome:
         row = self.expected.get(msg.worker)
-        known = row is not None and row["incarnation"] == msg.incarnation
         h = self.hosts.get(msg.worker)
-        if not known and (h is None or h.incarnation != msg.incarnation):
+        known = (row is not None and row["incarnation"] == msg.incarnation) or (
+            h is not None and h.incarnation == msg.incarnation
+        )
+        if not known:
             log.warning(
                 "stopping worker host %s/%s pid %s: the log does not know it",
                 msg.worker,
@@ -151,15 +204,21 @@ class RoleSupervisor(PearlActor):
             )
             self.launcher.kill(msg.pid, force=True)
             return Welcome(self.boot_id, known=False)
-        if h is None:  # adopted after a pearld restart
-            h = self.hosts[msg.worker] = Host(msg.worker, msg.incarnation, tuple(row["gpus"]))  # type: ignore[index]
-        h.pid, h.kv_address = msg.pid, msg.kv_address
+        if h is None or h.incarnation != msg.incarnation:  # adopted after a pearld restart
+            assert row is not None
+            h = self.hosts[msg.worker] = Host(msg.worker, msg.incarnation, tuple(row["gpus"]))
+        self.awaited.discard(msg.worker)
+        h.pid = msg.pid
         if h.ref is not None:
-            h.ref.client.close()
-        h.ref = RemoteRef(f"worker/{msg.worker}", Client(msg.address, timeout_s=5.0, retries=2))
+            self._drop_ref(h)
+        h.ref = CourierRef(
+            f"worker/{msg.worker}",
+            Client(msg.address, timeout_s=2.0, retries=2),
+            self._undeliverable,
+        )
         self.directory.register(h.ref)
         self.directory.tell("router", KvAddress(msg.worker, msg.kv_address))
-        self.liveness.beat(str(msg.worker))
+        self.board.add(msg.worker, msg.incarnation)
         pending, h.pending = h.pending, []
         if not pending and not msg.engine_ready and row is not None and not h.retiring:
             # A restarted host: bring its engine back as the table says it should be.
@@ -178,21 +237,26 @@ class RoleSupervisor(PearlActor):
             h.ref.tell(c)
         return Welcome(self.boot_id, known=True)
 
-    def kv_address(self, worker: int) -> str:
-        h = self.hosts.get(worker)
-        return h.kv_address if h else ""
+    def _undeliverable(self, name: str, msg: Any, error: PearlError) -> None:
+        """Courier thread: hand the failure to the actor's own thread."""
+        worker = int(name.split("/", 1)[1])
+        self.actor_ref.tell(Undeliverable(worker, msg, str(error)))
 
-    def beat(self, msg: WorkerBeat) -> Welcome:
-        h = self.hosts.get(msg.worker)
-        if h is not None and h.incarnation == msg.incarnation:
-            self.liveness.beat(str(msg.worker))
-        return Welcome(self.boot_id, known=h is not None)
+    def undeliverable(self, u: Undeliverable) -> None:
+        h = self.hosts.get(u.worker)
+        if h is None or h.retiring:
+            return
+        h.pending.append(u.msg)  # given again once it (or its replacement) says hello
+        if h.ref is not None:
+            self._crashed(h, f"unreachable ({u.error})")
 
     # -- retiring ------------------------------------------------------------------------------
 
     def retire(self, msg: Retire) -> None:
         h = self.hosts.get(msg.worker)
         if h is None or not h.pid:
+            if h is not None:
+                self.hosts.pop(msg.worker, None)
             if msg.report is not None:
                 self.directory.tell("orchestrator", msg.report)
             return
@@ -200,14 +264,19 @@ class RoleSupervisor(PearlActor):
         if msg.force or h.ref is None:
             self._forget(h, kill=True)
 
+    def _drop_ref(self, h: Host) -> None:
+        if h.ref is not None:
+            self.directory.unregister(h.ref.name, h.ref)
+            h.ref.close()
+            h.ref = None
+
     def _forget(self, h: Host, kill: bool) -> None:
         if kill and h.pid:
             self.launcher.kill(h.pid, force=True)
-        if h.ref is not None:
-            self.directory.unregister(h.ref.name, h.ref)
-            h.ref.client.close()
-        self.liveness.forget(str(h.worker))
-        self.hosts.pop(h.worker, None)
+        self._drop_ref(h)
+        self.board.remove(h.worker)
+        if self.hosts.get(h.worker) is h:
+            self.hosts.pop(h.worker, None)
         if h.retire_report is not None:
             self.directory.tell("orchestrator", h.retire_report)
 
@@ -218,20 +287,21 @@ class RoleSupervisor(PearlActor):
         self.expected = rows
         self.weights_version = msg.status.get("weights_version", 0)
         for wid, h in list(self.hosts.items()):
-            if wid not in rows and not h.pending:
+            row = rows.get(wid)
+            if (row is None or row["incarnation"] != h.incarnation) and not h.pending:
                 self._forget(h, kill=True)  # removed by a plan
 
     def supervise(self, _: Supervise) -> None:
         now = time.monotonic()
-        dead = set(self.liveness.reap())
+        dead = self.board.dead()
         for wid, h in list(self.hosts.items()):
             if h.restart_at is not None:
                 if now >= h.restart_at:
                     h.restart_at = None
                     self._launch(h)
                 continue
-            exited = h.pid and not self.launcher.alive(h.pid)
-            silent = h.ref is not None and str(wid) in dead
+            exited = bool(h.pid) and not self.launcher.alive(h.pid)
+            silent = h.ref is not None and wid in dead
             never = h.ref is None and now - h.launched_at > self.hello_timeout_s
             if h.retiring:
                 if exited or silent or never:
@@ -240,21 +310,22 @@ class RoleSupervisor(PearlActor):
             if exited or silent or never:
                 why = "exited" if exited else "missed heartbeats" if silent else "never said hello"
                 self._crashed(h, why)
-        if now - self.booted > self.cfg.daemon.reconcile_grace_s:
-            for wid, row in self.expected.items():  # in the log, never came back after a restart
-                if wid not in self.hosts and row["activity"] != "inactive":
+        if self.awaited and now - self.booted > self.cfg.daemon.reconcile_grace_s:
+            # In the log at boot, still expected, never re-registered: relaunch them.
+            for wid in sorted(self.awaited):
+                row = self.expected.get(wid)
+                if row is not None and wid not in self.hosts and row["activity"] != "inactive":
                     h = self.hosts[wid] = Host(wid, row["incarnation"], tuple(row["gpus"]))
                     self._crashed(h, "did not re-register after pearld restarted")
+            self.awaited = set()
 
     def _crashed(self, h: Host, why: str) -> None:
         log.warning("worker host %s (pid %s) %s", h.worker, h.pid, why)
         if h.pid:
             self.launcher.kill(h.pid, force=True)
-        if h.ref is not None:
-            self.directory.unregister(h.ref.name, h.ref)
-            h.ref.client.close()
-            h.ref = None
-        self.liveness.forget(str(h.worker))
+            h.pid = 0
+        self._drop_ref(h)
+        self.board.remove(h.worker)
         self.directory.tell("orchestrator", cmd.WorkerDown(h.worker, h.incarnation, why))
         d = self.cfg.daemon
         if h.restarts >= d.restart_budget:
@@ -269,8 +340,7 @@ class RoleSupervisor(PearlActor):
 
     def on_stop(self) -> None:
         for h in list(self.hosts.values()):
-            if h.ref is not None:
-                h.ref.client.close()
+            self._drop_ref(h)
 
 
-__all__ = ["RoleSupervisor", "Retire", "Spawn"]
+__all__ = ["Liveboard", "Retire", "RoleSupervisor", "Spawn", "Undeliverable"]

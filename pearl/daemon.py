@@ -16,6 +16,7 @@ SIGUSR1 dumps every thread's traceback to stderr. Logs are one structured line p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import logging
 import os
@@ -108,26 +109,18 @@ class Daemon:
         self.boot_id = secrets.token_hex(8)
         self.refs: list[Any] = []
         self._stop = threading.Event()
+        self.failed = threading.Event()  # set when an actor cannot be kept alive
+        self._crashes: list[str] = []
+        self._restarts: dict[str, list[float]] = {}
+        self.factories: dict[str, Any] = {}
+        self.keys: Any = None
         self._ticker: threading.Thread | None = None
         self.event_log: FileLog | None = None
 
-    def start(self) -> None:
-        from actors import base
-        from actors.api import ApiEndpoint
-        from actors.control import DecisionEngine, ElasticScheduler, RuntimeTracker
-        from actors.executors import InterScaleRebuilder, IntraScaleToggleManager
-        from actors.launcher import LocalProcessLauncher
-        from actors.messages import StateChanged
-        from actors.orchestrator import Boot, Orchestrator
-        from actors.router import Router
-        from actors.supervisor import RoleSupervisor
-        from transports.auth import ServerKeys, check_bind
-
-        keys = ServerKeys.load(self.cfg.daemon.keys_dir) if self.cfg.daemon.keys_dir else None
-        check_bind(self.endpoint, keys)
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+    def _recover(self) -> tuple[Any, Any]:
+        """Replay the log (snapshot + tail), refit the profile, let the controller recover."""
+        assert self.event_log is not None
         t0 = time.monotonic()
-        self.event_log = open_log(self.cfg, self.state_dir)
         policy = policy_of(self.cfg)
         profile = prior_profile(self.cfg)
         telemetry: list[ev.Telemetry] = []
@@ -144,53 +137,27 @@ class Daemon:
             loaded.snapshot_seq,
             time.monotonic() - t0,
         )
+        return controller, recovered
 
-        self.directory = d = base.Directory()
+    def start(self) -> None:
+        from actors import base
+        from actors.launcher import LocalProcessLauncher
+        from transports.auth import ServerKeys, check_bind
+
+        keys = ServerKeys.load(self.cfg.daemon.keys_dir) if self.cfg.daemon.keys_dir else None
+        check_bind(self.endpoint, keys)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        self.event_log = open_log(self.cfg, self.state_dir)
+        controller, recovered = self._recover()
+        self.directory = base.Directory()
         self.launcher = LocalProcessLauncher(self.state_dir / "workers")
-        table = recovered.state.table.to_json()
         self.address = self.endpoint  # a wildcard port is fixed once the API has bound
-        self.refs.append(
-            base.start(
-                d,
-                RoleSupervisor,
-                d,
-                self.launcher,
-                self.cfg,
-                lambda: self.address,
-                str(self.state_dir),
-                self.boot_id,
-                initial=StateChanged(table["seq"], table),
-            )
-        )
-        for cls in (InterScaleRebuilder, IntraScaleToggleManager, Router):
-            self.refs.append(base.start(d, cls, d))
-        self.refs.append(
-            base.start(
-                d,
-                RuntimeTracker,
-                d,
-                self.cfg.decision.ema_alpha,
-                float(self.cfg.workload.max_trajectory_tokens),
-            )
-        )
-        self.refs.append(base.start(d, DecisionEngine, self.cfg.decision))
-        self.refs.append(base.start(d, ElasticScheduler, d))
-        api = base.start(d, ApiEndpoint, d, self.endpoint, self.boot_id, keys)
-        self.refs.append(api)
-        self.address = api.ref.proxy().address.get()  # worker hosts dial the bound address
-        self.refs.append(
-            base.start(
-                d,
-                Orchestrator,
-                d,
-                self.event_log,
-                controller,
-                recovered,
-                self.cfg.daemon.snapshot_every,
-                self.boot_id,
-            )
-        )
-        self.refs[-1].ask(Boot(), 30.0)  # log and send what recovery decided, now it has a name
+        self.keys = keys
+        base.PearlActor.on_crash = self._actor_crashed  # one daemon per process
+        self.factories = self._factories(recovered)
+        for name, make in self.factories.items():  # dependency order; the API binds last but one
+            self.refs.append(make(controller, recovered) if name == "orchestrator" else make())
         for r in self.refs:
             if not r.ref.is_alive():
                 raise PearlError(f"actor {r.name} did not stay alive")
@@ -204,11 +171,114 @@ class Daemon:
             self.boot_id,
         )
 
+    def _factories(self, recovered: Any) -> dict[str, Any]:
+        """How to (re)start each actor, in dependency order."""
+        from actors import base
+        from actors.api import ApiEndpoint
+        from actors.control import DecisionEngine, ElasticScheduler, RuntimeTracker
+        from actors.executors import InterScaleRebuilder, IntraScaleToggleManager
+        from actors.messages import StateChanged
+        from actors.orchestrator import Boot, Orchestrator
+        from actors.router import Router
+        from actors.supervisor import Liveboard, RoleSupervisor
+
+        d, cfg = self.directory, self.cfg
+        table = recovered.state.table.to_json()
+        board = Liveboard(cfg.daemon.heartbeat_s)
+
+        def supervisor() -> Any:
+            return base.start(
+                d,
+                RoleSupervisor,
+                d,
+                self.launcher,
+                cfg,
+                lambda: self.address,
+                str(self.state_dir),
+                self.boot_id,
+                board,
+                initial=StateChanged(table["seq"], table),
+            )
+
+        def api() -> Any:
+            ref = base.start(d, ApiEndpoint, d, self.endpoint, self.boot_id, board, self.keys)
+            self.address = ref.ref.proxy().address.get()  # worker hosts dial the bound address
+            return ref
+
+        def orchestrator(controller: Any = None, out: Any = None) -> Any:
+            if controller is None:  # a restart: the log is the truth
+                controller, out = self._recover()
+            ref = base.start(
+                d,
+                Orchestrator,
+                d,
+                self.event_log,
+                controller,
+                out,
+                cfg.daemon.snapshot_every,
+                self.boot_id,
+            )
+            ref.ask(Boot(), 30.0)  # log and send what recovery decided, now it has a name
+            return ref
+
+        return {
+            "supervisor": supervisor,
+            "rebuilder": lambda: base.start(d, InterScaleRebuilder, d),
+            "toggle": lambda: base.start(d, IntraScaleToggleManager, d),
+            "router": lambda: base.start(d, Router, d),
+            "tracker": lambda: base.start(
+                d,
+                RuntimeTracker,
+                d,
+                cfg.decision.ema_alpha,
+                float(cfg.workload.max_trajectory_tokens),
+            ),
+            "decision": lambda: base.start(d, DecisionEngine, cfg.decision),
+            "scheduler": lambda: base.start(d, ElasticScheduler, d),
+            "api": api,
+            "orchestrator": orchestrator,
+        }
+
+    def _actor_crashed(self, name: str, exc: BaseException | None) -> None:
+        """Called on the crashed actor's thread: restart it from the ticker thread."""
+        self._crashes.append(name)
+
+    def _restart_crashed(self) -> None:
+        while self._crashes:
+            name = self._crashes.pop(0)
+            if self._stop.is_set() or name not in self.factories:
+                continue
+            now = time.monotonic()
+            recent = [t for t in self._restarts.get(name, []) if now - t < 300.0]
+            if len(recent) >= 5:
+                log.critical(
+                    "actor %s keeps failing (%d restarts in 5 min); shutting down",
+                    name,
+                    len(recent),
+                )
+                self.failed.set()
+                return
+            self._restarts[name] = [*recent, now]
+            log.warning("restarting actor %s (restart %d in 5 min)", name, len(recent) + 1)
+            old = [r for r in self.refs if r.name == name]
+            self.refs = [r for r in self.refs if r.name != name]
+            for r in old:
+                self.directory.unregister(name, r)
+                with contextlib.suppress(Exception):  # already dead
+                    r.ref.stop(block=False)
+            try:
+                self.refs.append(self.factories[name]())
+            except Exception as e:
+                log.critical("actor %s could not be restarted: %s", name, e)
+                self.failed.set()
+                return
+
     def _tick(self) -> None:
         from actors.messages import Supervise
         from pearl.core.commands import Tick
 
         while not self._stop.wait(self.cfg.daemon.tick_s):
+            self._restart_crashed()
             self.directory.tell("orchestrator", Tick())
             self.directory.tell("supervisor", Supervise())
 
@@ -274,10 +344,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     print(f"pearld listening on {daemon.address} (pid {os.getpid()})", flush=True)
     try:
-        done.wait()
+        while not done.wait(0.5):
+            if daemon.failed.is_set():
+                break
     finally:
         daemon.stop()
-    return 0
+    return 1 if daemon.failed.is_set() else 0
 
 
 if __name__ == "__main__":  # pragma: no cover
