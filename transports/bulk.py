@@ -24,7 +24,7 @@ from typing import Any
 import msgpack
 import zmq
 
-from pearl.engines.base import EngineError, KVTimeout
+from pearl.core.errors import EngineError, KVTimeout
 
 log = logging.getLogger(__name__)
 

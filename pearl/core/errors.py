@@ -48,3 +48,12 @@ class LogCorrupted(LogError):
 
 class LogLocked(LogError):
     """Another process holds the log open for writing."""
+
+
+class EngineError(PearlError):
+    """An engine cannot do what was asked (wrong role, busy, released, older weights, ...)."""
+
+
+class KVTimeout(EngineError):
+    """A decode worker never received the KV cache of a request; the router should retry."""
+

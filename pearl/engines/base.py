@@ -19,17 +19,9 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol
 
-from pearl.core.errors import PearlError
+from pearl.core.errors import EngineError, KVTimeout
 from pearl.core.schema import struct
 from pearl.core.state import Role
-
-
-class EngineError(PearlError):
-    """An engine cannot do what was asked (wrong role, busy, released, older weights, ...)."""
-
-
-class KVTimeout(EngineError):
-    """A decode worker never received the KV cache of a request; the router should retry."""
 
 
 class FinishReason(enum.StrEnum):
