@@ -104,7 +104,7 @@ class Orchestrator(PearlActor):
         for c in out.commands:
             if isinstance(c, cmd.TrainingMayProceed):
                 self.proceeded = max(self.proceeded, c.step)
-            target = ROUTES.get(type(c))
+            target = f"worker/{c.worker}" if isinstance(c, cmd.SyncWeights) else ROUTES.get(type(c))
             if target is not None:
                 self.directory.tell(target, c)
         if out.records:

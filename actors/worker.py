@@ -43,6 +43,7 @@ class WorkerActor(PearlActor):
         Generate: "on_generate",
         AbortRequest: "on_abort",
         LoadWeights: "on_load_weights",
+        cmd.SyncWeights: "on_load_weights",
     }
 
     def __init__(
@@ -185,7 +186,7 @@ class WorkerActor(PearlActor):
         if self.engine is not None:
             self.engine.abort(msg.rid)
 
-    def on_load_weights(self, msg: LoadWeights) -> None:
+    def on_load_weights(self, msg: LoadWeights | cmd.SyncWeights) -> None:
         if self.engine is not None:
             try:
                 self._weights(msg.version)

@@ -95,6 +95,15 @@ class ReclaimTraining:
     step: int
 
 
+@COMMANDS.register("sync-weights")
+class SyncWeights:
+    """Move a serving (or still initialising) worker to weights ``version`` (lazy propagation:
+    workers that join later get the newest version with their start or activation)."""
+
+    worker: int
+    version: int
+
+
 @COMMANDS.register("training-may-proceed")
 class TrainingMayProceed:
     """Every borrowed GPU is back: the trainer may run step ``step``."""
@@ -176,6 +185,7 @@ __all__ = [
     "StartWorker",
     "StepResult",
     "StopWorker",
+    "SyncWeights",
     "Tick",
     "TrainingMayProceed",
     "WorkerDown",

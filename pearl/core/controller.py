@@ -134,8 +134,11 @@ class Controller:
     def handle(self, s: ControllerState, event: Any, now: float) -> Output:
         """React to one event; raises InvalidEvent (nothing changed) for input that does not fit."""
         tx = _Tx(s, now)
-        if isinstance(event, ev.GpusAdded | ev.WeightsPublished):
+        if isinstance(event, ev.GpusAdded):
             tx.log(event)
+        elif isinstance(event, ev.WeightsPublished):
+            tx.log(event)
+            self._sync_weights(tx, s.table.weights_version)
         elif isinstance(event, ev.GpusReclaimed):
             tx.log(event)
             self._interrupt(tx, "gpus-reclaimed")
@@ -147,6 +150,7 @@ class Controller:
         elif isinstance(event, ev.TrainingFinished):
             tx.log(event)
             tx.set(remaining=s.profile.B)
+            self._sync_weights(tx, s.table.weights_version)
         elif isinstance(event, ev.Telemetry):
             if event.toggle_s is None and s.toggle_measured > 0:
                 event = dataclasses.replace(event, toggle_s=s.toggle_measured)
@@ -216,6 +220,16 @@ class Controller:
                 cancelled.add(k)
                 started[k] = tx.now + self.config.timeouts[StepOp.REMOVE]
         tx.set(aborting=reason, cancelled=frozenset(cancelled), started=started)
+
+    @staticmethod
+    def _sync_weights(tx: _Tx, before: int) -> None:
+        """A newer version is logged: every worker holding device state moves to it."""
+        version = tx.table.weights_version
+        if version <= before:
+            return
+        for w in sorted(tx.table.rollout_workers(), key=lambda w: w.id):
+            if w.activity is not Activity.INACTIVE:
+                tx.commands.append(cmd.SyncWeights(w.id, version))
 
     def _step_result(self, tx: _Tx, r: cmd.StepResult) -> None:
         p = tx.table.plan
@@ -430,7 +444,8 @@ def _lends_training_gpus(t: ClusterState) -> bool:
         return True
     p = t.plan
     return p is not None and any(
-        st.op in (StepOp.LEND, StepOp.ACTIVATE) or st.zone is Zone.OVERLAP for st in p.steps)
+        st.op in (StepOp.LEND, StepOp.ACTIVATE) or st.zone is Zone.OVERLAP for st in p.steps
+    )
 
 
 def _is_toggle(steps: Any) -> bool:

@@ -334,3 +334,17 @@ def test_training_begin_still_cancels_an_expansion_while_gpus_are_lent() -> None
     assert cmd.TrainingMayProceed(1) not in h.sent
     h.settle()
     assert cmd.TrainingMayProceed(1) in h.sent
+
+
+def test_new_weights_reach_serving_workers_and_later_joiners() -> None:
+    h = Harness(borrow=Borrow.NEVER)
+    h.settle()
+    h.sent.clear()
+    h.send(ev.WeightsPublished(3, "store/v3"))
+    synced = sorted(c.worker for c in h.sent if isinstance(c, cmd.SyncWeights) and c.version == 3)
+    assert synced == sorted(w.id for w in h.table.routable())
+    h.send(ev.GpusAdded((8, 9)))
+    start = [c for c in h.pending if isinstance(c, cmd.StartWorker)]
+    assert start and all(c.weights_version == 3 for c in start)  # lazy: the newest at admission
+    with pytest.raises(InvalidEvent, match="older"):
+        h.ctl.handle(h.s, ev.WeightsPublished(2), h.now)
