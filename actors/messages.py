@@ -123,8 +123,32 @@ class RolloutStep:
     active_fraction: tuple[float, ...] = ()
 
 
+@MESSAGES.register("next-batch")
+class NextBatch:
+    """A trainer asks for the next rollout batch, waiting at most ``timeout_s`` on pearld's side."""
+
+    timeout_s: float = 0.5
+
+
+@MESSAGES.register("batch")
+class BatchReply:
+    """The batch (``pearl.rl.trajectory.Batch`` as a plain mapping), or None: not ready yet."""
+
+    batch: dict[str, Any] | None = None
+
+
+@MESSAGES.register("weights-upload")
+class WeightsUpload:
+    """Weights ``version`` as one bulk frame (safetensors bytes) for pearld's weight store."""
+
+    version: int
+
+
 __all__ = [
     "AbortRequest",
+    "BatchReply",
+    "NextBatch",
+    "WeightsUpload",
     "Route",
     "RolloutStep",
     "EngineTelemetryReport",

@@ -1,0 +1,274 @@
+"""The embedding API: a trainer drives PEARL in process or as a client of a running pearld.
+
+    rt = pearl.Runtime.from_config("configs/local-cpu.toml").start()   # in process
+    rt = pearl.connect("tcp://127.0.0.1:7440")                          # a running pearld
+    for step in range(1, steps + 1):
+        batch = rt.next_batch()                   # B trajectories within the staleness bound
+        with rt.training(step):                   # Training Begin: returns once borrowed GPUs
+            state = train(batch)                  # are back; Training Finished on exit
+            rt.publish_weights(state, step)       # workers load it lazily
+    rt.stop()
+
+Both kinds offer the same methods, plus ``a``-prefixed asyncio variants (``anext_batch``,
+``atraining``, ``apublish_weights``, ...).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from pearl.core import events as ev
+from pearl.core.errors import PearlError
+
+TRAINING_WAIT_S = 600.0  # a return is bounded by step deadlines; this only guards a dead daemon
+
+
+class TrainingTimeout(PearlError):
+    """Borrowed GPUs did not come back in time for a training step."""
+
+
+class _Base(ABC):
+    """What both runtimes share; subclasses provide the five primitives."""
+
+    #: seconds from the last Training Begin to pearld's go-ahead (all borrowed GPUs back)
+    last_return_s: float = 0.0
+
+    @abstractmethod
+    def _event(self, record: Any) -> int:
+        """Send an elastic event; its log sequence number once durable."""
+
+    @abstractmethod
+    def status(self) -> dict[str, Any]:
+        """The status view (the ``pearl status --json`` object)."""
+
+    @abstractmethod
+    def _next_batch(self, timeout_s: float) -> Any | None:
+        """A ready batch, or None after ``timeout_s``."""
+
+    @abstractmethod
+    def _publish(self, version: int, weights: Any) -> str:
+        """Store weights ``version`` and log it."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Release what this runtime holds."""
+
+    def start(self) -> _Base:
+        return self
+
+    def next_batch(self, timeout_s: float | None = None) -> Any:
+        """The next rollout batch (:class:`pearl.rl.trajectory.Batch`); waits for it."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            left = 1.0 if deadline is None else max(0.0, deadline - time.monotonic())
+            batch = self._next_batch(min(left, 1.0))
+            if batch is not None:
+                return batch
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"no rollout batch within {timeout_s}s")
+
+    @contextlib.contextmanager
+    def training(
+        self, step: int | None = None, weights_version: int | None = None
+    ) -> Iterator[int]:
+        """Training Begin on enter (returns once every borrowed GPU is back), Training Finished
+        on exit with the newest published weights version."""
+        if step is None:
+            step = int(self.status()["training_step"]) + 1
+        t0 = time.monotonic()
+        self._event(ev.TrainingBegin(step))
+        while True:
+            s = self.status()
+            if s.get("training_may_proceed", 0) >= step:
+                break
+            if time.monotonic() - t0 > TRAINING_WAIT_S:
+                raise TrainingTimeout(
+                    f"borrowed GPUs not back {TRAINING_WAIT_S:.0f}s after training-begin {step}"
+                )
+            time.sleep(0.005)
+        self.last_return_s = time.monotonic() - t0
+        try:
+            yield step
+        finally:
+            version = weights_version
+            if version is None:
+                version = int(self.status()["weights_version"])
+            self._event(ev.TrainingFinished(step, version))
+
+    def publish_weights(self, weights: Any, version: int) -> str:
+        """Write weights ``version`` (a state dict or a file path) to the weight store and tell
+        pearld; serving workers move to it, joiners start from it. Returns its location."""
+        return self._publish(version, weights)
+
+    # -- asyncio variants ---------------------------------------------------------------------
+
+    async def astart(self) -> _Base:
+        return await asyncio.to_thread(self.start)
+
+    async def anext_batch(self, timeout_s: float | None = None) -> Any:
+        return await asyncio.to_thread(self.next_batch, timeout_s)
+
+    async def apublish_weights(self, weights: Any, version: int) -> str:
+        return await asyncio.to_thread(self.publish_weights, weights, version)
+
+    async def astatus(self) -> dict[str, Any]:
+        return await asyncio.to_thread(self.status)
+
+    async def astop(self) -> None:
+        await asyncio.to_thread(self.stop)
+
+    @contextlib.asynccontextmanager
+    async def atraining(self, step: int | None = None) -> AsyncIterator[int]:
+        cm = self.training(step)
+        value = await asyncio.to_thread(cm.__enter__)
+        try:
+            yield value
+        except BaseException as e:
+            await asyncio.to_thread(cm.__exit__, type(e), e, e.__traceback__)
+            raise
+        else:
+            await asyncio.to_thread(cm.__exit__, None, None, None)
+
+    def __enter__(self) -> _Base:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class Runtime(_Base):
+    """PEARL in this process: pearld's actors, worker host processes, the rollout pipeline."""
+
+    def __init__(self, cfg: Any, state_dir: Path) -> None:
+        from pearl.daemon import Daemon
+
+        self.cfg, self.state_dir = cfg, Path(state_dir)
+        endpoint = cfg.daemon.endpoint
+        if endpoint == _default_endpoint():  # in process: a private socket, no port clash
+            endpoint = f"ipc://{self.state_dir.resolve()}/pearld.sock"
+        self.daemon = Daemon(cfg, self.state_dir, endpoint)
+        self._started = False
+
+    @classmethod
+    def from_config(
+        cls,
+        path: str | Path | None,
+        *,
+        state_dir: str | Path | None = None,
+        overrides: Sequence[str] = (),
+    ) -> Runtime:
+        from pearl import config
+
+        cfg = config.load(path, list(overrides))
+        if state_dir is None:
+            state_dir = Path("runs") / time.strftime("%Y%m%d-%H%M%S") / "state"
+        return cls(cfg, Path(state_dir))
+
+    @property
+    def endpoint(self) -> str:
+        return str(self.daemon.address)
+
+    def start(self) -> Runtime:
+        if not self._started:
+            self.daemon.start()
+            self._started = True
+        return self
+
+    def _ask(self, name: str, msg: Any, timeout_s: float = 30.0) -> Any:
+        return self.daemon.directory.get(name).ask(msg, timeout_s)
+
+    def _event(self, record: Any) -> int:
+        return int(self._ask("scheduler", record).seq)
+
+    def status(self) -> dict[str, Any]:
+        from transports.protocol import StatusRequest
+
+        return dict(self._ask("orchestrator", StatusRequest()))
+
+    def _next_batch(self, timeout_s: float) -> Any | None:
+        return self.daemon.batches().get(timeout_s)
+
+    def _publish(self, version: int, weights: Any) -> str:
+        from pearl.rl.weights import WeightStore
+
+        path = WeightStore(self.state_dir / "weights").publish(version, weights)
+        self._event(ev.WeightsPublished(version, str(path)))
+        return str(path)
+
+    def stop(self) -> None:
+        if self._started:
+            self.daemon.stop()
+            self._started = False
+
+
+class RemoteRuntime(_Base):
+    """A trainer talking to a pearld over ZeroMQ."""
+
+    def __init__(self, endpoint: str, keys_dir: str | None = None, timeout_s: float = 10.0) -> None:
+        from transports.auth import ClientKeys
+        from transports.rpc import Client
+
+        keys = ClientKeys.load(keys_dir) if keys_dir else None
+        self.endpoint = endpoint
+        self.client = Client(endpoint, keys=keys, timeout_s=timeout_s, name="trainer")
+
+    def _event(self, record: Any) -> int:
+        from transports.protocol import Event
+
+        return int(self.client.request(Event.of(record)).seq)
+
+    def status(self) -> dict[str, Any]:
+        from transports.protocol import StatusRequest
+
+        payload = self.client.request(StatusRequest()).payload
+        if not payload:
+            raise PearlError(f"pearld at {self.endpoint} has not published its state yet")
+        return dict(payload)
+
+    def _next_batch(self, timeout_s: float) -> Any | None:
+        from actors.messages import BatchReply, NextBatch
+        from pearl.core.schema import from_plain
+        from pearl.rl.trajectory import Batch
+
+        reply = self.client.request(NextBatch(min(timeout_s, 0.5)), timeout_s + 5.0)
+        assert isinstance(reply, BatchReply)
+        return None if reply.batch is None else from_plain(Batch, reply.batch)
+
+    def _publish(self, version: int, weights: Any) -> str:
+        from actors.messages import WeightsUpload
+
+        if isinstance(weights, str | Path):
+            data = Path(weights).read_bytes()
+        else:
+            from safetensors.torch import save
+
+            data = save({k: v.detach().contiguous().cpu() for k, v in weights.items()})
+        reply = self.client.request(WeightsUpload(version), 60.0, frames=(data,))
+        return str(reply.value)
+
+    def stop(self) -> None:
+        self.client.close()
+
+
+def _default_endpoint() -> str:
+    from pearl.config import DEFAULT_ENDPOINT
+
+    return DEFAULT_ENDPOINT
+
+
+def connect(
+    endpoint: str, *, keys_dir: str | None = None, timeout_s: float = 10.0
+) -> RemoteRuntime:
+    """A client of the pearld at ``endpoint`` with the :class:`Runtime` methods."""
+    rt = RemoteRuntime(endpoint, keys_dir, timeout_s)
+    rt.status()  # fail now, clearly, when nobody answers
+    return rt
+
+
+__all__ = ["RemoteRuntime", "Runtime", "TrainingTimeout", "connect"]
