@@ -21,47 +21,9 @@ from pearl.sim import clock as ck
 from pearl.sim.clock import Clock
 from pearl.sim.costs import WorkerCosts
 from pearl.sim.link import Link
+from pearl.sim.trajectory import DECODING, DONE, ENV, INFLIGHT, PREFILLING, QUEUED, WAIT, XFER, Traj
 from pearl.sim.worker import COLOCATED, DECODE, PREFILL, SimWorker, StepStats
 from pearl.sim.workload import TrajectorySpec
-
-WAIT, QUEUED, PREFILLING, XFER, DECODING, ENV, DONE = range(7)
-_INFLIGHT = (QUEUED, PREFILLING, XFER, DECODING)
-
-
-class Traj:
-    """A trajectory in flight (mutable, hot path)."""
-
-    __slots__ = ("tid", "spec", "k", "ctx", "req_new", "req_gen", "phase", "w", "d", "owner",
-                 "pf_rem", "pf_tokens", "t_tok", "V_start", "home", "home_tokens", "phome",
-                 "phome_tokens", "kv_res", "pkv_res", "need", "t_end", "generated")
-
-    def __init__(self, tid: int, spec: TrajectorySpec) -> None:
-        self.tid = tid
-        self.spec = spec
-        self.k = 0
-        self.ctx = 0  # tokens in the context, prefilled or generated (kept across aborts)
-        self.req_new = spec.new[0]  # prompt tokens the current request appends
-        self.req_gen = spec.gen[0]  # tokens the current request still has to generate
-        self.phase = WAIT
-        self.w: SimWorker | None = None  # colocated or prefill worker serving the request
-        self.d: SimWorker | None = None  # decode worker (disaggregated)
-        self.owner: SimWorker | None = None  # the worker whose routing load counts it
-        self.pf_rem = 0.0
-        self.pf_tokens = 0
-        self.t_tok = 0.0
-        self.V_start = 0.0
-        self.home: SimWorker | None = None  # worker holding the full KV (colocated / decode)
-        self.home_tokens = 0
-        self.phome: SimWorker | None = None  # prefill worker holding a cached prefix
-        self.phome_tokens = 0
-        self.kv_res = 0  # KV tokens held on w (colocated) or d (decode)
-        self.pkv_res = 0  # KV tokens held on the prefill worker
-        self.need = 0  # tokens to reserve when admitted from an admit_q
-        self.t_end = 0.0
-        self.generated = 0
-
-    def __hash__(self) -> int:
-        return self.tid
 
 
 class Rollout:
@@ -378,12 +340,16 @@ class Rollout:
     # -- aborts ------------------------------------------------------------------------------------
 
     def abort(self, gone: SimWorker) -> None:
-        """Stop everything on ``gone``, keeping generated tokens; resubmit what was in flight."""
-        now = self.clock.now
-        gone.advance(now)
+        """Stop everything on ``gone``, keeping generated tokens; resubmit what was in flight.
+
+        Victims are the requests on ``gone`` and those waiting for a decode slot on behalf of
+        ``gone`` as their prefill worker. They are first taken off every surviving worker, then
+        admission resumes there, then they are routed again (in that order, so that a freed
+        slot never goes to a request that is itself being withdrawn)."""
+        gone.advance(self.clock.now)
         generated = {tr: gone.generated(tr) for _, _, tr in gone.dec}
-        victims = [tr for tr in self.active
-                   if tr.phase in _INFLIGHT and (tr.w is gone or tr.d is gone)]
+        victims = [tr for tr in self.active if tr.phase in INFLIGHT and (
+            tr.w is gone or tr.d is gone or (tr.owner is gone and tr.phase == QUEUED))]
         for tr in victims:
             self.link.cancel(tr)
         gone.clear()
@@ -396,10 +362,12 @@ class Rollout:
                 tr.home, tr.home_tokens = None, 0
             if tr.phome is gone:
                 tr.phome, tr.phome_tokens = None, 0
+        touched: dict[int, SimWorker] = {}
         for tr in victims:
             for other in (tr.w, tr.d):
                 if other is not None and other is not gone and other.alive:
                     self._withdraw(other, tr)
+                    touched[other.wid] = other
             g = generated.get(tr, 0)
             if g and tr.phase == DECODING:
                 g = min(g, tr.req_gen - 1)
@@ -411,6 +379,11 @@ class Rollout:
             if tr.owner is not None:
                 tr.owner.load -= 1
                 tr.owner = None
+            tr.phase = WAIT
+        for x in touched.values():
+            self.kick(x)
+            self._retry_admission(x)
+        for tr in victims:
             self.route(tr)
 
     def _withdraw(self, x: SimWorker, tr: Traj) -> None:
@@ -428,8 +401,6 @@ class Rollout:
             tr.home, tr.home_tokens = None, 0
         if tr.phome is x:
             tr.phome, tr.phome_tokens = None, 0
-        self.kick(x)
-        self._retry_admission(x)
 
 
 def _load(w: SimWorker) -> tuple[int, int]:

@@ -32,9 +32,10 @@ from pearl.sim.clock import Clock
 from pearl.sim.costs import worker_costs
 from pearl.sim.executor import STEP_COMMANDS, Executors
 from pearl.sim.result import RunResult, StepRecord
-from pearl.sim.rollout import Rollout, Traj
+from pearl.sim.rollout import Rollout
 from pearl.sim.scenario import PolicySpec, Scenario
 from pearl.sim.static import run_static, telemetry_of
+from pearl.sim.trajectory import Traj
 from pearl.sim.worker import StepStats
 from pearl.sim.workload import generate_batch
 

@@ -13,7 +13,8 @@ from pearl.core.profile import StepTelemetry, TrajectoryStats
 from pearl.sim import clock as ck
 from pearl.sim.clock import Clock
 from pearl.sim.costs import EngineParams, worker_costs
-from pearl.sim.rollout import Rollout, Traj
+from pearl.sim.rollout import Rollout
+from pearl.sim.trajectory import Traj
 from pearl.sim.worker import COLOCATED, DECODE, PREFILL, StepStats
 from pearl.sim.workload import WorkloadParams, generate_batch
 

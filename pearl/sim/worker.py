@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from pearl.sim.costs import WorkerCosts
 
 if TYPE_CHECKING:
-    from pearl.sim.rollout import Traj
+    from pearl.sim.trajectory import Traj
 
 COLOCATED, PREFILL, DECODE = "colocated", "prefill", "decode"
 

@@ -10,6 +10,7 @@ import pytest
 from pearl.cli import main
 
 
+@pytest.mark.slow
 def test_json_shape_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "r.json"
     rc = main(["simulate", "--segment", "S3", "--minutes", "60", "--no-progress",

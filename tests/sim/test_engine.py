@@ -11,8 +11,9 @@ from pearl.sim import clock as ck
 from pearl.sim.agreement import uniform
 from pearl.sim.clock import Clock
 from pearl.sim.costs import EngineParams, worker_costs
-from pearl.sim.rollout import Rollout, Traj
+from pearl.sim.rollout import Rollout
 from pearl.sim.static import run_static
+from pearl.sim.trajectory import DECODING, Traj
 from pearl.sim.worker import COLOCATED, DECODE, PREFILL
 from pearl.sim.workload import TrajectorySpec
 
@@ -97,13 +98,13 @@ def test_abort_keeps_the_generated_prefix() -> None:
     (tr,) = ro.start([spec])
     w = tr.w
     assert w is not None
-    while not (tr.phase == 4 and w.generated(tr) >= 100):  # decoding, 100+ tokens out
+    while not (tr.phase == DECODING and w.generated(tr) >= 100):  # decoding, 100+ tokens out
         e = clock.pop()
         assert e is not None
         if e[1] == ck.WORKER:
             ro.on_worker(e[2], e[3])
         w.advance(clock.now)
-        if tr.phase == 4 and w.generated(tr) < 100:
+        if tr.phase == DECODING and w.generated(tr) < 100:
             clock.at(clock.now + 0.05, ck.TICK)
     got = w.generated(tr)
     ro.remove_worker(w.wid)

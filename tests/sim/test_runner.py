@@ -20,6 +20,7 @@ def _run(name: str, avail: Availability, **changes: object):  # type: ignore[no-
     return Simulation(sc, POLICIES[name], avail).run()
 
 
+@pytest.mark.slow
 def test_deterministic_for_a_seed() -> None:
     a = av.load(segment_name="S1", minutes=60)
     r1, r2 = _run("pearl", a), _run("pearl", a)
@@ -52,6 +53,7 @@ def test_late_returns_are_counted() -> None:
     assert r.late_returns > 0
 
 
+@pytest.mark.slow
 def test_baselines_use_their_fixed_resources() -> None:
     a = av.load(segment_name="S2")
     roll = _run("roll", a)
