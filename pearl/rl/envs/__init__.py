@@ -1,0 +1,13 @@
+"""Built-in environments, registered on import: ``tool_use`` and ``swe_like``."""
+
+from pearl.rl.env import register_env
+from pearl.rl.envs.swe_like import Dist, SWEConfig, SWELikeEnv, swe_tasks
+from pearl.rl.envs.tool_use import Shaping, ToolUseEnv, arithmetic_tasks
+
+register_env("tool_use", ToolUseEnv, tasks=arithmetic_tasks, replace=True,
+             description="arithmetic word problems with a sandboxed calculator and Python tool")
+register_env("swe_like", SWELikeEnv, tasks=swe_tasks, replace=True,
+             description="synthetic repository repair with SWE-bench-shaped turns and latencies")
+
+__all__ = ["Dist", "SWEConfig", "SWELikeEnv", "Shaping", "ToolUseEnv", "arithmetic_tasks",
+           "swe_tasks"]
