@@ -1,0 +1,214 @@
+"""The demo trainer: a real GRPO step in torch on the model the torch engine serves.
+
+The model is built exactly as the engine builds it (same preset config, same seeded random
+weights, or the same local directory), so version 0 of the trainer and of every engine agree.
+
+One step (:meth:`GRPOTrainer.step`):
+
+- advantages per group: ``A_i = (R_i - mean_g R) / (std_g R + eps)`` (population std; a group
+  whose rewards are all equal gives 0);
+- per generated token, with the rollout logprob from the engine that generated it:
+  ``ratio = exp(logp_new - logp_rollout)`` and the clipped surrogate
+  ``-min(ratio * A, clip(ratio, 1 - eps, 1 + eps_high) * A)``;
+- optional k3 KL to the version-0 weights and an entropy bonus (both off by default);
+- averaged over the generated tokens of the whole batch (the loss mask), gradients accumulated
+  over micro-batches, clipped to ``max_grad_norm``, one AdamW update; the version goes up by one.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pearl.core.errors import PearlError
+from pearl.engines.torch import model as M
+from pearl.rl.trajectory import Batch, Trajectory
+from pearl.rl.weights import WeightStore
+
+
+class TrainerError(PearlError):
+    """The trainer cannot be built or cannot train on what it was given."""
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    preset: str = "tiny"  # a torch engine preset; ignored when model_path is set
+    model_path: str = ""  # a local Hugging Face Qwen3 directory
+    seed: int = 0  # the engine's seed: the same random weights at version 0
+    device: str = "auto"  # "cpu", "cuda", "auto" (CUDA when available)
+    dtype: str = "float32"  # training precision (fp32 on CPU)
+    lr: float = 1e-5
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 0.0
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None  # upper clip (asymmetric, DAPO-style); None: clip_eps
+    max_grad_norm: float = 1.0
+    adv_eps: float = 1e-6
+    kl_coef: float = 0.0  # k3 KL to the version-0 weights
+    entropy_coef: float = 0.0
+    micro_batch: int = 4  # trajectories per forward/backward pass
+    start_version: int = 0
+
+
+def group_advantages(batch: Batch, eps: float = 1e-6) -> dict[str, float]:
+    """Group-normalised advantage of every trajectory, by trajectory id."""
+    out: dict[str, float] = {}
+    for group in batch.groups().values():
+        r = torch.tensor([t.reward for t in group], dtype=torch.float64)
+        adv = (r - r.mean()) / (r.std(correction=0) + eps)
+        out.update({t.id: float(a) for t, a in zip(group, adv, strict=True)})
+    return out
+
+
+class GRPOTrainer:
+    """Owns the policy, its optimizer and the weights version it has reached."""
+
+    def __init__(self, config: GRPOConfig | None = None, **overrides: Any) -> None:
+        known = {f.name for f in fields(GRPOConfig)}
+        if bad := sorted(set(overrides) - known):
+            raise TrainerError(f"unknown GRPO option(s) {bad}; known: {sorted(known)}")
+        self.cfg = cfg = replace(config or GRPOConfig(), **overrides)
+        self.device = M.resolve_device(cfg.device)
+        if cfg.dtype not in M.DTYPES:
+            raise TrainerError(f"dtype {cfg.dtype!r} is not one of {list(M.DTYPES)}")
+        self.dtype = M.DTYPES[cfg.dtype]
+        if cfg.model_path:
+            self.hf_config = M.dir_config(cfg.model_path)
+            self._source = M.WeightSource("dir", cfg.model_path)
+        else:
+            self.hf_config = M.preset_config(cfg.preset)
+            self._source = M.WeightSource("seed", cfg.seed)
+        self.model: Any = M.build(self.hf_config, self._source, self.device, self.dtype).train()
+        self.ref: Any = None
+        if cfg.kl_coef > 0:
+            self.ref = M.build(self.hf_config, self._source, self.device, self.dtype).eval()
+            self.ref.requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=cfg.betas,
+                                           weight_decay=cfg.weight_decay)
+        self.version = cfg.start_version
+
+    # -- logprobs --------------------------------------------------------------------------------
+
+    def _pad(self, trajs: list[Trajectory], adv: dict[str, float]) -> dict[str, torch.Tensor]:
+        """Right-padded tokens, attention, loss mask, rollout logprobs and advantages."""
+        n = max(t.n_tokens for t in trajs)
+        pad = int(getattr(self.hf_config, "pad_token_id", 0) or 0)
+        ids = torch.full((len(trajs), n), pad, dtype=torch.long)
+        attn = torch.zeros((len(trajs), n), dtype=torch.long)
+        mask = torch.zeros((len(trajs), n))
+        old = torch.zeros((len(trajs), n))
+        for i, t in enumerate(trajs):
+            k = t.n_tokens
+            ids[i, :k] = torch.tensor(t.tokens())
+            attn[i, :k] = 1
+            mask[i, :k] = torch.tensor(t.loss_mask(), dtype=torch.float32)
+            old[i, :k] = torch.tensor(t.rollout_logprobs(), dtype=torch.float32)
+        a = torch.tensor([adv.get(t.id, 0.0) for t in trajs])
+        d = self.device
+        return {"ids": ids.to(d), "attn": attn.to(d), "mask": mask[:, 1:].to(d),
+                "old": old[:, 1:].to(d), "adv": a.to(d)}
+
+    def _token_logits(self, model: Any, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """Logits predicting tokens 1..n-1 (float32)."""
+        return model(input_ids=ids[:, :-1], attention_mask=attn[:, :-1]).logits.float()
+
+    @torch.no_grad()
+    def logprobs(self, trajectories: list[Trajectory]) -> list[list[float]]:
+        """The current policy's logprob of every generated token, per trajectory, in order."""
+        out: list[list[float]] = []
+        for t in trajectories:
+            b = self._pad([t], {})
+            logits = self._token_logits(self.model, b["ids"], b["attn"])
+            lp = torch.log_softmax(logits, -1).gather(-1, b["ids"][:, 1:, None])[0, :, 0]
+            out.append(lp[b["mask"][0] > 0].tolist())
+        return out
+
+    # -- the step --------------------------------------------------------------------------------
+
+    def step(self, batch: Batch) -> dict[str, float]:
+        """One GRPO update on ``batch``; returns its metrics. The version goes up by one."""
+        t0 = time.perf_counter()
+        cfg = self.cfg
+        trajs = [t for t in batch.trajectories if t.n_generated > 0]
+        if not trajs:
+            raise TrainerError(f"batch of step {batch.step} has no generated token to train on")
+        adv = group_advantages(batch, cfg.adv_eps)
+        total = float(sum(t.n_generated for t in trajs))
+        high = cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high
+        lo, hi = 1.0 - cfg.clip_eps, 1.0 + high
+        sums = dict.fromkeys(("loss", "pg_loss", "kl", "entropy", "clip_frac", "ratio",
+                              "rollout_kl"), 0.0)
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        for s in range(0, len(trajs), max(1, cfg.micro_batch)):
+            b = self._pad(trajs[s:s + cfg.micro_batch], adv)
+            m, A = b["mask"], b["adv"][:, None]
+            logits = self._token_logits(self.model, b["ids"], b["attn"])
+            logp_all = torch.log_softmax(logits, -1)
+            logp = logp_all.gather(-1, b["ids"][:, 1:, None]).squeeze(-1)
+            delta = torch.where(m > 0, logp - b["old"], torch.zeros_like(logp))
+            ratio = torch.exp(delta)
+            pg = -torch.minimum(ratio * A, ratio.clamp(lo, hi) * A)
+            per_token = pg
+            if self.ref is not None:
+                with torch.no_grad():
+                    ref_all = torch.log_softmax(self._token_logits(self.ref, b["ids"], b["attn"]),
+                                                -1)
+                ref = ref_all.gather(-1, b["ids"][:, 1:, None]).squeeze(-1)
+                kl = torch.exp(ref - logp) - (ref - logp) - 1.0
+                per_token = per_token + cfg.kl_coef * kl
+                sums["kl"] += float((kl.detach() * m).sum())
+            if cfg.entropy_coef > 0:
+                ent = -(logp_all.exp() * logp_all).sum(-1)
+                per_token = per_token - cfg.entropy_coef * ent
+                sums["entropy"] += float((ent.detach() * m).sum())
+            loss = (per_token * m).sum() / total
+            loss.backward()
+            with torch.no_grad():
+                clipped = ((ratio < lo) & (A < 0)) | ((ratio > hi) & (A > 0))
+                sums["loss"] += float(loss) * total
+                sums["pg_loss"] += float((pg * m).sum())
+                sums["clip_frac"] += float((clipped.float() * m).sum())
+                sums["ratio"] += float((ratio * m).sum())
+                sums["rollout_kl"] += float((-delta * m).sum())
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        staleness = self.version - batch.min_version if batch.min_version >= 0 else 0
+        self.version += 1
+        rewards = [t.reward for t in batch.trajectories]
+        mean_r = sum(rewards) / len(rewards)
+        metrics = {k: v / total for k, v in sums.items()}
+        metrics.update(
+            reward_mean=mean_r,
+            reward_std=math.sqrt(sum((r - mean_r) ** 2 for r in rewards) / len(rewards)),
+            adv_abs_mean=sum(abs(a) for a in adv.values()) / max(1, len(adv)),
+            tokens=total, trajectories=float(len(trajs)), groups=float(len(batch.groups())),
+            grad_norm=float(grad_norm), staleness=float(staleness), version=float(self.version),
+            seconds=time.perf_counter() - t0)
+        return metrics
+
+    # -- weights ---------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """CPU copies of the current weights; tied tensors stay tied (saved once by the store)."""
+        copies: dict[tuple[Any, ...], torch.Tensor] = {}
+        out: dict[str, torch.Tensor] = {}
+        for name, t in self.model.state_dict().items():
+            key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+            if key not in copies:
+                copies[key] = t.detach().to("cpu", copy=True)
+            out[name] = copies[key]
+        return out
+
+    def publish(self, store: WeightStore) -> Path:
+        """Publish the current weights as ``self.version``."""
+        return store.publish(self.version, self.state_dict())
+
+
+__all__ = ["GRPOConfig", "GRPOTrainer", "TrainerError", "group_advantages"]
