@@ -1,0 +1,400 @@
+"""The ``sglang`` engine: the engine contract mapped onto one supervised SGLang server.
+
+``SGLangEngine(SGLangEngineConfig(server=ServerSpec(model_path=...)), role=..., kv_channel=...)``
+launches the server for its role at ``start()`` (or attaches to ``config.url``), waits for health,
+detects the server version, and then:
+
+- ``generate`` posts ``/generate`` from a thread pool; the future resolves with the answer.
+  Under PD the PEARL Router hands the prefill engine the decode worker's KV inbox (``kv_peer``);
+  the prefill engine draws a bootstrap room, tells the decode engine its bootstrap host/port/room
+  through the :class:`~pearl.engines.base.KVChannel` under the request's ``transfer_id``, and both
+  post the same body with those fields; SGLang moves the KV (mooncake/nixl), the decode answer is
+  the result. No hand-off within ``kv_timeout_s`` raises :class:`KVTimeout` (the router retries).
+- ``abort`` posts ``/abort_request``; the pending ``/generate`` returns with the tokens so far.
+- ``release_memory`` aborts what is in flight, waits until the server is idle (SGLang requires it),
+  then ``/release_memory_occupation``; ``resume_memory`` undoes it and applies weights that were
+  published meanwhile.
+- ``load_weights`` maps a directory (or a safetensors file, overlaid on the model directory) to
+  ``/update_weights_from_disk`` and :class:`DistributedWeights` to
+  ``/update_weights_from_distributed`` (the trainer broadcasts), both with ``weight_version``.
+- ``set_role`` uses ``/pd_role_switch`` where the server supports it (prefill <-> decode, 0.5.21+)
+  and restarts the server with the new ``--disaggregation-mode`` otherwise.
+- ``telemetry`` turns ``/metrics`` deltas into iteration and transfer stats.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pearl.core.state import Role
+from pearl.engines.base import (
+    Engine,
+    EngineError,
+    EngineTelemetry,
+    FinishReason,
+    GenerateRequest,
+    GenerateResult,
+    KVChannel,
+    KVTimeout,
+)
+from pearl.engines.sglang import protocol as P
+from pearl.engines.sglang.client import SGLangClient
+from pearl.engines.sglang.launch import ServerProcess, ServerSpec, launch_command
+from pearl.engines.sglang.telemetry import MetricsDelta
+from pearl.engines.sglang.weights import DistributedWeights, check_source, overlay_model_dir
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SGLangEngineConfig:
+    server: ServerSpec
+    url: str = ""  # attach to a server PEARL did not launch (no restart-based role changes)
+    startup_timeout_s: float = 600.0
+    request_timeout_s: float = 3600.0
+    kv_timeout_s: float = 30.0  # decode: wait this long for the prefill side's bootstrap hand-off
+    idle_timeout_s: float = 60.0  # release/role change: wait this long for aborted requests
+    log_path: str = ""
+    max_concurrency: int = 1024
+    env: dict[str, str] | None = field(default=None, compare=False)
+
+
+@dataclass
+class _Call:
+    future: Future[GenerateResult]
+    aborted: bool = False
+
+
+class SGLangEngine(Engine):
+    kind = "sglang"
+
+    def __init__(self, config: SGLangEngineConfig, *, role: Role = Role.COLOCATED,
+                 kv_channel: KVChannel | None = None) -> None:
+        self.cfg = config
+        self.kv_channel = kv_channel
+        self._check_role(role)
+        self._role = role
+        self.spec = config.server.with_role(role)
+        self.client = SGLangClient(config.url or self.spec.url)
+        self.server: ServerProcess | None = None
+        self._cv = threading.Condition()
+        self._calls: dict[str, _Call] = {}
+        self._version = 0
+        self._weights: Any = None  # the last weights source (re-applied after a restart)
+        self._pending: tuple[int, Any] | None = None
+        self._started = self._stopped = self._released = self._draining = False
+        self._pool = ThreadPoolExecutor(config.max_concurrency, thread_name_prefix="sglang-req")
+        self._metrics = MetricsDelta()
+
+    # -- properties ----------------------------------------------------------------------------
+
+    @property
+    def role(self) -> Role:
+        return self._role
+
+    @property
+    def weights_version(self) -> int:
+        return self._version
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    @property
+    def version(self) -> str:
+        """The server's SGLang version (after ``start``)."""
+        return self.client.detect().version
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._started:
+            raise EngineError("sglang engine was already started; build a new one")
+        self._started = True
+        self._launch()
+
+    def _launch(self) -> None:
+        if not self.cfg.url:
+            self.server = ServerProcess(launch_command(self.spec), self.cfg.log_path or None,
+                                        self.cfg.env)
+        alive = self.server.alive if self.server is not None else None
+        try:
+            self.client.wait_healthy(self.cfg.startup_timeout_s, alive)
+        except EngineError as e:
+            tail = self.server.tail() if self.server is not None else ""
+            if self.server is not None:
+                self.server.stop()
+            raise EngineError(f"{e}\n{tail}") from None
+        self.client.forget()
+        info = self.client.detect()
+        if info.mode != P.MODES[self._role]:
+            raise EngineError(f"server {self.client.base} runs disaggregation mode {info.mode!r}, "
+                              f"this engine's role {self._role} needs {P.MODES[self._role]!r}")
+        self._metrics.reset(self.client.metrics())
+
+    def stop(self) -> None:
+        with self._cv:
+            if self._stopped:
+                return
+            self._stopped = True
+            calls = list(self._calls.items())
+        for rid, call in calls:
+            call.aborted = True
+            self._try_abort(rid)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.server is not None:
+            self.server.stop()
+        deadline = time.monotonic() + 5.0
+        with self._cv:
+            while self._calls and time.monotonic() < deadline:
+                self._cv.wait(0.1)
+            left = list(self._calls.items())
+            self._calls.clear()
+        for rid, call in left:  # the server is gone: what it had is lost, say so
+            _resolve(call.future, _aborted(rid, self._version))
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def generate(self, request: GenerateRequest) -> Future[GenerateResult]:
+        rid = request.rid
+        with self._cv:
+            if not self._started or self._stopped:
+                raise EngineError("generate: the sglang engine is not running (start() it)")
+            if self._released:
+                raise EngineError("generate: the sglang engine released its memory; call "
+                                  "resume_memory() before generating")
+            if self._draining:
+                raise EngineError(f"sglang engine is draining; route {rid} elsewhere")
+            if rid in self._calls:
+                raise EngineError(f"request {rid} is already in flight on this engine")
+            if not request.input_ids:
+                raise EngineError(f"request {rid} has an empty prompt")
+            if request.sampling.max_new_tokens < 1:
+                raise EngineError(f"request {rid}: max_new_tokens must be >= 1")
+            if self._role is Role.PREFILL and not (request.transfer_id and request.kv_peer):
+                raise EngineError(f"prefill engine: request {rid} needs transfer_id and kv_peer "
+                                  "(the decode worker's KV inbox)")
+            if self._role is Role.DECODE and not request.transfer_id:
+                raise EngineError(f"decode engine: request {rid} needs the transfer_id its "
+                                  "prefill worker ships the bootstrap room under")
+            call = self._calls[rid] = _Call(Future())
+        self._pool.submit(self._run, request, call, self._role)
+        return call.future
+
+    def _run(self, req: GenerateRequest, call: _Call, role: Role) -> None:
+        try:
+            boot = self._bootstrap(req, call, role)
+            if call.aborted:
+                _resolve(call.future, _aborted(req.rid, self._version))
+                return
+            out = self.client.generate(P.generate_body(req, boot), self.cfg.request_timeout_s)
+            result = P.result_of(req.rid, out, role, self._version)
+            if (role is Role.DECODE and result.finish_reason is FinishReason.ABORT
+                    and not result.output_ids and not call.aborted):
+                reason = (out.get("meta_info") or {}).get("finish_reason")
+                raise KVTimeout(f"decode server dropped {req.rid} before its first token "
+                                f"(KV transfer failed: {reason}); retry on a prefill/decode pair")
+            _resolve(call.future, result)
+        except BaseException as e:
+            _resolve(call.future, error=e)
+        finally:
+            with self._cv:
+                self._calls.pop(req.rid, None)
+                self._cv.notify_all()
+
+    def _bootstrap(self, req: GenerateRequest, call: _Call, role: Role) -> P.Bootstrap | None:
+        """PD: the prefill side draws the room and tells the decode side; decode waits for it."""
+        if role is Role.COLOCATED:
+            return None
+        assert self.kv_channel is not None
+        if role is Role.PREFILL:
+            boot = P.Bootstrap.fresh(self.spec.host, self.spec.bootstrap_port)
+            self.kv_channel.send(req.kv_peer, req.transfer_id, boot.fields(), [])
+            return boot
+        deadline = time.monotonic() + self.cfg.kv_timeout_s
+        while not call.aborted:
+            got = self.kv_channel.poll(req.transfer_id)
+            if got is not None:
+                meta = got[0]
+                return P.Bootstrap(str(meta["bootstrap_host"]), int(meta["bootstrap_port"]),
+                                   int(meta["bootstrap_room"]))
+            if time.monotonic() > deadline:
+                raise KVTimeout(f"decode engine: no bootstrap room for {req.rid} (transfer "
+                                f"{req.transfer_id!r}) within {self.cfg.kv_timeout_s:.3f}s; the "
+                                "prefill worker failed or never got the request: retry it")
+            time.sleep(0.002)
+        return None
+
+    def abort(self, rid: str) -> None:
+        with self._cv:
+            call = self._calls.get(rid)
+            if call is None:
+                return
+            call.aborted = True
+        threading.Thread(target=self._abort_until_done, args=(rid, call), daemon=True,
+                         name=f"abort-{rid}").start()
+
+    def _abort_until_done(self, rid: str, call: _Call) -> None:
+        """Repeat the abort briefly: one sent before the server registered the rid is lost."""
+        for _ in range(50):
+            self._try_abort(rid)
+            try:
+                call.future.exception(0.2)
+                return
+            except TimeoutError:
+                continue
+            except BaseException:
+                return
+
+    def _try_abort(self, rid: str) -> None:
+        try:
+            self.client.abort(P.wire_rid(rid))
+        except EngineError as e:
+            log.debug("abort %s: %s", rid, e)
+
+    def in_flight(self) -> list[str]:
+        with self._cv:
+            return list(self._calls)
+
+    def drain(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            self._draining = True
+            try:
+                while self._calls and (left := deadline - time.monotonic()) > 0:
+                    self._cv.wait(min(left, 0.5))
+                return not self._calls
+            finally:
+                self._draining = False
+
+    def _quiesce(self, what: str) -> None:
+        """Abort everything in flight and wait until the server is idle (SGLang requires it)."""
+        self.abort_all()
+        if not self.drain(self.cfg.idle_timeout_s):
+            raise EngineError(f"{what}: {len(self.in_flight())} requests still running after "
+                              f"{self.cfg.idle_timeout_s:.0f}s of aborting; the server is stuck")
+
+    # -- memory, weights, roles ----------------------------------------------------------------
+
+    def release_memory(self) -> None:
+        """Abort what is in flight (prefixes kept in the results), then free weights and KV."""
+        self._need_started("release_memory")
+        if self._released:
+            return
+        self._quiesce("release_memory")
+        self.client.release_memory()
+        self._released = True
+
+    def resume_memory(self) -> None:
+        self._need_started("resume_memory")
+        if not self._released:
+            return
+        self.client.resume_memory()
+        self._released = False
+        if self._pending is not None:
+            version, source = self._pending
+            self._pending = None
+            self._apply_weights(version, source)
+
+    def load_weights(self, version: int, source: Any) -> None:
+        self._need_started("load_weights")
+        if version < self._version:
+            raise EngineError(f"weights version {version} is older than the loaded version "
+                              f"{self._version}; refusing to go back")
+        if self._released:  # applied by resume_memory (lazy propagation)
+            check_source(source)
+            self._pending = (version, source)
+        else:
+            self._apply_weights(version, source)
+        self._version = version
+
+    def _apply_weights(self, version: int, source: Any) -> None:
+        check_source(source)
+        if isinstance(source, DistributedWeights):
+            self.client.update_weights_from_distributed(
+                list(source.names), list(source.dtypes), [list(s) for s in source.shapes],
+                version, source.group_name)
+        else:
+            path = Path(source)
+            if path.is_file():
+                path = overlay_model_dir(self.spec.model_path, path)
+            self.client.update_weights_from_disk(str(path), version)
+            self._weights = source
+
+    def set_role(self, role: Role) -> None:
+        self._check_role(role)
+        self._need_started("set_role")
+        with self._cv:
+            if self._calls:
+                raise EngineError(f"set_role({role}) needs an idle engine; {len(self._calls)} "
+                                  "requests are in flight: drain or abort them first")
+        if role is self._role:
+            return
+        info = self.client.detect()
+        if info.role_switch and Role.COLOCATED not in (role, self._role):
+            self.client.pd_role_switch(P.MODES[role])
+        else:
+            self._restart(role)
+        self._role = role
+        self.spec = self.spec.with_role(role)
+
+    def _restart(self, role: Role) -> None:
+        """A new server in the new mode (same port), back at the current weights and memory."""
+        if self.cfg.url:
+            raise EngineError(f"role change {self._role} -> {role} needs a server restart, but "
+                              f"the server at {self.cfg.url} was not launched by PEARL")
+        if self.server is not None:
+            self.server.stop()
+        old = self._role
+        self._role, self.spec = role, self.spec.with_role(role)
+        try:
+            self._launch()
+        except EngineError:
+            self._role, self.spec = old, self.spec.with_role(old)
+            raise
+        if self._version and self._weights is not None:
+            self._apply_weights(self._version, self._weights)
+        if self._released:
+            self.client.release_memory()
+
+    def telemetry(self) -> EngineTelemetry:
+        if not self._started or self._stopped:
+            return EngineTelemetry()
+        return self._metrics.update(self.client.metrics(), self._role)
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _check_role(self, role: Role) -> None:
+        if role not in P.MODES:
+            raise EngineError(f"an engine serves as one of {[r.value for r in P.MODES]}, "
+                              f"not {role}")
+        if role is not Role.COLOCATED and self.kv_channel is None:
+            raise EngineError(f"role {role} hands bootstrap rooms over: build the engine with a "
+                              "kv_channel")
+
+    def _need_started(self, what: str) -> None:
+        if not self._started or self._stopped:
+            raise EngineError(f"{what}: the sglang engine is not running (start() it)")
+
+
+def _aborted(rid: str, version: int) -> GenerateResult:
+    return GenerateResult(rid, (), (), FinishReason.ABORT, version, 0)
+
+
+def _resolve(fut: Future[GenerateResult], result: GenerateResult | None = None,
+             error: BaseException | None = None) -> None:
+    if fut.done():
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(result)  # type: ignore[arg-type]
+
+
+__all__ = ["SGLangEngine", "SGLangEngineConfig"]
