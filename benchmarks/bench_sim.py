@@ -49,7 +49,11 @@ def main() -> int:
               f"{simulated / total:>14.0f} {events:>8}  {per}")
     if not quick:
         sc = scenario("qwen3-8b")
-        sc1 = dataclasses.replace(sc, engine=dataclasses.replace(sc.engine, time_scale=1.0))
+        k = sc.engine.time_scale  # the same deployment at roofline speed, training included
+        sc1 = dataclasses.replace(
+            sc, engine=dataclasses.replace(sc.engine, time_scale=1.0),
+            training=dataclasses.replace(sc.training,
+                                         tokens_per_gpu_s=sc.training.tokens_per_gpu_s * k))
         total, walls, events = bench(sc1, "S2")
         print(f"{'8b, scale 1':<14} {'S2':<3} {total:>8.2f} {total / TARGET_S:>8.2f}x "
               f"{len(MAIN_POLICIES) * (7200 + sc.warmup_s) / total:>14.0f} {events:>8}  "

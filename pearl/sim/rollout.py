@@ -98,7 +98,9 @@ class Rollout:
         self.flush_router()
 
     def _refresh_routable(self) -> None:
-        c, p, d = [], [], []
+        c: list[SimWorker] = []
+        p: list[SimWorker] = []
+        d: list[SimWorker] = []
         for w in self.workers.values():
             if w.accepting:
                 (c if w.role == COLOCATED else p if w.role == PREFILL else d).append(w)
@@ -152,8 +154,8 @@ class Rollout:
         else:
             pw = self._pick(tr.owner if tr.owner in p else None, p)
             self._own(tr, pw)
-            keep = self.costs.decode_keeps_prefix and tr.home in d
-            self._admit_decode(tr.home if keep else min(d, key=_active), tr)
+            home = tr.home if self.costs.decode_keeps_prefix and tr.home in d else None
+            self._admit_decode(home or min(d, key=_active), tr)
 
     def _pick(self, home: SimWorker | None, ws: list[SimWorker]) -> SimWorker:
         least = min(ws, key=_load)
