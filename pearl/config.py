@@ -119,6 +119,34 @@ class EngineConfig:
     threads: int = 1  # torch threads per worker host
     kv_budget_mb: float = 64.0
     seed: int = 0
+    # sglang: each worker host launches one server (python -m <sglang_module> ...), see
+    # pearl.engines.sglang. Ports are per worker: the base plus the worker's first GPU id, so
+    # the router side finds every server from the table alone.
+    sglang_model_path: str = ""  # --model-path of the servers
+    sglang_module: str = "sglang.launch_server"  # pearl.engines.torch.http: the torch facade
+    sglang_host: str = "127.0.0.1"
+    sglang_port: int = 30000
+    sglang_bootstrap_port: int = 8998  # prefill side's PD bootstrap port (SGLang's default)
+    sglang_transfer_backend: str = "mooncake"  # mooncake | nixl
+    sglang_memory_saver: bool = True  # --enable-memory-saver: borrowing releases memory
+    sglang_weights_cpu_backup: bool = False
+    sglang_role_switch: str = "auto"  # auto (SGLang 0.5.21+) | on | off: --enable-pd-role-switch
+    sglang_extra_args: str = ""  # appended to every server's launch command
+    sglang_startup_timeout_s: float = 600.0
+    router: str = "pearl"  # pearl: PEARL's own Router | sglang-router: the real sglang-router
+    sglang_router_urls: str = ""  # "REGULAR_URL,PD_URL" of running routers; "" = launch both
+    sglang_router_port: int = 29100  # launched routers: regular here, PD mode on the next port
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    env: str = ""  # the environment the Pipeline Scheduler runs (empty: no pipeline)
+    tasks: int = 256  # size of the environment's task set
+    seed: int = 0
+    max_turns: int = 0  # per trajectory (0: the environment's default)
+    max_new_tokens: int = 48  # per turn
+    temperature: float = 1.0
+    top_p: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -130,6 +158,7 @@ class Config:
     gate: GateConfig = field(default_factory=GateConfig)
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    rl: RLConfig = field(default_factory=RLConfig)
 
     def validate(self) -> Config:
         c = self.cluster
@@ -168,6 +197,8 @@ class Config:
         _one_of("daemon.borrow", self.daemon.borrow, ("gated", "always", "never"))
         _one_of("daemon.pd", self.daemon.pd, ("adaptive", "colocated", "disaggregated"))
         _one_of("engine.kind", self.engine.kind, ("sim", "torch", "sglang"))
+        _one_of("engine.router", self.engine.router, ("pearl", "sglang-router"))
+        _one_of("engine.sglang_role_switch", self.engine.sglang_role_switch, ("auto", "on", "off"))
         for name in (
             "heartbeat_s",
             "tick_s",
@@ -287,6 +318,7 @@ __all__ = [
     "EngineConfig",
     "GateConfig",
     "ModelConfig",
+    "RLConfig",
     "WorkloadConfig",
     "from_mapping",
     "load",

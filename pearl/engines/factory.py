@@ -2,7 +2,8 @@
 
 ``sim`` takes its cost model from the catalog roofline of the configured model and GPU (so a sim
 worker costs what the decision engine's priors say); ``torch`` runs a real Qwen3-architecture model
-on CPU or CUDA. ``sglang`` is served by its own worker host (optional extra).
+on CPU or CUDA; ``sglang`` launches and drives one SGLang server per worker (the ``sglang`` extra is
+needed where servers run, not here).
 """
 
 from __future__ import annotations
@@ -55,6 +56,16 @@ def build_engine(
             threads=cfg.threads,
             seed=cfg.seed,
             kv_budget_bytes=int(cfg.kv_budget_mb * (1 << 20)),
+        )
+    if cfg.kind == "sglang":  # launches a server process; never imports sglang itself
+        from pearl.engines.sglang import SGLangEngine, SGLangEngineConfig
+        from pearl.engines.sglang.launch import first_gpu, spec_from_config
+
+        spec = spec_from_config(cfg, tp=tp, first_gpu=first_gpu())
+        return SGLangEngine(
+            SGLangEngineConfig(spec, startup_timeout_s=cfg.sglang_startup_timeout_s),
+            role=role,
+            kv_channel=kv_channel,
         )
     raise ConfigError(f"engine.kind = {cfg.kind!r} is not served by the built-in worker host")
 

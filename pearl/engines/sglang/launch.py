@@ -12,17 +12,24 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import queue
 import shlex
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
+from importlib import metadata
 from pathlib import Path
+from typing import Any
 
+from pearl.core.errors import ConfigError
 from pearl.core.state import Role
 from pearl.engines.base import EngineError
-from pearl.engines.sglang.protocol import MODES
+from pearl.engines.sglang.protocol import MODES, supports_role_switch
 
 SGLANG_MODULE = "sglang.launch_server"
 FACADE_MODULE = "pearl.engines.torch.http"  # the torch engine speaking SGLang's dialect
@@ -97,9 +104,83 @@ def split_args(text: str) -> tuple[str, ...]:
     return tuple(shlex.split(text))
 
 
+def first_gpu() -> int:
+    """The worker's first GPU: the launcher pins a worker host with ``CUDA_VISIBLE_DEVICES``."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    return int(visible) if visible.isdigit() else 0
+
+
+def worker_ports(cfg: Any, first: int) -> tuple[int, int]:
+    """(server port, bootstrap port) of the worker whose first GPU is ``first``."""
+    return cfg.sglang_port + first, cfg.sglang_bootstrap_port + first
+
+
+def installed_sglang() -> str | None:
+    """The installed ``sglang`` package's version (None when it is not installed)."""
+    try:
+        return metadata.version("sglang")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def role_switch_wanted(setting: str, module: str) -> bool:
+    """``engine.sglang_role_switch``: on, off, or auto (the installed SGLang has it: 0.5.21+;
+    the facade accepts the flag and decides by its pretended version)."""
+    if setting != "auto":
+        return setting == "on"
+    if module != SGLANG_MODULE:
+        return True
+    version = installed_sglang()
+    return version is not None and supports_role_switch(version)
+
+
+def spec_from_config(cfg: Any, tp: int, first_gpu: int) -> ServerSpec:
+    """The ServerSpec of one worker from the ``[engine]`` section (an EngineConfig)."""
+    if not cfg.sglang_model_path:
+        raise ConfigError("engine.kind = 'sglang' needs engine.sglang_model_path: the model "
+                          "directory (or hub id) the SGLang servers load")
+    port, boot = worker_ports(cfg, first_gpu)
+    return ServerSpec(
+        model_path=cfg.sglang_model_path, tp=tp, host=cfg.sglang_host, port=port,
+        bootstrap_port=boot, transfer_backend=cfg.sglang_transfer_backend,
+        memory_saver=cfg.sglang_memory_saver, weights_cpu_backup=cfg.sglang_weights_cpu_backup,
+        role_switch=role_switch_wanted(cfg.sglang_role_switch, cfg.sglang_module),
+        module=cfg.sglang_module, extra_args=split_args(cfg.sglang_extra_args))
+
+
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+class _Spawner:
+    """Starts children from one long-lived thread: Linux delivers PDEATHSIG when the *thread*
+    that forked a child exits, so a server started from a short-lived thread would be killed."""
+
+    def __init__(self) -> None:
+        self._q: queue.Queue[tuple[Callable[[], Any], Future[Any]]] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def run(self, fn: Callable[[], Any]) -> Any:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="spawner", daemon=True)
+                self._thread.start()
+        fut: Future[Any] = Future()
+        self._q.put((fn, fut))
+        return fut.result()
+
+    def _loop(self) -> None:
+        while True:
+            fn, fut = self._q.get()
+            try:
+                fut.set_result(fn())
+            except BaseException as e:
+                fut.set_exception(e)
+
+
+_SPAWNER = _Spawner()
 
 
 class ServerProcess:
@@ -114,8 +195,8 @@ class ServerProcess:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         preexec = _die_with_parent if sys.platform.startswith("linux") else None
         try:
-            self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT,
-                                         env=env, preexec_fn=preexec)  # noqa: PLW1509
+            self.proc = _SPAWNER.run(lambda: subprocess.Popen(
+                argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, preexec_fn=preexec))
         except OSError as e:
             self._log.close()
             raise EngineError(f"cannot start {shlex.join(argv)}: {e}") from None
@@ -148,4 +229,5 @@ class ServerProcess:
 
 
 __all__ = ["FACADE_MODULE", "SGLANG_MODULE", "TRANSFER_BACKENDS", "ServerProcess", "ServerSpec",
-           "launch_command", "split_args"]
+           "first_gpu", "installed_sglang", "launch_command", "role_switch_wanted",
+           "spec_from_config", "split_args", "worker_ports"]
