@@ -6,6 +6,11 @@ worker together with a fresh transfer id (SGLang's shape); the decode worker's a
 result. A request with nowhere to go waits until workers are routable again; a retryable failure
 (the KV never arrived, the worker was leaving) is routed again; an aborted request comes back with
 its generated prefix to whoever asked, who resubmits it.
+
+With ``engine.router = "sglang-router"`` the Router keeps its bookkeeping (pending requests,
+retries, replies) but hands dispatch to an :class:`~pearl.engines.sglang.router.SGLangRouterLink`:
+the link registers the committed workers with the real sglang-router and sends requests through
+it; its answers come back here as ``generate-done`` from worker ``LINK``.
 """
 
 from __future__ import annotations
@@ -23,6 +28,12 @@ from pearl.engines.base import GenerateRequest
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 5
+LINK = -1  # the "worker" a request runs on when the real sglang-router dispatches it
+
+
+@dataclass(frozen=True)
+class LinkChanged:
+    """The sglang-router link admitted or removed workers: waiting requests may go now."""
 
 
 @dataclass(frozen=True)
@@ -56,11 +67,13 @@ class Router(PearlActor):
         Route: "route",
         GenerateDone: "done",
         AbortRequest: "abort",
+        LinkChanged: "link_changed",
     }
 
-    def __init__(self, directory: Directory) -> None:
+    def __init__(self, directory: Directory, link: Any = None) -> None:
         super().__init__()
         self.directory = directory
+        self.link = link  # an SGLangRouterLink, or None: PEARL dispatches to workers itself
         self.view = View()
         self.kv: dict[int, str] = {}
         self.load: dict[int, int] = {}
@@ -74,6 +87,19 @@ class Router(PearlActor):
             if w["activity"] == "active" and w["role"] != "training":
                 getattr(v, w["role"]).append(w["id"])
         self.view, self.seq = v, msg.seq
+        if self.link is not None:
+            self.link.update(msg.status)  # registers in the background, then LinkChanged
+        self._flush()
+
+    def on_start(self) -> None:
+        if self.link is not None:
+            self.link.on_change = lambda: self.actor_ref.tell(LinkChanged())
+
+    def on_stop(self) -> None:
+        if self.link is not None:
+            self.link.close()
+
+    def link_changed(self, _: LinkChanged) -> None:
         self._flush()
 
     def kv_address(self, msg: KvAddress) -> None:
@@ -97,6 +123,9 @@ class Router(PearlActor):
         req = p.original
         assert req is not None
         v = self.view
+        if self.link is not None:
+            self._dispatch_link(rid, p, req)
+            return
         if v.colocated:
             w = self._pick(v.colocated)
             p.workers = (w,)
@@ -110,6 +139,19 @@ class Router(PearlActor):
         else:
             p.workers = ()
             self.waiting.append(rid)
+
+    def _dispatch_link(self, rid: str, p: Pending, req: GenerateRequest) -> None:
+        if not self.link.routable():
+            p.workers = ()
+            self.waiting.append(rid)
+            return
+        p.workers = (LINK,)
+        me = self.actor_ref
+
+        def done(result: Any, error: str, retryable: bool) -> None:
+            me.tell(GenerateDone(LINK, rid, result, error, retryable))
+
+        self.link.submit(req, done)
 
     def _send(self, worker: int, req: GenerateRequest) -> None:
         self.load[worker] = self.load.get(worker, 0) + 1
@@ -142,7 +184,10 @@ class Router(PearlActor):
         if p is None:
             return
         for w in p.workers:
-            self.directory.tell(f"worker/{w}", msg)
+            if w == LINK:
+                self.link.abort(msg.rid)
+            else:
+                self.directory.tell(f"worker/{w}", msg)
         if not p.workers:  # still waiting for a worker: answer now
             del self.pending[msg.rid]
             self._reply(p.route.reply_to, GenerateDone(-1, msg.rid, None, "aborted before it ran"))
@@ -155,4 +200,4 @@ class Router(PearlActor):
         return {"pending": len(self.pending), "waiting": len(self.waiting), "load": dict(self.load)}
 
 
-__all__ = ["KvAddress", "Router"]
+__all__ = ["LINK", "KvAddress", "LinkChanged", "Router"]

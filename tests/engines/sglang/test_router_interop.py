@@ -1,0 +1,203 @@
+"""Interop with the real ``sglang-router`` (a Rust binary; runs on CPU): PEARL's Router actor,
+through an SGLangRouterLink, registers torch-engine facades with ``POST /workers`` as the table
+changes, removes them with ``DELETE /workers/{id}``, and routes colocated and PD requests."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from actors import base
+from actors.messages import AbortRequest, GenerateDone, Route, StateChanged
+from actors.router import Router
+from pearl.engines.base import FinishReason, GenerateRequest, SamplingParams
+from pearl.engines.sglang import SGLangClient
+from pearl.engines.sglang.router import RouterClient, SGLangRouterLink, launch_routers
+
+from ..helpers import prompt_of
+from .conftest import BOOT_OFFSET, Servers, free_base
+
+pytest.importorskip("sglang_router", reason="sglang-router is in the test extra; "
+                    "pip install -e '.[test]'")
+
+N_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def routers() -> Iterator[tuple[str, str]]:
+    port = free_base(12)
+    procs = launch_routers("127.0.0.1", port)
+    try:
+        yield f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"
+    finally:
+        for p in procs:
+            p.stop()
+
+
+class Trainer(base.PearlActor):
+    """Plays the trainer: collects answers and resubmits an aborted request's continuation."""
+
+    name = "trainer"
+    handles = {GenerateDone: "done"}
+
+    def __init__(self, directory: base.Directory) -> None:
+        super().__init__()
+        self.d = directory
+        self.want: dict[str, tuple[tuple[int, ...], int]] = {}  # rid -> (prompt, tokens)
+        self.got: dict[str, list[int]] = {}
+        self.finished: dict[str, list[int]] = {}
+        self.errors: list[str] = []
+        self.aborts = 0
+
+    def submit(self, rid: str, prompt: tuple[int, ...], n: int) -> None:
+        self.want[rid] = (prompt, n)
+        self.got[rid] = []
+        self._send(rid)
+
+    def _send(self, rid: str) -> None:
+        prompt, n = self.want[rid]
+        so_far = self.got[rid]
+        req = GenerateRequest(rid, prompt + tuple(so_far),
+                              SamplingParams(max_new_tokens=n - len(so_far)))
+        self.d.tell("router", Route(req, "trainer"))
+
+    def done(self, msg: GenerateDone) -> None:
+        if msg.result is None:
+            self.errors.append(msg.error)
+            self._send(msg.rid)  # the router gave up retrying: the trainer asks again
+            return
+        self.got[msg.rid].extend(msg.result.output_ids)
+        if msg.result.finish_reason is FinishReason.ABORT:
+            self.aborts += 1
+            self._send(msg.rid)
+        else:
+            self.finished[msg.rid] = self.got[msg.rid]
+
+    def status(self) -> dict[str, Any]:
+        return {"finished": dict(self.finished), "aborts": self.aborts, "errors": self.errors}
+
+
+def table(s: Servers, *rows: tuple[Any, str]) -> dict[str, Any]:
+    """A status payload with the given (server engine, role) rows active; GPU id = port offset."""
+    return {"workers": [{"id": i, "gpus": [e.spec.port - s.base], "role": role,
+                         "activity": "active", "zone": "dedicated", "incarnation": 0}
+                        for i, (e, role) in enumerate(rows)]}
+
+
+def wait(cond: Any, timeout: float = 30.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def harness(servers: Servers, routers: tuple[str, str]) -> Iterator[SimpleNamespace]:
+    cfg = SimpleNamespace(sglang_host="127.0.0.1", sglang_port=servers.base,
+                          sglang_bootstrap_port=servers.base + BOOT_OFFSET)
+    link = SGLangRouterLink(*routers, cfg, admit_timeout_s=20)
+    d = base.Directory()
+    router = base.start(d, Router, d, link)
+    trainer = base.start(d, Trainer, d)
+    seq = [0]
+
+    def publish(status: dict[str, Any]) -> None:
+        seq[0] += 1
+        router.tell(StateChanged(seq[0], status))
+
+    yield SimpleNamespace(link=link, router=router, trainer=trainer, publish=publish,
+                          rc=RouterClient(routers[0]), pd=RouterClient(routers[1]))
+    publish({"workers": []})
+    wait(lambda: not link.registered, what="deregistration")
+    router.ref.stop()
+    trainer.ref.stop()
+
+
+def answers(h: SimpleNamespace, n: int, timeout: float = 60.0) -> dict[str, Any]:
+    def status() -> dict[str, Any]:
+        return dict(h.trainer.ref.proxy().status().get())
+
+    wait(lambda: len(status()["finished"]) >= n, timeout, "answers")
+    return status()
+
+
+def test_colocated_then_pd_requests_through_the_real_router(servers: Servers,
+                                                            harness: SimpleNamespace) -> None:
+    h, s = harness, servers
+    prompts = {f"c{i}": prompt_of(12 + i, i) for i in range(4)}
+    want = {rid: s.coloc.generate(GenerateRequest(f"ref-{rid}", p, SamplingParams(
+        max_new_tokens=N_TOKENS))).result(60).output_ids for rid, p in prompts.items()}
+    tr = h.trainer.ref.proxy()
+    tr.submit("c0", prompts["c0"], N_TOKENS).get()  # waits: nothing is registered yet
+    h.publish(table(s, (s.coloc, "colocated")))
+    wait(lambda: h.link.mode() == "regular", what="colocated admission")
+    assert [w["url"] for w in h.rc.workers()] == [s.coloc.spec.url]
+    for rid in ("c1",):
+        tr.submit(rid, prompts[rid], N_TOKENS).get()
+    got = answers(h, 2)["finished"]
+    assert got["c0"] == list(want["c0"]) and got["c1"] == list(want["c1"])
+    # disaggregate: the colocated worker leaves, a prefill/decode pair joins (PD router)
+    h.publish(table(s, (s.prefill, "prefill"), (s.decode, "decode")))
+    wait(lambda: h.link.mode() == "pd", what="PD admission")
+    assert h.rc.workers() == []
+    types = sorted((w["worker_type"], w.get("bootstrap_port")) for w in h.pd.workers())
+    assert types == [("decode", None), ("prefill", s.prefill.spec.bootstrap_port)]
+    for rid in ("c2", "c3"):
+        tr.submit(rid, prompts[rid], N_TOKENS).get()
+    got = answers(h, 4)["finished"]
+    assert got["c2"] == list(want["c2"]) and got["c3"] == list(want["c3"])
+    assert s.decode.client.metrics()["sglang:kv_transfer_latency_ms_count"] > 0
+
+
+def test_workers_join_and_leave_during_a_run_and_nothing_is_lost(
+        servers: Servers, harness: SimpleNamespace) -> None:
+    h, s = harness, servers
+    h.publish(table(s, (s.coloc, "colocated")))
+    wait(lambda: h.link.mode() == "regular", what="admission")
+    n, long = 10, 120
+    prompts = {f"r{i}": prompt_of(8 + i, 20 + i) for i in range(n)}
+    tr = h.trainer.ref.proxy()
+    for rid, p in prompts.items():
+        tr.submit(rid, p, long).get()
+    wait(lambda: SGLangClient(s.coloc.spec.url).metrics()["sglang:num_running_reqs"] > 0,
+         what="requests running")
+    # a second worker joins mid-run ...
+    h.publish(table(s, (s.coloc, "colocated"), (s.old, "colocated")))
+    wait(lambda: len(h.rc.workers()) == 2, what="the second worker")
+    # ... then the first leaves (a shrink): unrouted first, then its requests are aborted and
+    # come back with their prefixes, which the trainer resubmits and the router sends elsewhere
+    h.publish(table(s, (s.old, "colocated")))
+    wait(lambda: [w["url"] for w in h.rc.workers()] == [s.old.spec.url], what="removal")
+    SGLangClient(s.coloc.spec.url).abort_all()
+    st = answers(h, n, timeout=120)
+    for rid, p in prompts.items():
+        ref = s.old.generate(GenerateRequest(f"ref-{rid}", p, SamplingParams(
+            max_new_tokens=long))).result(60).output_ids
+        assert st["finished"][rid] == list(ref), rid  # every token, none lost or doubled
+    assert st["aborts"] > 0
+
+
+def test_abort_through_the_link_keeps_the_prefix(servers: Servers,
+                                                 harness: SimpleNamespace) -> None:
+    h, s = harness, servers
+    h.publish(table(s, (s.coloc, "colocated")))
+    wait(lambda: h.link.mode() == "regular", what="admission")
+    seen: list[Any] = []
+    ev = threading.Event()
+
+    def done(result: Any, error: str, retryable: bool) -> None:
+        seen.append((result, error))
+        ev.set()
+
+    h.link.submit(GenerateRequest("long", prompt_of(6), SamplingParams(max_new_tokens=3000)), done)
+    wait(lambda: SGLangClient(s.coloc.spec.url).metrics()["sglang:num_running_reqs"] > 0)
+    h.router.tell(AbortRequest("nothing-pending"))  # unknown rids are ignored
+    h.link.abort("long")
+    assert ev.wait(30)
+    result, _ = seen[0]
+    assert result.finish_reason is FinishReason.ABORT and 0 < len(result.output_ids) < 3000
