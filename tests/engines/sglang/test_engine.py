@@ -221,3 +221,40 @@ def test_role_switch_in_place(servers: Servers) -> None:
     d.set_role(Role.DECODE)
     with pytest.raises(EngineError, match="serves as one of"):
         p.set_role(Role.TRAINING)
+
+
+def test_weights_by_broadcast(servers: Servers) -> None:
+    """The NCCL-broadcast path (the facade joins with gloo): the test is the trainer, rank 0.
+    The old server gets the seed-0 weights back as version 2 (the other tests' reference)."""
+    import torch.distributed as dist
+
+    from pearl.engines.sglang import DistributedWeights
+
+    from .conftest import free_base
+
+    e = servers.old
+    prompt = prompt_of(20, 5)
+    before = run(e, prompt, rid="b", n=10)
+    port = free_base(1)
+    joined = threading.Thread(target=dist.init_process_group, args=("gloo",), kwargs=dict(
+        init_method=f"tcp://127.0.0.1:{port}", world_size=2, rank=0))
+    joined.start()
+    e.client.init_weights_update_group("127.0.0.1", port, 1, 2, backend="gloo")
+    joined.join(30)
+    try:
+        state = M.build(M.preset_config("tiny"), M.WeightSource("seed", 0), torch.device("cpu"),
+                        torch.float32).state_dict()
+        names = sorted(state)
+        update = DistributedWeights(tuple(names), ("float32",) * len(names),
+                                    tuple(tuple(state[n].shape) for n in names))
+        loader = threading.Thread(target=e.load_weights, args=(2, update))
+        loader.start()
+        for n in names:
+            dist.broadcast(state[n].contiguous(), src=0)
+        loader.join(60)
+    finally:
+        e.client.destroy_weights_update_group()
+        dist.destroy_process_group()
+    after = run(e, prompt, rid="a", n=10)
+    assert after.weights_version == 2 and after.output_ids != before.output_ids
+    assert after.output_ids == run(servers.coloc, prompt, rid="c", n=10).output_ids
