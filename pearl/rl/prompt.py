@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from pearl.engines.torch.tokenizer import Tokenizer
 from pearl.rl.trajectory import Trajectory
+
+if TYPE_CHECKING:  # a Protocol: importing the torch engine package would load torch
+    from pearl.engines.torch.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)

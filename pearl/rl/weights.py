@@ -20,11 +20,12 @@ import tempfile
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from pearl.core.errors import PearlError
+
+if TYPE_CHECKING:  # readers (path, latest) need no torch; publishing a state dict imports it
+    import torch
 
 _NAME = re.compile(r"^v(\d{8,})(\.safetensors|\.pt)?$")
 
@@ -142,6 +143,7 @@ class WeightStore:
 
 def _save_state(state: Mapping[str, torch.Tensor], path: Path, version: int) -> None:
     """safetensors of a state dict; tensors sharing storage (tied embeddings) are saved once."""
+    import torch
     from safetensors.torch import save_file
 
     seen: set[tuple[Any, ...]] = set()

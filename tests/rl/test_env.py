@@ -92,3 +92,18 @@ def test_tasks_and_outcomes_are_plain_records() -> None:
     assert from_plain(Task, to_plain(t)) == t
     o = StepOutcome("obs", 0.5, False, {"tool": "calc"})
     assert from_plain(StepOutcome, to_plain(o)) == o
+
+
+def test_the_package_api_is_lazy_and_complete() -> None:
+    import subprocess
+    import sys
+
+    import pearl.rl
+
+    assert sorted(pearl.rl.__all__) == sorted(pearl.rl._WHERE)
+    for name in pearl.rl.__all__:
+        assert getattr(pearl.rl, name) is not None
+    code = ("import sys, pearl.rl; from pearl.rl import make_env, Trajectory, WeightStore; "
+            "make_env('tool_use'); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"  # environments and records do not load torch

@@ -186,3 +186,19 @@ def test_word_problems_are_seeded_and_their_answers_are_right() -> None:
     kinds = {t.prompt.split()[0] for t in a}
     assert len(kinds) >= 5
     assert isinstance(make_env("tool_use", max_turns=2), ToolUseEnv)
+
+
+def test_crashes_and_spawn_failures_become_observations(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pearl.rl.envs import sandbox
+
+    crashed = sandbox._result(1, b"", b"Traceback...\nSystemError: boom\n", 0.1, 7)
+    assert not crashed.ok and "crashed (exit 1) SystemError: boom" in crashed.output
+    killed = sandbox._result(-11, b"", b"", 0.1, 7)
+    assert not killed.ok and killed.killed == "signal 11"
+
+    async def no_processes(*args: object, **kw: object) -> None:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", no_processes)
+    out = episode(ToolUseEnv(latency_s=0), ["<calc>1+1</calc>"])
+    assert not out[0].done and "could not start" in out[0].observation

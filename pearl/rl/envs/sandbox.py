@@ -53,29 +53,34 @@ async def run_tool(mode: str, code: str, limits: SandboxLimits = SandboxLimits()
         return ToolRun(False, f"error: the tool call has {len(code)} characters, the limit is "
                               f"{limits.max_code_chars}", 0.0)
     mem = limits.memory_mb << 20
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-I", "-S", CHILD, mode, str(limits.cpu_s), str(mem),
-        str(limits.max_output_chars),
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, env={}, cwd="/", start_new_session=True)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-I", "-S", CHILD, mode, str(limits.cpu_s), str(mem),
+            str(limits.max_output_chars),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, env={}, cwd="/", start_new_session=True)
+    except OSError as e:  # out of processes or descriptors: the agent sees it, the run goes on
+        return ToolRun(False, f"error: the sandbox could not start ({e.strerror or e})",
+                       time.monotonic() - t0)
+    timed_out, out, err = False, b"", b""
     try:
         out, err = await asyncio.wait_for(proc.communicate(code.encode()), limits.timeout_s)
     except TimeoutError:
-        _kill(proc.pid)
-        await proc.wait()
-        return ToolRun(False, f"error: the tool ran past its {limits.timeout_s:g} s time limit "
-                              "and was killed", time.monotonic() - t0, proc.pid, "timeout")
+        timed_out = True
     finally:
-        if proc.returncode is None:  # cancelled by the caller, or the timeout path above
+        if proc.returncode is None:  # timed out, or the caller cancelled: kill by pid, reap
             _kill(proc.pid)
             await asyncio.shield(proc.wait())
+    if timed_out:
+        return ToolRun(False, f"error: the tool ran past its {limits.timeout_s:g} s time limit "
+                              "and was killed", time.monotonic() - t0, proc.pid, "timeout")
     return _result(proc.returncode, out, err, time.monotonic() - t0, proc.pid)
 
 
 def _result(rc: int | None, out: bytes, err: bytes, seconds: float, pid: int) -> ToolRun:
     if rc is not None and rc < 0:
         sig = -rc
-        if sig in (signal.SIGXCPU, signal.SIGKILL):
+        if sig == signal.SIGXCPU:
             return ToolRun(False, "error: the tool used up its CPU time limit and was killed",
                            seconds, pid, "cpu")
         return ToolRun(False, f"error: the tool was killed by signal {sig}", seconds, pid,
