@@ -95,27 +95,32 @@ class GRPOTrainer:
     # -- logprobs --------------------------------------------------------------------------------
 
     def _pad(self, trajs: list[Trajectory], adv: dict[str, float]) -> dict[str, torch.Tensor]:
-        """Right-padded tokens, attention, loss mask, rollout logprobs and advantages."""
+        """Right-padded tokens and attention; for the generated tokens (row-major order): where
+        they are among the predicted positions, their ids, rollout logprobs and advantages."""
         n = max(t.n_tokens for t in trajs)
         pad = int(getattr(self.hf_config, "pad_token_id", 0) or 0)
         ids = torch.full((len(trajs), n), pad, dtype=torch.long)
         attn = torch.zeros((len(trajs), n), dtype=torch.long)
-        mask = torch.zeros((len(trajs), n))
-        old = torch.zeros((len(trajs), n))
+        mask = torch.zeros((len(trajs), n), dtype=torch.bool)
+        old, advs = [], []
         for i, t in enumerate(trajs):
             k = t.n_tokens
             ids[i, :k] = torch.tensor(t.tokens())
             attn[i, :k] = 1
-            mask[i, :k] = torch.tensor(t.loss_mask(), dtype=torch.float32)
-            old[i, :k] = torch.tensor(t.rollout_logprobs(), dtype=torch.float32)
-        a = torch.tensor([adv.get(t.id, 0.0) for t in trajs])
+            mask[i, :k] = torch.tensor(t.loss_mask(), dtype=torch.bool)
+            old += [x for u in t.turns for x in u.logprobs]
+            advs += [adv.get(t.id, 0.0)] * t.n_generated
+        sel = mask[:, 1:]  # position p predicts token p + 1; the first token is never generated
         d = self.device
-        return {"ids": ids.to(d), "attn": attn.to(d), "mask": mask[:, 1:].to(d),
-                "old": old[:, 1:].to(d), "adv": a.to(d)}
+        return {"ids": ids.to(d), "attn": attn.to(d), "sel": sel.to(d),
+                "target": ids[:, 1:][sel].to(d), "old": torch.tensor(old).to(d),
+                "adv": torch.tensor(advs).to(d)}
 
-    def _token_logits(self, model: Any, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        """Logits predicting tokens 1..n-1 (float32)."""
-        return model(input_ids=ids[:, :-1], attention_mask=attn[:, :-1]).logits.float()
+    def _logits(self, model: Any, b: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Float32 logits [generated tokens, vocab]: the LM head runs only where a generated token
+        is predicted (agentic trajectories are mostly observation tokens)."""
+        h = model.model(input_ids=b["ids"][:, :-1], attention_mask=b["attn"][:, :-1])
+        return model.lm_head(h.last_hidden_state[b["sel"]]).float()  # type: ignore[no-any-return]
 
     @torch.no_grad()
     def logprobs(self, trajectories: list[Trajectory]) -> list[list[float]]:
@@ -123,9 +128,8 @@ class GRPOTrainer:
         out: list[list[float]] = []
         for t in trajectories:
             b = self._pad([t], {})
-            logits = self._token_logits(self.model, b["ids"], b["attn"])
-            lp = torch.log_softmax(logits, -1).gather(-1, b["ids"][:, 1:, None])[0, :, 0]
-            out.append(lp[b["mask"][0] > 0].tolist())
+            lp = torch.log_softmax(self._logits(self.model, b), -1)
+            out.append(lp.gather(-1, b["target"][:, None])[:, 0].tolist())
         return out
 
     # -- the step --------------------------------------------------------------------------------
@@ -147,35 +151,32 @@ class GRPOTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         for s in range(0, len(trajs), max(1, cfg.micro_batch)):
             b = self._pad(trajs[s:s + cfg.micro_batch], adv)
-            m, A = b["mask"], b["adv"][:, None]
-            logits = self._token_logits(self.model, b["ids"], b["attn"])
-            logp_all = torch.log_softmax(logits, -1)
-            logp = logp_all.gather(-1, b["ids"][:, 1:, None]).squeeze(-1)
-            delta = torch.where(m > 0, logp - b["old"], torch.zeros_like(logp))
+            A, target = b["adv"], b["target"][:, None]
+            logp_all = torch.log_softmax(self._logits(self.model, b), -1)
+            logp = logp_all.gather(-1, target)[:, 0]
+            delta = logp - b["old"]
             ratio = torch.exp(delta)
             pg = -torch.minimum(ratio * A, ratio.clamp(lo, hi) * A)
             per_token = pg
             if self.ref is not None:
                 with torch.no_grad():
-                    ref_all = torch.log_softmax(self._token_logits(self.ref, b["ids"], b["attn"]),
-                                                -1)
-                ref = ref_all.gather(-1, b["ids"][:, 1:, None]).squeeze(-1)
-                kl = torch.exp(ref - logp) - (ref - logp) - 1.0
+                    ref = torch.log_softmax(self._logits(self.ref, b), -1).gather(-1, target)[:, 0]
+                kl = torch.exp(ref - logp) - (ref - logp) - 1.0  # k3, unbiased and >= 0
                 per_token = per_token + cfg.kl_coef * kl
-                sums["kl"] += float((kl.detach() * m).sum())
+                sums["kl"] += float(kl.detach().sum())
             if cfg.entropy_coef > 0:
                 ent = -(logp_all.exp() * logp_all).sum(-1)
                 per_token = per_token - cfg.entropy_coef * ent
-                sums["entropy"] += float((ent.detach() * m).sum())
-            loss = (per_token * m).sum() / total
+                sums["entropy"] += float(ent.detach().sum())
+            loss = per_token.sum() / total
             loss.backward()
             with torch.no_grad():
                 clipped = ((ratio < lo) & (A < 0)) | ((ratio > hi) & (A > 0))
                 sums["loss"] += float(loss) * total
-                sums["pg_loss"] += float((pg * m).sum())
-                sums["clip_frac"] += float((clipped.float() * m).sum())
-                sums["ratio"] += float((ratio * m).sum())
-                sums["rollout_kl"] += float((-delta * m).sum())
+                sums["pg_loss"] += float(pg.sum())
+                sums["clip_frac"] += float(clipped.sum())
+                sums["ratio"] += float(ratio.sum())
+                sums["rollout_kl"] += float(-delta.sum())
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
