@@ -77,6 +77,24 @@ def test_off_policy_tokens_are_clipped(engine: TorchEngine) -> None:
     assert m["ratio"] == pytest.approx(2.718, rel=0.01) and m["clip_frac"] > 0.3
 
 
+def test_tokens_outside_the_trust_region_give_no_gradient(engine: TorchEngine) -> None:
+    """Rewarded tokens whose ratio is above 1 + eps and penalised ones below 1 - eps are clipped:
+    with every token so, the step has nothing to follow."""
+    trajs = sampled(engine, n=2, group=2)  # t0 reward 0 (A < 0), t1 reward 1 (A > 0)
+    shift = {0: +1.0, 1: -1.0}  # ratio = exp(logp - old): 1/e for t0, e for t1
+    moved = tuple(Trajectory(t.id, t.group_id, t.task_id, tuple(
+        Turn(u.prompt_ids, u.output_ids, tuple(x + shift[i] for x in u.logprobs), 0, "length")
+        for u in t.turns), t.reward, True) for i, t in enumerate(trajs))
+    trainer = GRPOTrainer(device="cpu", lr=1e-3)
+    before = {k: v.clone() for k, v in trainer.state_dict().items()}
+    m = trainer.step(Batch(0, moved))
+    assert m["clip_frac"] == 1.0 and m["grad_norm"] == 0.0
+    assert all(torch.equal(v, before[k]) for k, v in trainer.state_dict().items())
+    wide = GRPOTrainer(device="cpu", lr=1e-3, clip_eps=0.9, clip_eps_high=5.0).step(
+        Batch(0, moved))  # the same tokens inside a wider region do move the policy
+    assert wide["clip_frac"] == 0.0 and wide["grad_norm"] > 0
+
+
 def test_group_advantages() -> None:
     def t(i: int, g: str, r: float) -> Trajectory:
         return Trajectory(f"t{i}", g, "x", (Turn((1,), (2,), (-1.0,), 0, "stop"),), r)
