@@ -120,7 +120,7 @@ class GRPOTrainer:
         """Float32 logits [generated tokens, vocab]: the LM head runs only where a generated token
         is predicted (agentic trajectories are mostly observation tokens)."""
         h = model.model(input_ids=b["ids"][:, :-1], attention_mask=b["attn"][:, :-1])
-        return model.lm_head(h.last_hidden_state[b["sel"]]).float()  # type: ignore[no-any-return]
+        return model.lm_head(h.last_hidden_state[b["sel"]]).float()
 
     @torch.no_grad()
     def logprobs(self, trajectories: list[Trajectory]) -> list[list[float]]:

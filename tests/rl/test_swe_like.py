@@ -10,14 +10,15 @@ import time
 
 import pytest
 
-from pearl.rl import EnvError, Task, make_env, make_tasks
+from pearl.rl import EnvError, StepOutcome, Task, make_env, make_tasks
 from pearl.rl.envs.swe_like import Dist, SWEConfig, SWELikeEnv, classify
 
 
-def play(env: SWELikeEnv, task: Task, action: str = "look around") -> tuple[str, list]:
-    async def go() -> tuple[str, list]:
+def play(env: SWELikeEnv, task: Task,
+         action: str = "look around") -> tuple[str, list[StepOutcome]]:
+    async def go() -> tuple[str, list[StepOutcome]]:
         first = await env.reset(task)
-        outs = []
+        outs: list[StepOutcome] = []
         while not outs or not outs[-1].done:
             outs.append(await env.step(action))
         return first, outs
@@ -34,7 +35,12 @@ def test_turns_sizes_and_latencies_follow_the_configured_distributions() -> None
         read_latency_s={"kind": "uniform", "low": 0.0, "high": 0.2},
         test_latency_s=0.1, edit_latency_s=0.0, mix=(0.5, 0.5, 0.0), time_scale=0.0)
     tasks = make_tasks("swe_like", n=50, seed=1)
-    turns, prompts, reads, logs, kinds, lat = [], [], [], [], [], []
+    turns: list[int] = []
+    prompts: list[int] = []
+    reads: list[int] = []
+    logs: list[int] = []
+    kinds: list[str] = []
+    lat: list[float] = []
     for i in range(400):
         first, outs = play(SWELikeEnv(seed=i, config=cfg), tasks[i % len(tasks)])
         turns.append(len(outs))

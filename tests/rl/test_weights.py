@@ -97,7 +97,7 @@ def test_an_interrupted_publish_leaves_nothing_a_reader_could_take(tmp_path: Pat
     store = WeightStore(tmp_path)
 
     class Boom(dict):  # a state dict that fails while it is being written
-        def items(self):  # type: ignore[no-untyped-def]
+        def items(self):
             yield "a", torch.zeros(2)
             raise RuntimeError("disk full")
 
