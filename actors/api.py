@@ -11,13 +11,33 @@ job) and pearld keeps serving.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from actors.base import Directory, PearlActor, serve_directory
-from actors.messages import StateChanged, Welcome, WorkerBeat, WorkerHello
+from actors.messages import (
+    BatchReply,
+    NextBatch,
+    StateChanged,
+    WeightsUpload,
+    Welcome,
+    WorkerBeat,
+    WorkerHello,
+)
 from actors.supervisor import Liveboard
+from pearl.core.errors import PearlError
+from pearl.core.schema import to_plain
 from transports.auth import ServerKeys
-from transports.protocol import Call, Event, Ping, Pong, Status, StatusRequest, Subscribe
+from transports.protocol import (
+    Call,
+    Event,
+    Ping,
+    Pong,
+    Result,
+    Status,
+    StatusRequest,
+    Subscribe,
+)
 from transports.pubsub import Publisher
 from transports.rpc import Server, dispatch
 
@@ -46,8 +66,11 @@ class ApiEndpoint(PearlActor):
         boot_id: str,
         board: Liveboard,
         keys: ServerKeys | None = None,
+        batches: Callable[[float], Any] | None = None,
+        weights: Callable[[int, bytes], str] | None = None,
     ) -> None:
         super().__init__()
+        self.batches, self.weights = batches, weights
         self.directory, self.endpoint, self.boot_id, self.keys = directory, endpoint, boot_id, keys
         self.board = board
         self.view: dict[str, Any] = {}
@@ -67,6 +90,8 @@ class ApiEndpoint(PearlActor):
                     Subscribe: lambda env: self.publisher.snapshot(lambda: self.view),  # type: ignore[union-attr]
                     WorkerHello: self._hello,
                     WorkerBeat: self._beat,
+                    NextBatch: self._next_batch,
+                    WeightsUpload: self._upload,
                     Call: calls,
                 }
             ),
@@ -91,6 +116,18 @@ class ApiEndpoint(PearlActor):
     def _beat(self, env: Any) -> Welcome:
         # Recorded here, on the server's thread: a busy supervisor must not look like a dead host.
         return Welcome(self.boot_id, known=self.board.beat(env.msg.worker, env.msg.incarnation))
+
+    def _next_batch(self, env: Any) -> BatchReply:
+        if self.batches is None:
+            raise PearlError("this pearld runs no rollout pipeline (set [rl] env in its config)")
+        # Waits only briefly on the server's thread; clients poll until their own deadline.
+        batch = self.batches(min(env.msg.timeout_s, 0.5))
+        return BatchReply(None if batch is None else to_plain(batch))
+
+    def _upload(self, env: Any) -> Result:
+        if self.weights is None or len(env.frames) != 1:
+            raise PearlError("weights-upload needs one bulk frame and a pearld with a weight store")
+        return Result(self.weights(env.msg.version, bytes(env.frames[0])))
 
     def state_changed(self, msg: StateChanged) -> None:
         view = dict(msg.status)

@@ -93,6 +93,33 @@ def open_log(cfg: config_mod.Config, state_dir: Path) -> FileLog:
     return event_log
 
 
+def build_pipeline(cfg: config_mod.Config) -> Any:
+    """The Pipeline Scheduler the config asks for (``[rl] env``), or None."""
+    if not cfg.rl.env:
+        return None
+    from pearl.engines.torch.tokenizer import load_tokenizer
+    from pearl.rl.pipeline import Pipeline, PipelineConfig
+    from pearl.rl.prompt import PromptBuilder
+
+    w, rl = cfg.workload, cfg.rl
+    model_dir = cfg.engine.preset if "/" in cfg.engine.preset else None
+    builder = PromptBuilder(load_tokenizer(model_dir), max_len=w.max_trajectory_tokens)
+    env_kwargs = {"max_turns": rl.max_turns} if rl.max_turns else {}
+    pc = PipelineConfig(
+        env=rl.env,
+        env_kwargs=env_kwargs,
+        tasks=rl.tasks,
+        seed=rl.seed,
+        batch=w.batch,
+        group_size=w.group_size,
+        staleness=w.staleness,
+        max_new_tokens=rl.max_new_tokens,
+        temperature=rl.temperature,
+        top_p=rl.top_p,
+    )
+    return Pipeline(pc, builder)
+
+
 class Daemon:
     """pearld in-process: start() brings everything up, stop() takes it down in reverse."""
 
@@ -113,6 +140,7 @@ class Daemon:
         self._crashes: list[str] = []
         self._restarts: dict[str, list[float]] = {}
         self.factories: dict[str, Any] = {}
+        self.pipeline: Any = None
         self.keys: Any = None
         self._ticker: threading.Thread | None = None
         self.event_log: FileLog | None = None
@@ -155,6 +183,7 @@ class Daemon:
         self.address = self.endpoint  # a wildcard port is fixed once the API has bound
         self.keys = keys
         base.PearlActor.on_crash = self._actor_crashed  # one daemon per process
+        self.pipeline = build_pipeline(self.cfg)
         self.factories = self._factories(recovered)
         for name, make in self.factories.items():  # dependency order; the API binds last but one
             self.refs.append(make(controller, recovered) if name == "orchestrator" else make())
@@ -201,7 +230,18 @@ class Daemon:
             )
 
         def api() -> Any:
-            ref = base.start(d, ApiEndpoint, d, self.endpoint, self.boot_id, board, self.keys)
+            take = self.pipeline.take if self.pipeline is not None else None
+            ref = base.start(
+                d,
+                ApiEndpoint,
+                d,
+                self.endpoint,
+                self.boot_id,
+                board,
+                self.keys,
+                take,
+                self.store_weights,
+            )
             self.address = ref.ref.proxy().address.get()  # worker hosts dial the bound address
             return ref
 
@@ -221,7 +261,7 @@ class Daemon:
             ref.ask(Boot(), 30.0)  # log and send what recovery decided, now it has a name
             return ref
 
-        return {
+        specs: dict[str, Any] = {
             "supervisor": supervisor,
             "rebuilder": lambda: base.start(d, InterScaleRebuilder, d),
             "toggle": lambda: base.start(d, IntraScaleToggleManager, d),
@@ -238,6 +278,33 @@ class Daemon:
             "api": api,
             "orchestrator": orchestrator,
         }
+        if self.pipeline is not None:
+            from actors.pipeline import PipelineActor
+
+            pipeline = self.pipeline
+            specs["pipeline"] = lambda: base.start(d, PipelineActor, d, pipeline)
+        return specs
+
+    def batches(self) -> Any:
+        """The rollout pipeline's batches (``take(timeout_s)``), for an in-process trainer."""
+        if self.pipeline is None:
+            raise PearlError("no rollout pipeline: set [rl] env in the config")
+        return self.pipeline
+
+    def store_weights(self, version: int, data: bytes) -> str:
+        """Weights uploaded by a remote trainer: store them, then log weights-published."""
+        from pearl.rl.weights import WeightStore
+
+        store = WeightStore(self.state_dir / "weights")
+        tmp = self.state_dir / "weights" / f".upload-{version}.safetensors"
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(data)
+        try:
+            path = store.publish(version, tmp)
+        finally:
+            tmp.unlink(missing_ok=True)
+        self.directory.get("scheduler").ask(ev.WeightsPublished(version, str(path)))
+        return str(path)
 
     def _actor_crashed(self, name: str, exc: BaseException | None) -> None:
         """Called on the crashed actor's thread: restart it from the ticker thread."""

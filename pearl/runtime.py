@@ -192,7 +192,7 @@ class Runtime(_Base):
         return dict(self._ask("orchestrator", StatusRequest()))
 
     def _next_batch(self, timeout_s: float) -> Any | None:
-        return self.daemon.batches().get(timeout_s)
+        return self.daemon.batches().take(timeout_s)
 
     def _publish(self, version: int, weights: Any) -> str:
         from pearl.rl.weights import WeightStore

@@ -1,0 +1,114 @@
+"""The Pipeline Scheduler actor: a thin shell that runs :class:`pearl.rl.pipeline.Pipeline` in its
+own asyncio thread and plugs it into the Router (generation), the Runtime Tracker (one
+``rollout-step`` per batch) and the Orchestrator (``rollout-progress`` for the borrowing gate)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+from typing import Any
+
+from actors.base import Directory, PearlActor
+from actors.messages import GenerateDone, RolloutStep, Route, StateChanged
+from pearl.core import commands as cmd
+from pearl.core.errors import EngineError
+from pearl.engines.base import GenerateRequest, GenerateResult, SamplingParams
+from pearl.rl.pipeline import Pipeline, StepReport
+from pearl.rl.trajectory import Batch
+
+log = logging.getLogger(__name__)
+
+PROGRESS_S = 0.5  # how often the gate hears how many trajectories are still missing
+
+
+class PipelineActor(PearlActor):
+    name = "pipeline"
+    handles = {GenerateDone: "done", StateChanged: "state_changed"}
+
+    def __init__(self, directory: Directory, pipeline: Pipeline) -> None:
+        super().__init__()
+        self.directory, self.cfg = directory, pipeline.cfg
+        self.pipeline = pipeline
+        pipeline.attach(self._generate, self._on_batch)
+        self._ids = itertools.count(1)
+        self._futures: dict[str, asyncio.Future[GenerateResult]] = {}
+        self._lock = threading.Lock()
+        self._loop = asyncio.new_event_loop()
+        self._halt: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._run, name="pipeline", daemon=True)
+
+    def on_start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+
+        async def main() -> None:
+            self._halt = asyncio.Event()
+            progress = asyncio.create_task(self._progress())
+            try:
+                await self.pipeline.run(self._halt)
+            finally:
+                progress.cancel()
+
+        try:
+            self._loop.run_until_complete(main())
+        finally:
+            self._loop.close()
+
+    async def _generate(
+        self, ids: tuple[int, ...], sampling: SamplingParams, trajectory_id: str
+    ) -> GenerateResult:
+        rid = f"{trajectory_id}#{next(self._ids)}"
+        fut: asyncio.Future[GenerateResult] = self._loop.create_future()
+        with self._lock:
+            self._futures[rid] = fut
+        req = GenerateRequest(rid, ids, sampling, trajectory=trajectory_id)
+        self.directory.tell("router", Route(req, reply_to=self.name))
+        return await fut
+
+    def done(self, msg: GenerateDone) -> None:
+        with self._lock:
+            fut = self._futures.pop(msg.rid, None)
+        if fut is None:
+            return
+        if msg.result is not None:
+            self._loop.call_soon_threadsafe(_settle, fut, msg.result, None)
+        else:
+            self._loop.call_soon_threadsafe(_settle, fut, None, EngineError(msg.error))
+
+    def state_changed(self, msg: StateChanged) -> None:
+        self.pipeline.set_version(int(msg.status.get("weights_version", 0)))
+
+    async def _progress(self) -> None:
+        while True:
+            await asyncio.sleep(PROGRESS_S)
+            missing = max(0, self.cfg.batch - self.pipeline.ready_trajectories)
+            self.directory.tell("orchestrator", cmd.RolloutProgress(missing))
+
+    def _on_batch(self, batch: Batch, report: StepReport) -> None:
+        self.directory.tell(
+            "tracker",
+            RolloutStep(
+                report.step, report.trajectories, report.makespan_s, report.active_fraction
+            ),
+        )
+
+    def on_stop(self) -> None:
+        if self._halt is not None:
+            self._loop.call_soon_threadsafe(self._halt.set)
+        self._thread.join(10.0)
+
+
+def _settle(fut: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if fut.done():
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(result)
+
+
+__all__ = ["PipelineActor"]

@@ -1,0 +1,272 @@
+"""The Pipeline Scheduler (§4.1.1, §4.1.2): trajectories in flight, GRPO groups, rollout batches.
+
+Groups of ``group_size`` trajectories share one task and run concurrently (each through
+:func:`pearl.rl.rollout.run_trajectory`, so a generation aborted by a worker removal resumes from
+its prefix elsewhere). A finished group waits in a pool; :meth:`Pipeline.take` hands out batches
+of B trajectories whose oldest weights are within the staleness bound of the current version,
+dropping (and so re-generating) groups that fell behind. Asynchronous RL keeps generating while
+the trainer trains: up to ``(1 + staleness)`` batches are in flight or ready.
+
+The pipeline measures what the Runtime Tracker fits: per trajectory its turns, new prompt
+tokens, generated tokens and environment time; per batch its makespan; and the fraction of
+running trajectories that are waiting on generation rather than on their environment (f, so
+theta = (1 - f) / f).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pearl.core.profile import TrajectoryStats
+from pearl.engines.base import GenerateResult, SamplingParams
+from pearl.rl.env import Task, make_env, make_tasks
+from pearl.rl.prompt import PromptBuilder
+from pearl.rl.rollout import GenerateFn, run_trajectory
+from pearl.rl.trajectory import Batch, Trajectory
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    env: str = "tool_use"
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    tasks: int = 256
+    seed: int = 0
+    batch: int = 8  # B: trajectories per rollout batch
+    group_size: int = 4  # GRPO group: trajectories per task
+    staleness: int = 1  # training steps a trajectory's weights may lag behind
+    max_new_tokens: int = 48  # per turn
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.batch < 1 or self.group_size < 1 or self.batch % self.group_size:
+            raise ValueError(
+                f"batch ({self.batch}) must be a positive multiple of group_size "
+                f"({self.group_size})"
+            )
+        if self.staleness < 0:
+            raise ValueError("staleness must be >= 0")
+
+    @property
+    def groups_per_batch(self) -> int:
+        return self.batch // self.group_size
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """One batch as the Runtime Tracker needs it."""
+
+    step: int
+    trajectories: tuple[TrajectoryStats, ...]
+    makespan_s: float
+    active_fraction: tuple[float, ...]
+    dropped_groups: int
+
+
+@dataclass
+class _Group:
+    id: str
+    trajectories: list[Trajectory]
+    started: float
+    finished: float
+
+
+class Pipeline:
+    """Runs in one asyncio loop; :meth:`take` and :meth:`set_version` are thread-safe."""
+
+    def __init__(
+        self,
+        cfg: PipelineConfig,
+        builder: PromptBuilder,
+        generate: GenerateFn | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        on_batch: Callable[[Batch, StepReport], None] | None = None,
+    ) -> None:
+        self.cfg, self.builder, self.clock = cfg, builder, clock
+        self.on_batch = on_batch
+        self._generate: GenerateFn | None = generate
+        self._tasks = iter(make_tasks(cfg.env, n=cfg.tasks, seed=cfg.seed).stream(cfg.seed))
+        self._ids = itertools.count(1)
+        self._cv = threading.Condition()
+        self._ready: deque[_Group] = deque()
+        self._version = 0
+        self._step = 0
+        self._dropped = 0
+        self._running = 0  # trajectories in flight
+        self._generating = 0  # of which waiting on a generation
+        self._samples: list[float] = []
+        self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.failed = 0  # trajectories that failed outright (not counting aborted-and-resumed)
+
+    # -- thread-safe side ------------------------------------------------------------------
+
+    def set_version(self, version: int) -> None:
+        """The trainer published ``version``: older groups may now be too stale."""
+        with self._cv:
+            self._version = max(self._version, version)
+
+    @property
+    def ready_trajectories(self) -> int:
+        with self._cv:
+            return sum(len(g.trajectories) for g in self._ready)
+
+    def take(self, timeout_s: float) -> Batch | None:
+        """The next batch of B fresh trajectories, or None after ``timeout_s``."""
+        deadline = self.clock() + timeout_s
+        with self._cv:
+            while True:
+                self._drop_stale()
+                if len(self._ready) >= self.cfg.groups_per_batch:
+                    groups = [self._ready.popleft() for _ in range(self.cfg.groups_per_batch)]
+                    self._step += 1
+                    batch = Batch(self._step, tuple(t for g in groups for t in g.trajectories))
+                    report = self._report(batch, groups)
+                    break
+                left = deadline - self.clock()
+                if left <= 0:
+                    return None
+                self._cv.wait(min(left, 0.1))
+        self._poke()
+        if self.on_batch is not None:
+            self.on_batch(batch, report)
+        return batch
+
+    def _drop_stale(self) -> None:
+        floor = self._version - self.cfg.staleness
+        while self._ready and min(t.min_version for t in self._ready[0].trajectories) < floor:
+            g = self._ready.popleft()
+            self._dropped += 1
+            log.info("dropped group %s: weights older than v%d", g.id, floor)
+
+    def _report(self, batch: Batch, groups: list[_Group]) -> StepReport:
+        stats = tuple(
+            TrajectoryStats(
+                turns=t.n_turns,
+                new_tokens=sum(len(x.prompt_ids) for x in t.turns),
+                generated_tokens=t.n_generated,
+                env_s=t.env_s,
+            )
+            for t in batch.trajectories
+        )
+        samples, self._samples = tuple(self._samples), []
+        dropped, self._dropped = self._dropped, 0
+        span = max(g.finished for g in groups) - min(g.started for g in groups)
+        return StepReport(batch.step, stats, span, samples, dropped)
+
+    def _poke(self) -> None:
+        if self._loop is not None and self._wake is not None:
+            self._loop.call_soon_threadsafe(self._wake.set)
+
+    # -- the asyncio side --------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Keep up to (1 + staleness) batches of groups in flight or ready until ``stop``."""
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        target = self.cfg.groups_per_batch * (1 + self.cfg.staleness)
+        tasks: set[asyncio.Task[None]] = set()
+        sampler = asyncio.create_task(self._sample(stop))
+        try:
+            while not stop.is_set():
+                with self._cv:
+                    ready = len(self._ready)
+                while len(tasks) + ready < target:
+                    t = asyncio.create_task(self._group(next(self._tasks)))
+                    tasks.add(t)
+                    t.add_done_callback(tasks.discard)
+                self._wake.clear()
+                stopping = asyncio.create_task(stop.wait())
+                waking = asyncio.create_task(self._wake.wait())
+                await asyncio.wait({stopping, waking, *tasks}, return_when=asyncio.FIRST_COMPLETED)
+                for t in (stopping, waking):
+                    t.cancel()
+        finally:
+            sampler.cancel()
+            for t in tasks:
+                t.cancel()
+            for t in (*tasks, sampler):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
+
+    async def _group(self, task: Task) -> None:
+        gid = f"g{next(self._ids)}"
+        started = self.clock()
+        results = await asyncio.gather(
+            *(self._trajectory(task, gid, k) for k in range(self.cfg.group_size)),
+            return_exceptions=True,
+        )
+        trajectories = [r for r in results if isinstance(r, Trajectory)]
+        failed = [r for r in results if not isinstance(r, Trajectory)]
+        if failed:  # GRPO needs the whole group: a failed member drops it (it is re-generated)
+            self.failed += len(failed)
+            log.warning("group %s dropped: %s", gid, failed[0])
+            return
+        with self._cv:
+            self._ready.append(_Group(gid, trajectories, started, self.clock()))
+            self._cv.notify_all()
+
+    async def _trajectory(self, task: Task, gid: str, k: int) -> Trajectory:
+        env = make_env(self.cfg.env, **self.cfg.env_kwargs)
+        seed = None if self.cfg.temperature == 0 else self.cfg.seed
+        sampling = SamplingParams(
+            max_new_tokens=self.cfg.max_new_tokens,
+            temperature=self.cfg.temperature,
+            top_p=self.cfg.top_p,
+            seed=seed,
+        )
+        self._running += 1
+        try:
+            return await run_trajectory(
+                env,
+                task,
+                self._counted,
+                self.builder,
+                trajectory_id=f"{gid}.{k}",
+                group_id=gid,
+                sampling=sampling,
+                clock=self.clock,
+            )
+        finally:
+            self._running -= 1
+
+    def attach(
+        self, generate: GenerateFn, on_batch: Callable[[Batch, StepReport], None] | None = None
+    ) -> None:
+        """Connect generation (and the per-batch report) once their owner exists."""
+        self._generate, self.on_batch = generate, on_batch or self.on_batch
+
+    async def _counted(
+        self, ids: tuple[int, ...], sampling: SamplingParams, trajectory_id: str
+    ) -> GenerateResult:
+        assert self._generate is not None, "attach() a generate function before run()"
+        self._generating += 1
+        try:
+            return await self._generate(ids, sampling, trajectory_id)
+        finally:
+            self._generating -= 1
+
+    async def _sample(self, stop: asyncio.Event) -> None:
+        """The fraction of running trajectories waiting on generation (f), ten times a second."""
+        while not stop.is_set():
+            await asyncio.sleep(0.1)
+            if self._running:
+                with self._cv:
+                    self._samples.append(self._generating / self._running)
+                    if len(self._samples) > 10_000:
+                        del self._samples[: len(self._samples) // 2]
+
+
+__all__ = ["Pipeline", "PipelineConfig", "StepReport"]
