@@ -113,3 +113,23 @@ def test_the_facade_understands_every_flag_the_engine_passes() -> None:
 
 def test_sglang_is_never_imported() -> None:
     assert "sglang" not in sys.modules
+
+
+def test_the_factory_builds_an_sglang_engine_without_starting_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from pearl.engines.factory import build_engine
+    from pearl.engines.sglang import SGLangEngine
+    from transports.bulk import ZmqKVChannel
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    cfg = EngineConfig(kind="sglang", sglang_model_path="/m", sglang_module=L.FACADE_MODULE)
+    kv = ZmqKVChannel()
+    try:
+        e = build_engine(cfg, model="qwen3-8b", gpu="H100", tp=1, role=Role.DECODE, kv_channel=kv)
+        assert isinstance(e, SGLangEngine) and e.role is Role.DECODE
+        assert (e.spec.port, e.spec.bootstrap_port, e.spec.role_switch) == (30003, 9001, True)
+        assert e.client.base == "http://127.0.0.1:30003"
+        with pytest.raises(EngineError, match="kv_channel"):
+            build_engine(cfg, model="m", gpu="H100", tp=1, role=Role.PREFILL, kv_channel=None)
+    finally:
+        kv.close()
