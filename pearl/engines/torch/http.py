@@ -145,8 +145,11 @@ class Facade:
     def abort(self, body: dict[str, Any]) -> Reply:
         if body.get("abort_all"):
             self.engine.abort_all()
-        elif body.get("rid"):
-            self.engine.abort(str(body["rid"]))
+        elif body.get("rid"):  # SGLang matches by prefix: "r1" also aborts "r10"
+            rid = str(body["rid"])
+            for r in self.engine.in_flight():
+                if r.startswith(rid):
+                    self.engine.abort(r)
         return 200, None
 
     # -- memory and weights --------------------------------------------------------------------

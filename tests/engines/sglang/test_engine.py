@@ -113,13 +113,16 @@ def test_abort_returns_the_prefix(servers: Servers) -> None:
     e = servers.coloc
     prompt = prompt_of(10, 2)
     fut = e.generate(GenerateRequest("r1", prompt, SamplingParams(max_new_tokens=LONG)))
-    other = e.generate(GenerateRequest("r10", prompt, SamplingParams(max_new_tokens=20)))
+    other = e.generate(GenerateRequest("r10", prompt, SamplingParams(max_new_tokens=LONG)))
     wait_tokens(e.client, 5)
     e.abort("r1")
     r = fut.result(30)
     assert r.finish_reason is FinishReason.ABORT and 0 < len(r.output_ids) < LONG
     assert len(r.logprobs) == len(r.output_ids)
-    assert other.result(30).finish_reason is FinishReason.LENGTH  # r10 was not hit by r1's abort
+    time.sleep(0.3)
+    assert not other.done() and "r10" in e.in_flight()  # SGLang aborts by prefix: not r10
+    e.abort("r10")
+    assert other.result(30).finish_reason is FinishReason.ABORT
     assert run(e, prompt, rid="ref", n=len(r.output_ids)).output_ids == r.output_ids
     assert e.in_flight() == []
 

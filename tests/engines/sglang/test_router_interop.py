@@ -182,6 +182,18 @@ def test_workers_join_and_leave_during_a_run_and_nothing_is_lost(
     assert st["aborts"] > 0
 
 
+def test_a_group_is_admitted_only_when_all_of_it_is_healthy(
+        servers: Servers, harness: SimpleNamespace) -> None:
+    h, s = harness, servers
+    dead = SimpleNamespace(spec=SimpleNamespace(port=s.base + 9))  # nothing listens there
+    h.publish(table(s, (s.coloc, "colocated"), (dead, "colocated")))
+    time.sleep(1.5)
+    assert h.rc.workers() == [] and not h.link.routable()
+    h.publish(table(s, (s.coloc, "colocated")))  # the plan without the sick worker
+    wait(lambda: h.link.mode() == "regular", what="admission")
+    assert [w["url"] for w in h.rc.workers()] == [s.coloc.spec.url]
+
+
 def test_abort_through_the_link_keeps_the_prefix(servers: Servers,
                                                  harness: SimpleNamespace) -> None:
     h, s = harness, servers
