@@ -45,7 +45,9 @@ from pearl.engines.base import (
 )
 from pearl.engines.sglang import protocol as P
 from pearl.engines.sglang.client import SGLangClient
+from pearl.engines.sglang.handoff import Call, aborted_result, await_room, offer_room, resolve
 from pearl.engines.sglang.launch import ServerProcess, ServerSpec, launch_command
+from pearl.engines.sglang.supervisor import Watchdog
 from pearl.engines.sglang.telemetry import MetricsDelta
 from pearl.engines.sglang.weights import DistributedWeights, check_source, overlay_model_dir
 
@@ -65,12 +67,6 @@ class SGLangEngineConfig:
     env: dict[str, str] | None = field(default=None, compare=False)
 
 
-@dataclass
-class _Call:
-    future: Future[GenerateResult]
-    aborted: bool = False
-
-
 class SGLangEngine(Engine):
     kind = "sglang"
 
@@ -84,11 +80,13 @@ class SGLangEngine(Engine):
         self.client = SGLangClient(config.url or self.spec.url)
         self.server: ServerProcess | None = None
         self._cv = threading.Condition()
-        self._calls: dict[str, _Call] = {}
+        self._calls: dict[str, Call] = {}
         self._version = 0
         self._weights: Any = None  # the last weights source (re-applied after a restart)
         self._pending: tuple[int, Any] | None = None
         self._started = self._stopped = self._released = self._draining = False
+        self._blocked = ""  # why generate is refused for now (releasing, restarting, dead)
+        self._watchdog: Watchdog | None = None
         self._pool = ThreadPoolExecutor(config.max_concurrency, thread_name_prefix="sglang-req")
         self._metrics = MetricsDelta()
 
@@ -118,6 +116,30 @@ class SGLangEngine(Engine):
             raise EngineError("sglang engine was already started; build a new one")
         self._started = True
         self._launch()
+        if self.server is not None:
+            self._watchdog = Watchdog(lambda: self.server is None or self.server.alive(),
+                                      self._relaunch, self._give_up)
+
+    def _relaunch(self) -> None:
+        """Watchdog: the server died. Same role, weights re-applied, memory released again."""
+        with self._cv:
+            self._blocked = "the SGLang server is being relaunched after a crash"
+        try:
+            self._launch()
+            if self._version and self._weights is not None:
+                self._apply_weights(self._version, self._weights)
+            if self._released:
+                self.client.release_memory()
+        finally:
+            with self._cv:
+                self._blocked = ""
+
+    def _give_up(self, reason: str) -> None:
+        with self._cv:
+            self._blocked = f"the SGLang server is gone ({reason}); see {self._log_path()}"
+
+    def _log_path(self) -> str:
+        return str(self.server.log_path) if self.server is not None else "its log"
 
     def _launch(self) -> None:
         if not self.cfg.url:
@@ -139,25 +161,29 @@ class SGLangEngine(Engine):
         self._metrics.reset(self.client.metrics())
 
     def stop(self) -> None:
+        """Abort what is in flight (waiting briefly for the prefixes), then stop the server."""
         with self._cv:
             if self._stopped:
                 return
             self._stopped = True
             calls = list(self._calls.items())
+        if self._watchdog is not None:
+            self._watchdog.stop()
         for rid, call in calls:
             call.aborted = True
             self._try_abort(rid)
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        if self.server is not None:
-            self.server.stop()
         deadline = time.monotonic() + 5.0
         with self._cv:
             while self._calls and time.monotonic() < deadline:
                 self._cv.wait(0.1)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.server is not None:
+            self.server.stop()
+        with self._cv:
             left = list(self._calls.items())
             self._calls.clear()
         for rid, call in left:  # the server is gone: what it had is lost, say so
-            _resolve(call.future, _aborted(rid, self._version))
+            resolve(call.future, aborted_result(rid, self._version))
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -169,8 +195,9 @@ class SGLangEngine(Engine):
             if self._released:
                 raise EngineError("generate: the sglang engine released its memory; call "
                                   "resume_memory() before generating")
-            if self._draining:
-                raise EngineError(f"sglang engine is draining; route {rid} elsewhere")
+            if self._draining or self._blocked:
+                why = self._blocked or "the sglang engine is draining"
+                raise EngineError(f"{why}; route {rid} elsewhere")
             if rid in self._calls:
                 raise EngineError(f"request {rid} is already in flight on this engine")
             if not request.input_ids:
@@ -183,15 +210,15 @@ class SGLangEngine(Engine):
             if self._role is Role.DECODE and not request.transfer_id:
                 raise EngineError(f"decode engine: request {rid} needs the transfer_id its "
                                   "prefill worker ships the bootstrap room under")
-            call = self._calls[rid] = _Call(Future())
+            call = self._calls[rid] = Call(Future())
         self._pool.submit(self._run, request, call, self._role)
         return call.future
 
-    def _run(self, req: GenerateRequest, call: _Call, role: Role) -> None:
+    def _run(self, req: GenerateRequest, call: Call, role: Role) -> None:
         try:
             boot = self._bootstrap(req, call, role)
             if call.aborted:
-                _resolve(call.future, _aborted(req.rid, self._version))
+                resolve(call.future, aborted_result(req.rid, self._version))
                 return
             out = self.client.generate(P.generate_body(req, boot), self.cfg.request_timeout_s)
             result = P.result_of(req.rid, out, role, self._version)
@@ -200,36 +227,22 @@ class SGLangEngine(Engine):
                 reason = (out.get("meta_info") or {}).get("finish_reason")
                 raise KVTimeout(f"decode server dropped {req.rid} before its first token "
                                 f"(KV transfer failed: {reason}); retry on a prefill/decode pair")
-            _resolve(call.future, result)
+            resolve(call.future, result)
         except BaseException as e:
-            _resolve(call.future, error=e)
+            resolve(call.future, error=e)
         finally:
             with self._cv:
                 self._calls.pop(req.rid, None)
                 self._cv.notify_all()
 
-    def _bootstrap(self, req: GenerateRequest, call: _Call, role: Role) -> P.Bootstrap | None:
+    def _bootstrap(self, req: GenerateRequest, call: Call, role: Role) -> P.Bootstrap | None:
         """PD: the prefill side draws the room and tells the decode side; decode waits for it."""
         if role is Role.COLOCATED:
             return None
         assert self.kv_channel is not None
         if role is Role.PREFILL:
-            boot = P.Bootstrap.fresh(self.spec.host, self.spec.bootstrap_port)
-            self.kv_channel.send(req.kv_peer, req.transfer_id, boot.fields(), [])
-            return boot
-        deadline = time.monotonic() + self.cfg.kv_timeout_s
-        while not call.aborted:
-            got = self.kv_channel.poll(req.transfer_id)
-            if got is not None:
-                meta = got[0]
-                return P.Bootstrap(str(meta["bootstrap_host"]), int(meta["bootstrap_port"]),
-                                   int(meta["bootstrap_room"]))
-            if time.monotonic() > deadline:
-                raise KVTimeout(f"decode engine: no bootstrap room for {req.rid} (transfer "
-                                f"{req.transfer_id!r}) within {self.cfg.kv_timeout_s:.3f}s; the "
-                                "prefill worker failed or never got the request: retry it")
-            time.sleep(0.002)
-        return None
+            return offer_room(self.kv_channel, req, self.spec.host, self.spec.bootstrap_port)
+        return await_room(self.kv_channel, req, lambda: call.aborted, self.cfg.kv_timeout_s)
 
     def abort(self, rid: str) -> None:
         with self._cv:
@@ -240,7 +253,7 @@ class SGLangEngine(Engine):
         threading.Thread(target=self._abort_until_done, args=(rid, call), daemon=True,
                          name=f"abort-{rid}").start()
 
-    def _abort_until_done(self, rid: str, call: _Call) -> None:
+    def _abort_until_done(self, rid: str, call: Call) -> None:
         """Repeat the abort briefly: one sent before the server registered the rid is lost."""
         for _ in range(50):
             self._try_abort(rid)
@@ -287,9 +300,15 @@ class SGLangEngine(Engine):
         self._need_started("release_memory")
         if self._released:
             return
-        self._quiesce("release_memory")
-        self.client.release_memory()
-        self._released = True
+        with self._cv:
+            self._blocked = "the sglang engine is releasing its memory"
+        try:
+            self._quiesce("release_memory")
+            self.client.release_memory()
+            self._released = True
+        finally:
+            with self._cv:
+                self._blocked = ""
 
     def resume_memory(self) -> None:
         self._need_started("resume_memory")
@@ -349,6 +368,8 @@ class SGLangEngine(Engine):
         if self.cfg.url:
             raise EngineError(f"role change {self._role} -> {role} needs a server restart, but "
                               f"the server at {self.cfg.url} was not launched by PEARL")
+        if self._watchdog is not None:
+            self._watchdog.pause()
         if self.server is not None:
             self.server.stop()
         old = self._role
@@ -358,15 +379,22 @@ class SGLangEngine(Engine):
         except EngineError:
             self._role, self.spec = old, self.spec.with_role(old)
             raise
+        finally:
+            if self._watchdog is not None:
+                self._watchdog.resume()
         if self._version and self._weights is not None:
             self._apply_weights(self._version, self._weights)
         if self._released:
             self.client.release_memory()
 
     def telemetry(self) -> EngineTelemetry:
-        if not self._started or self._stopped:
+        if not self._started or self._stopped or self._blocked:
             return EngineTelemetry()
-        return self._metrics.update(self.client.metrics(), self._role)
+        try:
+            return self._metrics.update(self.client.metrics(), self._role)
+        except EngineError as e:  # a scrape is best-effort: the next one covers the window
+            log.debug("metrics: %s", e)
+            return EngineTelemetry()
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -381,20 +409,6 @@ class SGLangEngine(Engine):
     def _need_started(self, what: str) -> None:
         if not self._started or self._stopped:
             raise EngineError(f"{what}: the sglang engine is not running (start() it)")
-
-
-def _aborted(rid: str, version: int) -> GenerateResult:
-    return GenerateResult(rid, (), (), FinishReason.ABORT, version, 0)
-
-
-def _resolve(fut: Future[GenerateResult], result: GenerateResult | None = None,
-             error: BaseException | None = None) -> None:
-    if fut.done():
-        return
-    if error is not None:
-        fut.set_exception(error)
-    else:
-        fut.set_result(result)  # type: ignore[arg-type]
 
 
 __all__ = ["SGLangEngine", "SGLangEngineConfig"]

@@ -261,3 +261,24 @@ def test_weights_by_broadcast(servers: Servers) -> None:
     after = run(e, prompt, rid="a", n=10)
     assert after.weights_version == 2 and after.output_ids != before.output_ids
     assert after.output_ids == run(servers.coloc, prompt, rid="c", n=10).output_ids
+
+
+def test_a_crashed_server_is_relaunched(servers: Servers) -> None:
+    import os
+    import signal
+
+    e = servers.coloc
+    assert e.server is not None
+    prompt = prompt_of(12, 9)
+    before = run(e, prompt, rid="pre", n=6)
+    pid = e.server.pid
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            after = run(e, prompt, rid="post", n=6)
+            break
+        except EngineError:
+            assert time.monotonic() < deadline, "the server was not relaunched"
+            time.sleep(0.5)
+    assert e.server.pid != pid and after.output_ids == before.output_ids
