@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from pathlib import Path
@@ -99,12 +100,12 @@ def test_pd_generation_with_bootstrap_rooms(servers: Servers) -> None:
 def test_decode_without_a_prefill_side_times_out_retryably(servers: Servers) -> None:
     e = servers.decode
     old = e.cfg
-    object.__setattr__(e, "cfg", type(old)(**{**old.__dict__, "kv_timeout_s": 0.3}))
+    e.cfg = dataclasses.replace(old, kv_timeout_s=0.3)
     try:
         with pytest.raises(KVTimeout, match="never got the request"):
             e.generate(GenerateRequest("lost", prompt_of(5), transfer_id="nobody")).result(10)
     finally:
-        object.__setattr__(e, "cfg", old)
+        e.cfg = old
     with pytest.raises(EngineError, match="kv_peer"):
         servers.prefill.generate(GenerateRequest("p", prompt_of(4), transfer_id="t"))
 
