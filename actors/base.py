@@ -207,7 +207,9 @@ class PearlActor(pykka.ThreadingActor):
             method = self.handles.get(cls)
             if method is not None:
                 return getattr(self, method)(message)
-        raise PearlError(f"{self.name} does not handle {type(message).__name__}")
+        # A message this actor does not know is a bug elsewhere; it must not stop the actor.
+        log.error("%s ignores a %s it does not handle", self.name, type(message).__name__)
+        return None
 
     def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
         log.error("actor %s failed: %s", self.name, exception_value)

@@ -33,6 +33,7 @@ class ElasticScheduler(PearlActor):
         ev.GpusReclaimed: "event",
         ev.TrainingBegin: "event",
         ev.TrainingFinished: "event",
+        ev.WeightsPublished: "event",
         cmd.TrainingMayProceed: "proceed",
         StateChanged: "ignore",
     }

@@ -40,7 +40,7 @@ ROUTES: dict[type, str] = {
     cmd.TrainingMayProceed: "scheduler",
 }
 # Who hears about every logged change (status view, routable set, expected worker hosts).
-LISTENERS = ("router", "supervisor", "api", "decision", "scheduler", "pipeline")
+LISTENERS = ("router", "supervisor", "api", "decision", "scheduler", "pipeline", "tracker")
 
 
 class Orchestrator(PearlActor):

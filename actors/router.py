@@ -44,6 +44,11 @@ class KvAddress:
     address: str
 
 
+@dataclass(frozen=True)
+class Flush:
+    """Sent every daemon tick."""
+
+
 @dataclass
 class Pending:
     route: Route
@@ -68,6 +73,7 @@ class Router(PearlActor):
         GenerateDone: "done",
         AbortRequest: "abort",
         LinkChanged: "link_changed",
+        Flush: "flush",
     }
 
     def __init__(self, directory: Directory, link: Any = None) -> None:
@@ -160,6 +166,10 @@ class Router(PearlActor):
                 self.name, GenerateDone(worker, req.rid, None, "worker unreachable", True)
             )
 
+    def flush(self, _: Any = None) -> None:
+        """Periodic: route what waits (requests to retry, requests with nowhere to go)."""
+        self._flush()
+
     def _flush(self) -> None:
         for _ in range(len(self.waiting)):
             rid = self.waiting.popleft()
@@ -172,9 +182,12 @@ class Router(PearlActor):
         if p is None or not p.workers or msg.worker != p.workers[-1]:
             return  # the prefill side of a PD request, or a stale answer
         if msg.error and msg.retryable and p.attempt + 1 < MAX_ATTEMPTS:
+            # Routed again at the next flush (a tick, or a logged change): a worker that just
+            # vanished gets a moment to be restarted or replaced instead of eating the retries.
             p.attempt += 1
+            p.workers = ()
             log.info("routing %s again (attempt %d): %s", msg.rid, p.attempt + 1, msg.error)
-            self._dispatch(msg.rid)
+            self.waiting.append(msg.rid)
             return
         del self.pending[msg.rid]
         self._reply(p.route.reply_to, msg)

@@ -210,6 +210,7 @@ class Daemon:
         from actors.orchestrator import Boot, Orchestrator
         from actors.router import Router
         from actors.supervisor import Liveboard, RoleSupervisor
+        from pearl.engines.sglang.router import link_from_config
 
         d, cfg = self.directory, self.cfg
         table = recovered.state.table.to_json()
@@ -265,7 +266,7 @@ class Daemon:
             "supervisor": supervisor,
             "rebuilder": lambda: base.start(d, InterScaleRebuilder, d),
             "toggle": lambda: base.start(d, IntraScaleToggleManager, d),
-            "router": lambda: base.start(d, Router, d),
+            "router": lambda: base.start(d, Router, d, link_from_config(cfg.engine)),
             "tracker": lambda: base.start(
                 d,
                 RuntimeTracker,
@@ -342,11 +343,13 @@ class Daemon:
 
     def _tick(self) -> None:
         from actors.messages import Supervise
+        from actors.router import Flush
         from pearl.core.commands import Tick
 
         while not self._stop.wait(self.cfg.daemon.tick_s):
             self._restart_crashed()
             self.directory.tell("orchestrator", Tick())
+            self.directory.tell("router", Flush())
             self.directory.tell("supervisor", Supervise())
 
     def stop(self) -> None:

@@ -62,6 +62,11 @@ class _Base(ABC):
     def start(self) -> _Base:
         return self
 
+    def event(self, record: Any) -> int:
+        """Send an elastic event (gpus-added, gpus-reclaimed, ...); its sequence number once
+        durable. ``training()`` sends the training notifications for you."""
+        return self._event(record)
+
     def next_batch(self, timeout_s: float | None = None) -> Any:
         """The next rollout batch (:class:`pearl.rl.trajectory.Batch`); waits for it."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s

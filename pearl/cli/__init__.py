@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pearl.core.errors import PearlError
 
 # Sub-command modules under pearl.cli; each registers its own parsers.
-COMMANDS = ("log", "decide", "keys", "remote", "simulate")
+COMMANDS = ("log", "decide", "keys", "remote", "simulate", "demo")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -110,6 +110,7 @@ class Pipeline:
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.failed = 0  # trajectories that failed outright (not counting aborted-and-resumed)
+        self.reports: deque[StepReport] = deque(maxlen=10_000)  # one per batch handed out
 
     # -- thread-safe side ------------------------------------------------------------------
 
@@ -140,6 +141,7 @@ class Pipeline:
                     return None
                 self._cv.wait(min(left, 0.1))
         self._poke()
+        self.reports.append(report)
         if self.on_batch is not None:
             self.on_batch(batch, report)
         return batch

@@ -1,0 +1,58 @@
+"""``pearl demo``: the main job on the embedded default (see :mod:`pearl.demo`)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("demo", help="run asynchronous agentic RL on an elastic pool")
+    p.add_argument("--config", default="configs/local-cpu.toml", help="default: %(default)s")
+    p.add_argument("--steps", type=int, default=16, help="training steps (default: %(default)s)")
+    p.add_argument("--out", type=Path, help="report directory (default: runs/<time>)")
+    p.add_argument("--segment", default="S2", help="Bamboo segment to replay: S1, S2 or S3")
+    p.add_argument("--trace-s", type=float, help="seconds the 2-hour segment is squeezed into")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    p.add_argument("--quiet", action="store_true", help="no live status line")
+    p.set_defaults(handler=cmd_demo)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    import signal
+
+    from pearl import demo
+
+    def interrupt(*_: object) -> None:  # SIGTERM stops the demo like Ctrl-C: cleanly
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+    if args.steps < 1:
+        raise SystemExit("pearl demo: --steps must be >= 1")
+    out = args.out or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    print(f"pearl demo: {args.steps} steps on {args.config}; report in {out}/", flush=True)
+    summary = demo.run(
+        args.config,
+        args.steps,
+        out,
+        segment=args.segment,
+        trace_s=args.trace_s,
+        overrides=tuple(args.set),
+        quiet=args.quiet,
+    )
+    print(
+        f"{summary['steps']} steps in {summary['elapsed_s']:.0f} s: "
+        f"{summary['throughput_tok_s']:.0f} tokens/s (generated + trained); borrowed workers "
+        f"back {summary['mean_return_s'] * 1e3:.0f} ms after Training Begin on average "
+        f"(max {summary['max_return_s'] * 1e3:.0f} ms)"
+    )
+    for path in summary["plots"]:
+        print(f"  {path}")
+    print(f"  {out / 'report.json'}")
+    return 130 if summary["interrupted"] else 0
+
+
+__all__ = ["register"]

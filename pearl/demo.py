@@ -1,0 +1,300 @@
+"""The main job, ``pearl demo``: asynchronous agentic RL on an elastic pool, end to end.
+
+PEARL runs in this process on the embedded default (``configs/local-cpu.toml``): worker hosts
+serve a tiny Qwen3 on the torch engine, the Pipeline Scheduler runs the tool-use environment, the
+demo trainer takes real GRPO steps and publishes every version, and a scaled Bamboo segment makes
+preemptible workers come and go while training "GPUs" are borrowed between steps. A live line shows
+mode, ratio, workers by role, step, throughput and the last event; at the end a report with plots
+is written under ``runs/<time>/``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pearl.core import events as ev
+from pearl.core.errors import PearlError
+from pearl.runtime import Runtime
+
+LIVE_S = 1.0  # live view period
+BATCH_TIMEOUT_S = 180.0  # no batch for this long: something is wrong, stop with a report
+
+
+@dataclass
+class StepRecord:
+    step: int
+    end_s: float  # since the job started
+    duration_s: float  # since the previous step ended (async: rollout overlaps training)
+    wait_batch_s: float
+    train_s: float
+    return_s: float  # Training Begin -> every borrowed worker back
+    generated_tokens: int
+    trained_tokens: int
+    throughput_tok_s: float
+    reward: float
+    loss: float
+    version: int
+    mode: str
+    N_P: int
+    N_D: int
+    N_C: int
+    workers: int  # routable when the batch was taken
+    predicted_makespan_s: float | None
+    measured_makespan_s: float | None
+
+
+@dataclass
+class Timeline:
+    """What the live view samples: time, roles, available workers, events."""
+
+    t0: float
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    events: list[tuple[float, str]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def event(self, what: str) -> None:
+        with self.lock:
+            self.events.append((time.monotonic() - self.t0, what))
+
+    def last_event(self) -> str:
+        with self.lock:
+            return self.events[-1][1] if self.events else ""
+
+
+def counts(status: dict[str, Any]) -> dict[str, int]:
+    rows = [w for w in status["workers"] if w["role"] != "training"]
+    active = [w for w in rows if w["activity"] == "active"]
+    return {
+        "prefill": sum(w["role"] == "prefill" for w in active),
+        "decode": sum(w["role"] == "decode" for w in active),
+        "colocated": sum(w["role"] == "colocated" for w in active),
+        "overlap": sum(w["zone"] == "overlap" for w in active),
+        "workers": len(active),
+    }
+
+
+class TraceDriver(threading.Thread):
+    """Replays a Bamboo segment, scaled to this config's preemptible ids and to ``seconds``."""
+
+    def __init__(self, rt: Runtime, segment: str, seconds: float, timeline: Timeline) -> None:
+        super().__init__(name="trace", daemon=True)
+        from pearl.sim import availability
+
+        self.rt, self.timeline = rt, timeline
+        self.ids = list(rt.cfg.cluster.preemptible_gpus)
+        self.trace = availability.load(segment_name=segment)
+        self.scale = seconds / self.trace.duration_s
+        self.halt = threading.Event()
+        self.present: list[int] = []
+
+    def target(self, gpus: int) -> int:
+        """0-12 preemptible GPUs of the paper's cluster -> this cluster's preemptible ids."""
+        return round(gpus * len(self.ids) / 12)
+
+    def run(self) -> None:
+        t0 = time.monotonic()
+        schedule = [(0.0, self.trace.at(0.0)), *self.trace.changes()]
+        for t_trace, gpus in schedule:
+            if self.halt.wait(max(0.0, t0 + t_trace * self.scale - time.monotonic())):
+                return
+            want = self.target(gpus)
+            try:
+                if want > len(self.present):
+                    add = [g for g in self.ids if g not in self.present][: want - len(self.present)]
+                    self.rt.event(ev.GpusAdded(tuple(add)))
+                    self.present += add
+                    self.timeline.event(f"+{len(add)} preemptible (trace {gpus}/12)")
+                elif want < len(self.present):
+                    gone, self.present = self.present[want:], self.present[:want]
+                    self.rt.event(ev.GpusReclaimed(tuple(gone)))
+                    self.timeline.event(f"-{len(gone)} preemptible (trace {gpus}/12)")
+            except Exception as e:  # a refused event (e.g. still returning): try the next change
+                self.timeline.event(f"event refused: {e}")
+
+
+class LiveView(threading.Thread):
+    """One status line a second (a line every 5 s when stdout is not a terminal)."""
+
+    def __init__(
+        self, rt: Runtime, timeline: Timeline, state: dict[str, Any], quiet: bool = False
+    ) -> None:
+        super().__init__(name="live", daemon=True)
+        self.rt, self.timeline, self.state = rt, timeline, state
+        self.halt = threading.Event()
+        self.tty = sys.stdout.isatty()
+        self.quiet = quiet
+
+    def run(self) -> None:
+        n = 0
+        while not self.halt.wait(LIVE_S):
+            try:
+                s = self.rt.status()
+            except Exception:
+                continue
+            c = counts(s)
+            t = time.monotonic() - self.timeline.t0
+            with self.timeline.lock:
+                self.timeline.samples.append({"t": t, **c, "phase": s["phase"]})
+            ratio = f"{s['N_C']}C" if s["mode"] == "colocated" else f"{s['N_P']}P{s['N_D']}D"
+            line = (
+                f"[{t:6.1f}s] step {self.state.get('step', 0):>3}  {s['mode']:<13} {ratio:<5} "
+                f"P{c['prefill']} D{c['decode']} C{c['colocated']} (overlap {c['overlap']})  "
+                f"{self.state.get('throughput', 0.0):7.0f} tok/s  {s['phase']:<8} "
+                f"{self.timeline.last_event()[:40]}"
+            )
+            n += 1
+            if self.quiet:
+                continue
+            if self.tty:
+                print("\r" + line.ljust(120), end="", flush=True)
+            elif n % 5 == 0:
+                print(line, flush=True)
+
+
+def predict(status: dict[str, Any]) -> float | None:
+    """The makespan eq. 1-3 predict for the current configuration from the current profile."""
+    from pearl.core.makespan import T_coloc, T_dis
+    from pearl.core.profile import WorkloadProfile
+    from pearl.core.schema import from_plain
+
+    p = from_plain(WorkloadProfile, status["profile"])
+    if status["mode"] == "colocated":
+        return float(T_coloc(p, status["N_C"])) if status["N_C"] else None
+    if status["N_P"] and status["N_D"]:
+        return float(T_dis(p, status["N_P"], status["N_D"]))
+    return None
+
+
+def run(
+    config: str | Path,
+    steps: int,
+    out: Path,
+    *,
+    segment: str = "S2",
+    trace_s: float | None = None,
+    lr: float = 3e-4,
+    overrides: tuple[str, ...] = (),
+    quiet: bool = False,
+) -> dict[str, Any]:
+    """Run the demo job; returns the report (also written to ``out/report.json``)."""
+    import torch
+
+    from pearl.rl.grpo import GRPOTrainer
+
+    torch.set_num_threads(1)
+    out.mkdir(parents=True, exist_ok=True)
+    rt = Runtime.from_config(config, state_dir=out / "state", overrides=overrides)
+    cfg = rt.cfg
+    timeline = Timeline(time.monotonic())
+    state: dict[str, Any] = {}
+    records: list[StepRecord] = []
+    rt.start()
+    trainer = GRPOTrainer(preset=cfg.engine.preset, seed=cfg.engine.seed, lr=lr, device="cpu")
+    driver = TraceDriver(rt, segment, trace_s or 4.0 * steps, timeline)
+    live = LiveView(rt, timeline, state, quiet)
+    interrupted = False
+    try:
+        driver.start()
+        live.start()
+        last_end = time.monotonic()
+        first = int(rt.status()["training_step"]) + 1  # a reused state dir continues
+        for step in range(first, first + steps):
+            t0 = time.monotonic()
+            batch = rt.next_batch(timeout_s=BATCH_TIMEOUT_S)
+            got = time.monotonic()
+            s = rt.status()
+            with rt.training(step, weights_version=step):
+                timeline.event(
+                    f"training step {step}: borrowed back in {rt.last_return_s * 1e3:.0f} ms"
+                )
+                t_train = time.monotonic()
+                metrics = trainer.step(batch)
+                weights = trainer.state_dict()
+                if not math.isfinite(float(metrics.get("loss", 0.0))) or not all(
+                    bool(torch.isfinite(t).all()) for t in weights.values()
+                ):
+                    raise PearlError(f"training step {step} diverged (loss {metrics['loss']})")
+                rt.publish_weights(weights, step)
+                train_s = time.monotonic() - t_train
+            end = time.monotonic()
+            generated = sum(t.n_generated for t in batch)
+            trained = int(metrics.get("tokens", sum(t.n_tokens for t in batch)))
+            duration = end - last_end
+            last_end = end
+            report = rt.daemon.batches().reports[-1] if rt.daemon.batches().reports else None
+            predicted = predict(s)
+            records.append(
+                StepRecord(
+                    step,
+                    end - timeline.t0,
+                    duration,
+                    got - t0,
+                    train_s,
+                    rt.last_return_s,
+                    generated,
+                    trained,
+                    (generated + trained) / max(duration, 1e-9),
+                    float(metrics.get("reward_mean", 0.0)),
+                    float(metrics.get("loss", 0.0)),
+                    step,
+                    s["mode"],
+                    s["N_P"],
+                    s["N_D"],
+                    s["N_C"],
+                    counts(s)["workers"],
+                    predicted,
+                    report.makespan_s if report else None,
+                )
+            )
+            state.update(step=step, throughput=records[-1].throughput_tok_s)
+    except KeyboardInterrupt:
+        interrupted = True
+        print("\ninterrupted: stopping and writing the report", flush=True)
+    except TimeoutError as e:
+        interrupted = True
+        print(f"\nno rollout batch: {e}; stopping and writing the report", flush=True)
+    finally:
+        driver.halt.set()
+        live.halt.set()
+        if live.is_alive():
+            live.join(2.0)
+            if live.tty and not quiet:
+                print(flush=True)
+        rt.stop()
+    summary = write_report(out, cfg, records, timeline, interrupted)
+    return summary
+
+
+def write_report(
+    out: Path, cfg: Any, records: list[StepRecord], timeline: Timeline, interrupted: bool
+) -> dict[str, Any]:
+    from pearl.report import plots
+
+    total_tokens = sum(r.generated_tokens + r.trained_tokens for r in records)
+    elapsed = records[-1].end_s if records else 0.0
+    returns = [r.return_s for r in records]
+    summary: dict[str, Any] = {
+        "steps": len(records),
+        "interrupted": interrupted,
+        "elapsed_s": elapsed,
+        "throughput_tok_s": total_tokens / elapsed if elapsed else 0.0,
+        "mean_return_s": sum(returns) / len(returns) if returns else 0.0,
+        "max_return_s": max(returns, default=0.0),
+        "policy": {"pd": cfg.daemon.pd, "borrow": cfg.daemon.borrow},
+        "records": [asdict(r) for r in records],
+        "timeline": timeline.samples,
+        "events": timeline.events,
+    }
+    (out / "report.json").write_text(json.dumps(summary, indent=1))
+    summary["plots"] = [str(p) for p in plots(out, records, timeline)]
+    return summary
+
+
+__all__ = ["StepRecord", "Timeline", "run", "write_report"]
