@@ -12,11 +12,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,dev]'
 	@touch $(STAMP)
 
-# Until the RL demo lands (pearl demo), the most end-to-end thing that runs: pearld on the paper's
-# cluster with sim engines, a real Bamboo segment replayed against it, training steps between.
+# The main job on the embedded default: asynchronous agentic RL on an elastic pool (pearl demo).
 demo: $(STAMP)
-	@echo "make demo: pearld + a replayed Bamboo trace on sim engines (the RL demo is not built yet)"
-	$(PY) examples/elastic_trace.py --seconds 60
+	$(VENV)/bin/pearl demo --config configs/local-cpu.toml
 
 test: $(STAMP)
 	$(PY) -m pytest

@@ -38,10 +38,13 @@ class InterScaleRebuilder(PearlActor):
         self.directory.tell("supervisor", Spawn(c))
 
     def on_stop_worker(self, c: cmd.StopWorker) -> None:
-        report = _result(c) if c.plan else None
+        # A plan step is answered by the worker itself (or, when forced, once it is gone); a stop
+        # beside any plan (a reclaimed worker leaving now) is answered when its host has exited.
+        gone = cmd.WorkerDown(c.worker, 0, "stopped")
+        report = _result(c) if c.plan else gone
         ref = self.directory.find(f"worker/{c.worker}")
         if ref is not None and not c.force and self.directory.tell(ref.name, c):
-            self.directory.tell("supervisor", Retire(c.worker))  # it reports, then exits
+            self.directory.tell("supervisor", Retire(c.worker, report=None if c.plan else gone))
         else:
             self.directory.tell("supervisor", Retire(c.worker, force=True, report=report))
 

@@ -248,12 +248,15 @@ class RemoteRuntime(_Base):
     def _publish(self, version: int, weights: Any) -> str:
         from actors.messages import WeightsUpload
 
-        if isinstance(weights, str | Path):
+        if isinstance(weights, str | Path) and Path(weights).is_file():
             data = Path(weights).read_bytes()
-        else:
-            from safetensors.torch import save
+        else:  # the weight store's own format (tied tensors once), written locally, then sent
+            import tempfile
 
-            data = save({k: v.detach().contiguous().cpu() for k, v in weights.items()})
+            from pearl.rl.weights import WeightStore
+
+            with tempfile.TemporaryDirectory(prefix="pearl-upload-") as tmp:
+                data = WeightStore(tmp).publish(version, weights).read_bytes()
         reply = self.client.request(WeightsUpload(version), 60.0, frames=(data,))
         return str(reply.value)
 

@@ -75,6 +75,7 @@ class ControllerState:
     quarantine: Mapping[int, float] = field(default_factory=dict)  # GPU -> until
     strikes: Mapping[int, int] = field(default_factory=dict)  # GPU -> failures so far
     remaining: int | None = None  # R: trajectories of the batch not complete yet
+    evicting: Mapping[int, float] = field(default_factory=dict)  # leaving beside a plan: deadline
     plan_began: float = 0.0  # when the plan in flight began
     toggle_measured: float = 0.0  # hand-off seconds of borrow cycles since the last telemetry
     last_decision: Any = None  # the Decision behind the latest plan (for status)
@@ -141,7 +142,7 @@ class Controller:
             self._sync_weights(tx, s.table.weights_version)
         elif isinstance(event, ev.GpusReclaimed):
             tx.log(event)
-            self._interrupt(tx, "gpus-reclaimed")
+            self._reclaimed(tx, set(event.gpus))
         elif isinstance(event, ev.TrainingBegin):
             tx.log(event)
             tx.set(training_waiting=True)
@@ -231,6 +232,44 @@ class Controller:
             if w.activity is not Activity.INACTIVE:
                 tx.commands.append(cmd.SyncWeights(w.id, version))
 
+    def _reclaimed(self, tx: _Tx, gpus: set[int]) -> None:
+        """Preemptible GPUs are gone. An expansion that lost a joiner is cancelled (all or
+        nothing); otherwise it goes on and the workers on those GPUs leave now, beside it — a
+        return cannot wait for a cold start, and cancelling expansions at every reclaim would
+        starve rollout of new workers when availability changes faster than workers start."""
+        p = tx.table.plan
+        if p is None or tx.s.mandatory or tx.s.aborting is not None:
+            return  # the plan that comes next (or this return, in flight) removes them
+        victims = sorted(w.id for w in tx.table.rollout_workers() if gpus & set(w.gpus))
+        if {st.worker for st in p.steps if st.op in JOIN_OPS} & set(victims):
+            self._interrupt(tx, "gpus-reclaimed")
+            return
+        evicting = dict(tx.s.evicting)
+        for wid in victims:
+            if wid not in evicting:
+                tx.commands.append(cmd.StopWorker(wid, keep_partial=True))
+                evicting[wid] = tx.now + self.config.timeouts[StepOp.REMOVE]
+        tx.set(evicting=evicting)
+
+    def _evicted(self, tx: _Tx, wid: int) -> None:
+        """A worker that left beside a plan is gone: finish its steps in that plan, remove it."""
+        tx.set(
+            evicting={w: d for w, d in tx.s.evicting.items() if w != wid},
+            failed=tx.s.failed - {wid},
+        )
+        w = tx.table.workers.get(wid)
+        if w is None:
+            return
+        p = tx.table.plan
+        if p is not None:
+            for k, st in enumerate(p.steps):
+                if st.worker == wid and k not in p.done:
+                    self._done(tx, k)
+        if w.activity is Activity.ACTIVE:
+            tx.log(ev.ActivityChanged(wid, Activity.TRANSITIONING))
+        tx.log(ev.WorkerRemoved(wid, "reclaimed"))
+        tx.commands.append(cmd.RoutingChanged(tx.table.seq))
+
     def _step_result(self, tx: _Tx, r: cmd.StepResult) -> None:
         p = tx.table.plan
         if p is None or p.plan != r.plan or not 0 <= r.step < len(p.steps):
@@ -265,6 +304,9 @@ class Controller:
         tx.set(started={j: d for j, d in tx.s.started.items() if j != k})
 
     def _worker_down(self, tx: _Tx, e: cmd.WorkerDown) -> None:
+        if e.worker in tx.s.evicting:
+            self._evicted(tx, e.worker)
+            return
         w = tx.table.workers.get(e.worker)
         stale = e.incarnation and w is not None and w.incarnation != e.incarnation
         if w is None or stale or w.role is Role.TRAINING:
@@ -324,6 +366,10 @@ class Controller:
         q = {g: u for g, u in tx.s.quarantine.items() if u > tx.now}
         if len(q) != len(tx.s.quarantine):
             tx.set(quarantine=q)
+        for wid, deadline in sorted(tx.s.evicting.items()):
+            if deadline <= tx.now:  # bounded: kill the host and count its GPUs as returned
+                tx.commands.append(cmd.StopWorker(wid, force=True))
+                self._evicted(tx, wid)
         p = tx.table.plan
         if p is None:
             return

@@ -110,6 +110,8 @@ class Pipeline:
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.failed = 0  # trajectories that failed outright (not counting aborted-and-resumed)
+        # Every group is accounted for: started = delivered + stale + failed + ready + running.
+        self.counts = {"started": 0, "delivered": 0, "stale": 0, "failed": 0}
         self.reports: deque[StepReport] = deque(maxlen=10_000)  # one per batch handed out
 
     # -- thread-safe side ------------------------------------------------------------------
@@ -132,6 +134,7 @@ class Pipeline:
                 self._drop_stale()
                 if len(self._ready) >= self.cfg.groups_per_batch:
                     groups = [self._ready.popleft() for _ in range(self.cfg.groups_per_batch)]
+                    self.counts["delivered"] += len(groups)
                     self._step += 1
                     batch = Batch(self._step, tuple(t for g in groups for t in g.trajectories))
                     report = self._report(batch, groups)
@@ -151,6 +154,7 @@ class Pipeline:
         while self._ready and min(t.min_version for t in self._ready[0].trajectories) < floor:
             g = self._ready.popleft()
             self._dropped += 1
+            self.counts["stale"] += 1
             log.info("dropped group %s: weights older than v%d", g.id, floor)
 
     def _report(self, batch: Batch, groups: list[_Group]) -> StepReport:
@@ -206,6 +210,8 @@ class Pipeline:
     async def _group(self, task: Task) -> None:
         gid = f"g{next(self._ids)}"
         started = self.clock()
+        with self._cv:
+            self.counts["started"] += 1
         results = await asyncio.gather(
             *(self._trajectory(task, gid, k) for k in range(self.cfg.group_size)),
             return_exceptions=True,
@@ -214,6 +220,7 @@ class Pipeline:
         failed = [r for r in results if not isinstance(r, Trajectory)]
         if failed:  # GRPO needs the whole group: a failed member drops it (it is re-generated)
             self.failed += len(failed)
+            self.counts["failed"] += 1
             log.warning("group %s dropped: %s", gid, failed[0])
             return
         with self._cv:

@@ -348,3 +348,38 @@ def test_new_weights_reach_serving_workers_and_later_joiners() -> None:
     assert start and all(c.weights_version == 3 for c in start)  # lazy: the newest at admission
     with pytest.raises(InvalidEvent, match="older"):
         h.ctl.handle(h.s, ev.WeightsPublished(2), h.now)
+
+
+def test_reclaim_beside_an_expansion_evicts_without_cancelling_it() -> None:
+    """A reclaim that spares the joiners must not cancel the expansion: frequent changes
+    would otherwise starve rollout of new workers (every expansion cancelled before it ends)."""
+    h = Harness()
+    h.settle()
+    h.send(ev.GpusAdded((8, 9, 10, 11)))
+    h.settle()
+    victim = next(w for w in h.table.routable() if 10 in w.gpus)
+    h.send(ev.GpusAdded((12, 13)))
+    joiner = next(c for c in h.pending if isinstance(c, cmd.StartWorker))
+    h.send(ev.GpusReclaimed((10,)))
+    assert victim.id not in {w.id for w in h.table.routable()}  # unroutable at once
+    stops = [c for c in h.sent if isinstance(c, cmd.StopWorker) and c.worker == victim.id]
+    assert stops and stops[-1].plan == 0 and not any(getattr(c, "cancel", False) for c in h.sent)
+    h.send(cmd.WorkerDown(victim.id, 0, "stopped"))  # its host has exited
+    assert victim.id not in h.table.workers
+    assert h.table.plan is not None and joiner.worker in h.table.workers  # expansion goes on
+    h.settle()
+    assert not any(isinstance(r, ev.PlanAbort) for r in h.records)
+    assert joiner.worker in {w.id for w in h.table.routable()} and not h.table.reclaiming_gpus
+
+
+def test_eviction_past_its_deadline_is_forced() -> None:
+    h = Harness()
+    h.settle()
+    h.send(ev.GpusAdded((8, 9)))
+    h.settle()
+    victim = next(w for w in h.table.routable() if 8 in w.gpus)
+    h.send(ev.GpusAdded((10, 11)))
+    h.send(ev.GpusReclaimed((8,)))
+    h.send(cmd.Tick(), dt=h.ctl.config.timeouts[StepOp.REMOVE] + 1)
+    assert any(isinstance(c, cmd.StopWorker) and c.force and c.worker == victim.id for c in h.sent)
+    assert victim.id not in h.table.workers and 8 not in h.table.reclaiming_gpus
