@@ -51,6 +51,8 @@ DEFAULT_TIMEOUTS: Mapping[StepOp, float] = MappingProxyType(
     }
 )
 MANDATORY_OPS = (StepOp.REMOVE, StepOp.DEACTIVATE, StepOp.RECLAIM)
+# What T_toggle measures (§4.6): activation and return of retained overlap workers.
+TOGGLE_OPS = (StepOp.LEND, StepOp.ACTIVATE, StepOp.DEACTIVATE, StepOp.RECLAIM)
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,7 @@ class ControllerState:
     evicting: Mapping[int, float] = field(default_factory=dict)  # leaving beside a plan: deadline
     plan_began: float = 0.0  # when the plan in flight began
     toggle_measured: float = 0.0  # hand-off seconds of borrow cycles since the last telemetry
+    toggle_done: float = 0.0  # when the plan in flight finished its last hand-off step
     last_decision: Any = None  # the Decision behind the latest plan (for status)
     last_gate: Any = None  # the latest borrowing-gate verdict (for status)
 
@@ -302,6 +305,8 @@ class Controller:
         assert p is not None
         tx.log(*done_records(tx.table, p.plan, k, p.steps[k]))
         tx.set(started={j: d for j, d in tx.s.started.items() if j != k})
+        if p.steps[k].op in TOGGLE_OPS:
+            tx.set(toggle_done=tx.now)
 
     def _worker_down(self, tx: _Tx, e: cmd.WorkerDown) -> None:
         if e.worker in tx.s.evicting:
@@ -407,8 +412,9 @@ class Controller:
                     continue
                 todo = [k for k in range(len(p.steps)) if k not in p.done]
                 if not todo:
-                    if _is_toggle(p.steps):
-                        tx.set(toggle_measured=tx.s.toggle_measured + tx.now - tx.s.plan_began)
+                    if _is_toggle(p.steps):  # the hand-off only, not role switches beside it
+                        spent = max(0.0, tx.s.toggle_done - tx.s.plan_began)
+                        tx.set(toggle_measured=tx.s.toggle_measured + spent)
                     tx.log(*commit_records(tx.table, tx.s.failed))
                     tx.commands.append(cmd.RoutingChanged(tx.table.seq))
                     tx.set(started={})
@@ -465,6 +471,7 @@ class Controller:
             started={},
             cancelled=frozenset(),
             plan_began=tx.now,
+            toggle_done=tx.now,
         )
         return True
 

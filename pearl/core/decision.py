@@ -142,6 +142,14 @@ def _predicted(s: Sweep, t: Target) -> tuple[float, str | None]:
     return float(s.T_dis[i]), None
 
 
+def _best_of_mode(s: Sweep, mode: Mode) -> tuple[Target, float] | None:
+    """The best feasible configuration of ``mode`` for the sweep's N, if any."""
+    if mode is Mode.COLOCATED:
+        return _coloc(s.N), s.T_coloc
+    i = s.best_split()
+    return None if i is None else (_split(s.N, int(s.N_P[i])), float(s.T_dis[i]))
+
+
 def _coloc(N: int) -> Target:
     return Target(Mode.COLOCATED, 0, 0, N)
 
@@ -179,6 +187,18 @@ def decide(profile: WorkloadProfile, N: int, current: Target | None,
     if current is None:
         return Decision(best, t_best, alts, "best")
     t_cur, invalid = _predicted(s, current)
+    if invalid is not None and current.N != N:
+        # The budget changed: the old configuration cannot be kept, but its mode can. Switching
+        # mode re-roles every worker, so it must still clear the mode-switch threshold.
+        same = _best_of_mode(s, current.mode)
+        if same is not None:
+            tgt, t = same
+            gain = _gain(t, t_best)
+            if best.mode is current.mode or gain <= cfg.mode_switch_threshold:
+                return Decision(tgt, t, alts, f"budget {current.N} -> {N}: kept {tgt.mode} "
+                                f"mode as {tgt} (switch gain {_pct(gain)})")
+            return Decision(best, t_best, alts, f"budget {current.N} -> {N}: {best} over {tgt} "
+                            f"(gain {_pct(gain)} > {_pct(cfg.mode_switch_threshold)})")
     if invalid is not None:
         return Decision(best, t_best, alts, f"forced: {invalid}", forced=True)
     if current == best:

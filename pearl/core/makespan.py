@@ -5,7 +5,8 @@ returns the same shape, so the decision engine evaluates all N_P in [1, N-1] in 
 
 Capacity constraints (a disaggregated configuration is feasible when both hold):
 
-- decode HBM: the decode workers hold the whole batch's KV cache, ``B * K_seq <= N_D * H_max``;
+- decode HBM: the decode workers hold the whole batch's KV cache, ``B * K_seq <= N_D * H_max``
+  (K_seq at its mean residency over the step);
 - prefill throughput: per step the prefill pool receives ``lambda_P = B * S * delta_L`` tokens and
   is busy ``lambda_P * t_prefill / N_P`` seconds. Those tokens arrive while the decode path runs,
   so prefill keeps up when that busy time is at most ``max_util`` times the decode-path time
@@ -64,9 +65,16 @@ def lambda_P(p: WorkloadProfile) -> float:
     return p.B * p.S * p.delta_L
 
 
+# A trajectory's context grows from its first prompt to its final length over the step, and an
+# asynchronous pipeline keeps trajectories at every stage: on average the batch holds half of
+# its final KV. Requiring the final K_seq of all B at once rules out splits that run fine.
+KV_RESIDENCY = 0.5
+
+
 def decode_hbm_ok(p: WorkloadProfile, N_D: Count) -> Bools:
-    """§4.2: the decode workers hold the batch's KV cache, B K_seq <= N_D H_max."""
-    return p.B * p.K_seq <= N_D * p.H_max
+    """§4.2: the decode workers hold the batch's KV cache, B K_seq <= N_D H_max (K_seq at its
+    mean residency over the step, ``KV_RESIDENCY`` of the final length)."""
+    return p.B * p.K_seq * KV_RESIDENCY <= N_D * p.H_max
 
 
 def prefill_utilization(p: WorkloadProfile, N_P: Count, N_D: Count) -> Count:
@@ -117,7 +125,7 @@ def sweep(p: WorkloadProfile, N: int, max_util: float) -> Sweep:
     t_dec = T_decode(p, n_d.astype(np.float64))
     t_dis = np.maximum(t_pre, t_dec) + p.T_env
     # Same quantities as decode_hbm_ok / prefill_keeps_up, reusing t_dec.
-    hbm_bad = p.B * p.K_seq > n_d * p.H_max
+    hbm_bad = p.B * p.K_seq * KV_RESIDENCY > n_d * p.H_max
     slow = lambda_P(p) * p.t_prefill / n_p > max_util * t_dec
     excluded = np.where(hbm_bad, 1, np.where(slow, 2, 0)).astype(np.int8)
     return Sweep(N, float(T_coloc(p, float(N))), n_p, t_dis, excluded)

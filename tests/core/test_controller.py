@@ -14,7 +14,7 @@ from pearl.core import events as ev
 from pearl.core.controller import Controller, ControllerState
 from pearl.core.errors import InvalidEvent, InvariantViolation
 from pearl.core.fold import apply_all, replay
-from pearl.core.policy import Borrow, Policy
+from pearl.core.policy import PD, Borrow, Policy
 from pearl.core.profile import prior_profile
 from pearl.core.state import (
     Activity,
@@ -48,8 +48,9 @@ class Harness:
     Commands for plan steps queue up in ``pending``; ``answer`` replies to them. After every
     output the table is validated and must equal the fold of every record so far."""
 
-    def __init__(self, borrow: Borrow = Borrow.NEVER, records: list[Any] | None = None) -> None:
-        self.ctl = Controller(Policy(CFG.decision, borrow=borrow))
+    def __init__(self, borrow: Borrow = Borrow.NEVER, records: list[Any] | None = None,
+                 pd: PD = PD.ADAPTIVE) -> None:
+        self.ctl = Controller(Policy(CFG.decision, pd=pd, borrow=borrow))
         c = CFG.cluster
         init = ev.ClusterInit(c.tp, c.training_gpus, c.reserved_gpus, c.preemptible_gpus)
         self.records: list[Any] = list(records or [init])
@@ -215,13 +216,11 @@ def test_return_step_past_deadline_is_forced() -> None:
 
 
 def test_forced_switch_when_last_decode_worker_is_reclaimed() -> None:
-    h = Harness()
+    h = Harness(pd=PD.DISAGGREGATED)
     h.settle()
     h.send(ev.GpusAdded(tuple(range(8, 16))))
     h.settle()
-    counts = h.table.role_counts()
-    if counts.mode is not Mode.DISAGGREGATED:
-        pytest.skip("priors chose colocation for 6 workers")
+    assert h.table.role_counts().mode is Mode.DISAGGREGATED
     decode = [w for w in h.table.routable() if w.role is Role.DECODE]
     gpus = tuple(g for w in decode for g in w.gpus if g >= 8)
     h.send(ev.GpusReclaimed(gpus))

@@ -19,7 +19,7 @@ from pearl.core.state import Mode, Target
 # The hand-checked profile of test_makespan: for N = 8, colocation 78 s, 3P5D 82.8 s, 4P4D 86 s;
 # N_P = 1, 2 fail prefill throughput, N_P >= 5 fail decode HBM.
 P = WorkloadProfile(B=64, S=10.0, delta_L=1000.0, r=100.0, theta=1.0, A=0.01, b=0.001,
-                    t_prefill=1e-4, T_env=50.0, T_over=0.2, K=1e5, K_seq=1e9, H_max=2e10,
+                    t_prefill=1e-4, T_env=50.0, T_over=0.2, K=1e5, K_seq=2e9, H_max=2e10,
                     BW=1e10, T_toggle=5.0)
 CFG = DecisionConfig()  # 10% to switch mode, 3% to change the ratio
 NO_HYSTERESIS = DecisionConfig(mode_switch_threshold=0.0, ratio_change_threshold=0.0)
@@ -72,7 +72,7 @@ def test_json_view() -> None:
 def test_infeasible_splits_are_never_chosen_even_when_faster() -> None:
     # Without the HBM limit 5P3D (prefill 10*(12.8+0.64)) would be feasible; make every split
     # need 9 decode workers and make colocation slow: colocation is still the answer.
-    p = with_(P, K_seq=2.8e9, T_over=5.0)
+    p = with_(P, K_seq=5.6e9, T_over=5.0)
     d = decide(p, 8, None, CFG)
     assert d.target == coloc(8)
     assert not any(a.feasible for a in d.alternatives[1:])
@@ -116,8 +116,6 @@ def test_ratio_change_allowed_while_a_mode_switch_is_held_back() -> None:
 
 
 @pytest.mark.parametrize(("current", "why"), [
-    (split(3, 4), "7 workers, the budget is 8"),
-    (coloc(9), "9 workers"),
     (split(8, 0), "not a full split"),
     (split(0, 8), "not a full split"),
     (Target(Mode.COLOCATED, 2, 0, 6), "colocated target"),
@@ -130,6 +128,17 @@ def test_forced_switches_are_never_blocked(current: Target, why: str) -> None:
     d = decide(p, 8, current, CFG)
     assert d.forced and d.target == split(3, 5)
     assert d.reason.startswith("forced: ") and why in d.reason
+
+
+def test_a_budget_change_keeps_the_mode_unless_the_switch_clears_its_threshold() -> None:
+    p = with_(P, T_over=0.7)  # colocation 83 vs 3P5D 82.8 at 8 workers: a 0.2% difference
+    kept = decide(p, 8, coloc(7), CFG)
+    assert kept.target == coloc(8) and not kept.forced and "kept colocated" in kept.reason
+    moved = decide(p, 8, split(3, 4), CFG)
+    assert moved.target == split(3, 5) and "kept disaggregated" in moved.reason
+    far = with_(P, T_over=5.0)  # now colocation is far worse: the switch clears the threshold
+    switched = decide(far, 8, coloc(7), CFG)
+    assert switched.target.mode is Mode.DISAGGREGATED and "over 8C" in switched.reason
 
 
 def test_keeping_the_best_is_not_a_switch() -> None:

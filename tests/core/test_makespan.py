@@ -10,7 +10,7 @@ from pearl.core.profile import WorkloadProfile
 
 # Round numbers so every expected value below can be checked by hand.
 P = WorkloadProfile(B=64, S=10.0, delta_L=1000.0, r=100.0, theta=1.0, A=0.01, b=0.001,
-                    t_prefill=1e-4, T_env=50.0, T_over=0.2, K=1e5, K_seq=1e9, H_max=2e10,
+                    t_prefill=1e-4, T_env=50.0, T_over=0.2, K=1e5, K_seq=2e9, H_max=2e10,
                     BW=1e10, T_toggle=5.0)
 
 
@@ -53,10 +53,12 @@ def test_monotone_in_worker_counts() -> None:
 
 
 def test_decode_hbm_constraint() -> None:
-    # B K_seq = 64 GB; each decode worker holds 20 GB -> at least 4 decode workers.
+    # B K_seq = 128 GB, resident on average half of it (64 GB); each decode worker holds 20 GB
+    # -> at least 4 decode workers.
+    assert ms.KV_RESIDENCY == 0.5
     assert not ms.decode_hbm_ok(P, 3)
     assert ms.decode_hbm_ok(P, 4)
-    exact = WorkloadProfile(**{**_fields(P), "K_seq": 1.25e9})  # 80 GB = 4 x 20 GB exactly
+    exact = WorkloadProfile(**{**_fields(P), "K_seq": 2.5e9})  # 64 x 2.5 / 2 = 80 GB = 4 x 20
     assert ms.decode_hbm_ok(exact, 4) and not ms.decode_hbm_ok(exact, 3.99)
 
 
