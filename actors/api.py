@@ -111,7 +111,8 @@ class ApiEndpoint(PearlActor):
         return self.directory.get("scheduler").ask(env.msg.decoded, EVENT_TIMEOUT_S)
 
     def _hello(self, env: Any) -> Welcome:
-        return self.directory.get("supervisor").ask(env.msg, 10.0)  # type: ignore[no-any-return]
+        welcome: Welcome = self.directory.get("supervisor").ask(env.msg, 10.0)
+        return welcome
 
     def _beat(self, env: Any) -> Welcome:
         # Recorded here, on the server's thread: a busy supervisor must not look like a dead host.

@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from pearl.config import EngineConfig
 
@@ -84,7 +84,7 @@ class LocalProcessLauncher:
             "--state-dir",
             spec.state_dir,
         ]
-        out = subprocess.DEVNULL
+        out: Any = subprocess.DEVNULL
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             path = self.log_dir / f"worker-{spec.worker}-{spec.incarnation}.log"
@@ -97,7 +97,7 @@ class LocalProcessLauncher:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-        if out is not subprocess.DEVNULL:
+        if not isinstance(out, int):
             out.close()
         self._children[proc.pid] = proc
         return proc.pid

@@ -7,12 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 from pearl.core.profile import TrajectoryStats
+from pearl.core.schema import registered
 from pearl.core.state import Role
 from pearl.engines.base import EngineTelemetry, GenerateRequest, GenerateResult
 from transports.protocol import MESSAGES
 
 
-@MESSAGES.register("worker-hello")
+@registered(MESSAGES, "worker-hello")
 class WorkerHello:
     """A worker host announces itself to pearld (again after a pearld restart)."""
 
@@ -25,7 +26,7 @@ class WorkerHello:
     role: Role | None = None
 
 
-@MESSAGES.register("worker-beat")
+@registered(MESSAGES, "worker-beat")
 class WorkerBeat:
     """Heartbeat of a worker host; the reply carries pearld's boot id (a change means re-hello)."""
 
@@ -33,13 +34,13 @@ class WorkerBeat:
     incarnation: int
 
 
-@MESSAGES.register("welcome")
+@registered(MESSAGES, "welcome")
 class Welcome:
     boot_id: str
     known: bool = True  # False: the log does not know this worker; it will be stopped
 
 
-@MESSAGES.register("restore-worker")
+@registered(MESSAGES, "restore-worker")
 class RestoreWorker:
     """A restarted worker host: bring the engine up in ``role`` at ``weights_version``."""
 
@@ -50,14 +51,14 @@ class RestoreWorker:
     active: bool = True  # False: a retained overlap worker, keep device memory released
 
 
-@MESSAGES.register("generate")
+@registered(MESSAGES, "generate")
 class Generate:
     """Run one request on a worker; its result comes back as ``generate-done``."""
 
     request: GenerateRequest
 
 
-@MESSAGES.register("generate-done")
+@registered(MESSAGES, "generate-done")
 class GenerateDone:
     worker: int
     rid: str
@@ -66,12 +67,12 @@ class GenerateDone:
     retryable: bool = False  # e.g. the KV never arrived: route the request again
 
 
-@MESSAGES.register("abort-request")
+@registered(MESSAGES, "abort-request")
 class AbortRequest:
     rid: str
 
 
-@MESSAGES.register("load-weights")
+@registered(MESSAGES, "load-weights")
 class LoadWeights:
     """Move to weights ``version`` (from the weight store at ``uri``; lazy propagation)."""
 
@@ -79,13 +80,13 @@ class LoadWeights:
     uri: str = ""
 
 
-@MESSAGES.register("engine-telemetry")
+@registered(MESSAGES, "engine-telemetry")
 class EngineTelemetryReport:
     worker: int
     telemetry: EngineTelemetry
 
 
-@MESSAGES.register("state-changed")
+@registered(MESSAGES, "state-changed")
 class StateChanged:
     """The Orchestrator's view after a logged change (status payload and routable workers)."""
 
@@ -93,19 +94,19 @@ class StateChanged:
     status: dict[str, Any]
 
 
-@MESSAGES.register("supervise")
+@registered(MESSAGES, "supervise")
 class Supervise:
     """Periodic prod for the RoleSupervisor: reap dead hosts, restart with back-off."""
 
 
-@MESSAGES.register("trainer-hello")
+@registered(MESSAGES, "trainer-hello")
 class TrainerHello:
     """A trainer (embedding API client) that handles lend / reclaim of the training GPUs."""
 
     address: str
 
 
-@MESSAGES.register("route")
+@registered(MESSAGES, "route")
 class Route:
     """Ask the Router to run ``request``; the result goes to actor ``reply_to`` as generate-done."""
 
@@ -113,7 +114,7 @@ class Route:
     reply_to: str
 
 
-@MESSAGES.register("rollout-step")
+@registered(MESSAGES, "rollout-step")
 class RolloutStep:
     """A rollout step ended: what its trajectories did (the Runtime Tracker fits the profile)."""
 
@@ -123,21 +124,21 @@ class RolloutStep:
     active_fraction: tuple[float, ...] = ()
 
 
-@MESSAGES.register("next-batch")
+@registered(MESSAGES, "next-batch")
 class NextBatch:
     """A trainer asks for the next rollout batch, waiting at most ``timeout_s`` on pearld's side."""
 
     timeout_s: float = 0.5
 
 
-@MESSAGES.register("batch")
+@registered(MESSAGES, "batch")
 class BatchReply:
     """The batch (``pearl.rl.trajectory.Batch`` as a plain mapping), or None: not ready yet."""
 
     batch: dict[str, Any] | None = None
 
 
-@MESSAGES.register("weights-upload")
+@registered(MESSAGES, "weights-upload")
 class WeightsUpload:
     """Weights ``version`` as one bulk frame (safetensors bytes) for pearld's weight store."""
 

@@ -62,7 +62,7 @@ class Liveboard:
 
     def dead(self) -> set[int]:
         with self._lock:
-            return {int(w) for w in self._live.dead()}
+            return {int(str(w)) for w in self._live.dead()}
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import Any
 
 from pearl.core.errors import SchemaError
 from pearl.core.events import RECORDS, GpusAdded, GpusReclaimed, TrainingBegin, TrainingFinished
-from pearl.core.schema import Registry, to_wire
+from pearl.core.schema import Registry, registered, to_wire
 
 # -- constants ------------------------------------------------------------------------------
 
@@ -84,17 +84,17 @@ ELASTIC_EVENTS: dict[str, type] = {getattr(cls, "KIND"): cls for cls in _ELASTIC
 """Record kinds an ``event`` message may carry."""
 
 
-@MESSAGES.register("ping")
+@registered(MESSAGES, "ping")
 class Ping:
     nonce: int = 0
 
 
-@MESSAGES.register("pong")
+@registered(MESSAGES, "pong")
 class Pong:
     nonce: int = 0
 
 
-@MESSAGES.register("event")
+@registered(MESSAGES, "event")
 class Event:
     """An elastic event for the ElasticScheduler, as the wire mapping of its log record.
 
@@ -123,14 +123,14 @@ class Event:
         return RECORDS.decode(self.record)
 
 
-@MESSAGES.register("ack")
+@registered(MESSAGES, "ack")
 class Ack:
     """The request is durable: its record has log sequence number ``seq``."""
 
     seq: int
 
 
-@MESSAGES.register("error")
+@registered(MESSAGES, "error")
 class Error:
     """The request failed; ``code`` is one of :class:`ErrorCode`."""
 
@@ -138,24 +138,24 @@ class Error:
     message: str
 
 
-@MESSAGES.register("status-request")
+@registered(MESSAGES, "status-request")
 class StatusRequest:
     pass
 
 
-@MESSAGES.register("status")
+@registered(MESSAGES, "status")
 class Status:
     payload: dict[str, Any]
 
 
-@MESSAGES.register("subscribe")
+@registered(MESSAGES, "subscribe")
 class Subscribe:
     """Ask for a snapshot of ``topic``; later changes come over PUB/SUB."""
 
     topic: str = "state"
 
 
-@MESSAGES.register("snapshot")
+@registered(MESSAGES, "snapshot")
 class Snapshot:
     """The whole state of a topic as of change number ``seq`` of publisher ``incarnation``."""
 
@@ -165,7 +165,7 @@ class Snapshot:
     incarnation: int = 0
 
 
-@MESSAGES.register("change")
+@registered(MESSAGES, "change")
 class Change:
     """Change number ``seq`` of a topic (consecutive within one publisher ``incarnation``)."""
 
@@ -174,7 +174,7 @@ class Change:
     incarnation: int = 0
 
 
-@MESSAGES.register("register")
+@registered(MESSAGES, "register")
 class Register:
     """A worker host announces itself (again after a pearld restart: same worker, same address)."""
 
@@ -184,7 +184,7 @@ class Register:
     pid: int
 
 
-@MESSAGES.register("heartbeat")
+@registered(MESSAGES, "heartbeat")
 class Heartbeat:
     """I am alive. From a publisher, ``seq`` is its newest change (subscribers see lost ones)."""
 
@@ -192,7 +192,7 @@ class Heartbeat:
     seq: int = 0
 
 
-@MESSAGES.register("call")
+@registered(MESSAGES, "call")
 class Call:
     """Actor-to-actor message: run ``method(**args)`` on the actor named ``actor``."""
 
@@ -201,7 +201,7 @@ class Call:
     args: dict[str, Any]
 
 
-@MESSAGES.register("result")
+@registered(MESSAGES, "result")
 class Result:
     """Generic reply to a ``call``."""
 

@@ -67,7 +67,7 @@ def fetch_status(c: Any) -> dict[str, Any]:
     payload = c.request(StatusRequest()).payload
     if not payload:
         raise PearlError("pearld is starting: its state is not published yet; try again")
-    return payload  # type: ignore[no-any-return]
+    return dict(payload)
 
 
 def build_event(args: argparse.Namespace, c: Any) -> Any:

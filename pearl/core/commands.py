@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from pearl.core.schema import Registry
+from pearl.core.schema import Registry, registered
 from pearl.core.state import Role, Zone
 
 COMMANDS = Registry("command")
 
 
-@COMMANDS.register("start-worker")
+@registered(COMMANDS, "start-worker")
 class StartWorker:
     """Launch a worker host on ``gpus``, initialise the engine, sync the newest weights (ADD)."""
 
@@ -32,7 +32,7 @@ class StartWorker:
     step: int
 
 
-@COMMANDS.register("activate-worker")
+@registered(COMMANDS, "activate-worker")
 class ActivateWorker:
     """Resume a retained overlap worker's device state in ``role`` at the newest weights."""
 
@@ -43,7 +43,7 @@ class ActivateWorker:
     step: int
 
 
-@COMMANDS.register("stop-worker")
+@registered(COMMANDS, "stop-worker")
 class StopWorker:
     """Stop routing, abort in-flight requests keeping their generated prefixes, return the GPUs."""
 
@@ -55,7 +55,7 @@ class StopWorker:
     cancel: bool = False  # undoes a joiner of a cancelled expansion (answered with cancel=True)
 
 
-@COMMANDS.register("deactivate-worker")
+@registered(COMMANDS, "deactivate-worker")
 class DeactivateWorker:
     """Drain an overlap worker (aborts keep prefixes), free its device memory, keep its process."""
 
@@ -67,7 +67,7 @@ class DeactivateWorker:
     cancel: bool = False
 
 
-@COMMANDS.register("set-role")
+@registered(COMMANDS, "set-role")
 class SetRole:
     """Drain or hand over in-flight work, then switch the worker's role."""
 
@@ -77,7 +77,7 @@ class SetRole:
     step: int
 
 
-@COMMANDS.register("lend-training")
+@registered(COMMANDS, "lend-training")
 class LendTraining:
     """The training worker releases device memory so rollout can borrow its GPUs."""
 
@@ -86,7 +86,7 @@ class LendTraining:
     step: int
 
 
-@COMMANDS.register("reclaim-training")
+@registered(COMMANDS, "reclaim-training")
 class ReclaimTraining:
     """The training worker restores its device state on its GPUs."""
 
@@ -95,7 +95,7 @@ class ReclaimTraining:
     step: int
 
 
-@COMMANDS.register("sync-weights")
+@registered(COMMANDS, "sync-weights")
 class SyncWeights:
     """Move a serving (or still initialising) worker to weights ``version`` (lazy propagation:
     workers that join later get the newest version with their start or activation)."""
@@ -104,14 +104,14 @@ class SyncWeights:
     version: int
 
 
-@COMMANDS.register("training-may-proceed")
+@registered(COMMANDS, "training-may-proceed")
 class TrainingMayProceed:
     """Every borrowed GPU is back: the trainer may run step ``step``."""
 
     step: int
 
 
-@COMMANDS.register("routing-changed")
+@registered(COMMANDS, "routing-changed")
 class RoutingChanged:
     """The routable set changed at a logged commit point (sequence ``seq``)."""
 
@@ -121,7 +121,7 @@ class RoutingChanged:
 # -- reports -------------------------------------------------------------------------------
 
 
-@COMMANDS.register("step-result")
+@registered(COMMANDS, "step-result")
 class StepResult:
     """An executor finished (ok) or failed step ``step`` of ``plan`` (or its cancellation)."""
 
@@ -133,7 +133,7 @@ class StepResult:
     duration_s: float = 0.0
 
 
-@COMMANDS.register("worker-down")
+@registered(COMMANDS, "worker-down")
 class WorkerDown:
     """A worker host died or stopped heart-beating; its supervisor will try to restart it."""
 
@@ -142,7 +142,7 @@ class WorkerDown:
     reason: str
 
 
-@COMMANDS.register("worker-up")
+@registered(COMMANDS, "worker-up")
 class WorkerUp:
     """A worker host (re)registered and serves in the role the table gives it."""
 
@@ -150,7 +150,7 @@ class WorkerUp:
     incarnation: int
 
 
-@COMMANDS.register("worker-lost")
+@registered(COMMANDS, "worker-lost")
 class WorkerLost:
     """The supervisor gave up restarting a worker: remove it and keep its GPUs out for a while."""
 
@@ -158,14 +158,14 @@ class WorkerLost:
     reason: str
 
 
-@COMMANDS.register("rollout-progress")
+@registered(COMMANDS, "rollout-progress")
 class RolloutProgress:
     """R of the current batch's B trajectories are not complete yet (for the borrowing gate)."""
 
     remaining: int
 
 
-@COMMANDS.register("tick")
+@registered(COMMANDS, "tick")
 class Tick:
     """Time passed: check step deadlines and quarantine expiry."""
 

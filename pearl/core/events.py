@@ -17,13 +17,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from pearl.core.schema import Registry, to_wire
+from pearl.core.schema import Registry, registered, to_wire
 from pearl.core.state import Activity, Role, Step, Target, Zone
 
 RECORDS = Registry("record")
 
 
-@RECORDS.register("cluster-init")
+@registered(RECORDS, "cluster-init")
 class ClusterInit:
     """First record of every log: the GPU universe and the tensor-parallel degree."""
 
@@ -33,28 +33,28 @@ class ClusterInit:
     preemptible_gpus: tuple[int, ...]
 
 
-@RECORDS.register("gpus-added")
+@registered(RECORDS, "gpus-added")
 class GpusAdded:
     """Preemptible GPUs joined the dedicated rollout zone (inter-scale expansion)."""
 
     gpus: tuple[int, ...]
 
 
-@RECORDS.register("gpus-reclaimed")
+@registered(RECORDS, "gpus-reclaimed")
 class GpusReclaimed:
     """Preemptible GPUs are being taken back; workers on them stop receiving requests at once."""
 
     gpus: tuple[int, ...]
 
 
-@RECORDS.register("training-begin")
+@registered(RECORDS, "training-begin")
 class TrainingBegin:
     """The trainer wants its GPUs: every borrowed GPU must come back before it proceeds."""
 
     step: int
 
 
-@RECORDS.register("training-finished")
+@registered(RECORDS, "training-finished")
 class TrainingFinished:
     """A training step is done; its GPUs may be borrowed until the next training-begin."""
 
@@ -62,13 +62,13 @@ class TrainingFinished:
     weights_version: int | None = None
 
 
-@RECORDS.register("weights-published")
+@registered(RECORDS, "weights-published")
 class WeightsPublished:
     version: int
     uri: str = ""
 
 
-@RECORDS.register("worker-added")
+@registered(RECORDS, "worker-added")
 class WorkerAdded:
     """A rollout worker takes a free slot and binds to its GPUs for life (starts transitioning)."""
 
@@ -78,25 +78,25 @@ class WorkerAdded:
     zone: Zone
 
 
-@RECORDS.register("worker-removed")
+@registered(RECORDS, "worker-removed")
 class WorkerRemoved:
     worker: int
     reason: str = ""
 
 
-@RECORDS.register("role-changed")
+@registered(RECORDS, "role-changed")
 class RoleChanged:
     worker: int
     role: Role
 
 
-@RECORDS.register("activity-changed")
+@registered(RECORDS, "activity-changed")
 class ActivityChanged:
     worker: int
     activity: Activity
 
 
-@RECORDS.register("worker-failed")
+@registered(RECORDS, "worker-failed")
 class WorkerFailed:
     """A worker host died or failed a command; it stops receiving requests."""
 
@@ -105,7 +105,7 @@ class WorkerFailed:
     incarnation: int = 0
 
 
-@RECORDS.register("plan-begin")
+@registered(RECORDS, "plan-begin")
 class PlanBegin:
     """A reconfiguration plan (W_add, W_remove, rho) as ordered steps toward ``target``."""
 
@@ -116,24 +116,24 @@ class PlanBegin:
     mandatory: bool = False  # a shrink or GPU return: completed on recovery, never cancelled
 
 
-@RECORDS.register("step-done")
+@registered(RECORDS, "step-done")
 class StepDone:
     plan: int
     step: int
 
 
-@RECORDS.register("plan-commit")
+@registered(RECORDS, "plan-commit")
 class PlanCommit:
     plan: int
 
 
-@RECORDS.register("plan-abort")
+@registered(RECORDS, "plan-abort")
 class PlanAbort:
     plan: int
     reason: str
 
 
-@RECORDS.register("telemetry")
+@registered(RECORDS, "telemetry")
 class Telemetry:
     """One rollout step's workload summary (the Runtime Tracker's input, §4.3.2 and §5).
 

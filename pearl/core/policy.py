@@ -48,7 +48,8 @@ class Policy:
                 return d
         if self.pd is PD.COLOCATED:
             target = Target(Mode.COLOCATED, 0, 0, N)
-            return Decision(target, float(T_coloc(profile, N)), (), "policy: colocated")
+            alternatives = decide(profile, N, None, self.decision).alternatives
+            return Decision(target, float(T_coloc(profile, N)), alternatives, "policy: colocated")
         # Forced disaggregation: the best feasible split, ignoring colocation.
         d = decide(profile, N, None, _NoModeSwitch(self.decision))
         splits = [a for a in d.alternatives if a.mode is Mode.DISAGGREGATED and a.feasible]

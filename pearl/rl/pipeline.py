@@ -197,8 +197,8 @@ class Pipeline:
                 stopping = asyncio.create_task(stop.wait())
                 waking = asyncio.create_task(self._wake.wait())
                 await asyncio.wait({stopping, waking, *tasks}, return_when=asyncio.FIRST_COMPLETED)
-                for t in (stopping, waking):
-                    t.cancel()
+                stopping.cancel()
+                waking.cancel()
         finally:
             sampler.cancel()
             for t in tasks:
