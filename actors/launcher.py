@@ -35,6 +35,7 @@ class WorkerSpec:
     heartbeat_s: float
     orphan_s: float
     state_dir: str
+    keys_dir: str = ""  # CURVE client keys ("worker") when pearld listens beyond loopback
 
 
 class Launcher(Protocol):
@@ -83,6 +84,7 @@ class LocalProcessLauncher:
             str(spec.orphan_s),
             "--state-dir",
             spec.state_dir,
+            *(["--keys-dir", spec.keys_dir] if spec.keys_dir else []),
         ]
         out: Any = subprocess.DEVNULL
         if self.log_dir is not None:

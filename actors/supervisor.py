@@ -178,6 +178,7 @@ class RoleSupervisor(PearlActor):
             d.heartbeat_s,
             d.worker_orphan_s,
             self.state_dir,
+            d.keys_dir,
         )
         h.pid = self.launcher.launch(spec)
         h.ref, h.launched_at = None, time.monotonic()

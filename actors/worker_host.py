@@ -29,6 +29,7 @@ from pearl.config import EngineConfig, parse_gpus
 from pearl.core.errors import PearlError
 from pearl.core.schema import to_wire
 from pearl.engines.factory import build_engine
+from transports.auth import ClientKeys
 from transports.bulk import ZmqKVChannel
 from transports.protocol import Call
 from transports.rpc import Client, Server
@@ -86,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--heartbeat-s", type=float, default=1.0)
     p.add_argument("--orphan-s", type=float, default=120.0)
     p.add_argument("--state-dir", default="")
+    p.add_argument("--keys-dir", default="", help="CURVE keys; needs a 'worker' client key pair")
     a = p.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s worker-{a.worker} %(levelname)s %(message)s"
@@ -96,8 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     directory = Directory()
-    to_pearld = Client(a.endpoint, timeout_s=2.0, retries=1, name=f"worker-{a.worker}")
-    reporter = Reporter(Client(a.endpoint, timeout_s=5.0, retries=2, name=f"worker-{a.worker}-r"))
+    keys = ClientKeys.load(a.keys_dir, "worker") if a.keys_dir else None  # CURVE to pearld
+    to_pearld = Client(a.endpoint, keys=keys, timeout_s=2.0, retries=1, name=f"worker-{a.worker}")
+    reporter = Reporter(
+        Client(a.endpoint, keys=keys, timeout_s=5.0, retries=2, name=f"worker-{a.worker}-r")
+    )
     for name in ("orchestrator", "router", "tracker"):
         directory.register(QueuedRef(name, reporter))
     kv = ZmqKVChannel()
