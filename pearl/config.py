@@ -119,6 +119,9 @@ class EngineConfig:
     threads: int = 1  # torch threads per worker host
     kv_budget_mb: float = 64.0
     seed: int = 0
+    sim_vocab: int = 0  # sim: token ids drawn below this (0: the model's vocabulary); match a
+    # trainer's model to train on sim rollouts
+    sim_start_s: float = 60.0  # sim: cold start of a worker (process, model load, warm-up)
     # sglang: each worker host launches one server (python -m <sglang_module> ...), see
     # pearl.engines.sglang. Ports are per worker: the base plus the worker's first GPU id, so
     # the router side finds every server from the table alone.

@@ -17,7 +17,8 @@ from pearl.core.state import Role
 from pearl.engines.base import Engine, KVChannel
 
 
-def sim_cost(model: str, gpu: str, tp: int, context: float = 8192.0) -> Any:
+def sim_cost(model: str, gpu: str, tp: int, context: float = 8192.0, vocab: int = 0,
+             start_s: float = 60.0) -> Any:
     """SimCost of one worker from the catalog roofline (Table 3 hand-off costs stay as shipped)."""
     from pearl.engines.sim import SimCost
 
@@ -28,6 +29,8 @@ def sim_cost(model: str, gpu: str, tp: int, context: float = 8192.0) -> Any:
         t_prefill=roof.t_prefill,
         kv_bytes_per_token=int(roof.K),
         kv_bandwidth=roof.BW,
+        start_s=start_s,
+        **({"vocab_size": vocab} if vocab else {}),
     )
 
 
@@ -38,7 +41,7 @@ def build_engine(
         from pearl.engines.sim import SimEngine
 
         return SimEngine(
-            cost=sim_cost(model, gpu, tp),
+            cost=sim_cost(model, gpu, tp, vocab=cfg.sim_vocab, start_s=cfg.sim_start_s),
             role=role,
             kv_channel=kv_channel,
             time_scale=cfg.time_scale,
