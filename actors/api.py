@@ -74,6 +74,7 @@ class ApiEndpoint(PearlActor):
         self.directory, self.endpoint, self.boot_id, self.keys = directory, endpoint, boot_id, keys
         self.board = board
         self.view: dict[str, Any] = {}
+        self.status_msg = Status({})
         self.server: Server | None = None
         self.publisher: Publisher | None = None
 
@@ -86,7 +87,7 @@ class ApiEndpoint(PearlActor):
                 {
                     Ping: lambda env: Pong(env.msg.nonce),
                     Event: self._event,
-                    StatusRequest: lambda env: Status(self.view),
+                    StatusRequest: lambda env: self.status_msg,
                     Subscribe: lambda env: self.publisher.snapshot(lambda: self.view),  # type: ignore[union-attr]
                     WorkerHello: self._hello,
                     WorkerBeat: self._beat,
@@ -135,6 +136,7 @@ class ApiEndpoint(PearlActor):
         view["endpoint"] = self.server.address if self.server else self.endpoint
         view["pub_endpoint"] = self.publisher.address if self.publisher else ""
         self.view = view
+        self.status_msg = Status(view)  # one object per change: its encoding is reused
         if self.publisher is not None:
             self.publisher.publish(view)
 

@@ -30,6 +30,8 @@ REGISTRIES: tuple[Registry, ...] = (MESSAGES, COMMANDS, RECORDS)
 """Where a kind is looked up, in this order (kinds are unique across them)."""
 
 _ENVELOPE_KEYS = frozenset({"proto", "id", "corr", "sender", "kind", "body"})
+_MAP6 = b"\x86"  # msgpack fixmap header for the envelope's six entries
+_BODY_KEY = msgpack.packb("body")
 
 
 class BadMessage(ProtocolError):
@@ -92,6 +94,8 @@ class Codec:
 
     def __init__(self, limits: Limits | None = None) -> None:
         self.limits = limits or Limits()
+        self._last_msg: Any = None  # the last message encoded, and its packed body
+        self._last_body = b""
         lim = self.limits.max_envelope
         self._unpack_opts: dict[str, Any] = {
             "raw": False,
@@ -121,17 +125,17 @@ class Codec:
         if reg is None or reg.kinds[str(kind)] is not type(msg):
             raise ProtocolError(f"cannot send {type(msg).__name__}: not a registered kind")
         try:
-            env = msgpack.packb(
-                {
-                    "proto": PROTOCOL_VERSION,
-                    "id": id,
-                    "corr": corr,
-                    "sender": sender,
-                    "kind": kind,
-                    "body": to_wire(msg),
-                },
+            if msg is self._last_msg:  # the same reply again (a status view): reuse its body
+                body = self._last_body
+            else:
+                body = msgpack.packb(to_wire(msg), use_bin_type=True)
+                self._last_msg, self._last_body = msg, body
+            head = msgpack.packb(
+                {"proto": PROTOCOL_VERSION, "id": id, "corr": corr, "sender": sender, "kind": kind},
                 use_bin_type=True,
             )
+            # The envelope is one map: the five header fields, then "body" packed once above.
+            env = _MAP6 + head[1:] + _BODY_KEY + body
         except (TypeError, ValueError, OverflowError) as e:
             raise ProtocolError(f"cannot encode {kind!r}: {e}") from None
         out = [env, *frames]
