@@ -14,8 +14,10 @@ continues decoding, and its result is the request's result.
 from __future__ import annotations
 
 import enum
+import threading
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol
 
@@ -176,7 +178,35 @@ class Engine(ABC):
         """Stats collected since the last call (and forget them)."""
 
 
+class Drainable:
+    """``in_flight`` and ``drain`` for engines that keep their requests in a mapping guarded by
+    a condition variable (``_cv``, notified whenever a request finishes)."""
+
+    _cv: threading.Condition
+    _draining: bool = False
+
+    def _requests(self) -> Mapping[str, Any]:
+        raise EngineError(f"{type(self).__name__} does not track its requests")
+
+    def in_flight(self) -> list[str]:
+        with self._cv:
+            return list(self._requests())
+
+    def drain(self, timeout_s: float) -> bool:
+        """Refuse new requests while waiting up to ``timeout_s`` for in-flight ones to end."""
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            self._draining = True
+            try:
+                while self._requests() and (left := deadline - time.monotonic()) > 0:
+                    self._cv.wait(min(left, 0.5))
+                return not self._requests()
+            finally:
+                self._draining = False
+
+
 __all__ = [
+    "Drainable",
     "Engine",
     "EngineError",
     "EngineTelemetry",

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -22,6 +21,7 @@ from typing import Any, TypeVar
 from pearl.core.state import Role
 from pearl.engines.backend import Backend, ServingConfig
 from pearl.engines.base import (
+    Drainable,
     Engine,
     EngineError,
     EngineTelemetry,
@@ -42,7 +42,7 @@ T = TypeVar("T")
 SERVING_ROLES = (Role.COLOCATED, Role.PREFILL, Role.DECODE)
 
 
-class ServingEngine(Engine, Backend):
+class ServingEngine(Drainable, Engine, Backend):
     """The shared engine; subclasses supply the model (``_forward`` and the memory hooks)."""
 
     def __init__(self, config: ServingConfig, role: Role, kv_channel: KVChannel | None) -> None:
@@ -130,20 +130,8 @@ class ServingEngine(Engine, Backend):
             self._aborts.append(rid)
             self._cv.notify_all()
 
-    def in_flight(self) -> list[str]:
-        with self._cv:
-            return list(self._seqs)
-
-    def drain(self, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        with self._cv:
-            self._draining = True
-            try:
-                while self._seqs and (left := deadline - time.monotonic()) > 0:
-                    self._cv.wait(min(left, 0.5))
-                return not self._seqs
-            finally:
-                self._draining = False
+    def _requests(self) -> dict[str, Seq]:
+        return self._seqs
 
     def release_memory(self) -> None:
         """Abort what is in flight (prefixes kept in the results), then free weights and KV."""

@@ -34,6 +34,7 @@ from typing import Any
 
 from pearl.core.state import Role
 from pearl.engines.base import (
+    Drainable,
     Engine,
     EngineError,
     EngineTelemetry,
@@ -67,7 +68,7 @@ class SGLangEngineConfig:
     env: dict[str, str] | None = field(default=None, compare=False)
 
 
-class SGLangEngine(Engine):
+class SGLangEngine(Drainable, Engine):
     kind = "sglang"
 
     def __init__(self, config: SGLangEngineConfig, *, role: Role = Role.COLOCATED,
@@ -271,20 +272,8 @@ class SGLangEngine(Engine):
         except EngineError as e:
             log.debug("abort %s: %s", rid, e)
 
-    def in_flight(self) -> list[str]:
-        with self._cv:
-            return list(self._calls)
-
-    def drain(self, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        with self._cv:
-            self._draining = True
-            try:
-                while self._calls and (left := deadline - time.monotonic()) > 0:
-                    self._cv.wait(min(left, 0.5))
-                return not self._calls
-            finally:
-                self._draining = False
+    def _requests(self) -> dict[str, Call]:
+        return self._calls
 
     def _quiesce(self, what: str) -> None:
         """Abort everything in flight and wait until the server is idle (SGLang requires it)."""
