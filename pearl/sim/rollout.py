@@ -279,6 +279,18 @@ class Rollout:
         if w.n or w.pq:
             self.clock.at(w.next_time(self.clock.now), ck.WORKER, w, w.version)
 
+    def dispatch(self, kind: int, obj: object, version: int) -> bool:
+        """Handle a worker, environment or transfer event; False for any other kind."""
+        if kind == ck.WORKER:
+            self.on_worker(obj, version)  # type: ignore[arg-type]
+        elif kind == ck.ENV:
+            self.on_env(obj)  # type: ignore[arg-type]
+        elif kind == ck.XFER:
+            obj.on_event(version)  # type: ignore[attr-defined]
+        else:
+            return False
+        return True
+
     def on_worker(self, w: SimWorker, version: int) -> None:
         if version != w.version or not w.alive:
             return

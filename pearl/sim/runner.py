@@ -255,12 +255,8 @@ class Simulation:
         while (e := clock.pop()) is not None:
             t, kind, obj, ver = e
             n += 1
-            if kind == ck.WORKER:
-                ro.on_worker(obj, ver)
-            elif kind == ck.ENV:
-                ro.on_env(obj)
-            elif kind == ck.XFER:
-                obj.on_event(ver)
+            if ro.dispatch(kind, obj, ver):
+                pass
             elif kind == ck.STEP:
                 self._handle(obj)
                 self._sync_avail()

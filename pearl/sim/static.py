@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pearl.core.profile import StepTelemetry, TrajectoryStats
-from pearl.sim import clock as ck
 from pearl.sim.clock import Clock
 from pearl.sim.costs import EngineParams, worker_costs
 from pearl.sim.rollout import Rollout
@@ -91,12 +90,7 @@ def run_static(model: str, n_c: int = 0, n_p: int = 0, n_d: int = 0, *,
             if ev is None:
                 raise RuntimeError("rollout stalled: no event pending with trajectories left")
             _, kind, obj, ver = ev
-            if kind == ck.WORKER:
-                ro.on_worker(obj, ver)
-            elif kind == ck.ENV:
-                ro.on_env(obj)
-            elif kind == ck.XFER:
-                obj.on_event(ver)
+            ro.dispatch(kind, obj, ver)
         ro._acc()
         span = clock.now - t0
         unf = ro.int_unfinished - unf0

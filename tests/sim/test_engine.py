@@ -23,12 +23,7 @@ def _drive(ro: Rollout, clock: Clock, done: list[Traj], n: int, until: float = 1
         e = clock.pop()
         assert e is not None and e[0] < until, "stalled"
         _, kind, obj, ver = e
-        if kind == ck.WORKER:
-            ro.on_worker(obj, ver)
-        elif kind == ck.ENV:
-            ro.on_env(obj)
-        elif kind == ck.XFER:
-            obj.on_event(ver)
+        ro.dispatch(kind, obj, ver)
 
 
 def _cluster(roles: list[str], eng: EngineParams | None = None) -> tuple[Rollout, Clock,
