@@ -2,9 +2,11 @@
 
 A trajectory runs turn after turn: its request is routed, prefilled, decoded, then the environment
 takes its seconds and the next turn's request comes. Routing is cache-aware with load balance (as
-SGLang's router): a turn goes back to the worker holding the trajectory's KV (colocated) or its
-cached prefix (prefill) unless that worker carries more than ``balance`` trajectories over the
-least loaded one; then it moves and prefills its whole context there. Under disaggregation the
+SGLang's router): a turn goes back to the worker holding the trajectory's KV (colocated or
+decode) or its cached prefix (prefill) unless that worker carries more than ``balance``
+trajectories over the least loaded one; then it moves and its whole context is computed or
+shipped there. (Without the bound on decode, borrowed decode workers sat nearly idle: every
+trajectory stayed with the dedicated decode worker that held its KV.) Under disaggregation the
 decode worker reserves the request's KV first (SGLang's pre-allocation), the prefill worker
 computes the new tokens, and the KV crosses the link (:mod:`pearl.sim.link`) before decode starts.
 
@@ -155,7 +157,10 @@ class Rollout:
             pw = self._pick(tr.owner if tr.owner in p else None, p)
             self._own(tr, pw)
             home = tr.home if self.costs.decode_keeps_prefix and tr.home in d else None
-            self._admit_decode(home or min(d, key=_active), tr)
+            least = min(d, key=_active)
+            if home is not None and _active(home)[0] - _active(least)[0] > self.balance:
+                home = None  # the KV holder is busy: decode elsewhere, the context moves again
+            self._admit_decode(home or least, tr)
 
     def _pick(self, home: SimWorker | None, ws: list[SimWorker]) -> SimWorker:
         least = min(ws, key=_load)
