@@ -11,6 +11,7 @@ job) and pearld keeps serving.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -44,6 +45,7 @@ from transports.rpc import Server, dispatch
 log = logging.getLogger(__name__)
 
 EVENT_TIMEOUT_S = 30.0
+VIEW_WAIT_S = 5.0
 
 
 def pub_address(endpoint: str) -> str:
@@ -75,6 +77,7 @@ class ApiEndpoint(PearlActor):
         self.board = board
         self.view: dict[str, Any] = {}
         self.status_msg = Status({})
+        self._view_seq = threading.Condition()
         self.server: Server | None = None
         self.publisher: Publisher | None = None
 
@@ -109,7 +112,13 @@ class ApiEndpoint(PearlActor):
         return self.server.address
 
     def _event(self, env: Any) -> Any:
-        return self.directory.get("scheduler").ask(env.msg.decoded, EVENT_TIMEOUT_S)
+        ack = self.directory.get("scheduler").ask(env.msg.decoded, EVENT_TIMEOUT_S)
+        # Read your writes: the orchestrator tells this actor the new view before it acks, but
+        # asynchronously; a status asked right after the ack must already show the event.
+        seq = getattr(ack, "seq", 0)
+        with self._view_seq:
+            self._view_seq.wait_for(lambda: self.view.get("seq", 0) >= seq, VIEW_WAIT_S)
+        return ack
 
     def _hello(self, env: Any) -> Welcome:
         welcome: Welcome = self.directory.get("supervisor").ask(env.msg, 10.0)
@@ -135,8 +144,10 @@ class ApiEndpoint(PearlActor):
         view = dict(msg.status)
         view["endpoint"] = self.server.address if self.server else self.endpoint
         view["pub_endpoint"] = self.publisher.address if self.publisher else ""
-        self.view = view
-        self.status_msg = Status(view)  # one object per change: its encoding is reused
+        with self._view_seq:
+            self.view = view
+            self.status_msg = Status(view)  # one object per change: its encoding is reused
+            self._view_seq.notify_all()
         if self.publisher is not None:
             self.publisher.publish(view)
 

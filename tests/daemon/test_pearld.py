@@ -105,6 +105,18 @@ def test_training_begin_twice_is_refused(pearld_factory: Any) -> None:
         d.event(ev.TrainingBegin(2))
 
 
+def test_status_right_after_an_ack_shows_the_event(pearld_factory: Any) -> None:
+    d: Pearld = pearld_factory("daemon.borrow=never")
+    d.settled()
+    for step in range(1, 21):  # the view is updated asynchronously: a lost race shows within 20
+        seq = d.event(ev.TrainingBegin(step))
+        s = d.status()
+        assert s["seq"] >= seq and s["phase"] == "training", (step, seq, s["seq"])
+        seq = d.event(ev.TrainingFinished(step, None))
+        s = d.status()
+        assert s["seq"] >= seq and s["phase"] == "idle", (step, seq, s["seq"])
+
+
 def test_config_typo_is_a_clear_error(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text(CONFIG.read_text().replace("[cluster]\n", "[cluster]\ntpp = 2\n"))
