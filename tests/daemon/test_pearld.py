@@ -298,32 +298,74 @@ def test_beyond_loopback_needs_curve_and_works_with_it(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     endpoint = f"tcp://0.0.0.0:{port}"
-    base = [sys.executable, "-m", "pearl.daemon", "--config", str(CONFIG),
-            "--endpoint", endpoint, "--set", "daemon.borrow=never",
-            "--set", "engine.time_scale=0.001", "--set", "cluster.training_gpus=0-3",
-            "--set", "cluster.reserved_gpus=4-7", "--set", "cluster.preemptible_gpus=8-15"]
-    refused = subprocess.run([*base, "--state-dir", str(tmp_path / "a")], capture_output=True,
-                             text=True, cwd=ROOT, timeout=60)
+    base = [
+        sys.executable,
+        "-m",
+        "pearl.daemon",
+        "--config",
+        str(CONFIG),
+        "--endpoint",
+        endpoint,
+        "--set",
+        "daemon.borrow=never",
+        "--set",
+        "engine.time_scale=0.001",
+        "--set",
+        "cluster.training_gpus=0-3",
+        "--set",
+        "cluster.reserved_gpus=4-7",
+        "--set",
+        "cluster.preemptible_gpus=8-15",
+    ]
+    refused = subprocess.run(
+        [*base, "--state-dir", str(tmp_path / "a")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
     assert refused.returncode == 1 and "pearl keys generate" in refused.stderr
     keys = tmp_path / "keys"
-    assert subprocess.run([sys.executable, "-m", "pearl", "keys", "generate", str(keys),
-                           "--client", "worker", "--client", "client"], cwd=ROOT,
-                          capture_output=True, timeout=60).returncode == 0
+    assert (
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pearl",
+                "keys",
+                "generate",
+                str(keys),
+                "--client",
+                "worker",
+                "--client",
+                "client",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            timeout=60,
+        ).returncode
+        == 0
+    )
     d = Pearld(tmp_path, [])
     d.state = tmp_path / "b"
-    d.proc = subprocess.Popen([*base, "--state-dir", str(d.state), "--set",
-                               f"daemon.keys_dir={keys}"], cwd=ROOT,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    d.proc = subprocess.Popen(
+        [*base, "--state-dir", str(d.state), "--set", f"daemon.keys_dir={keys}"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         local = f"tcp://127.0.0.1:{port}"
 
         def status() -> dict[str, Any] | None:
-            r = cli("status", "--json", "--keys-dir", str(keys), "--timeout", "1",
-                    endpoint=local)
+            r = cli("status", "--json", "--keys-dir", str(keys), "--timeout", "1", endpoint=local)
             return json.loads(r.stdout) if r.returncode == 0 else None
 
-        s = wait_until(lambda: (x := status()) and len(routable(x)) == 2 and x, 60,
-                       "workers to connect over CURVE")
+        s = wait_until(
+            lambda: (x := status()) and len(routable(x)) == 2 and x,
+            60,
+            "workers to connect over CURVE",
+        )
         assert s["seq"] > 0
         plain = cli("status", "--timeout", "0.5", endpoint=local)  # no keys: no answer
         assert plain.returncode != 0
