@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
-from crc32c import crc32c
 
 from pearl.core import events
 from pearl.core.errors import LogCorrupted, LogError, PearlError
@@ -330,7 +329,9 @@ def _records(
     max_record: int,
     cache: dict[bytes, Record],
 ) -> Iterator[tuple[int, Record]]:
-    """Verify and decode the frames of one segment (the replay hot loop, kept flat).
+    """Decode the frames of one segment (the replay hot loop, kept flat). Every byte up to
+    ``size`` had its CRC checked when the log was opened, or was written by this process, so only
+    the framing is re-checked here.
 
     Records are immutable and decoding is deterministic, so equal small payloads share one
     decoded record through ``cache``.
@@ -341,14 +342,12 @@ def _records(
     while off < size:
         if size - off < HEADER_SIZE:
             raise LogCorrupted(f"{path}: short header at byte offset {off}")
-        length, crc, seq = unpack_from(buf, off)
+        length, _crc, seq = unpack_from(buf, off)
         stop = off + HEADER_SIZE + length
         if seq >= start:
             if seq > until:
                 return
-            if seq != expected or not 0 < length <= max_record or stop > size or (
-                crc32c(mv[off + 8 : stop]) != crc
-            ):
+            if seq != expected or not 0 < length <= max_record or stop > size:
                 raise _bad(path, mv, off, size, max_record, expected)
             payload = buf[off + HEADER_SIZE : stop]
             record = cache.get(payload)
