@@ -97,6 +97,33 @@ def test_release_frees_the_weights_and_a_cpu_copy_can_be_kept() -> None:
         e.stop()
 
 
+def test_a_worker_resuming_from_a_published_snapshot_serves_those_weights(tmp_path: Path) -> None:
+    """The weight store saves tied tensors once (no lm_head.weight). A worker that rebuilds its
+    model from such a file (resume after lending its GPUs) must tie lm_head again and recompute
+    the rotary buffers, not serve uninitialised memory."""
+    from pearl.rl.weights import WeightStore
+
+    cfg = M.preset_config("tiny")
+    trained = M.build(cfg, M.WeightSource("seed", 11), torch.device("cpu"), torch.float32)
+    path = WeightStore(tmp_path / "store").publish(1, trained.state_dict())
+    rebuilt = M.build(cfg, M.WeightSource("file", str(path)), torch.device("cpu"), torch.float32)
+    assert rebuilt.lm_head.weight is rebuilt.model.embed_tokens.weight
+    x = torch.tensor([list(prompt_of(16))])
+    with torch.inference_mode():
+        assert torch.equal(rebuilt(x).logits, trained(x).logits)
+    want, _ = hf_greedy(trained, prompt_of(12), 6)
+    e = TorchEngine(preset="tiny")
+    e.start()
+    try:
+        e.load_weights(1, str(path))
+        assert list(run(e, prompt_of(12), max_new_tokens=6).output_ids) == want
+        e.release_memory()
+        e.resume_memory()  # rebuilds from the file
+        assert list(run(e, prompt_of(12), rid="after", max_new_tokens=6).output_ids) == want
+    finally:
+        e.stop()
+
+
 def test_top_p_near_zero_is_greedy_and_sampling_varies(engine: TorchEngine) -> None:
     greedy = run(engine, prompt_of(9), max_new_tokens=10).output_ids
     nucleus = run(engine, prompt_of(9), rid="p", max_new_tokens=10, temperature=1.0, top_p=1e-6)

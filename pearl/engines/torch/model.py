@@ -91,6 +91,12 @@ def build(config: Qwen3Config, source: WeightSource, device: torch.device,
     with torch.device("meta"):
         model = Qwen3ForCausalLM(config)
     model = model.to(dtype=dtype).to_empty(device=device).eval()
+    # to_empty leaves every tensor uninitialised and gives tied parameters separate storage: tie
+    # them again (a store saves tied weights once) and recompute the non-persistent buffers
+    # (rotary frequencies), which no state dict carries.
+    model.tie_weights()
+    with torch.device(device):
+        model.model.rotary_emb = type(model.model.rotary_emb)(config)
     load_into(model, source)
     return model
 
@@ -121,7 +127,7 @@ def load_into(model: Any, source: WeightSource) -> None:
         missing, unexpected = model.load_state_dict(state, strict=False)
     except RuntimeError as e:  # shape mismatches
         raise EngineError(f"weights do not fit the model: {e}") from None
-    if model.config.tie_word_embeddings:
+    if model.config.tie_word_embeddings and model.lm_head.weight is model.model.embed_tokens.weight:
         missing = [k for k in missing if k != "lm_head.weight"]
     if missing or unexpected:
         raise EngineError(f"weights do not match the model: missing {missing[:5]}, unexpected "
