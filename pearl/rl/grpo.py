@@ -77,12 +77,7 @@ class GRPOTrainer:
         if cfg.dtype not in M.DTYPES:
             raise TrainerError(f"dtype {cfg.dtype!r} is not one of {list(M.DTYPES)}")
         self.dtype = M.DTYPES[cfg.dtype]
-        if cfg.model_path:
-            self.hf_config = M.dir_config(cfg.model_path)
-            self._source = M.WeightSource("dir", cfg.model_path)
-        else:
-            self.hf_config = M.preset_config(cfg.preset)
-            self._source = M.WeightSource("seed", cfg.seed)
+        self.hf_config, self._source = M.model_of(cfg.model_path, cfg.preset, cfg.seed)
         self.model: Any = M.build(self.hf_config, self._source, self.device, self.dtype).train()
         self.ref: Any = None
         if cfg.kl_coef > 0:

@@ -56,12 +56,7 @@ class TorchEngine(ServingEngine):
         self.tcfg = cfg
         self.device = M.resolve_device(cfg.device)
         self.dtype = M.resolve_dtype(cfg.dtype, self.device)
-        if cfg.model_path:
-            self.hf_config = M.dir_config(cfg.model_path)
-            self._source = M.WeightSource("dir", cfg.model_path)
-        else:
-            self.hf_config = M.preset_config(cfg.preset)
-            self._source = M.WeightSource("seed", cfg.seed)
+        self.hf_config, self._source = M.model_of(cfg.model_path, cfg.preset, cfg.seed)
         self.tokenizer: Tokenizer = load_tokenizer(cfg.tokenizer_path or cfg.model_path or None)
         self.model: Any = None
         self.runner: PagedRunner | None = None

@@ -48,6 +48,14 @@ def dir_config(path: str) -> Qwen3Config:
     return cfg
 
 
+def model_of(model_path: str, preset: str, seed: int) -> tuple[Qwen3Config, WeightSource]:
+    """The architecture and initial weights: a local model directory if given, else a preset
+    with random weights from ``seed``."""
+    if model_path:
+        return dir_config(model_path), WeightSource("dir", model_path)
+    return preset_config(preset), WeightSource("seed", seed)
+
+
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -153,5 +161,5 @@ def kv_bytes_per_token(config: Qwen3Config, dtype: torch.dtype) -> int:
 
 
 __all__ = ["DTYPES", "PRESETS", "WeightSource", "build", "dir_config", "kv_bytes_per_token",
-           "load_into", "preset_config", "read_state", "resolve_device", "resolve_dtype",
-           "source_of"]
+           "load_into", "model_of", "preset_config", "read_state", "resolve_device",
+           "resolve_dtype", "source_of"]
