@@ -62,18 +62,7 @@ class Pearld:
         self.starts += 1
         log = open(self.tmp / f"pearld-{self.starts}.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "pearl.daemon",
-                "--config",
-                str(CONFIG),
-                "--state-dir",
-                str(self.state),
-                "--endpoint",
-                self.endpoint,
-                *[x for s in self.sets for x in ("--set", s)],
-            ],
+            self.command(self.endpoint),
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=ROOT,
@@ -90,6 +79,12 @@ class Pearld:
                 return False
 
         wait_until(up, timeout, "pearld to answer status")
+
+    def command(self, endpoint: str) -> list[str]:
+        """The pearld command line for this state dir and these overrides."""
+        sets = [x for s in self.sets for x in ("--set", s)]
+        return [sys.executable, "-m", "pearl.daemon", "--config", str(CONFIG),
+                "--state-dir", str(self.state), "--endpoint", endpoint, *sets]  # fmt: skip
 
     def log_tail(self, n: int = 30) -> str:
         path = self.tmp / f"pearld-{self.starts}.log"

@@ -144,18 +144,7 @@ def test_config_typo_is_a_clear_error(tmp_path: Path) -> None:
 def test_second_daemon_on_same_state_is_refused(pearld_factory: Any) -> None:
     d: Pearld = pearld_factory("daemon.borrow=never")
     r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pearl.daemon",
-            "--config",
-            str(CONFIG),
-            "--state-dir",
-            str(d.state),
-            "--endpoint",
-            f"ipc://{d.tmp}/other.sock",
-            *[x for s in d.sets for x in ("--set", s)],
-        ],
+        d.command(f"ipc://{d.tmp}/other.sock"),
         capture_output=True,
         text=True,
         cwd=ROOT,
