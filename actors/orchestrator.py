@@ -7,6 +7,7 @@ any command leaves. The reply to an elastic event is the sequence number of its 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from actors.messages import StateChanged
 from pearl.core import commands as cmd
 from pearl.core import events as ev
 from pearl.core.controller import Controller, ControllerState, Output
+from pearl.core.errors import InvalidEvent, InvariantViolation
 from pearl.core.schema import to_plain
 from pearl.log import EventLog
 from transports.protocol import Ack, StatusRequest
@@ -79,6 +81,7 @@ class Orchestrator(PearlActor):
         self.boot_id = boot_id
         self._since_snapshot = 0
         self.proceeded = 0  # last training step told it may proceed
+        self.recoveries = 0  # controller invariant violations recovered from the log in place
 
     def boot(self, _: Any = None) -> None:
         """Log and send what recovery decided. Not in on_start: peers must be able to answer,
@@ -91,7 +94,27 @@ class Orchestrator(PearlActor):
 
     def on_event(self, event: Any) -> Ack:
         self.boot()
-        out = self.controller.handle(self.state, event, time.monotonic())
+        try:
+            out = self.controller.handle(self.state, event, time.monotonic())
+        except InvalidEvent:
+            raise  # bad input from a client: its caller gets the error, nothing changed
+        except InvariantViolation as e:
+            # A bug in the controller, not in the log: nothing of this event was logged, so the
+            # logged table is intact. Keep serving: rebuild the controller's view from it, as a
+            # restart would, instead of letting the actor (and, repeated, pearld) go down.
+            log.error(
+                "controller rejected its own output for %r: %s; recovering from the log at seq %d",
+                event,
+                e,
+                self.state.table.seq,
+                extra={"event": type(event).__name__, "invariant": str(e)},
+            )
+            self.recoveries += 1
+            before = self.state
+            out = self.controller.recover(before.table, before.profile, time.monotonic())
+            out.state = dataclasses.replace(
+                out.state, quarantine=before.quarantine, strikes=before.strikes
+            )
         first = self._commit(out)
         return Ack(first if first else self.log.last_seq)
 
@@ -167,6 +190,7 @@ class Orchestrator(PearlActor):
         out["failed"] = sorted(s.failed)
         out["quarantined_gpus"] = sorted(s.quarantine)
         out["boot_id"] = self.boot_id
+        out["controller_recoveries"] = self.recoveries
         return out
 
     def on_stop(self) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 from pearl.core import commands as cmd
 from pearl.core import events as ev
 from pearl.core.fold import apply_to
-from pearl.core.plan import JOIN_OPS, STAGE, Membership, membership, plan
+from pearl.core.plan import JOIN_OPS, Membership, membership, plan, ready_steps
 from pearl.core.policy import Policy
 from pearl.core.profile import WorkloadProfile
 from pearl.core.state import Activity, ClusterState, Mode, Role, StepOp, Target, TrainingPhase, Zone
@@ -114,6 +114,18 @@ class _Tx:
         for r in records:
             apply_to(self.builder, r)  # raises before anything is logged if r is invalid
             self.records.append(r)
+            if isinstance(r, ev.WorkerRemoved):
+                self.forget(r.worker)
+
+    def forget(self, wid: int) -> None:
+        """A worker left the table: no other claim on it survives (its slot may be reused)."""
+        s = self.s
+        if wid in s.evicting or wid in s.failed or wid in s.lost:
+            self.set(
+                evicting={w: d for w, d in s.evicting.items() if w != wid},
+                failed=s.failed - {wid},
+                lost=s.lost - {wid},
+            )
 
     def set(self, **changes: Any) -> None:
         self.s = dataclasses.replace(self.s, **changes)
@@ -167,9 +179,10 @@ class Controller:
         elif isinstance(event, cmd.WorkerUp):
             self._worker_up(tx, event)
         elif isinstance(event, cmd.WorkerLost):
-            self._quarantine(tx, event.worker)
-            tx.set(lost=tx.s.lost | {event.worker})
-            self._interrupt(tx, f"worker {event.worker} lost")
+            if event.worker in tx.table.workers:  # else it is gone already: nothing to remove
+                self._quarantine(tx, event.worker)
+                tx.set(lost=tx.s.lost | {event.worker})
+                self._interrupt(tx, f"worker {event.worker} lost")
         elif isinstance(event, cmd.RolloutProgress):
             tx.set(remaining=max(0, event.remaining))
         elif isinstance(event, cmd.Tick):
@@ -255,19 +268,19 @@ class Controller:
         tx.set(evicting=evicting)
 
     def _evicted(self, tx: _Tx, wid: int) -> None:
-        """A worker that left beside a plan is gone: finish its steps in that plan, remove it."""
-        tx.set(
-            evicting={w: d for w, d in tx.s.evicting.items() if w != wid},
-            failed=tx.s.failed - {wid},
-        )
-        w = tx.table.workers.get(wid)
-        if w is None:
-            return
+        """A worker that left beside a plan is gone: finish its steps in that plan, remove it.
+
+        A plan that begins later with a step for the worker takes its removal over (see
+        ``_begin_next_plan``); either way the worker is removed exactly once."""
+        tx.forget(wid)
         p = tx.table.plan
         if p is not None:
             for k, st in enumerate(p.steps):
                 if st.worker == wid and k not in p.done:
                     self._done(tx, k)
+        w = tx.table.workers.get(wid)  # a finished remove step may have removed it already
+        if w is None:
+            return
         if w.activity is Activity.ACTIVE:
             tx.log(ev.ActivityChanged(wid, Activity.TRANSITIONING))
         tx.log(ev.WorkerRemoved(wid, "reclaimed"))
@@ -419,8 +432,7 @@ class Controller:
                     tx.commands.append(cmd.RoutingChanged(tx.table.seq))
                     tx.set(started={})
                     continue
-                stage = min(STAGE[p.steps[k].op] for k in todo)
-                fresh = [k for k in todo if STAGE[p.steps[k].op] == stage and k not in tx.s.started]
+                fresh = [k for k in ready_steps(p.steps, p.done) if k not in tx.s.started]
                 started = dict(tx.s.started)
                 for k in fresh:
                     st = p.steps[k]
@@ -466,7 +478,9 @@ class Controller:
                 mandatory=bool(m.leave) or m.reclaim is not None,
             )
         )
+        named = {st.worker for st in new.steps}
         tx.set(
+            evicting={w: d for w, d in tx.s.evicting.items() if w not in named},  # plan owns it
             last_decision=decision or tx.s.last_decision,
             started={},
             cancelled=frozenset(),
@@ -490,14 +504,19 @@ class Controller:
 
 
 def _lends_training_gpus(t: ClusterState) -> bool:
-    """Whether training GPUs are lent to rollout, or the plan in flight may lend them."""
+    """Whether training GPUs are lent to rollout, or the plan in flight may still lend them.
+
+    Steps already done show in the table; the rest of a return plan (preemptible workers
+    leaving, dedicated re-roles) does not hold training back."""
     if any(w.activity is not Activity.ACTIVE for w in t.training_workers()):
         return True
     if any(w.activity is not Activity.INACTIVE for w in t.rollout_workers(Zone.OVERLAP)):
         return True
     p = t.plan
     return p is not None and any(
-        st.op in (StepOp.LEND, StepOp.ACTIVATE) or st.zone is Zone.OVERLAP for st in p.steps
+        st.op in (StepOp.LEND, StepOp.ACTIVATE) or st.zone is Zone.OVERLAP
+        for k, st in enumerate(p.steps)
+        if k not in p.done
     )
 
 

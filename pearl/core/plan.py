@@ -241,6 +241,21 @@ def plan(state: ClusterState, target: Target, m: Membership) -> Plan:
     return Plan(target, tuple(W_add), tuple(w.id for w in m.leave), tuple(rho), tuple(steps))
 
 
+def ready_steps(steps: tuple[Step, ...], done: Iterable[int]) -> list[int]:
+    """Steps of a plan that may run now: the lowest unfinished stage, and the training hand-off
+    as soon as no overlap worker still holds the training GPUs — a return never waits for a
+    preemptible worker on other GPUs to leave (§4.6: borrowed GPUs come back in bounded time)."""
+    finished = set(done)
+    todo = [k for k in range(len(steps)) if k not in finished]
+    if not todo:
+        return []
+    stage = min(STAGE[steps[k].op] for k in todo)
+    out = [k for k in todo if STAGE[steps[k].op] == stage]
+    if stage == STAGE[StepOp.REMOVE] and not any(steps[k].op is StepOp.DEACTIVATE for k in todo):
+        out += [k for k in todo if steps[k].op in (StepOp.LEND, StepOp.RECLAIM)]
+    return out
+
+
 def min_changes(state: ClusterState, target: Target, m: Membership) -> tuple[int, int]:
     """Eq. 5-6 computed directly from the role counts: (D_worker, D_role)."""
     n_src = dict.fromkeys(ROLLOUT_ROLES, 0)
@@ -251,4 +266,13 @@ def min_changes(state: ClusterState, target: Target, m: Membership) -> tuple[int
     return D_worker, D_role
 
 
-__all__ = ["JOIN_OPS", "STAGE", "Membership", "Plan", "membership", "min_changes", "plan"]
+__all__ = [
+    "JOIN_OPS",
+    "STAGE",
+    "Membership",
+    "Plan",
+    "membership",
+    "min_changes",
+    "plan",
+    "ready_steps",
+]

@@ -48,8 +48,9 @@ class Harness:
     Commands for plan steps queue up in ``pending``; ``answer`` replies to them. After every
     output the table is validated and must equal the fold of every record so far."""
 
-    def __init__(self, borrow: Borrow = Borrow.NEVER, records: list[Any] | None = None,
-                 pd: PD = PD.ADAPTIVE) -> None:
+    def __init__(
+        self, borrow: Borrow = Borrow.NEVER, records: list[Any] | None = None, pd: PD = PD.ADAPTIVE
+    ) -> None:
         self.ctl = Controller(Policy(CFG.decision, pd=pd, borrow=borrow))
         c = CFG.cluster
         init = ev.ClusterInit(c.tp, c.training_gpus, c.reserved_gpus, c.preemptible_gpus)
@@ -382,3 +383,60 @@ def test_eviction_past_its_deadline_is_forced() -> None:
     h.send(cmd.Tick(), dt=h.ctl.config.timeouts[StepOp.REMOVE] + 1)
     assert any(isinstance(c, cmd.StopWorker) and c.force and c.worker == victim.id for c in h.sent)
     assert victim.id not in h.table.workers and 8 not in h.table.reclaiming_gpus
+
+
+def test_reclaim_during_borrowing_then_training_begin_returns_fast_and_removes_once() -> None:
+    """Issue 21: a worker reclaimed while a borrow plan runs is evicted beside it; the return
+    plan that follows names it too. Removal has one owner, training proceeds once the hand-off
+    is done (not after the preemptible worker's 30 s stop deadline), and the old eviction
+    deadline never removes the worker a second time (or a new worker in its reused slot)."""
+    from pearl.core.policy import Borrow
+
+    h = Harness(borrow=Borrow.ALWAYS)
+    h.settle()
+    h.send(ev.GpusAdded((8, 9, 10, 11)))
+    h.settle()
+    h.send(ev.TrainingBegin(1))
+    h.settle()
+    h.send(ev.TrainingFinished(1, 1))
+    h.send(ev.GpusReclaimed((8, 9)))
+    victim = next(w.id for w in h.table.workers.values() if 8 in w.gpus)
+    assert victim in h.s.evicting
+    slow = lambda c: isinstance(c, cmd.StopWorker) and c.worker == victim  # noqa: E731
+    h.answer(lambda c: not slow(c))  # the borrow plan completes; the victim is still stopping
+    h.send(ev.TrainingBegin(2), dt=0.1)
+    began = h.now
+
+    def proceeded() -> list[int]:
+        return [c.step for c in h.sent if isinstance(c, cmd.TrainingMayProceed)]
+
+    while proceeded() != [1, 2] and h.answer(lambda c: not slow(c), dt=0.1):
+        pass
+    assert proceeded() == [1, 2] and h.now - began < 3.2
+    assert victim not in h.s.evicting  # the return plan owns the removal now
+    h.send(cmd.Tick(), dt=31.0)  # the stop outlived its deadline: forced, removed once
+    h.settle()
+    assert victim not in h.table.workers and h.table.plan is None
+    h.send(ev.GpusAdded((8, 9)))
+    h.settle()
+    assert victim in h.table.workers  # its slot is reused by the new worker on GPUs 8-9
+    h.send(cmd.Tick(), dt=40.0)  # no old claim on the slot removes the new worker
+    h.settle()
+    assert victim in h.table.workers and not h.s.evicting
+
+
+def test_worker_lost_after_it_left_does_not_evict_the_next_worker_in_its_slot() -> None:
+    h = Harness()
+    h.settle()
+    h.send(ev.GpusAdded((8, 9)))
+    h.settle()
+    wid = next(w.id for w in h.table.workers.values() if 8 in w.gpus)
+    h.send(ev.GpusReclaimed((8, 9)))
+    h.settle()
+    h.send(cmd.WorkerDown(wid, 0, "stopped"))
+    assert wid not in h.table.workers
+    h.send(cmd.WorkerLost(wid, "gave up"))  # late: the worker is gone already
+    assert wid not in h.s.lost
+    h.send(ev.GpusAdded((8, 9)))
+    h.settle()
+    assert any(8 in w.gpus for w in h.table.routable())
