@@ -10,10 +10,15 @@ job) and pearld keeps serving.
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
+import re
 import threading
 from collections.abc import Callable
 from typing import Any
+
+import zmq
 
 from actors.base import Directory, PearlActor, serve_directory
 from actors.messages import (
@@ -57,6 +62,56 @@ def pub_address(endpoint: str) -> str:
     return f"{host}:*"
 
 
+class BindFailed(PearlError):
+    """pearld cannot listen on its endpoint (in use, malformed, not permitted)."""
+
+
+def check_endpoint(endpoint: str) -> None:
+    """Refuse, before anything starts, an endpoint pearld could never bind."""
+    scheme, sep, rest = endpoint.partition("://")
+    if not sep or scheme not in ("tcp", "ipc"):
+        raise BindFailed(
+            f"cannot listen on {endpoint!r}: expected tcp://HOST:PORT or ipc:///PATH/api.sock; "
+            "fix --endpoint (or daemon.endpoint)"
+        )
+    if scheme == "ipc":
+        folder = os.path.dirname(rest) or "."
+        if not os.path.isdir(folder):
+            raise BindFailed(
+                f"cannot listen on {endpoint}: no directory {folder}; create it or pass another "
+                "--endpoint"
+            )
+        return
+    port = rest.rsplit(":", 1)[1] if ":" in rest else ""
+    if not (port.isdigit() and int(port) < 65536 or port == "*"):
+        raise BindFailed(
+            f"cannot listen on {endpoint}: expected tcp://HOST:PORT with a port 1-65535 (or * for "
+            "any free one); fix --endpoint (or daemon.endpoint)"
+        )
+
+
+def bind_failed(endpoint: str, address: str, e: zmq.ZMQError) -> BindFailed:
+    """One line naming the endpoint, what ZeroMQ said, and what to do about it."""
+    why = re.sub(r"\s*\(addr=.*\)$", "", e.strerror or str(e)).rstrip(".")
+    what = f"cannot listen on {endpoint}"
+    if e.errno == errno.EADDRINUSE:
+        if address != endpoint:
+            what += f" (its change stream, {address})"
+        return BindFailed(
+            f"{what}: the address is already in use (another pearld or program listens there); "
+            "stop it or pass another --endpoint"
+        )
+    if e.errno in (errno.EACCES, errno.EPERM):
+        return BindFailed(f"{what}: {why}; pass an --endpoint this user may bind")
+    if e.errno == errno.ENOENT and endpoint.startswith("ipc://"):
+        folder = os.path.dirname(endpoint.removeprefix("ipc://")) or "."
+        return BindFailed(f"{what}: no directory {folder}; create it or pass another --endpoint")
+    return BindFailed(
+        f"{what}: ZeroMQ rejects it ({why}); pass --endpoint tcp://127.0.0.1:PORT or "
+        "ipc:///PATH/api.sock"
+    )
+
+
 class ApiEndpoint(PearlActor):
     name = "api"
     handles = {StateChanged: "state_changed"}
@@ -80,28 +135,39 @@ class ApiEndpoint(PearlActor):
         self._view_seq = threading.Condition()
         self.server: Server | None = None
         self.publisher: Publisher | None = None
+        # Bound here, on the starting thread, not in on_start: a failed bind is raised to the
+        # daemon as a BindFailed it can report in one line, instead of killing the actor.
+        self._bind()
 
-    def on_start(self) -> None:
-        self.publisher = Publisher(pub_address(self.endpoint), keys=self.keys)
-        calls = serve_directory(self.directory)
-        self.server = Server(
-            self.endpoint,
-            dispatch(
-                {
-                    Ping: lambda env: Pong(env.msg.nonce),
-                    Event: self._event,
-                    StatusRequest: lambda env: self.status_msg,
-                    Subscribe: lambda env: self.publisher.snapshot(lambda: self.view),  # type: ignore[union-attr]
-                    WorkerHello: self._hello,
-                    WorkerBeat: self._beat,
-                    NextBatch: self._next_batch,
-                    WeightsUpload: self._upload,
-                    Call: calls,
-                }
-            ),
-            keys=self.keys,
-            name="pearld",
-        )
+    def _bind(self) -> None:
+        pub = pub_address(self.endpoint)
+        try:
+            self.publisher = Publisher(pub, keys=self.keys)
+            pub = ""  # from here on, a failure is the API endpoint's
+            self.server = Server(
+                self.endpoint,
+                dispatch(
+                    {
+                        Ping: lambda env: Pong(env.msg.nonce),
+                        Event: self._event,
+                        StatusRequest: lambda env: self.status_msg,
+                        Subscribe: lambda env: self.publisher.snapshot(lambda: self.view),  # type: ignore[union-attr]
+                        WorkerHello: self._hello,
+                        WorkerBeat: self._beat,
+                        NextBatch: self._next_batch,
+                        WeightsUpload: self._upload,
+                        Call: serve_directory(self.directory),
+                    }
+                ),
+                keys=self.keys,
+                name="pearld",
+            )
+        except BaseException as e:
+            if self.publisher is not None:
+                self.publisher.close()
+            if isinstance(e, zmq.ZMQError):
+                raise bind_failed(self.endpoint, pub or self.endpoint, e) from None
+            raise
         log.info(
             "pearld listening on %s (changes on %s)", self.server.address, self.publisher.address
         )
@@ -158,4 +224,4 @@ class ApiEndpoint(PearlActor):
             self.publisher.close()
 
 
-__all__ = ["ApiEndpoint", "pub_address"]
+__all__ = ["ApiEndpoint", "BindFailed", "bind_failed", "check_endpoint", "pub_address"]

@@ -29,13 +29,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pykka
+
 from pearl import config as config_mod
 from pearl.core import events as ev
 from pearl.core.controller import Controller, ControllerConfig
-from pearl.core.errors import ConfigError, PearlError
+from pearl.core.errors import ConfigError, LogLocked, PearlError
 from pearl.core.policy import PD, Borrow, Policy
 from pearl.core.profile import prior_profile
 from pearl.log import FileLog
+from pearl.log.segments import LOCK
 
 log = logging.getLogger("pearl.daemon")
 
@@ -73,9 +76,24 @@ def init_records(cfg: config_mod.Config) -> list[Any]:
     return out
 
 
+def lock_holder(log_dir: Path) -> str:
+    """The pid written in a log directory's lock file, or "unknown"."""
+    try:
+        return (log_dir / LOCK).read_text().strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
 def open_log(cfg: config_mod.Config, state_dir: Path) -> FileLog:
     """The event log of this state directory, created with the cluster of ``cfg`` when new."""
-    event_log = FileLog(state_dir / "log", create=True)
+    try:
+        event_log = FileLog(state_dir / "log", create=True)
+    except LogLocked:
+        holder = lock_holder(state_dir / "log")
+        raise LogLocked(
+            f"another pearld (pid {holder}) holds the lock on {state_dir}; stop it "
+            f"(kill -TERM {holder}) or pass another --state-dir"
+        ) from None
     try:
         if event_log.last_seq == 0:
             event_log.append(init_records(cfg))
@@ -168,10 +186,20 @@ class Daemon:
         return controller, recovered
 
     def start(self) -> None:
+        """Bring pearld up; on any failure, take down what already started and re-raise."""
+        try:
+            self._start()
+        except BaseException:
+            self.stop(failed=True)
+            raise
+
+    def _start(self) -> None:
         from actors import base
+        from actors.api import check_endpoint
         from actors.launcher import LocalProcessLauncher
         from transports.auth import ServerKeys, check_bind
 
+        check_endpoint(self.endpoint)
         keys = ServerKeys.load(self.cfg.daemon.keys_dir) if self.cfg.daemon.keys_dir else None
         check_bind(self.endpoint, keys)
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -352,7 +380,10 @@ class Daemon:
             self.directory.tell("router", Flush())
             self.directory.tell("supervisor", Supervise())
 
-    def stop(self) -> None:
+    def stop(self, failed: bool = False) -> None:
+        """Stop the actors in reverse order, then the worker hosts this pearld started (all of
+        them after a ``failed`` start, even with keep_workers: nobody will adopt them), then the
+        log, which releases the state directory's lock."""
         self._stop.set()
         if self._ticker is not None:
             self._ticker.join(5.0)
@@ -363,11 +394,12 @@ class Daemon:
                 r.ref.stop(timeout=10)
             except Exception as e:  # keep going: sweep the rest
                 log.warning("stopping %s: %s", r.name, e)
-        if not self.keep_workers and hasattr(self, "launcher"):
+        if (failed or not self.keep_workers) and hasattr(self, "launcher"):
             self.launcher.reap_all()
         if self.event_log is not None:
             self.event_log.close()
-        log.info("pearld stopped")
+            self.event_log = None
+        log.log(logging.DEBUG if failed else logging.INFO, "pearld stopped")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -393,6 +425,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def startup_error(e: Exception) -> str:
+    """The one line pearld prints when it cannot start."""
+    if isinstance(e, PearlError):
+        return str(e)
+    if isinstance(e, OSError):
+        where = f" {e.filename}" if e.filename else ""
+        return f"cannot start: {e.strerror or e}:{where}; check the path and its permissions"
+    log.debug("start-up failed", exc_info=e)
+    return (
+        f"cannot start: {type(e).__name__}: {e} (unexpected: please report it; "
+        "--log-level DEBUG shows where it happened)"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler = logging.StreamHandler(sys.stderr)
@@ -405,12 +451,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg = config_mod.load(args.config, args.set)
         daemon = Daemon(cfg, Path(args.state_dir), args.endpoint, args.keep_workers)
-        daemon.start()
-    except PearlError as e:
-        print(f"pearld: {e}", file=sys.stderr)
-        return 1
-    except OSError as e:
-        print(f"pearld: {e}", file=sys.stderr)
+        daemon.start()  # on failure it has stopped what it started and released the lock
+    except Exception as e:
+        print(f"pearld: {startup_error(e)}", file=sys.stderr, flush=True)
+        pykka.ActorRegistry.stop_all(timeout=2.0)  # stragglers: no thread may keep us alive
         return 1
     print(f"pearld listening on {daemon.address} (pid {os.getpid()})", flush=True)
     try:
