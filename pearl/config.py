@@ -254,14 +254,23 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     raise ConfigError(f"{where}: expected {tp.__name__}, got {type(value).__name__} {value!r}")
 
 
-def from_mapping(data: dict[str, Any], source: str = "config") -> Config:
-    """Build a validated Config from a TOML-like mapping; unknown names are errors."""
+def from_mapping(
+    data: dict[str, Any],
+    source: str = "config",
+    origins: dict[tuple[str, str], str] | None = None,
+) -> Config:
+    """Build a validated Config from a TOML-like mapping; unknown names are errors.
+
+    ``origins`` names where a value came from when not from ``source``: ``(section, key)`` (or
+    ``(section, "")`` for a whole section) -> e.g. ``"--set engine.x=1"``."""
     sections = _section_types()
+    origins = origins or {}
     built: dict[str, Any] = {}
     for sname, body in data.items():
         if sname not in sections:
+            where = origins.get((sname, ""), source)
             raise ConfigError(
-                f"{source}: unknown section [{sname}]{_suggest(sname, list(sections))}"
+                f"{where}: unknown section [{sname}]{_suggest(sname, list(sections))}"
             )
         if not isinstance(body, dict):
             raise ConfigError(f"{source}: [{sname}] must be a table")
@@ -270,9 +279,10 @@ def from_mapping(data: dict[str, Any], source: str = "config") -> Config:
         keys = [f.name for f in dataclasses.fields(cls)]
         kwargs = {}
         for key, value in body.items():
+            where = origins.get((sname, key), source)
             if key not in hints:
-                raise ConfigError(f"{source}: unknown key {sname}.{key}{_suggest(key, keys)}")
-            kwargs[key] = _coerce(value, hints[key], f"{source}: {sname}.{key}")
+                raise ConfigError(f"{where}: unknown key {sname}.{key}{_suggest(key, keys)}")
+            kwargs[key] = _coerce(value, hints[key], f"{where}: {sname}.{key}")
         built[sname] = cls(**kwargs)
     return Config(**built).validate()
 
@@ -303,13 +313,17 @@ def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] 
             raise ConfigError(f"config file {p} does not exist") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{p}: not valid TOML: {e}") from None
+    origins: dict[tuple[str, str], str] = {}  # a typo in --set is not the file's
     for text in overrides:
         section, key, value = parse_override(text)
+        if section not in data:
+            origins[(section, "")] = f"--set {text.strip()}"
         data.setdefault(section, {})
         if not isinstance(data[section], dict):
             raise ConfigError(f"--set {text!r}: {section} is not a section")
         data[section][key] = value
-    return from_mapping(data, source)
+        origins[(section, key)] = f"--set {text.strip()}"
+    return from_mapping(data, source, origins)
 
 
 __all__ = [

@@ -327,7 +327,13 @@ class TableBuilder:
                     f"GPU {g} is not a preemptible GPU of this cluster "
                     f"(preemptible ids: {_span(self.preemptible_gpus)})"
                 )
-            if g in self.present_gpus or g in self.reclaiming_gpus:
+            if g in self.reclaiming_gpus:
+                raise InvalidEvent(
+                    f"GPU {g} is still being reclaimed: worker {self._rollout_owner.get(g, '?')} "
+                    "is still leaving it; add it again once that worker is gone ("
+                    "`pearl status --json` lists it under gpus.reclaiming until then)"
+                )
+            if g in self.present_gpus:
                 raise InvalidEvent(f"GPU {g} is already present")
         if len(set(gpus)) != len(gpus):
             raise InvalidEvent(f"gpus-added names a GPU twice: {gpus}")

@@ -133,10 +133,14 @@ def test_reclaimed_gpus_stop_routing_and_return_with_their_worker() -> None:
     s = apply(s, ev.GpusReclaimed((6, 7)))
     assert s.workers[1].activity is T and s.reclaiming_gpus == {6} and s.present_gpus == set()
     rejects(s, ev.ActivityChanged(1, A), r"GPUs \[6\] were reclaimed")
+    rejects(s, ev.GpusAdded((6,)), "GPU 6 is still being reclaimed: worker 1", InvalidEvent)
     rejects(s, ev.WorkerAdded(3, (7,), Role.DECODE, Zone.DEDICATED), "not available")
     s = apply(s, ev.WorkerRemoved(1))
     assert 1 not in s.workers and s.reclaiming_gpus == set()
     validate(s)
+    s = apply(s, ev.GpusAdded((6,)))  # the reclaim has finished: it may come back
+    assert s.present_gpus == {6}
+    rejects(s, ev.GpusAdded((6,)), "GPU 6 is already present", InvalidEvent)
 
 
 def test_active_workers_must_drain_before_removal_or_role_change() -> None:

@@ -207,7 +207,7 @@ def test_concurrent_clients_serialise_into_a_valid_sequence(pearld_factory: Any)
                             seq = c.request(Event.of(rec)).seq
                             break
                         except RemoteError as e:  # e.g. re-added while still being returned
-                            assert "already present" in str(e), e
+                            assert "still being reclaimed" in str(e), e
                             time.sleep(0.02)
                     with lock:
                         acks.append((seq, rec))

@@ -1,0 +1,41 @@
+"""pearl.config: an error names where the bad value came from, the file or a ``--set``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pearl import config as config_mod
+from pearl.core.errors import ConfigError
+
+CONFIG = Path(__file__).resolve().parents[1] / "configs" / "sim-32.toml"
+
+
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("engine.time_scal=1", "unknown key engine.time_scal; did you mean 'time_scale'?"),
+        ("engine.nonsense=1", "unknown key engine.nonsense"),
+        ("engin.kind=sim", "unknown section [engin]; did you mean 'engine'?"),
+        ("engine.time_scale=abc", "engine.time_scale: expected float"),
+    ],
+)
+@pytest.mark.parametrize("path", [CONFIG, None], ids=["file", "defaults"])
+def test_a_bad_override_is_blamed_on_its_set(path: Path | None, override: str, words: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        config_mod.load(path, ["daemon.tick_s=0.1", override])
+    msg = str(e.value)
+    assert msg.startswith(f"--set {override}: ") and words in msg, msg
+    assert str(CONFIG) not in msg, msg  # the file is not at fault
+
+
+def test_a_bad_key_in_the_file_is_blamed_on_the_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text(CONFIG.read_text() + "\n[engine]\ntime_scal = 1\n")
+    with pytest.raises(ConfigError, match=r"bad\.toml: unknown key engine\.time_scal; did you"):
+        config_mod.load(bad, ["engine.kind=sim"])  # an override of the same section is fine
+
+
+def test_an_override_of_a_known_key_still_applies() -> None:
+    assert config_mod.load(CONFIG, ["engine.time_scale=0.5"]).engine.time_scale == 0.5
