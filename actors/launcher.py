@@ -35,7 +35,7 @@ class WorkerSpec:
     heartbeat_s: float
     orphan_s: float
     state_dir: str
-    keys_dir: str = ""  # CURVE client keys ("worker") when pearld listens beyond loopback
+    keys_dir: str = ""  # pearld's daemon.keys_dir: the host's CURVE keys (transports.auth.HostKeys)
 
 
 class Launcher(Protocol):
@@ -84,7 +84,8 @@ class LocalProcessLauncher:
             str(spec.orphan_s),
             "--state-dir",
             spec.state_dir,
-            *(["--keys-dir", spec.keys_dir] if spec.keys_dir else []),
+            # the host loads its CURVE keys (DIR/worker.key_secret, DIR/server.key) from here
+            *(["--keys-dir", str(Path(spec.keys_dir).absolute())] if spec.keys_dir else []),
         ]
         out: Any = subprocess.DEVNULL
         if self.log_dir is not None:

@@ -28,6 +28,7 @@ from pearl.config import Config
 from pearl.core import commands as cmd
 from pearl.core.errors import PearlError
 from pearl.core.state import Role
+from transports.auth import DaemonKeys
 from transports.heartbeat import Liveness
 from transports.rpc import Client
 
@@ -132,6 +133,9 @@ class RoleSupervisor(PearlActor):
         self.directory, self.launcher, self.cfg = directory, launcher, config
         self.endpoint, self.state_dir, self.boot_id = endpoint, state_dir, boot_id
         self.board = board
+        # CURVE to the hosts' command servers when pearld has keys (checked at start-up).
+        keys_dir = config.daemon.keys_dir
+        self.host_keys = DaemonKeys.load(keys_dir).hosts if keys_dir else None
         self.hosts: dict[int, Host] = {}
         # worker id -> row of the table; starts from the replayed table so that hosts saying
         # hello before the first published change are judged against the log, not nothing.
@@ -214,7 +218,7 @@ class RoleSupervisor(PearlActor):
             self._drop_ref(h)
         h.ref = CourierRef(
             f"worker/{msg.worker}",
-            Client(msg.address, timeout_s=2.0, retries=2),
+            Client(msg.address, keys=self.host_keys, timeout_s=2.0, retries=2),
             self._undeliverable,
         )
         self.directory.register(h.ref)

@@ -29,7 +29,7 @@ from pearl.config import EngineConfig, parse_gpus
 from pearl.core.errors import PearlError
 from pearl.core.schema import to_wire
 from pearl.engines.factory import build_engine
-from transports.auth import ClientKeys
+from transports.auth import HostKeys
 from transports.bulk import ZmqKVChannel
 from transports.protocol import Call
 from transports.rpc import Client, Server
@@ -87,7 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--heartbeat-s", type=float, default=1.0)
     p.add_argument("--orphan-s", type=float, default=120.0)
     p.add_argument("--state-dir", default="")
-    p.add_argument("--keys-dir", default="", help="CURVE keys; needs a 'worker' client key pair")
+    p.add_argument(
+        "--keys-dir",
+        default="",
+        help="CURVE keys from `pearl keys generate DIR` (reads worker.key_secret and server.key)",
+    )
     a = p.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s worker-{a.worker} %(levelname)s %(message)s"
@@ -98,14 +102,22 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     directory = Directory()
-    keys = ClientKeys.load(a.keys_dir, "worker") if a.keys_dir else None  # CURVE to pearld
+    try:  # CURVE: to pearld, to other hosts, and for this host's own sockets
+        host_keys = HostKeys.load(a.keys_dir) if a.keys_dir else None
+    except PearlError as e:
+        log.error("cannot start: %s", e)
+        return 1
+    keys = host_keys.to_pearld if host_keys else None
     to_pearld = Client(a.endpoint, keys=keys, timeout_s=2.0, retries=1, name=f"worker-{a.worker}")
     reporter = Reporter(
         Client(a.endpoint, keys=keys, timeout_s=5.0, retries=2, name=f"worker-{a.worker}-r")
     )
     for name in ("orchestrator", "router", "tracker"):
         directory.register(QueuedRef(name, reporter))
-    kv = ZmqKVChannel()
+    kv = ZmqKVChannel(
+        keys=host_keys.serve if host_keys else None,
+        peer_keys=host_keys.to_peers if host_keys else None,
+    )
     weights_dir = Path(a.state_dir) / "weights" if a.state_dir else None
 
     def weights_source(version: int) -> Any:
@@ -122,7 +134,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ref = LocalRef(f"worker/{a.worker}", actor)
     directory.register(ref)
-    server = Server("tcp://127.0.0.1:*", serve_directory(directory), name=f"worker-{a.worker}")
+    server = Server(
+        "tcp://127.0.0.1:*",
+        serve_directory(directory),
+        keys=host_keys.serve if host_keys else None,
+        name=f"worker-{a.worker}",
+    )
     hello = WorkerHello(a.worker, a.incarnation, os.getpid(), server.address, kv.address)
 
     pid_file = (

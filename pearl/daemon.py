@@ -197,10 +197,13 @@ class Daemon:
         from actors import base
         from actors.api import check_endpoint
         from actors.launcher import LocalProcessLauncher
-        from transports.auth import ServerKeys, check_bind
+        from transports.auth import DaemonKeys, HostKeys, check_bind
 
         check_endpoint(self.endpoint)
-        keys = ServerKeys.load(self.cfg.daemon.keys_dir) if self.cfg.daemon.keys_dir else None
+        keys = None
+        if self.cfg.daemon.keys_dir:  # the API's keys; the local worker hosts read the same DIR
+            keys = DaemonKeys.load(self.cfg.daemon.keys_dir).api
+            HostKeys.load(self.cfg.daemon.keys_dir)
         check_bind(self.endpoint, keys)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()

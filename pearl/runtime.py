@@ -217,11 +217,23 @@ class RemoteRuntime(_Base):
 
     def __init__(self, endpoint: str, keys_dir: str | None = None, timeout_s: float = 10.0) -> None:
         from transports.auth import ClientKeys
-        from transports.rpc import Client
+        from transports.diagnose import DiagnosingClient
 
-        keys = ClientKeys.load(keys_dir) if keys_dir else None
+        keys = None
+        if keys_dir:  # pearld started with daemon.keys_dir=DIR: DIR's client key pair
+            try:
+                keys = ClientKeys.load(keys_dir)
+            except PearlError as e:
+                raise PearlError(f"check keys_dir: {e}") from None
         self.endpoint = endpoint
-        self.client = Client(endpoint, keys=keys, timeout_s=timeout_s, name="trainer")
+        self.client = DiagnosingClient(
+            endpoint,
+            keys=keys,
+            keys_dir=keys_dir or "",
+            option="keys_dir",
+            timeout_s=timeout_s,
+            name="trainer",
+        )
 
     def _event(self, record: Any) -> int:
         from transports.protocol import Event
@@ -273,7 +285,11 @@ def _default_endpoint() -> str:
 def connect(
     endpoint: str, *, keys_dir: str | None = None, timeout_s: float = 10.0
 ) -> RemoteRuntime:
-    """A client of the pearld at ``endpoint`` with the :class:`Runtime` methods."""
+    """A client of the pearld at ``endpoint`` with the :class:`Runtime` methods.
+
+    ``keys_dir``: the directory pearld was started with (``daemon.keys_dir``) when it uses CURVE.
+    When nobody answers, the error says whether authentication failed or nothing listens there.
+    """
     rt = RemoteRuntime(endpoint, keys_dir, timeout_s)
     rt.status()  # fail now, clearly, when nobody answers
     return rt

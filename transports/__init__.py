@@ -7,7 +7,8 @@
 - :mod:`transports.pubsub`: ``Publisher`` of numbered changes and ``Subscriber`` (snapshot +
   changes, gap detection);
 - :mod:`transports.heartbeat`: ``Liveness`` and ``HeartbeatSender`` with an injectable clock;
-- :mod:`transports.auth`: loopback-only binds unless CURVE keys are given.
+- :mod:`transports.auth`: loopback-only binds unless CURVE keys are given;
+- :mod:`transports.diagnose`: why a client hears nothing (authentication failed, unreachable).
 
 Only ``pearl.core`` is imported from the rest of PEARL. (``transports.bulk``, the KV and weight
 channel, is separate and not re-exported here.)

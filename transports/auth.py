@@ -4,15 +4,22 @@ A socket binds without keys only to a local endpoint (``ipc://``, ``inproc://``,
 ``tcp://127.0.0.1``, ``tcp://localhost``, ``tcp://[::1]``). Binding any other address needs ZeroMQ
 CURVE keys: the server's secret key and a directory of client public keys that may connect;
 without them :func:`check_bind` refuses to start. A client whose key is not in that directory
-fails the handshake, so it never gets a reply (its requests time out).
+fails the handshake, so it never gets a reply; :mod:`transports.diagnose` tells it why.
 
 Key directory, as ``pearl keys generate DIR`` writes it (zcert text format, readable by
 ``zmq.auth.load_certificate``)::
 
     DIR/server.key                 server public key: copy to every client machine
     DIR/server.key_secret          server secret key: stays with pearld (mode 0600)
-    DIR/<name>.key_secret          a client's key pair: copy to that client (mode 0600)
+    DIR/worker.key_secret          the worker hosts' key pair (always written; mode 0600)
+    DIR/client.key_secret          the CLI's and trainers' key pair (``--client NAME`` for others)
     DIR/authorized_clients/<name>.key   client public keys the server accepts
+
+Who uses what when pearld runs with ``daemon.keys_dir=DIR`` (:class:`DaemonKeys`,
+:class:`HostKeys`): pearld's API and change stream are CURVE servers with the server key pair,
+accepting every authorized client (worker hosts included). A worker host dials pearld with the
+worker key pair; its own sockets (the command server pearld dials, the KV inbox other hosts push
+to) are CURVE servers with the worker key pair that accept only pearld's and the worker key.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ from zmq.auth.thread import ThreadAuthenticator
 from pearl.core.errors import ConfigError
 
 AUTHORIZED_DIR = "authorized_clients"
+WORKER = "worker"  # the key pair every worker host uses
+CLIENT = "client"  # the key pair the CLI and trainers use by default
 HOW_TO = "create keys with `pearl keys generate DIR`"
 
 
@@ -94,6 +103,50 @@ class ClientKeys:
         return cls(public, secret, server_public)
 
 
+@dataclass(frozen=True, slots=True)
+class DaemonKeys:
+    """pearld's keys: its API and change stream (``api``), and how it dials worker hosts."""
+
+    api: ServerKeys
+    hosts: ClientKeys  # the server key pair, trusting the worker hosts' public key
+
+    @classmethod
+    def load(cls, keydir: str | os.PathLike[str]) -> DaemonKeys:
+        d = Path(keydir)
+        api = ServerKeys.load(d)
+        path = d / AUTHORIZED_DIR / f"{WORKER}.key"
+        if not path.exists():
+            raise ConfigError(
+                f"{d} has no worker host key ({path}); run `pearl keys generate {d}` again: it "
+                "adds the missing worker keys and keeps the others"
+            )
+        worker_public, _ = _load(path, secret=False)
+        return cls(api, ClientKeys(api.public, api.secret, worker_public))
+
+
+@dataclass(frozen=True, slots=True)
+class HostKeys:
+    """A worker host's keys: to dial pearld, to dial other hosts, and for its own sockets."""
+
+    to_pearld: ClientKeys
+    to_peers: ClientKeys  # other hosts' sockets are CURVE servers with the worker key pair
+    serve: ServerKeys  # accepts pearld (the server key) and other hosts (the worker key)
+
+    @classmethod
+    def load(cls, keydir: str | os.PathLike[str]) -> HostKeys:
+        d = Path(keydir)
+        path = d / f"{WORKER}.key_secret"
+        if not path.exists():
+            raise ConfigError(
+                f"{d} has no worker host key pair ({path}); run `pearl keys generate {d}` "
+                "again: it adds the missing worker keys and keeps the others"
+            )
+        mine = ClientKeys.load(d, WORKER)
+        peers = ClientKeys(mine.public, mine.secret, mine.public)
+        serve = ServerKeys(mine.public, mine.secret, frozenset({mine.public, mine.server_public}))
+        return cls(mine, peers, serve)
+
+
 def _load(path: Path, secret: bool) -> tuple[bytes, bytes]:
     try:
         public, sec = zmq.auth.load_certificate(path)
@@ -109,37 +162,53 @@ def check_bind(address: str, keys: ServerKeys | None) -> None:
     if keys is None and not is_local(address):
         raise InsecureBind(
             f"refusing to bind {address} without CURVE keys: it may be reachable from other "
-            f"machines. Bind tcp://127.0.0.1:PORT or ipc:// instead, or {HOW_TO} and pass "
-            "ServerKeys.load(DIR)"
+            "machines. Bind tcp://127.0.0.1:PORT or ipc:// instead, or create keys with "
+            "`pearl keys generate DIR` and start pearld with `--set daemon.keys_dir=DIR` "
+            "(clients then pass `--keys-dir DIR`)"
         )
 
 
 def generate(
-    keydir: str | os.PathLike[str], clients: tuple[str, ...] = ("client",), force: bool = False
+    keydir: str | os.PathLike[str], clients: tuple[str, ...] | None = None, force: bool = False
 ) -> list[Path]:
-    """Write the server key pair (unless present) and one key pair per client; returns the files.
+    """Write every key a deployment needs; returns the files written.
 
-    Running it again on the same directory with new client names adds those clients.
+    The server's and the worker hosts' key pairs are written unless present, and so is the
+    ``client`` key pair when ``clients`` is None; running it again on an older directory adds
+    what is missing. Each name in ``clients`` gets a key pair (an existing one is an error unless
+    ``force``, which replaces every key it writes); new names are added to the others.
     """
     d = Path(keydir)
     adir = d / AUTHORIZED_DIR
+
+    def present(name: str) -> bool:
+        return (d / f"{name}.key_secret").exists() and (adir / f"{name}.key").exists()
+
     server = [d / "server.key", d / "server.key_secret"]
     make_server = force or not all(p.exists() for p in server)
     targets = server if make_server else []
-    for name in clients:
+    names = list(dict.fromkeys(clients or ()))
+    names += [n for n in (WORKER, *((CLIENT,) if clients is None else ())) if n not in names]
+    names = [n for n in names if force or n in (clients or ()) or not present(n)]
+    for name in names:
         if not name or "/" in name or name.startswith(".") or name == "server":
             raise ConfigError(f"client name {name!r}: use a plain file name other than 'server'")
         targets += [d / f"{name}.key_secret", adir / f"{name}.key"]
     existing = [str(p) for p in targets if p.exists()]
     if existing and not force:
         raise ConfigError(f"keys exist already: {', '.join(existing)}; pass --force to replace")
+    if not targets:
+        raise ConfigError(
+            f"{d} holds every key already (server, {WORKER}, {CLIENT}); pass --client NAME to "
+            "add a client, or --force to replace them"
+        )
     adir.mkdir(parents=True, exist_ok=True)
     os.chmod(d, 0o700)
     if make_server:
         public, secret = zmq.curve_keypair()
         _write(d / "server.key", public, None)
         _write(d / "server.key_secret", public, secret)
-    for name in clients:
+    for name in names:
         cpub, csec = zmq.curve_keypair()
         _write(d / f"{name}.key_secret", cpub, csec)
         _write(adir / f"{name}.key", cpub, None)
@@ -225,7 +294,11 @@ def secure_client(sock: zmq.Socket[Any], keys: ClientKeys) -> None:
 
 __all__ = [
     "AUTHORIZED_DIR",
+    "CLIENT",
+    "WORKER",
     "ClientKeys",
+    "DaemonKeys",
+    "HostKeys",
     "InsecureBind",
     "ServerKeys",
     "check_bind",

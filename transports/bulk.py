@@ -9,7 +9,12 @@ buffer keyed by transfer id (a transfer may arrive before its decode request; th
 in bytes and entries expire after a TTL), and sends through one PUSH socket per peer.
 :class:`LocalKVHub` gives in-process channels with the same behaviour, for unit tests.
 ``bulk_send`` / ``bulk_recv`` are the raw framing, usable on any PUSH/PULL pair
-(weights, baselines).
+(weights, baselines); secure such a pair with :func:`transports.auth.secure_server` and
+:func:`~transports.auth.secure_client`.
+
+With keys (a worker host's :class:`~transports.auth.HostKeys`), the inbox is a CURVE server that
+accepts only the keys it is given, and every push is a CURVE client; without keys the inbox must
+bind a local address (:func:`~transports.auth.check_bind`).
 """
 
 from __future__ import annotations
@@ -25,6 +30,14 @@ import msgpack
 import zmq
 
 from pearl.core.errors import EngineError, KVTimeout
+from transports.auth import (
+    ClientKeys,
+    ServerKeys,
+    check_bind,
+    release_server,
+    secure_client,
+    secure_server,
+)
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +52,15 @@ def bulk_send(
 ) -> int:
     """Send one bulk message zero-copy; returns the payload bytes. Buffers must not change after."""
     views = [memoryview(f).cast("B") for f in frames]
-    header = msgpack.packb({
-        "v": BULK_VERSION,
-        "tid": transfer_id,
-        "meta": meta,
-        "sent_at": time.time(),  # wall clock: comparable across processes of one host
-        "sizes": [v.nbytes for v in views],
-    })
+    header = msgpack.packb(
+        {
+            "v": BULK_VERSION,
+            "tid": transfer_id,
+            "meta": meta,
+            "sent_at": time.time(),  # wall clock: comparable across processes of one host
+            "sizes": [v.nbytes for v in views],
+        }
+    )
     sock.send_multipart([header, *views], copy=False)
     return sum(v.nbytes for v in views)
 
@@ -159,7 +174,8 @@ def _timeout_error(tid: str, timeout_s: float, address: str) -> KVTimeout:
     return KVTimeout(
         f"no KV cache arrived for transfer {tid!r} within {timeout_s:.3f}s at {address}; the "
         "prefill worker failed, was never sent the request, or sent it to another address: "
-        "retry the request on a prefill/decode pair")
+        "retry the request on a prefill/decode pair"
+    )
 
 
 class ZmqKVChannel:
@@ -179,11 +195,24 @@ class ZmqKVChannel:
         ttl_s: float = 120.0,
         send_timeout_s: float = 30.0,
         context: zmq.Context | None = None,
+        keys: ServerKeys | None = None,
+        peer_keys: ClientKeys | None = None,
     ) -> None:
+        check_bind(bind, keys)
         self._ctx = context or zmq.Context.instance()
         self._inbox = _Inbox(max_buffered_bytes, ttl_s)
+        self._peer_keys = peer_keys
+        self._domain: str | None = None
         self._pull = make_socket(self._ctx, zmq.PULL)
-        self._pull.bind(bind)
+        try:
+            if keys is not None:
+                self._domain = secure_server(self._pull, keys)
+            self._pull.bind(bind)
+        except BaseException:
+            self._pull.close(linger=0)
+            if self._domain is not None:
+                release_server(self._ctx, self._domain)
+            raise
         self.address: str = self._pull.getsockopt_string(zmq.LAST_ENDPOINT)
         self._send_timeout_ms = int(send_timeout_s * 1000)
         self._peers: dict[str, zmq.Socket] = {}
@@ -206,12 +235,16 @@ class ZmqKVChannel:
             if sock is None:
                 sock = self._peers[peer] = make_socket(self._ctx, zmq.PUSH)
                 sock.setsockopt(zmq.SNDTIMEO, self._send_timeout_ms)
+                if self._peer_keys is not None:
+                    secure_client(sock, self._peer_keys)
                 sock.connect(peer)
             try:
                 bulk_send(sock, transfer_id, meta, frames)
             except zmq.Again:
-                raise EngineError(f"KV send of {transfer_id!r} to {peer} timed out after "
-                                  f"{self._send_timeout_ms} ms; is the decode worker up?") from None
+                raise EngineError(
+                    f"KV send of {transfer_id!r} to {peer} timed out after "
+                    f"{self._send_timeout_ms} ms; is the decode worker up?"
+                ) from None
 
     def poll(self, transfer_id: str) -> tuple[dict[str, Any], Frames] | None:
         got = self._inbox.take(transfer_id)
@@ -239,6 +272,8 @@ class ZmqKVChannel:
                 s.close(linger=0)
             self._peers.clear()
             self._pull.close(linger=0)
+            if self._domain is not None:
+                release_server(self._ctx, self._domain)
 
     def _drain(self, wait_ms: int) -> None:
         """Move every message that has arrived into the inbox, waiting up to ``wait_ms`` for one."""

@@ -165,7 +165,9 @@ class Subscriber:
     Not thread-safe: drive it with :meth:`pump` from one thread, or :meth:`start` a thread that
     does. Callbacks run on that thread: ``on_snapshot(seq, payload)`` replaces the state,
     ``on_change(seq, payload)`` applies one change, ``on_gap(GapDetected)`` reports a gap
-    (a re-snapshot follows).
+    (a re-snapshot follows). ``keys`` are the SUB socket's CURVE client keys; by default those of
+    the ``snapshots`` client, since the publisher and the snapshot server are one program with one
+    key pair (a SUB without them never hears a CURVE publisher: it gets snapshots, no changes).
     """
 
     def __init__(
@@ -205,6 +207,7 @@ class Subscriber:
         self._sock = ctx.socket(zmq.SUB)
         self._sock.linger = 0
         self._sock.setsockopt(zmq.MAXMSGSIZE, self.codec.limits.max_message)
+        keys = keys if keys is not None else snapshots.keys
         if keys is not None:
             secure_client(self._sock, keys)
         self._sock.setsockopt(zmq.SUBSCRIBE, self._topic)

@@ -1,8 +1,10 @@
 """``pearl event ...``, ``pearl status`` and ``pearl watch``: talking to a running pearld.
 
 The daemon is found by ``--endpoint``, else ``PEARL_ENDPOINT``, else the default endpoint; CURVE
-keys (for a daemon beyond loopback) come from ``--keys-dir`` or ``PEARL_KEYS``. Each event is
-acknowledged only once its record is durable, and the reply names its sequence number.
+keys (for a pearld started with ``daemon.keys_dir=DIR``) come from ``--keys-dir DIR`` or
+``PEARL_KEYS``: ``DIR/client.key_secret`` and ``DIR/server.key``. When pearld does not answer, the
+error says whether authentication failed or nothing listens there. Each event is acknowledged
+only once its record is durable, and the reply names its sequence number.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ EVENTS = ("gpus-added", "gpus-reclaimed", "training-begin", "training-finished")
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--endpoint", default=os.environ.get("PEARL_ENDPOINT", DEFAULT_ENDPOINT),
                    help="pearld's API (default: $PEARL_ENDPOINT or %(default)s)")
-    p.add_argument("--keys-dir", default=os.environ.get("PEARL_KEYS", ""),
-                   help="CURVE client keys for a daemon beyond loopback ($PEARL_KEYS)")
+    p.add_argument("--keys-dir", default=os.environ.get("PEARL_KEYS", ""), metavar="DIR",
+                   help="CURVE keys (client.key_secret, server.key) of a pearld started with "
+                        "--set daemon.keys_dir=DIR ($PEARL_KEYS)")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for pearld")
 
 
@@ -54,11 +57,18 @@ def register(subparsers: Any) -> None:
 
 
 def client(args: argparse.Namespace) -> Any:
+    """A client of pearld whose timeouts say why (authentication failed, or unreachable)."""
     from transports.auth import ClientKeys
-    from transports.rpc import Client
+    from transports.diagnose import DiagnosingClient
 
-    keys = ClientKeys.load(args.keys_dir) if args.keys_dir else None
-    return Client(args.endpoint, keys=keys, timeout_s=args.timeout, retries=1, name="pearl-cli")
+    keys = None
+    if args.keys_dir:
+        try:
+            keys = ClientKeys.load(args.keys_dir)
+        except PearlError as e:
+            raise PearlError(f"check --keys-dir: {e}") from None
+    return DiagnosingClient(args.endpoint, keys=keys, keys_dir=args.keys_dir,
+                            timeout_s=args.timeout, retries=1, name="pearl-cli")
 
 
 def fetch_status(c: Any) -> dict[str, Any]:
@@ -157,15 +167,35 @@ def cmd_watch(args: argparse.Namespace) -> int:
             seen += 1
             print(json.dumps(payload) if args.json else _line(seq, payload), flush=True)
 
-        sub = Subscriber(status["pub_endpoint"], c, on_snapshot=show, on_change=show,
+        pub = _reachable(status["pub_endpoint"], args.endpoint)
+        sub = Subscriber(pub, c, keys=c.keys, on_snapshot=show, on_change=show,
                          on_gap=lambda g: print(f"# {g}", file=sys.stderr))
         try:
             sub.sync()
+            if not sub.alive():  # no heartbeat: changes would never come; say why
+                import zmq
+
+                from transports.diagnose import diagnose
+
+                why = diagnose(pub, c.keys, args.keys_dir, kind=zmq.SUB)
+                print(f"pearl watch: nothing heard from pearld's change stream: {why}",
+                      file=sys.stderr)
             while not args.count or seen < args.count:
                 sub.pump(0.5)
         finally:
             sub.close()
     return 0
+
+
+def _reachable(pub: str, via: str) -> str:
+    """pearld announces its change stream as bound; a wildcard host (``tcp://0.0.0.0:P``)
+    means "the host the client reached the API at"."""
+    if not pub.startswith("tcp://") or not via.startswith("tcp://"):
+        return pub
+    host, _, port = pub.removeprefix("tcp://").rpartition(":")
+    if host not in ("0.0.0.0", "*", "[::]", "::"):
+        return pub
+    return f"{via.rpartition(':')[0]}:{port}"
 
 
 __all__ = ["register", "render"]

@@ -56,6 +56,7 @@ class Pearld:
         self.endpoint = f"ipc://{tmp}/api.sock"
         self.proc: subprocess.Popen[bytes] | None = None
         self.client: Client | None = None
+        self.client_keys: Any = None  # CURVE ClientKeys for a pearld with daemon.keys_dir
         self.starts = 0
 
     def start(self, timeout: float = 30.0) -> None:
@@ -68,7 +69,7 @@ class Pearld:
             cwd=ROOT,
         )
         log.close()
-        self.client = Client(self.endpoint, timeout_s=1.0, retries=0)
+        self.client = Client(self.endpoint, keys=self.client_keys, timeout_s=1.0, retries=0)
 
         def up() -> bool:
             if self.proc is not None and self.proc.poll() is not None:

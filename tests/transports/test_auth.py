@@ -13,7 +13,18 @@ import zmq
 
 from pearl.cli import main as pearl_main
 from pearl.core.errors import ConfigError
-from transports.auth import ClientKeys, InsecureBind, ServerKeys, check_bind, generate, is_local
+from transports.auth import (
+    AUTHORIZED_DIR,
+    ClientKeys,
+    DaemonKeys,
+    HostKeys,
+    InsecureBind,
+    ServerKeys,
+    check_bind,
+    generate,
+    is_local,
+)
+from transports.bulk import ZmqKVChannel
 from transports.protocol import Ping, Pong
 from transports.pubsub import Publisher
 from transports.rpc import Client, RequestTimeout, Server, dispatch
@@ -47,10 +58,13 @@ def test_is_local(address: str, local: bool) -> None:
 
 
 def test_non_local_bind_without_keys_is_refused(ctx: Ctx) -> None:
-    with pytest.raises(InsecureBind, match="pearl keys generate DIR"):
+    with pytest.raises(InsecureBind, match="pearl keys generate DIR") as e:
         Server("tcp://0.0.0.0:*", HANDLER, ctx=ctx)
+    assert "--set daemon.keys_dir=DIR" in str(e.value)  # what a pearld user types
     with pytest.raises(InsecureBind, match="pearl keys generate DIR"):
         Publisher("tcp://*:*", ctx=ctx)
+    with pytest.raises(InsecureBind, match="daemon.keys_dir"):
+        ZmqKVChannel("tcp://0.0.0.0:*", context=ctx)
     assert isinstance(InsecureBind("x"), ConfigError)
     check_bind("tcp://127.0.0.1:*", None)  # loopback is fine without keys
 
@@ -83,12 +97,39 @@ def test_missing_or_empty_key_dirs_say_how_to_fix(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="pearl keys generate"):
         ServerKeys.load(tmp_path)
     generate(tmp_path / "k", clients=())
+    for p in (tmp_path / "k" / AUTHORIZED_DIR).glob("*.key"):
+        p.unlink()
     with pytest.raises(ConfigError, match="nobody could connect"):
         ServerKeys.load(tmp_path / "k")
     with pytest.raises(ConfigError, match="pearl keys generate"):
         ClientKeys.load(tmp_path / "k", "nobody")
     with pytest.raises(ConfigError):
         generate(tmp_path / "k", clients=("../evil",))
+
+
+def test_generate_with_no_flags_writes_a_whole_deployment(tmp_path: Path) -> None:
+    d = tmp_path / "keys"
+    assert pearl_main(["keys", "generate", str(d)]) == 0
+    daemon, host = DaemonKeys.load(d), HostKeys.load(d)
+    client = ClientKeys.load(d)  # the CLI's default key pair
+    assert {client.public, host.to_pearld.public} <= daemon.api.authorized
+    assert host.to_pearld.server_public == daemon.api.public == client.server_public
+    # pearld dials hosts with its own pair; hosts accept it and each other, nobody else.
+    assert daemon.hosts.server_public == host.serve.public == host.to_peers.server_public
+    assert host.serve.authorized == {daemon.api.public, host.to_peers.public}
+    assert client.public not in host.serve.authorized
+    # Again with no flags: nothing to add. A directory from before worker keys: they are added.
+    assert pearl_main(["keys", "generate", str(d)]) == 1
+    (d / "worker.key_secret").unlink()
+    (d / AUTHORIZED_DIR / "worker.key").unlink()
+    with pytest.raises(ConfigError, match="generate .* again"):
+        DaemonKeys.load(d)
+    with pytest.raises(ConfigError, match="generate .* again"):
+        HostKeys.load(d)
+    before = (d / "client.key_secret").read_bytes()
+    assert generate(d) == [d / "worker.key_secret", d / AUTHORIZED_DIR / "worker.key"]
+    assert (d / "client.key_secret").read_bytes() == before
+    HostKeys.load(d)
 
 
 @pytest.fixture
@@ -168,3 +209,28 @@ def test_curve_publisher_and_subscriber(ctx: Ctx, keydir: Path) -> None:
                     assert time.monotonic() < deadline
                     sub.pump(0.05)
     assert got == [(0, {"n": 0}), (1, {"n": 1})]
+
+
+def test_curve_kv_channel_between_hosts(ctx: Ctx, keydir: Path) -> None:
+    """Worker hosts' KV inboxes accept pushes from hosts with the worker key, nobody else."""
+    host = HostKeys.load(keydir)
+    a = ZmqKVChannel("tcp://0.0.0.0:*", context=ctx, keys=host.serve, peer_keys=host.to_peers)
+    b = ZmqKVChannel("tcp://0.0.0.0:*", context=ctx, keys=host.serve, peer_keys=host.to_peers)
+    public, secret = zmq.curve_keypair()
+    stranger = ZmqKVChannel(
+        context=ctx, peer_keys=ClientKeys(public, secret, host.serve.public), send_timeout_s=0.2
+    )
+    plain = ZmqKVChannel(context=ctx, send_timeout_s=0.2)
+    try:
+        to_b = f"tcp://127.0.0.1:{b.address.rsplit(':', 1)[1]}"
+        a.send(to_b, "t1", {"n": 1}, [b"kv-bytes"])
+        meta, frames = b.receive("t1", 5.0)
+        assert meta["n"] == 1 and bytes(frames[0]) == b"kv-bytes"
+        for other in (stranger, plain):  # queued, never delivered: the handshake fails
+            other.send(to_b, "t2", {}, [b"x"])
+        assert b.poll("t2") is None
+        time.sleep(0.3)
+        assert b.poll("t2") is None
+    finally:
+        for ch in (a, b, stranger, plain):
+            ch.close()

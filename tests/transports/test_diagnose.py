@@ -1,0 +1,93 @@
+"""A client that hears nothing is told why: authentication failed (and which way), or nobody
+listens; and what to check (``--keys-dir``)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from transports import diagnose as dg
+from transports.auth import ClientKeys, ServerKeys, generate
+from transports.protocol import Ping, Pong
+from transports.rpc import RequestTimeout, Server, dispatch
+
+Ctx = zmq.Context[Any]
+HANDLER = dispatch({Ping: lambda env: Pong(env.msg.nonce)})
+
+
+@pytest.fixture
+def keydir(tmp_path: Path) -> Path:
+    generate(tmp_path / "keys")
+    generate(tmp_path / "other")  # another deployment's keys
+    return tmp_path / "keys"
+
+
+@pytest.fixture
+def servers(ctx: Ctx, keydir: Path) -> Iterator[tuple[str, str]]:
+    """A CURVE server and a plain one, on loopback."""
+    with (
+        Server("tcp://127.0.0.1:*", HANDLER, ctx=ctx, keys=ServerKeys.load(keydir)) as curve,
+        Server("tcp://127.0.0.1:*", HANDLER, ctx=ctx) as plain,
+    ):
+        yield curve.address, plain.address
+
+
+def test_probe_names_each_way_a_handshake_ends(ctx: Ctx, keydir: Path, servers: Any) -> None:
+    curve, plain = servers
+    good = ClientKeys.load(keydir)
+    other = ClientKeys.load(keydir.parent / "other")
+    public, secret = zmq.curve_keypair()
+    cases = [
+        (curve, good, dg.OK),
+        (curve, ClientKeys.load(keydir, "worker"), dg.OK),
+        (curve, None, dg.NEEDS_KEYS),
+        (curve, ClientKeys(public, secret, good.server_public), dg.DENIED),
+        (curve, other, dg.BAD_SERVER_KEY),  # keys of another deployment
+        (plain, good, dg.NO_CURVE),
+        (plain, None, dg.OK),
+    ]
+    for address, keys, verdict in cases:
+        t0 = time.monotonic()
+        assert dg.probe(address, keys, ctx=ctx) == verdict, (address, verdict)
+        assert time.monotonic() - t0 < 0.5  # a handshake answers at once
+    t0 = time.monotonic()
+    assert dg.probe("tcp://127.0.0.1:1", good, timeout_s=0.3, ctx=ctx) == dg.UNREACHABLE
+    assert 0.25 < time.monotonic() - t0 < 1.0  # bounded by its timeout
+    assert dg.probe("tcp://no such host", None, ctx=ctx) == dg.UNREACHABLE
+
+
+def test_diagnosing_client_says_authentication_failed_and_what_to_check(
+    ctx: Ctx, keydir: Path, servers: Any
+) -> None:
+    curve, _ = servers
+    other = keydir.parent / "other"
+
+    def refusal(keys: ClientKeys | None, keys_dir: str = "", **kw: Any) -> str:
+        with (
+            dg.DiagnosingClient(
+                curve, ctx=ctx, keys=keys, keys_dir=keys_dir, timeout_s=0.3, retries=0, **kw
+            ) as c,
+            pytest.raises(RequestTimeout) as e,
+        ):
+            c.request(Ping(nonce=1))
+        return str(e.value)
+
+    msg = refusal(None)
+    assert "authentication failed" in msg and "requires CURVE keys" in msg
+    assert "pass --keys-dir DIR" in msg and f"no reply from {curve}" in msg
+    msg = refusal(ClientKeys.load(other), str(other))
+    assert "authentication failed" in msg and f"check --keys-dir {other}" in msg
+    msg = refusal(None, option="keys_dir")  # pearl.connect's wording
+    assert "pass keys_dir=DIR" in msg
+    with dg.DiagnosingClient(curve, ctx=ctx, keys=ClientKeys.load(keydir), timeout_s=2) as c:
+        assert c.request(Ping(nonce=2)) == Pong(nonce=2)  # the right keys: no change at all
+    with (
+        dg.DiagnosingClient("tcp://127.0.0.1:1", ctx=ctx, timeout_s=0.2, retries=0) as c,
+        pytest.raises(RequestTimeout, match="unreachable.*check the endpoint"),
+    ):
+        c.request(Ping(nonce=3))
