@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,25 @@ TRAINING_WAIT_S = 600.0  # a return is bounded by step deadlines; this only guar
 
 class TrainingTimeout(PearlError):
     """Borrowed GPUs did not come back in time for a training step."""
+
+
+def wait_training_may_proceed(
+    status: Callable[[], dict[str, Any]],
+    step: int,
+    timeout_s: float = TRAINING_WAIT_S,
+    since: float | None = None,
+) -> float:
+    """Poll the status view until pearld lets training ``step`` proceed (every borrowed GPU is
+    back); the seconds since ``since`` (a ``time.monotonic()``, default now). Raises
+    :class:`TrainingTimeout` once ``timeout_s`` have passed without the go-ahead."""
+    t0 = time.monotonic() if since is None else since
+    while status().get("training_may_proceed", 0) < step:
+        if time.monotonic() - t0 > timeout_s:
+            raise TrainingTimeout(
+                f"borrowed GPUs not back {timeout_s:.0f}s after training-begin {step}"
+            )
+        time.sleep(0.005)
+    return time.monotonic() - t0
 
 
 class _Base(ABC):
@@ -88,16 +107,7 @@ class _Base(ABC):
             step = int(self.status()["training_step"]) + 1
         t0 = time.monotonic()
         self._event(ev.TrainingBegin(step))
-        while True:
-            s = self.status()
-            if s.get("training_may_proceed", 0) >= step:
-                break
-            if time.monotonic() - t0 > TRAINING_WAIT_S:
-                raise TrainingTimeout(
-                    f"borrowed GPUs not back {TRAINING_WAIT_S:.0f}s after training-begin {step}"
-                )
-            time.sleep(0.005)
-        self.last_return_s = time.monotonic() - t0
+        self.last_return_s = wait_training_may_proceed(self.status, step, since=t0)
         try:
             yield step
         finally:
@@ -295,4 +305,10 @@ def connect(
     return rt
 
 
-__all__ = ["RemoteRuntime", "Runtime", "TrainingTimeout", "connect"]
+__all__ = [
+    "RemoteRuntime",
+    "Runtime",
+    "TrainingTimeout",
+    "connect",
+    "wait_training_may_proceed",
+]

@@ -4,7 +4,8 @@ The daemon is found by ``--endpoint``, else ``PEARL_ENDPOINT``, else the default
 keys (for a pearld started with ``daemon.keys_dir=DIR``) come from ``--keys-dir DIR`` or
 ``PEARL_KEYS``: ``DIR/client.key_secret`` and ``DIR/server.key``. When pearld does not answer, the
 error says whether authentication failed or nothing listens there. Each event is acknowledged
-only once its record is durable, and the reply names its sequence number.
+only once its record is durable, and the reply names its sequence number; ``training-begin``
+then waits until training may proceed (borrowed workers back) and says how long that took.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pearl.core import events as ev
 from pearl.core.errors import PearlError
 
 EVENTS = ("gpus-added", "gpus-reclaimed", "training-begin", "training-finished")
+RETURN_WAIT_S = 60.0  # training-begin: how long to wait for borrowed workers, by default
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -30,6 +32,14 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="CURVE keys (client.key_secret, server.key) of a pearld started with "
                         "--set daemon.keys_dir=DIR ($PEARL_KEYS)")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for pearld")
+
+
+def _training_begin(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-wait", action="store_true",
+                   help="return on the event's acknowledgement, while borrowed workers may "
+                        "still be coming back")
+    p.add_argument("--return-timeout", type=float, default=RETURN_WAIT_S, metavar="S",
+                   help="seconds to wait until training may proceed (default %(default)s)")
 
 
 def register(subparsers: Any) -> None:
@@ -42,6 +52,8 @@ def register(subparsers: Any) -> None:
             k.add_argument("--gpus", required=True, help="GPU ids, e.g. 4,5,6,7 or 20-23")
         else:
             k.add_argument("--step", type=int, help="training step (default: the next / current)")
+        if kind == "training-begin":
+            _training_begin(k)
         if kind == "training-finished":
             k.add_argument("--weights-version", type=int, help="the weights this step published")
         k.set_defaults(handler=cmd_event)
@@ -99,9 +111,34 @@ def cmd_event(args: argparse.Namespace) -> int:
 
     with client(args) as c:
         record = build_event(args, c)
+        t0 = time.monotonic()
         ack = c.request(Event.of(record))
-    print(f"ok: {args.event} logged at seq {ack.seq}")
+        print(f"ok: {args.event} logged at seq {ack.seq}", flush=True)
+        if isinstance(record, ev.TrainingBegin) and not args.no_wait:
+            print(f"training may proceed: {await_return(c, record.step, t0, args.return_timeout)}")
     return 0
+
+
+def await_return(c: Any, step: int, t0: float, timeout_s: float) -> str:
+    """Wait for pearld's go-ahead for training ``step`` (sent at ``t0``); what came back, and
+    how long it took."""
+    from pearl.runtime import TrainingTimeout, wait_training_may_proceed
+
+    first = fetch_status(c)  # read-your-writes: it includes the training-begin
+    if first.get("training_may_proceed", 0) >= step:
+        return "nothing was lent, no borrowed workers had to come back"
+    lent = sum(w["zone"] == "overlap" and w["role"] != "training" and w["activity"] != "inactive"
+               for w in first["workers"])
+    try:
+        took = wait_training_may_proceed(lambda: fetch_status(c), step, timeout_s, since=t0)
+    except TrainingTimeout:
+        raise TrainingTimeout(
+            f"training-begin {step} is logged, but borrowed workers are not back after "
+            f"{timeout_s:g}s: do not start training yet; `pearl status --json` shows "
+            f"training_may_proceed {step} once they are (a larger --return-timeout waits longer)"
+        ) from None
+    what = f"{lent} borrowed worker{'s' if lent != 1 else ''}" if lent else "borrowed GPUs"
+    return f"{what} back in {took * 1000:.0f} ms"
 
 
 def cmd_status(args: argparse.Namespace) -> int:
