@@ -121,7 +121,15 @@ class Orchestrator(PearlActor):
     def _commit(self, out: Output) -> int:
         """Log, then apply, then send. Returns the first record's sequence number (0: none)."""
         seqs = self.log.append(out.records) if out.records else []
-        self.state = out.state
+        gate_before, self.state = self.state.last_gate, out.state
+        g = self.state.last_gate
+        if g is not None and g != gate_before:
+            log.info(
+                "borrowing gate: %s (%s)",
+                "approved" if g.enabled else "declined",
+                g.reason,
+                extra={"gate": "approved" if g.enabled else "declined"},
+            )
         if self.state.table.seq != self.log.last_seq:  # the fold and the log must agree
             raise RuntimeError(f"table at seq {self.state.table.seq}, log at {self.log.last_seq}")
         for c in out.commands:

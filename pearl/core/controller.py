@@ -80,6 +80,9 @@ class ControllerState:
     evicting: Mapping[int, float] = field(default_factory=dict)  # leaving beside a plan: deadline
     plan_began: float = 0.0  # when the plan in flight began
     toggle_measured: float = 0.0  # hand-off seconds of borrow cycles since the last telemetry
+    toggle_cut: float = 0.0  # longest borrow activation cut short since then (censored, >= it)
+    idle_since: float | None = None  # when the trainer last finished a step (window opens)
+    window_measured: float | None = None  # last training-idle window, not yet in telemetry
     toggle_done: float = 0.0  # when the plan in flight finished its last hand-off step
     last_decision: Any = None  # the Decision behind the latest plan (for status)
     last_gate: Any = None  # the latest borrowing-gate verdict (for status)
@@ -161,17 +164,23 @@ class Controller:
         elif isinstance(event, ev.TrainingBegin):
             tx.log(event)
             tx.set(training_waiting=True)
+            if s.idle_since is not None:
+                tx.set(window_measured=max(0.0, now - s.idle_since), idle_since=None)
             if _lends_training_gpus(tx.table):  # else nothing must come back: let plans run
                 self._interrupt(tx, "training-begin")
         elif isinstance(event, ev.TrainingFinished):
             tx.log(event)
-            tx.set(remaining=s.profile.B)
+            tx.set(remaining=s.profile.B, idle_since=now)
             self._sync_weights(tx, s.table.weights_version)
         elif isinstance(event, ev.Telemetry):
-            if event.toggle_s is None and s.toggle_measured > 0:
-                event = dataclasses.replace(event, toggle_s=s.toggle_measured)
+            event = self._measured(s, event)
             tx.log(event)
-            tx.set(profile=self.policy.observe(tx.s.profile, event), toggle_measured=0.0)
+            tx.set(
+                profile=self.policy.observe(tx.s.profile, event),
+                toggle_measured=0.0,
+                toggle_cut=0.0,
+                window_measured=None,
+            )
         elif isinstance(event, cmd.StepResult):
             self._step_result(tx, event)
         elif isinstance(event, cmd.WorkerDown):
@@ -215,6 +224,19 @@ class Controller:
         return tx.finish()
 
     # -- events ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def _measured(s: ControllerState, t: ev.Telemetry) -> ev.Telemetry:
+        """Telemetry with what the controller itself measured since the last one: hand-off time
+        of completed borrow cycles, the censored bound of cut-short ones, the idle window."""
+        changes: dict[str, Any] = {}
+        if t.toggle_s is None and s.toggle_measured > 0:
+            changes["toggle_s"] = s.toggle_measured
+        if t.toggle_min_s is None and s.toggle_cut > 0:
+            changes["toggle_min_s"] = s.toggle_cut
+        if t.window_s is None and s.window_measured is not None:
+            changes["window_s"] = s.window_measured
+        return dataclasses.replace(t, **changes) if changes else t
 
     @staticmethod
     def _looks_started(t: ClusterState, step: Any) -> bool:
@@ -419,6 +441,8 @@ class Controller:
                 if tx.s.aborting is not None:
                     if tx.s.started:
                         return  # wait for started steps and cancellations to answer
+                    if _borrows(p.steps):  # cut short: its activation took at least this long
+                        tx.set(toggle_cut=max(tx.s.toggle_cut, tx.now - tx.s.plan_began))
                     tx.log(*abort_records(tx.table, tx.s.aborting, tx.s.failed))
                     tx.commands.append(cmd.RoutingChanged(tx.table.seq))
                     tx.set(aborting=None, cancelled=frozenset(), started={})
@@ -517,6 +541,13 @@ def _lends_training_gpus(t: ClusterState) -> bool:
         st.op in (StepOp.LEND, StepOp.ACTIVATE) or st.zone is Zone.OVERLAP
         for k, st in enumerate(p.steps)
         if k not in p.done
+    )
+
+
+def _borrows(steps: Any) -> bool:
+    """A plan that lends the training GPUs or activates workers on them."""
+    return any(
+        st.op is StepOp.LEND or (st.op in JOIN_OPS and st.zone is Zone.OVERLAP) for st in steps
     )
 
 

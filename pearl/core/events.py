@@ -140,7 +140,10 @@ class Telemetry:
     ``S`` turns of the slowest trajectory, ``delta_L`` new prompt tokens per turn, ``r`` generated
     tokens per turn, ``theta`` bubble ratio, ``A``/``b`` decode iteration cost fit, ``t_prefill``
     seconds per prefill token, ``T_env`` environment seconds, ``makespan_s`` measured step time.
-    ``toggle_s`` is a measured activation + return time when the step borrowed GPUs.
+    ``toggle_s`` is a measured activation + return time when the step borrowed GPUs;
+    ``toggle_min_s`` a lower bound on it from a borrow cycle cut short (censored: the activation
+    ran that long and did not finish); ``window_s`` the last measured training-idle window
+    (Training Finished -> next Training Begin), the time a borrow cycle has to pay.
     """
 
     step: int
@@ -155,6 +158,8 @@ class Telemetry:
     T_env: float
     makespan_s: float
     toggle_s: float | None = None
+    toggle_min_s: float | None = None
+    window_s: float | None = None
 
 
 Record = Any  # any class registered in RECORDS

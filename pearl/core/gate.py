@@ -7,6 +7,11 @@ kept in the workload profile). With R of the B trajectories still running, it pa
 
 where T_ded and T_full are the best predicted makespans (colocation or any feasible split) with
 only the dedicated workers and with the dedicated plus all overlap workers.
+
+A borrow also has to fit the training-idle window it lives in: lent workers serve only after
+activation, and Training Begin takes them back. Once the window has been measured (T_window > 0),
+the gate declines when activation would eat more than ``WINDOW_FRACTION`` of it — the workers
+would barely serve before they are returned, and the cycle would likely be aborted unfinished.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from pearl.core.decision import DecisionParams, best_makespan
 from pearl.core.profile import WorkloadProfile
 from pearl.core.schema import struct
 
+WINDOW_FRACTION = 0.5  # activation may use at most this share of the training-idle window
+
 
 @struct
 class GateResult:
@@ -25,10 +32,13 @@ class GateResult:
     T_ded: float
     T_full: float
     T_toggle: float
+    T_window: float = 0.0  # measured training-idle window (0: not measured yet)
+    reason: str = ""
 
 
-def borrow_gate(profile: WorkloadProfile, N_ded: int, N_overlap: int, R: int,
-                cfg: DecisionParams) -> GateResult:
+def borrow_gate(
+    profile: WorkloadProfile, N_ded: int, N_overlap: int, R: int, cfg: DecisionParams
+) -> GateResult:
     """Eq. 7: enable borrowing N_overlap workers only when the predicted saving on the R
     unfinished trajectories strictly exceeds T_toggle (at equality it stays off)."""
     if N_ded < 0 or N_overlap < 0:
@@ -41,8 +51,26 @@ def borrow_gate(profile: WorkloadProfile, N_ded: int, N_overlap: int, R: int,
     # No overlap workers or nothing left to run: no benefit (and no inf - inf or 0 * inf).
     nothing = N_overlap == 0 or R == 0 or math.isnan(saving)
     benefit = 0.0 if nothing else R / profile.B * saving
-    return GateResult(enabled=benefit > profile.T_toggle, benefit_s=benefit, T_ded=T_ded,
-                      T_full=T_full, T_toggle=profile.T_toggle)
+    T_toggle, W = profile.T_toggle, profile.T_window
+    if benefit <= T_toggle:
+        enabled, reason = False, f"benefit {benefit:.3g} s <= T_toggle {T_toggle:.3g} s (eq. 7)"
+    elif W > 0 and T_toggle > WINDOW_FRACTION * W:
+        enabled = False
+        reason = (
+            f"activation T_toggle {T_toggle:.3g} s > {WINDOW_FRACTION:g} x the "
+            f"{W:.3g} s training-idle window: lent workers would barely serve"
+        )
+    else:
+        enabled, reason = True, f"benefit {benefit:.3g} s > T_toggle {T_toggle:.3g} s (eq. 7)"
+    return GateResult(
+        enabled=enabled,
+        benefit_s=benefit,
+        T_ded=T_ded,
+        T_full=T_full,
+        T_toggle=T_toggle,
+        T_window=W,
+        reason=reason,
+    )
 
 
-__all__ = ["GateResult", "borrow_gate"]
+__all__ = ["WINDOW_FRACTION", "GateResult", "borrow_gate"]

@@ -69,7 +69,11 @@ class Policy:
         )
         if self.borrow is Borrow.GATED:
             return result
-        return dataclasses.replace(result, enabled=self.borrow is Borrow.ALWAYS and N_full > N_ded)
+        return dataclasses.replace(
+            result,
+            enabled=self.borrow is Borrow.ALWAYS and N_full > N_ded,
+            reason=f"policy: borrow {self.borrow.value} (gate: {result.reason})",
+        )
 
     def observe(self, profile: WorkloadProfile, summary: Telemetry) -> WorkloadProfile:
         """The profile after one more step's telemetry (EMA, §4.3.2)."""

@@ -50,6 +50,7 @@ class WorkloadProfile:
     H_max: float  # KV bytes one worker can hold
     BW: float  # bytes/s between prefill and decode pools
     T_toggle: float  # activation + return cost of a borrowing cycle
+    T_window: float = 0.0  # training-idle window a borrow must pay within (0: not measured yet)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -295,8 +296,10 @@ class RuntimeTracker:
     def observe(self, summary: Telemetry) -> WorkloadProfile:
         """Fold one step summary into the profile (EMA with weight alpha on the new value).
 
-        B becomes the summary's batch; K_seq follows the new S, delta_L and r; T_toggle is the
-        EMA of measured activation + return times and moves only on steps that borrowed.
+        B becomes the summary's batch; K_seq follows the new S, delta_L and r; T_window follows
+        the measured training-idle windows; T_toggle is the EMA of measured activation + return
+        times (it moves only on steps that borrowed), raised toward the lower bound that a borrow
+        cycle cut short gives (a censored observation, §4.6).
         """
         for name in (*_EMA_FIELDS, "makespan_s"):
             v = getattr(summary, name)
@@ -306,13 +309,22 @@ class RuntimeTracker:
         if summary.batch < 1:
             raise SchemaError(f"telemetry step {summary.step}: batch = {summary.batch}, "
                               "expected >= 1")
-        if summary.toggle_s is not None and not (math.isfinite(summary.toggle_s)
-                                                 and summary.toggle_s >= 0):
-            raise SchemaError(f"telemetry step {summary.step}: toggle_s = {summary.toggle_s!r}")
+        for name in ("toggle_s", "toggle_min_s", "window_s"):
+            v = getattr(summary, name)
+            if v is not None and not (math.isfinite(v) and v >= 0):
+                raise SchemaError(f"telemetry step {summary.step}: {name} = {v!r}")
         p, a = self._profile, self.alpha
         new = {k: a * getattr(summary, k) + (1.0 - a) * getattr(p, k) for k in _EMA_FIELDS}
+        T_toggle = p.T_toggle
         if summary.toggle_s is not None:
-            new["T_toggle"] = a * summary.toggle_s + (1.0 - a) * p.T_toggle
+            T_toggle = a * summary.toggle_s + (1.0 - a) * T_toggle
+        if summary.toggle_min_s is not None and summary.toggle_min_s > T_toggle:
+            # Censored: the cost is at least toggle_min_s. Move toward that bound, never down.
+            T_toggle = a * summary.toggle_min_s + (1.0 - a) * T_toggle
+        new["T_toggle"] = T_toggle
+        if summary.window_s is not None:
+            w = summary.window_s
+            new["T_window"] = w if p.T_window == 0 else a * w + (1.0 - a) * p.T_window
         new["K_seq"] = p.K * context_tokens(new["S"], new["delta_L"], new["r"], self.L_max)
         self._profile = dataclasses.replace(p, B=summary.batch, **new)
         self.steps += 1

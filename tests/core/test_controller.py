@@ -440,3 +440,59 @@ def test_worker_lost_after_it_left_does_not_evict_the_next_worker_in_its_slot() 
     h.send(ev.GpusAdded((8, 9)))
     h.settle()
     assert any(8 in w.gpus for w in h.table.routable())
+
+
+def _telemetry(h: Harness, step: int) -> ev.Telemetry:
+    """A step summary that repeats the current profile (only the controller's measures move)."""
+    p = h.s.profile
+    return ev.Telemetry(
+        step, p.B, p.S, p.delta_L, p.r, p.theta, p.A, p.b, p.t_prefill, p.T_env, makespan_s=60.0
+    )
+
+
+def test_a_borrow_cut_short_raises_T_toggle_until_the_gate_declines_and_a_completed_one_lowers_it() -> (
+    None
+):  # noqa: E501
+    """Issue 13: an activation aborted by Training Begin after t seconds is a censored
+    observation (T_toggle >= t), and the gate weighs T_toggle against the idle window."""
+    from pearl.core.policy import Borrow
+
+    h = Harness(borrow=Borrow.GATED)
+    h.settle()
+    h.send(ev.TrainingBegin(1))
+    h.settle()
+    T0 = h.s.profile.T_toggle
+    activate = lambda c: isinstance(c, cmd.ActivateWorker)  # noqa: E731
+    step = 1
+    verdicts = []
+    for _ in range(3):  # 30 s windows; activation never finishes inside one
+        h.send(ev.TrainingFinished(step, step), dt=1.0)
+        verdicts.append(h.s.last_gate.enabled)
+        h.answer(lambda c: not activate(c), dt=1.0)  # the lend is quick; activation is not
+        step += 1
+        h.send(ev.TrainingBegin(step), dt=28.0)
+        h.pending = [c for c in h.pending if not activate(c)]  # the slow activation never answers
+        h.settle()
+        assert [c.step for c in h.sent if isinstance(c, cmd.TrainingMayProceed)][-1] == step
+        h.send(_telemetry(h, step))
+    assert verdicts[0] is True and verdicts[-1] is False
+    assert h.s.profile.T_toggle > T0 and h.s.profile.T_window == pytest.approx(30.0, abs=3.0)
+    assert "window" in h.s.last_gate.reason
+    aborts = sum(isinstance(r, ev.PlanAbort) for r in h.records)
+    # Once declined, no borrow plan is started only to be aborted.
+    h.send(ev.TrainingFinished(step, step), dt=1.0)
+    assert h.table.plan is None and not h.s.last_gate.enabled
+    step += 1
+    h.send(ev.TrainingBegin(step), dt=200.0)  # a long window: borrowing could pay again
+    h.settle()
+    h.send(_telemetry(h, step))
+    high = h.s.profile.T_toggle
+    h.send(ev.TrainingFinished(step, step), dt=1.0)
+    assert h.s.last_gate.enabled
+    h.settle()  # this cycle completes: activation and hand-off take a few seconds
+    step += 1
+    h.send(ev.TrainingBegin(step), dt=30.0)
+    h.settle()
+    h.send(_telemetry(h, step))
+    assert h.s.profile.T_toggle < high
+    assert sum(isinstance(r, ev.PlanAbort) for r in h.records) == aborts
