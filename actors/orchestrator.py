@@ -195,6 +195,10 @@ class Orchestrator(PearlActor):
         out["gate"] = (
             None if g is None else to_plain(g) if hasattr(g, "__dataclass_fields__") else None
         )
+        out["borrow"] = {
+            "current": None if s.cycle is None else s.cycle.to_json(),
+            "last": None if s.last_cycle is None else s.last_cycle.to_json(),
+        }
         out["failed"] = sorted(s.failed)
         out["quarantined_gpus"] = sorted(s.quarantine)
         out["boot_id"] = self.boot_id

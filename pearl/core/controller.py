@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from pearl.core import borrow as bc
 from pearl.core import commands as cmd
 from pearl.core import events as ev
 from pearl.core.fold import apply_to
@@ -84,6 +85,8 @@ class ControllerState:
     idle_since: float | None = None  # when the trainer last finished a step (window opens)
     window_measured: float | None = None  # last training-idle window, not yet in telemetry
     toggle_done: float = 0.0  # when the plan in flight finished its last hand-off step
+    cycle: bc.BorrowCycle | None = None  # the borrow cycle of the current or last idle window
+    last_cycle: bc.BorrowCycle | None = None  # the one before it (complete: returned)
     last_decision: Any = None  # the Decision behind the latest plan (for status)
     last_gate: Any = None  # the latest borrowing-gate verdict (for status)
 
@@ -164,6 +167,7 @@ class Controller:
         elif isinstance(event, ev.TrainingBegin):
             tx.log(event)
             tx.set(training_waiting=True)
+            tx.set(cycle=bc.closed(s.cycle, now, _holding_training_gpus(s.table)))
             if s.idle_since is not None:
                 tx.set(window_measured=max(0.0, now - s.idle_since), idle_since=None)
             if _lends_training_gpus(tx.table):  # else nothing must come back: let plans run
@@ -171,6 +175,7 @@ class Controller:
         elif isinstance(event, ev.TrainingFinished):
             tx.log(event)
             tx.set(remaining=s.profile.B, idle_since=now)
+            tx.set(cycle=bc.BorrowCycle(event.step, now), last_cycle=s.cycle or s.last_cycle)
             self._sync_weights(tx, s.table.weights_version)
         elif isinstance(event, ev.Telemetry):
             event = self._measured(s, event)
@@ -435,14 +440,14 @@ class Controller:
             if p is not None and tx.s.training_waiting and not _lends_training_gpus(tx.table):
                 # A plan that never touches the training GPUs (an inter-scale expansion, a
                 # dedicated re-role) does not hold training back.
-                tx.commands.append(cmd.TrainingMayProceed(tx.table.training_step))
-                tx.set(training_waiting=False)
+                self._may_proceed(tx)
             if p is not None:
                 if tx.s.aborting is not None:
                     if tx.s.started:
                         return  # wait for started steps and cancellations to answer
                     if _borrows(p.steps):  # cut short: its activation took at least this long
                         tx.set(toggle_cut=max(tx.s.toggle_cut, tx.now - tx.s.plan_began))
+                    tx.set(cycle=bc.aborted(tx.s.cycle, p.plan, tx.s.aborting))
                     tx.log(*abort_records(tx.table, tx.s.aborting, tx.s.failed))
                     tx.commands.append(cmd.RoutingChanged(tx.table.seq))
                     tx.set(aborting=None, cancelled=frozenset(), started={})
@@ -453,6 +458,10 @@ class Controller:
                         spent = max(0.0, tx.s.toggle_done - tx.s.plan_began)
                         tx.set(toggle_measured=tx.s.toggle_measured + spent)
                     tx.log(*commit_records(tx.table, tx.s.failed))
+                    t = tx.table
+                    lent = sum(w.activity is Activity.INACTIVE for w in t.training_workers())
+                    active = sum(w.routable for w in t.rollout_workers(Zone.OVERLAP))
+                    tx.set(cycle=bc.committed(tx.s.cycle, p.plan, tx.now, lent, active))
                     tx.commands.append(cmd.RoutingChanged(tx.table.seq))
                     tx.set(started={})
                     continue
@@ -468,10 +477,14 @@ class Controller:
             if tx.s.training_waiting and all(
                 w.activity is Activity.ACTIVE for w in tx.table.training_workers()
             ):
-                tx.commands.append(cmd.TrainingMayProceed(tx.table.training_step))
-                tx.set(training_waiting=False)
+                self._may_proceed(tx)
             if not self._begin_next_plan(tx):
                 return
+
+    @staticmethod
+    def _may_proceed(tx: _Tx) -> None:
+        tx.commands.append(cmd.TrainingMayProceed(tx.table.training_step))
+        tx.set(training_waiting=False, cycle=bc.returned(tx.s.cycle, tx.now))
 
     def _begin_next_plan(self, tx: _Tx) -> bool:
         t = tx.table
@@ -503,6 +516,8 @@ class Controller:
             )
         )
         named = {st.worker for st in new.steps}
+        if _borrows(new.steps):
+            tx.set(cycle=bc.planned(tx.s.cycle, t.last_plan + 1, tx.now))
         tx.set(
             evicting={w: d for w, d in tx.s.evicting.items() if w not in named},  # plan owns it
             last_decision=decision or tx.s.last_decision,
@@ -523,7 +538,7 @@ class Controller:
         n_overlap = len(t.training_gpus) // t.tp
         R = tx.s.profile.B if tx.s.remaining is None else tx.s.remaining
         verdict = self.policy.gate(tx.s.profile, n_ded, n_ded + n_overlap, R)
-        tx.set(last_gate=verdict)
+        tx.set(last_gate=verdict, cycle=bc.gated(tx.s.cycle, verdict.enabled, verdict.reason))
         return bool(verdict.enabled)
 
 
@@ -542,6 +557,11 @@ def _lends_training_gpus(t: ClusterState) -> bool:
         for k, st in enumerate(p.steps)
         if k not in p.done
     )
+
+
+def _holding_training_gpus(t: ClusterState) -> int:
+    """Overlap workers that hold training GPUs (serving or on their way in or out)."""
+    return sum(w.activity is not Activity.INACTIVE for w in t.rollout_workers(Zone.OVERLAP))
 
 
 def _borrows(steps: Any) -> bool:

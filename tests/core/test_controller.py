@@ -450,9 +450,7 @@ def _telemetry(h: Harness, step: int) -> ev.Telemetry:
     )
 
 
-def test_a_borrow_cut_short_raises_T_toggle_until_the_gate_declines_and_a_completed_one_lowers_it() -> (
-    None
-):  # noqa: E501
+def test_a_borrow_cut_short_raises_T_toggle_until_the_gate_declines() -> None:
     """Issue 13: an activation aborted by Training Begin after t seconds is a censored
     observation (T_toggle >= t), and the gate weighs T_toggle against the idle window."""
     from pearl.core.policy import Borrow
@@ -496,3 +494,45 @@ def test_a_borrow_cut_short_raises_T_toggle_until_the_gate_declines_and_a_comple
     h.send(_telemetry(h, step))
     assert h.s.profile.T_toggle < high
     assert sum(isinstance(r, ev.PlanAbort) for r in h.records) == aborts
+
+
+def test_a_borrow_cycle_reports_what_happened_and_nothing_else() -> None:
+    """Issue 13 item 6: counts and times of each cycle — lent, activated, served, returned,
+    aborted and why — and nothing reported that did not occur."""
+    from pearl.core.policy import Borrow
+
+    h = Harness(borrow=Borrow.ALWAYS)
+    h.settle()
+    h.send(ev.TrainingBegin(1))
+    h.settle()
+    assert h.s.cycle is None  # no window has opened yet
+    h.send(ev.TrainingFinished(1, 1), dt=1.0)
+    h.settle()  # lend + activation, one simulated second per answer
+    h.send(ev.TrainingBegin(2), dt=10.0)
+    h.settle()
+    c = h.s.cycle.to_json()
+    assert c["gate"] == "approved" and c["lent"] == 1 and c["activated"] == 2
+    assert c["activation_s"] > 0 and c["served_s"] == pytest.approx(10.0)
+    assert c["returning"] == 2 and c["return_s"] > 0 and c["aborted"] is None
+    assert c["window_s"] == pytest.approx(c["activation_s"] + c["served_s"])
+
+    # Cut short: Training Begin arrives before activation completes.
+    h.send(ev.TrainingFinished(2, 2), dt=1.0)
+    h.answer(lambda c: isinstance(c, cmd.LendTraining))
+    h.send(ev.TrainingBegin(3), dt=1.0)
+    h.settle()
+    c = h.s.cycle.to_json()
+    assert c["aborted"] == "training-begin" and c["activated"] == 0 and c["served_s"] is None
+    assert h.s.last_cycle.to_json()["activated"] == 2  # the previous cycle is kept beside it
+
+    # Never borrowed: nothing lent, nothing returned.
+    h2 = Harness(borrow=Borrow.NEVER)
+    h2.settle()
+    h2.send(ev.TrainingBegin(1))
+    h2.settle()
+    h2.send(ev.TrainingFinished(1, 1), dt=1.0)
+    h2.settle()
+    h2.send(ev.TrainingBegin(2), dt=5.0)
+    c = h2.s.cycle.to_json()
+    assert c["gate"] == "declined" and c["plan"] is None and c["lent"] == 0
+    assert c["activated"] == 0 and c["returning"] == 0 and c["return_s"] == 0.0

@@ -1,0 +1,116 @@
+"""One borrow cycle of §4.6, as it really happened: what the controller reports, never what it
+only planned.
+
+A cycle is the training-idle window from Training Finished to the next Training Begin. In it the
+gate (eq. 7) approves or declines borrowing; an approved borrow lends the training workers and
+activates overlap workers, which then serve until Training Begin takes them back; the return
+ends when the trainer hears "training may proceed". A borrow plan that is cancelled before it
+commits is ``aborted`` (with the reason) and served nothing. Times are the controller's clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from pearl.core.schema import struct
+
+
+@struct
+class BorrowCycle:
+    step: int  # the training step whose end opened the window
+    opened: float  # Training Finished
+    gate: str = "none"  # "approved" | "declined" | "none" (never asked: nothing to lend)
+    gate_reason: str = ""
+    plan: int = 0  # the borrow plan (0: none began)
+    planned: float | None = None  # when it began
+    lent: int = 0  # training workers that released their GPUs
+    activated: int = 0  # overlap workers that became routable
+    serving_since: float | None = None  # when the borrow plan committed
+    aborted: str = ""  # why the borrow plan was cancelled before it committed
+    closed: float | None = None  # Training Begin
+    returning: int = 0  # overlap workers holding training GPUs at Training Begin
+    returned: float | None = None  # training may proceed
+
+    @property
+    def window_s(self) -> float | None:
+        return None if self.closed is None else self.closed - self.opened
+
+    @property
+    def activation_s(self) -> float | None:
+        if self.serving_since is None or self.planned is None:
+            return None
+        return self.serving_since - self.planned
+
+    @property
+    def served_s(self) -> float | None:
+        if self.serving_since is None or self.closed is None:
+            return None
+        return max(0.0, self.closed - self.serving_since)
+
+    @property
+    def return_s(self) -> float | None:
+        if self.returned is None or self.closed is None:
+            return None
+        return self.returned - self.closed
+
+    def to_json(self) -> dict[str, Any]:
+        """The cycle as the demo report and ``pearl status`` show it (seconds, null if n/a)."""
+        return {
+            "step": self.step,
+            "window_s": self.window_s,
+            "gate": self.gate,
+            "gate_reason": self.gate_reason,
+            "plan": self.plan or None,
+            "lent": self.lent,
+            "activated": self.activated,
+            "activation_s": self.activation_s,
+            "served_s": self.served_s,
+            "aborted": self.aborted or None,
+            "returning": self.returning,
+            "return_s": self.return_s,
+        }
+
+
+def gated(c: BorrowCycle | None, enabled: bool, reason: str) -> BorrowCycle | None:
+    """The gate's verdict in an open window (the latest one counts until a borrow begins)."""
+    if c is None or c.closed is not None or c.plan:
+        return c
+    return dataclasses.replace(c, gate="approved" if enabled else "declined", gate_reason=reason)
+
+
+def planned(c: BorrowCycle | None, plan: int, now: float) -> BorrowCycle | None:
+    if c is None or c.closed is not None or c.plan:
+        return c
+    return dataclasses.replace(c, plan=plan, planned=now, gate="approved")
+
+
+def committed(
+    c: BorrowCycle | None, plan: int, now: float, lent: int, activated: int
+) -> BorrowCycle | None:
+    if c is None or c.plan != plan:
+        return c
+    return dataclasses.replace(
+        c, serving_since=now if activated else None, lent=lent, activated=activated
+    )
+
+
+def aborted(c: BorrowCycle | None, plan: int, reason: str) -> BorrowCycle | None:
+    if c is None or c.plan != plan:
+        return c
+    return dataclasses.replace(c, aborted=reason)
+
+
+def closed(c: BorrowCycle | None, now: float, returning: int) -> BorrowCycle | None:
+    if c is None or c.closed is not None:
+        return c
+    return dataclasses.replace(c, closed=now, returning=returning)
+
+
+def returned(c: BorrowCycle | None, now: float) -> BorrowCycle | None:
+    if c is None or c.closed is None or c.returned is not None:
+        return c
+    return dataclasses.replace(c, returned=now)
+
+
+__all__ = ["BorrowCycle", "aborted", "closed", "committed", "gated", "planned", "returned"]
