@@ -1,0 +1,364 @@
+"""Chaos run: random elastic events and training cycles against pearld while its worker hosts are
+SIGKILLed and SIGSTOPped and pearld itself is SIGKILLed (issue 21, item 7).
+
+A Python client (``pearl.connect``) plays gpus-added / gpus-reclaimed of the preemptible range,
+training cycles (Training Begin, wait until it may proceed, weights published, Training Finished;
+sometimes a reclaim right after, the storm's sequence) against pearld on ``configs/sim-32.toml``
+(sim engines, loopback TCP). Beside it, :mod:`faults` kills and stops worker hosts and kills
+pearld, restarting it on the same state dir. Bounded in count and time; every process the run
+started is stopped by pid at the end, also on Ctrl-C or SIGTERM.
+
+Reported (``--json``): ``cycles``; Training Begin -> may proceed (median, max) for returns no
+fault came near (``return_max_s``, the figure the <= 3.2 s target is about) and for the others;
+``orchestrator_restarts`` (unplanned: pearld's "restarting actor orchestrator"; a pearld the run
+killed starts afresh and logs none); ``false_deaths`` (hosts declared dead for missed heartbeats
+that the run did not kill or stop); ``events_lost`` (acknowledged events, and uploaded weight
+versions, missing from the log after a pearld kill, after its restart or at the end);
+``replay_equal`` (``pearl status --json`` == ``pearl log replay DIR --until SEQ --json`` at the
+end). Targets (10 minutes): 0 / 0 / 0 lost, restarts, status != replay; 0 false deaths.
+
+    .venv/bin/python benchmarks/chaos.py [--minutes 10] [--seed 1] [--json FILE] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from faults import Fault, Injector, Limits  # noqa: E402
+from live_pearld import (  # noqa: E402
+    PREEMPTIBLE,
+    Pearld,
+    Trainer,
+    lost_events,
+    overlap_serving,
+    pearl_cli,
+    safetensors_blob,
+    status_vs_replay,
+    summary,
+    wait_until,
+)
+
+from pearl.core import events as ev  # noqa: E402
+
+TARGET_RETURN_S = 3.2
+NEAR_S = {"kill-host": 10.0, "stop-host": 10.0, "kill-pearld": 15.0, "pearld-exit": 15.0}
+MAX_PRESENT = 8  # preemptible GPUs present at most: bounds the hosts on a small machine
+QUIET_TAIL_S = 10.0  # no new fault this close to the end
+
+
+class Play:
+    """The client's side: one elastic event or training cycle at a time, chosen from status."""
+
+    def __init__(self, t: Trainer, rng: random.Random) -> None:
+        self.t, self.rng = t, rng
+        self.blob = safetensors_blob()
+        self.published: set[int] = set()
+        self.returns: list[dict[str, Any]] = []  # Training Begin -> may proceed, one per cycle
+        self.cycles = 0
+        self.events: dict[str, int] = {}
+
+    def send(self, record: Any) -> int | None:
+        self.events[record.KIND] = self.events.get(record.KIND, 0) + 1
+        return self.t.event(record)
+
+    def step(self) -> None:
+        try:
+            s = self.t.status()
+        except Exception:
+            time.sleep(0.1)  # pearld down (on purpose or not): the injector brings it back
+            return
+        if s["phase"] == "training":  # a cycle cut short by a kill: finish it
+            k = s["training_step"]
+            if s["training_may_proceed"] >= k or self.t.wait_proceed(k, 60.0) is not None:
+                self.send(ev.TrainingFinished(k))
+            return
+        present = [g for g in s["gpus"]["present"] if g in PREEMPTIBLE]
+        busy = set(present) | set(s["gpus"]["reclaiming"])
+        absent = [
+            p for p in zip(PREEMPTIBLE[::2], PREEMPTIBLE[1::2], strict=True) if not busy & set(p)
+        ]
+        options = [("cycle", 3.0)]
+        if absent and len(present) < MAX_PRESENT:
+            options.append(("add", 1.2))
+        if present:
+            options.append(("reclaim", 1.0))
+        what = self.rng.choices([o for o, _ in options], [w for _, w in options])[0]
+        if what == "add":
+            n = self.rng.choice((1, 1, 2))
+            gpus = [g for p in self.rng.sample(absent, min(n, len(absent))) for g in p]
+            self.send(ev.GpusAdded(tuple(sorted(gpus))))
+        elif what == "reclaim":
+            self.send(ev.GpusReclaimed(self._some(present)))
+        else:
+            self.cycle(s["training_step"] + 1, present)
+        time.sleep(self.rng.uniform(0.0, 0.3))
+
+    def _some(self, present: list[int]) -> tuple[int, ...]:
+        if self.rng.random() < 0.3:
+            return (self.rng.choice(present),)
+        pairs = sorted({g - g % 2 for g in present})
+        first = self.rng.choice(pairs)
+        return tuple(g for g in (first, first + 1) if g in present)
+
+    def cycle(self, k: int, present: list[int]) -> None:
+        t0 = time.monotonic()
+        if self.send(ev.TrainingBegin(k)) is None:
+            return
+        waited = self.t.wait_proceed(k, 90.0)
+        t1 = time.monotonic()
+        self.returns.append({"step": k, "t0": t0, "t1": t1, "ok": waited is not None})
+        if waited is None:
+            return
+        time.sleep(self.rng.uniform(0.05, 0.6))  # "training"
+        version = None
+        if self.rng.random() < 0.5 and self.t.publish(k, self.blob):
+            self.published.add(k)
+            version = k
+        if self.send(ev.TrainingFinished(k, version)) is None:
+            return
+        self.cycles += 1
+        if present and self.rng.random() < 0.4:  # the storm's sequence: reclaim during lending
+            self.send(ev.GpusReclaimed(self._some(present)))
+            if self.rng.random() < 0.6:
+                wait_until(lambda: self._lending(), 10.0, 0.01)
+                self.cycle(k + 1, [])
+
+    def _lending(self) -> bool:
+        try:
+            return overlap_serving(self.t.status())
+        except Exception:
+            return False
+
+
+def near(r: dict[str, Any], faults: list[Fault]) -> list[str]:
+    """The faults that came within reach of a return: during it or shortly before."""
+    return sorted(
+        {f.kind for f in faults if f.t <= r["t1"] and max(f.end, f.t) + NEAR_S[f.kind] >= r["t0"]}
+    )
+
+
+def deaths(down: list[dict[str, Any]], faults: list[Fault]) -> dict[str, Any]:
+    """Hosts pearld declared down, split by whether the run's own faults explain them."""
+    pids = {f.pid for f in faults if f.pid}
+    hit = {f.worker for f in faults if f.worker is not None}
+    false, unexplained, caused = [], [], 0
+    for x in down:
+        # A host relaunched after a pearld restart is logged with pid 0: judge it by worker.
+        if x["pid"] in pids or (x["pid"] == 0 and x["worker"] in hit):
+            caused += 1
+        elif x["why"] == "missed heartbeats":
+            false.append(x)
+        else:
+            unexplained.append(x)
+    return {"caused": caused, "false": false, "unexplained": unexplained}
+
+
+def settle(t: Trainer, timeout: float) -> bool:
+    def calm() -> bool:
+        try:
+            s = t.status()
+        except Exception:
+            return False
+        if s["phase"] == "training":
+            if s["training_may_proceed"] >= s["training_step"]:
+                t.event(ev.TrainingFinished(s["training_step"]))
+            return False
+        return not (s["transitions"] or s["plan"] or s["gpus"]["reclaiming"] or s["failed"])
+
+    return bool(wait_until(calm, timeout, 0.1))
+
+
+def hosts_vs_table(d: Pearld, s: dict[str, Any]) -> dict[str, Any]:
+    """Worker host processes against the table: two hosts for one worker, hosts of no worker,
+    active workers without a host."""
+    rows = {w["id"]: w for w in s["workers"] if w["role"] != "training"}
+    by_worker: dict[int, list[int]] = {}
+    for h in d.hosts():
+        by_worker.setdefault(h.worker, []).append(h.pid)
+    return {
+        "duplicate_hosts": {w: p for w, p in by_worker.items() if len(p) > 1},
+        "orphan_hosts": {w: p for w, p in by_worker.items() if w not in rows},
+        "missing_hosts": sorted(
+            w for w, r in rows.items() if r["activity"] != "inactive" and w not in by_worker
+        ),
+    }
+
+
+def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    rng = random.Random(args.seed)
+    d = Pearld(tmp, list(args.set))
+    t0 = time.monotonic()
+    end = t0 + args.minutes * 60.0
+    out: dict[str, Any] = {
+        "benchmark": "chaos",
+        "minutes": args.minutes,
+        "seed": args.seed,
+        "config": str(d.config),
+        "sets": list(args.set),
+    }
+    inj: Injector | None = None
+    t: Trainer | None = None
+    try:
+        print(f"pearld up in {d.start():.1f}s at {d.endpoint} (state {d.state})", flush=True)
+        t = Trainer(d.endpoint)
+        play = Play(t, random.Random(rng.random()))
+        m = max(args.minutes, 1.0)
+        lim = Limits(
+            max_kill_host=int(3 * m), max_stop_host=int(3 * m), max_kill_pearld=max(1, int(0.8 * m))
+        )
+        trainer = t
+        inj = Injector(
+            d,
+            random.Random(rng.random()),
+            lambda: trainer.acked,
+            lambda: play.published,
+            end - QUIET_TAIL_S,
+            lim,
+        )
+        inj.start()
+        last = 0.0
+        while time.monotonic() < end:
+            play.step()
+            if time.monotonic() - last >= 10.0:
+                last = time.monotonic()
+                ok = [r["t1"] - r["t0"] for r in play.returns if r["ok"]]
+                stats = d.log_stats()
+                print(
+                    f"{last - t0:6.0f}s cycles {play.cycles:>4} return max "
+                    f"{max(ok, default=0):6.2f}s acked {len(t.acked):>5} faults "
+                    f"{len(inj.faults):>3} pearld starts {d.starts} orchestrator restarts "
+                    f"{stats['restarts'].get('orchestrator', 0)} lost {len(inj.lost)}",
+                    flush=True,
+                )
+        inj.stop()
+        print("quiet: SIGCONT sent, settling", flush=True)
+        if not d.running():
+            d.start()
+        settled = settle(t, 120.0)
+        time.sleep(3.0)  # hosts being retired finish exiting
+        out.update(report(d, t, play, inj, t0, settled))
+        # SIGTERM stops pearld "and its worker hosts": also the ones it adopted after a restart?
+        out["pearld_exit_code"] = d.stop()
+        wait_until(lambda: not d.hosts(), 10.0, 0.2)
+        out["hosts_left_after_sigterm"] = sorted(f"{h.worker}/{h.pid}" for h in d.hosts())
+    finally:
+        if inj is not None:
+            inj.stop()
+        if t is not None:
+            t.close()
+        d.cleanup()
+    return out
+
+
+def report(
+    d: Pearld, t: Trainer, play: Play, inj: Injector, t0: float, settled: bool
+) -> dict[str, Any]:
+    lost = set(inj.lost) | {f"{x} (end)" for x in lost_events(d.state, t.acked, play.published)}
+    equal, diff = status_vs_replay(d)
+    s = t.status()
+    stats = d.log_stats()
+    dead = deaths(stats["down"], inj.faults)
+    clean, faulted, returns = [], [], []
+    for r in play.returns:
+        kinds_near = near(r, inj.faults)
+        took = r["t1"] - r["t0"]
+        returns.append(
+            {
+                "step": r["step"],
+                "at_s": round(r["t0"] - t0, 2),
+                "return_s": round(took, 3) if r["ok"] else None,
+                "near": kinds_near,
+            }
+        )
+        if r["ok"]:
+            (faulted if kinds_near else clean).append(took)
+    verify = pearl_cli("log", "verify", str(d.state))  # non-zero on any damage
+    kinds = ("kill-host", "stop-host", "kill-pearld", "pearld-exit")
+    return {
+        "cycles": play.cycles,
+        "returns_clean": summary(clean),
+        "returns_near_fault": summary(faulted),
+        "return_median_s": summary(clean)["median_s"],
+        "return_max_s": summary(clean)["max_s"],
+        "return_max_near_fault_s": summary(faulted)["max_s"],
+        "return_timeouts": sum(not r["ok"] for r in play.returns),
+        "target_return_s": TARGET_RETURN_S,
+        "orchestrator_restarts": stats["restarts"].get("orchestrator", 0),
+        "actor_restarts": stats["restarts"],
+        "actor_failures": stats["failures"][:20],
+        "gave_up": stats["gave_up"],
+        "controller_recoveries": s.get("controller_recoveries", 0),
+        "false_deaths": len(dead["false"]),
+        "false_death_detail": dead["false"][:20],
+        "unexplained_downs": dead["unexplained"][:20],
+        "downs_caused": dead["caused"],
+        "events_sent": play.events,
+        "events_acked": len(t.acked),
+        "events_unacked": t.unacked,
+        "events_refused": t.refused,
+        "weights_published": len(play.published),
+        "events_lost": len(lost),
+        "lost_detail": sorted(lost)[:20],
+        "replay_equal": equal,
+        "replay_diff": diff,
+        "log_verified": verify.returncode == 0,
+        "log_verify": (verify.stdout + verify.stderr).strip()[:300],
+        "tables_invalid": inj.invalid,
+        "settled": settled,
+        "faults": {k: inj.count(k) for k in kinds},
+        "fault_log": [f.as_json(t0) for f in inj.faults],
+        "return_log": returns,
+        "injector_errors": inj.errors[:20],
+        "pearld_restart_s": summary(inj.restart_s),
+        "pearld_alive": d.running(),
+        **hosts_vs_table(d, s),
+        "wall_s": round(time.monotonic() - t0, 1),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--minutes", type=float, default=10.0)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json", help="write the figures to this file")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="pearld config override (repeatable)",
+    )
+    ap.add_argument("--keep", help="keep pearld's state dir and logs here (default: a temp dir)")
+    args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # cleans up like Ctrl-C
+    if args.keep:
+        Path(args.keep).mkdir(parents=True, exist_ok=True)
+        out = run(args, Path(args.keep))
+    else:
+        with tempfile.TemporaryDirectory(prefix="pearl-chaos-") as tmp:
+            out = run(args, Path(tmp))
+    print(
+        f"chaos: {out['cycles']} cycles in {out['wall_s']:.0f}s; faults {out['faults']}; "
+        f"return median {out['return_median_s']:.3f}s max {out['return_max_s']:.3f}s "
+        f"(near a fault {out['return_max_near_fault_s']:.3f}s, target <= {TARGET_RETURN_S}s); "
+        f"orchestrator restarts {out['orchestrator_restarts']}; false deaths "
+        f"{out['false_deaths']}; events lost {out['events_lost']} of {out['events_acked']}; "
+        f"status == replay {out['replay_equal']}"
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
