@@ -4,6 +4,11 @@ Any message from a peer counts as a heartbeat (the ZeroMQ guide's Paranoid Pirat
 a socket calls :meth:`Liveness.beat` for every message it receives. A peer is dead once
 ``liveness`` intervals (3 by default) pass without one. The clock is injectable and defaults to
 ``time.monotonic`` (never the wall clock: it jumps).
+
+Silence is judged only up to the moment the receiver last had nothing left to read: while the
+owner of the socket is behind (a slow handler, a starved thread), what waits unread may be the
+very heartbeat it would miss, so :meth:`Liveness.behind` freezes the judging clock at that moment
+and :meth:`Liveness.caught_up` lets it run again. A busy receiver never makes a peer look dead.
 """
 
 from __future__ import annotations
@@ -11,10 +16,24 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Hashable
+from typing import Protocol
 
 from transports.protocol import HEARTBEAT_INTERVAL_S, LIVENESS
 
 Clock = Callable[[], float]
+
+
+class Listener(Protocol):
+    """What a socket's owner tells about what it receives (a :class:`Liveness` is one)."""
+
+    def beat(self, peer: str) -> None:
+        """A message from ``peer`` was read."""
+
+    def behind(self) -> None:
+        """Input is waiting unread (called when a burst starts; the earliest call counts)."""
+
+    def caught_up(self) -> None:
+        """Nothing is left to read."""
 
 
 class Liveness:
@@ -32,6 +51,7 @@ class Liveness:
         self.liveness = liveness
         self.clock = clock
         self._seen: dict[Hashable, float] = {}
+        self._behind: float | None = None  # since when the receiver has had unread input
         self._lock = threading.Lock()
 
     @property
@@ -45,6 +65,22 @@ class Liveness:
         with self._lock:
             self._seen[peer] = t
 
+    def behind(self, now: float | None = None) -> None:
+        """The receiver has input waiting: judge silence no later than now until it catches up."""
+        t = self.clock() if now is None else now
+        with self._lock:
+            if self._behind is None:
+                self._behind = t
+
+    def caught_up(self) -> None:
+        """The receiver has read everything: silence is judged at the present again."""
+        with self._lock:
+            self._behind = None
+
+    def _judged(self, t: float) -> float:
+        """The time silence is judged at (lock held): now, or when the receiver fell behind."""
+        return t if self._behind is None else min(t, self._behind)
+
     def last_seen(self, peer: Hashable) -> float | None:
         with self._lock:
             return self._seen.get(peer)
@@ -54,18 +90,21 @@ class Liveness:
         t = self.clock() if now is None else now
         with self._lock:
             seen = self._seen.get(peer)
+            t = self._judged(t)
         return seen is not None and t - seen < self.timeout_s
 
     def dead(self, now: float | None = None) -> list[Hashable]:
         """Known peers silent for ``liveness`` intervals or more (still tracked)."""
         t = self.clock() if now is None else now
         with self._lock:
+            t = self._judged(t)
             return [p for p, seen in self._seen.items() if t - seen >= self.timeout_s]
 
     def reap(self, now: float | None = None) -> list[Hashable]:
         """Like :meth:`dead`, and forget them (report each death once)."""
         t = self.clock() if now is None else now
         with self._lock:
+            t = self._judged(t)
             gone = [p for p, seen in self._seen.items() if t - seen >= self.timeout_s]
             for p in gone:
                 del self._seen[p]
@@ -121,4 +160,4 @@ class HeartbeatSender:
         return True
 
 
-__all__ = ["Clock", "HeartbeatSender", "Liveness"]
+__all__ = ["Clock", "HeartbeatSender", "Listener", "Liveness"]

@@ -4,6 +4,9 @@ A server handler is a plain callable ``handler(env: Envelope) -> reply``: it get
 request and returns a registered message, a :class:`Reply` (message plus bulk frames), or
 ``None`` for one-way messages (heartbeats). :func:`dispatch` builds one from a table of message
 types. Handlers run on the server's own thread, one at a time.
+A server given a ``liveness`` listener beats it for every message it reads (any message is a
+heartbeat) and tells it when input waits unread and when it has caught up, so that a slow
+handler never makes a peer look silent.
 
 Bad input never stops a server: whatever the codec rejects gets an ``error`` reply with a code
 (:class:`~transports.protocol.ErrorCode`); a handler raising :class:`PearlError` gets a
@@ -43,7 +46,7 @@ from transports.auth import (
     secure_server,
 )
 from transports.codec import BadMessage, Codec, Envelope
-from transports.heartbeat import Liveness
+from transports.heartbeat import Listener
 from transports.protocol import (
     POLL_MS,
     REQUEST_RETRIES,
@@ -115,7 +118,7 @@ class Server:
         keys: ServerKeys | None = None,
         limits: Limits | None = None,
         name: str = "server",
-        liveness: Liveness | None = None,
+        liveness: Listener | None = None,
     ) -> None:
         check_bind(address, keys)
         self.handler = handler
@@ -183,11 +186,16 @@ class Server:
             events = dict(poller.poll(POLL_MS))
             if self._wake_rx in events or self._closed:
                 return
+            live = self.liveness
+            if live is not None and self._sock in events:
+                live.behind()  # until the burst is read, silence is judged no later than now
             # Drain a burst, then look at the wake socket again. EVENTS instead of catching
             # zmq.Again: an exception per request costs more than the check.
             sock = self._sock
             for _ in range(1000):
                 if not int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                    if live is not None:
+                        live.caught_up()
                     break
                 parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
                 try:

@@ -84,3 +84,21 @@ def test_default_clock_is_monotonic() -> None:
 
     assert Liveness().clock is time.monotonic
     assert HeartbeatSender().clock is time.monotonic
+
+
+def test_silence_is_judged_only_up_to_when_the_receiver_fell_behind() -> None:
+    clock = FakeClock()
+    live = Liveness(interval_s=0.5, clock=clock)
+    live.beat("w1")
+    clock.t += 1.0
+    live.behind()  # input waits unread from here on (a slow handler, a starved thread)
+    clock.t += 5.0
+    assert live.alive("w1") and live.dead() == [] and live.reap() == []
+    live.behind()  # a later call does not move the mark
+    live.caught_up()  # read everything: w1 sent nothing in all that time
+    assert live.dead() == ["w1"]
+    live.beat("w2")
+    live.behind()
+    live.beat("w2")  # beats recorded while behind count as usual
+    clock.t += 2.0
+    assert live.dead() == ["w1"]
