@@ -155,6 +155,7 @@ class ApiEndpoint(PearlActor):
                 ),
                 keys=self.keys,
                 name="pearld",
+                liveness=self.board.ear,  # any message from a host is a heartbeat
             )
         except BaseException as e:
             if self.publisher is not None:
@@ -185,7 +186,8 @@ class ApiEndpoint(PearlActor):
         return welcome
 
     def _beat(self, env: Any) -> Welcome:
-        # Recorded here, on the server's thread: a busy supervisor must not look like a dead host.
+        # Recorded on the server's thread (the ear beat already): a busy supervisor must not look
+        # like a dead host. The reply tells the host whether pearld (this boot) still knows it.
         return Welcome(self.boot_id, known=self.board.beat(env.msg.worker, env.msg.incarnation))
 
     def _next_batch(self, env: Any) -> BatchReply:

@@ -46,6 +46,9 @@ class Launcher(Protocol):
 
     def kill(self, pid: int, force: bool = False) -> None: ...
 
+    def cpu_s(self, pid: int) -> float | None:
+        """CPU seconds the host has used while it can run; None when stopped, gone or unknown."""
+
 
 class LocalProcessLauncher:
     """One subprocess per worker host on this machine (CUDA_VISIBLE_DEVICES set to its GPUs)."""
@@ -120,6 +123,13 @@ class LocalProcessLauncher:
             return True
         return not _zombie(pid)
 
+    def cpu_s(self, pid: int) -> float | None:
+        """From /proc: user + system CPU of a running or sleeping process (not stopped/zombie)."""
+        fields = _stat(pid)
+        if fields is None or fields[0] in ("T", "t", "Z", "X", "x"):
+            return None
+        return (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
+
     def kill(self, pid: int, force: bool = False) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL if force else signal.SIGTERM)
@@ -148,11 +158,20 @@ class LocalProcessLauncher:
 
 
 def _zombie(pid: int) -> bool:
+    fields = _stat(pid)
+    return fields is not None and fields[0] == "Z"
+
+
+_TICKS = float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
+
+
+def _stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat after the command name: state, ppid, ... (None without /proc)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return False
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
 
 
 __all__ = ["Launcher", "LocalProcessLauncher", "WorkerSpec"]

@@ -7,6 +7,13 @@ result. A request with nowhere to go waits until workers are routable again; a r
 (the KV never arrived, the worker was leaving) is routed again; an aborted request comes back with
 its generated prefix to whoever asked, who resubmits it.
 
+A worker host that dies gives no answer and no prefix. The RoleSupervisor tells ``WorkerGone``
+and every request that ran there is routed again at once, from the start of its turn (the Router
+never sees partial output), to workers other than the gone one until it says hello again or the
+table stops routing to it. Each attempt travels under its own engine rid (``rid~k``) so that a
+late answer of an attempt given up on (the other half of a PD pair, a message re-delivered to a
+restarted host) can never be taken for the current one.
+
 With ``engine.router = "sglang-router"`` the Router keeps its bookkeeping (pending requests,
 retries, replies) but hands dispatch to an :class:`~pearl.engines.sglang.router.SGLangRouterLink`:
 the link registers the committed workers with the real sglang-router and sends requests through
@@ -49,12 +56,26 @@ class Flush:
     """Sent every daemon tick."""
 
 
+@dataclass(frozen=True)
+class WorkerGone:
+    """A worker host died or was killed (told by the RoleSupervisor): nothing it ran will answer."""
+
+    worker: int
+    incarnation: int = 0
+    reason: str = ""
+
+
 @dataclass
 class Pending:
     route: Route
     attempt: int = 0
     workers: tuple[int, ...] = ()  # where it runs now; the last one answers
     original: GenerateRequest | None = None
+    prefilled: bool = False  # the prefill half of this attempt answered: its KV has left
+
+    def wire(self, rid: str) -> str:
+        """The engine rid of the current attempt."""
+        return rid if self.attempt == 0 else f"{rid}~{self.attempt}"
 
 
 @dataclass
@@ -74,6 +95,7 @@ class Router(PearlActor):
         AbortRequest: "abort",
         LinkChanged: "link_changed",
         Flush: "flush",
+        WorkerGone: "worker_gone",
     }
 
     def __init__(self, directory: Directory, link: Any = None) -> None:
@@ -85,6 +107,8 @@ class Router(PearlActor):
         self.load: dict[int, int] = {}
         self.pending: dict[str, Pending] = {}
         self.waiting: deque[str] = deque()
+        self.wires: dict[str, str] = {}  # engine rid of a retried attempt -> request rid
+        self.gone: set[int] = set()  # hosts that died; not routed to until they say hello
         self.seq = 0
 
     def state_changed(self, msg: StateChanged) -> None:
@@ -93,6 +117,7 @@ class Router(PearlActor):
             if w["activity"] == "active" and w["role"] != "training":
                 getattr(v, w["role"]).append(w["id"])
         self.view, self.seq = v, msg.seq
+        self.gone &= set(v.colocated + v.prefill + v.decode)  # the table caught up with them
         if self.link is not None:
             self.link.update(msg.status)  # registers in the background, then LinkChanged
         self._flush()
@@ -110,6 +135,7 @@ class Router(PearlActor):
 
     def kv_address(self, msg: KvAddress) -> None:
         self.kv[msg.worker] = msg.address
+        self.gone.discard(msg.worker)  # its (new) host said hello
 
     def route(self, msg: Route) -> None:
         rid = msg.request.rid
@@ -126,18 +152,22 @@ class Router(PearlActor):
 
     def _dispatch(self, rid: str) -> None:
         p = self.pending[rid]
-        req = p.original
-        assert req is not None
-        v = self.view
+        assert p.original is not None
+        req = p.original if p.attempt == 0 else dataclasses.replace(p.original, rid=p.wire(rid))
+        p.prefilled = False
         if self.link is not None:
             self._dispatch_link(rid, p, req)
             return
-        if v.colocated:
-            w = self._pick(v.colocated)
+        colocated, prefill, decode = (
+            [w for w in pool if w not in self.gone]
+            for pool in (self.view.colocated, self.view.prefill, self.view.decode)
+        )
+        if colocated:
+            w = self._pick(colocated)
             p.workers = (w,)
             self._send(w, req)
-        elif v.prefill and v.decode and all(d in self.kv for d in v.decode):
-            pw, dw = self._pick(v.prefill), self._pick(v.decode)
+        elif prefill and decode and all(d in self.kv for d in decode):
+            pw, dw = self._pick(prefill), self._pick(decode)
             transfer = f"{rid}#{p.attempt}"
             p.workers = (pw, dw)
             self._send(dw, dataclasses.replace(req, transfer_id=transfer, kv_peer=""))
@@ -152,10 +182,10 @@ class Router(PearlActor):
             self.waiting.append(rid)
             return
         p.workers = (LINK,)
-        me = self.actor_ref
+        me, wire = self.actor_ref, req.rid
 
         def done(result: Any, error: str, retryable: bool) -> None:
-            me.tell(GenerateDone(LINK, rid, result, error, retryable))
+            me.tell(GenerateDone(LINK, wire, result, error, retryable))
 
         self.link.submit(req, done)
 
@@ -178,32 +208,71 @@ class Router(PearlActor):
 
     def done(self, msg: GenerateDone) -> None:
         self.load[msg.worker] = max(0, self.load.get(msg.worker, 0) - 1)
-        p = self.pending.get(msg.rid)
-        if p is None or not p.workers or msg.worker != p.workers[-1]:
-            return  # the prefill side of a PD request, or a stale answer
+        rid = self.wires.get(msg.rid, msg.rid)
+        p = self.pending.get(rid)
+        if p is None or msg.rid != p.wire(rid) or not p.workers:
+            return  # an attempt given up on, or nothing running
+        if msg.worker != p.workers[-1]:
+            if msg.worker == p.workers[0] and msg.result is not None:
+                p.prefilled = True  # the prefill side: its KV went to the decode worker
+            return
         if msg.error and msg.retryable and p.attempt + 1 < MAX_ATTEMPTS:
             # Routed again at the next flush (a tick, or a logged change): a worker that just
             # vanished gets a moment to be restarted or replaced instead of eating the retries.
-            p.attempt += 1
-            p.workers = ()
-            log.info("routing %s again (attempt %d): %s", msg.rid, p.attempt + 1, msg.error)
-            self.waiting.append(msg.rid)
+            self._again(rid, p, msg.error)
             return
-        del self.pending[msg.rid]
+        self._finish(rid, p, msg)
+
+    def worker_gone(self, msg: WorkerGone) -> None:
+        """Its host is gone: what ran there gets no answer; route it again now, elsewhere."""
+        self.gone.add(msg.worker)
+        self.load.pop(msg.worker, None)
+        why = f"worker {msg.worker} is gone ({msg.reason or 'its host died'})"
+        for rid, p in list(self.pending.items()):
+            if msg.worker not in p.workers or p.workers == (LINK,):
+                continue
+            if msg.worker != p.workers[-1] and p.prefilled:
+                continue  # only the prefill side went, after its KV had left: decode goes on
+            wire = p.wire(rid)
+            for w in p.workers:  # the surviving half of a PD pair: its answer is not wanted
+                if w != msg.worker:
+                    self.directory.tell(f"worker/{w}", AbortRequest(wire))
+            if p.attempt + 1 >= MAX_ATTEMPTS:
+                self._finish(rid, p, GenerateDone(-1, rid, None, f"{why}; gave up"))
+            else:
+                self._again(rid, p, why)
+        self._flush()
+
+    def _again(self, rid: str, p: Pending, why: str) -> None:
+        p.attempt += 1
+        p.workers = ()
+        self.wires[p.wire(rid)] = rid
+        log.info("routing %s again (attempt %d): %s", rid, p.attempt + 1, why)
+        self.waiting.append(rid)
+
+    def _finish(self, rid: str, p: Pending, msg: GenerateDone) -> None:
+        del self.pending[rid]
+        for k in range(1, p.attempt + 1):
+            self.wires.pop(f"{rid}~{k}", None)
+        if msg.rid != rid:  # whoever asked knows the request by its own rid
+            result = msg.result
+            if result is not None:
+                result = dataclasses.replace(result, rid=rid)
+            msg = dataclasses.replace(msg, rid=rid, result=result)
         self._reply(p.route.reply_to, msg)
 
     def abort(self, msg: AbortRequest) -> None:
         p = self.pending.get(msg.rid)
         if p is None:
             return
+        wire = p.wire(msg.rid)
         for w in p.workers:
             if w == LINK:
-                self.link.abort(msg.rid)
+                self.link.abort(wire)
             else:
-                self.directory.tell(f"worker/{w}", msg)
+                self.directory.tell(f"worker/{w}", AbortRequest(wire))
         if not p.workers:  # still waiting for a worker: answer now
-            del self.pending[msg.rid]
-            self._reply(p.route.reply_to, GenerateDone(-1, msg.rid, None, "aborted before it ran"))
+            self._finish(msg.rid, p, GenerateDone(-1, msg.rid, None, "aborted before it ran"))
 
     def _reply(self, to: str, msg: GenerateDone) -> None:
         if not self.directory.tell(to, msg):
@@ -213,4 +282,4 @@ class Router(PearlActor):
         return {"pending": len(self.pending), "waiting": len(self.waiting), "load": dict(self.load)}
 
 
-__all__ = ["LINK", "KvAddress", "LinkChanged", "Router"]
+__all__ = ["LINK", "KvAddress", "LinkChanged", "Router", "WorkerGone"]

@@ -6,9 +6,11 @@ host on the same GPUs with a restart budget and exponential back-off (reporting 
 then ``worker-lost`` when the budget is spent), and after a pearld restart adopts the hosts that
 re-register, stops the ones the log does not know, and relaunches the ones that never come back.
 
-Heartbeats are recorded on a lock-protected :class:`Liveboard` by the API's thread directly, and
-commands reach hosts through courier threads, so a busy supervisor or a dead host never makes a
-healthy host look dead.
+Heartbeats are recorded on a lock-protected :class:`Liveboard` by the API's thread directly (any
+message from a host counts, and silence is judged only up to the moment that thread last had
+nothing left to read), and commands reach hosts through courier threads, so a busy supervisor, a
+busy API or a dead host never makes a healthy host look dead. A host that dies or is killed takes
+no answer with it: the Router hears ``WorkerGone`` and routes its requests again elsewhere.
 """
 
 from __future__ import annotations
@@ -16,32 +18,41 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from actors.base import CourierRef, Directory, PearlActor
+from actors.heart import host_of
 from actors.launcher import Launcher, WorkerSpec
 from actors.messages import RestoreWorker, StateChanged, Supervise, Welcome, WorkerHello
-from actors.router import KvAddress
+from actors.router import KvAddress, WorkerGone
 from pearl.config import Config
 from pearl.core import commands as cmd
 from pearl.core.errors import PearlError
 from pearl.core.state import Role
 from transports.auth import DaemonKeys
-from transports.heartbeat import Liveness
+from transports.heartbeat import Clock, Liveness
+from transports.protocol import LIVENESS
 from transports.rpc import Client
 
 log = logging.getLogger(__name__)
 
+BUSY_GRACE = 10  # a silent host still computing is spared up to this many heartbeat timeouts
+
 
 class Liveboard:
-    """Which hosts are registered, and when each was last heard from. Thread-safe."""
+    """Which hosts are registered, when each was last heard from, and how many were declared dead
+    for what. Thread-safe; survives supervisor restarts (the daemon owns it)."""
 
-    def __init__(self, interval_s: float) -> None:
-        self._live = Liveness(interval_s)
+    def __init__(self, interval_s: float, clock: Clock = time.monotonic) -> None:
+        self._live = Liveness(interval_s, clock=clock)
         self._known: dict[int, int] = {}  # worker -> incarnation
         self._lock = threading.Lock()
+        self.deaths: Counter[str] = Counter()  # "exited", "missed heartbeats", ... -> hosts
+        self.spared_busy = 0  # times a silent host was found computing, not dead
+        self.ear = _Ear(self)  # the API server's Listener
 
     def add(self, worker: int, incarnation: int) -> None:
         with self._lock:
@@ -64,6 +75,49 @@ class Liveboard:
     def dead(self) -> set[int]:
         with self._lock:
             return {int(str(w)) for w in self._live.dead()}
+
+    def behind(self) -> None:
+        self._live.behind()
+
+    def caught_up(self) -> None:
+        self._live.caught_up()
+
+    def declared(self, why: str) -> None:
+        """A host was declared dead (or lost) for ``why``: count it."""
+        with self._lock:
+            self.deaths[why.split(" (", 1)[0]] += 1
+
+    def spared(self) -> None:
+        with self._lock:
+            self.spared_busy += 1
+
+    def report(self) -> dict[str, int]:
+        """Hosts declared dead by reason, and ``silent but busy``: silences found to be compute."""
+        with self._lock:
+            return {**self.deaths, "silent but busy": self.spared_busy}
+
+
+class _Ear:
+    """The Liveboard as the API server's Listener: any message a host's client sends is a beat."""
+
+    def __init__(self, board: Liveboard) -> None:
+        self.board = board
+
+    def beat(self, peer: str) -> None:
+        host = host_of(peer)
+        if host is not None:
+            self.board.beat(*host)
+
+    def behind(self) -> None:
+        self.board.behind()
+
+    def caught_up(self) -> None:
+        self.board.caught_up()
+
+
+@dataclass(frozen=True)
+class Deaths:
+    """Ask the supervisor: hosts declared dead so far, by reason (``missed heartbeats``, ...)."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +158,8 @@ class Host:
     retiring: bool = False
     retire_report: Any = None
     launched_at: float = 0.0
+    cpu_s: float | None = None  # CPU its process had used at the last supervise tick
+    busy_since: float | None = None  # silent but computing since then
 
 
 class RoleSupervisor(PearlActor):
@@ -115,6 +171,7 @@ class RoleSupervisor(PearlActor):
         StateChanged: "state_changed",
         Supervise: "supervise",
         Undeliverable: "undeliverable",
+        Deaths: "deaths",
     }
 
     def __init__(
@@ -186,6 +243,7 @@ class RoleSupervisor(PearlActor):
         )
         h.pid = self.launcher.launch(spec)
         h.ref, h.launched_at = None, time.monotonic()
+        h.cpu_s = h.busy_since = None
         log.info(
             "launched worker host %s (incarnation %s) pid %s on GPUs %s",
             h.worker,
@@ -213,6 +271,8 @@ class RoleSupervisor(PearlActor):
             assert row is not None
             h = self.hosts[msg.worker] = Host(msg.worker, msg.incarnation, tuple(row["gpus"]))
         self.awaited.discard(msg.worker)
+        if h.pid != msg.pid:
+            h.cpu_s = h.busy_since = None
         h.pid = msg.pid
         if h.ref is not None:
             self._drop_ref(h)
@@ -278,6 +338,7 @@ class RoleSupervisor(PearlActor):
     def _forget(self, h: Host, kill: bool) -> None:
         if kill and h.pid:
             self.launcher.kill(h.pid, force=True)
+            self.directory.tell("router", WorkerGone(h.worker, h.incarnation, "stopped"))
         self._drop_ref(h)
         self.board.remove(h.worker)
         if self.hosts.get(h.worker) is h:
@@ -306,7 +367,10 @@ class RoleSupervisor(PearlActor):
                     self._launch(h)
                 continue
             exited = bool(h.pid) and not self.launcher.alive(h.pid)
-            silent = h.ref is not None and wid in dead
+            cpu_before, h.cpu_s = h.cpu_s, self.launcher.cpu_s(h.pid) if h.pid else None
+            silent = h.ref is not None and wid in dead and not self._busy(h, cpu_before, now)
+            if wid not in dead:
+                h.busy_since = None
             never = h.ref is None and now - h.launched_at > self.hello_timeout_s
             if h.retiring:
                 if exited or silent or never:
@@ -324,13 +388,29 @@ class RoleSupervisor(PearlActor):
                     self._crashed(h, "did not re-register after pearld restarted")
             self.awaited = set()
 
+    def _busy(self, h: Host, cpu_before: float | None, now: float) -> bool:
+        """Silent, yet its process runs and used CPU since the last tick: a long call that holds
+        the interpreter (an import, a big allocation), not a dead host; spared up to
+        ``BUSY_GRACE`` x the heartbeat timeout. A stopped, exited or idle-and-silent host is
+        dead after 3 missed intervals as ever."""
+        if cpu_before is None or h.cpu_s is None or h.cpu_s <= cpu_before:
+            return False
+        if h.busy_since is None:
+            h.busy_since = now
+            self.board.spared()
+            log.info("worker host %s (pid %s) is silent but computing", h.worker, h.pid)
+        return now - h.busy_since < BUSY_GRACE * LIVENESS * self.cfg.daemon.heartbeat_s
+
     def _crashed(self, h: Host, why: str) -> None:
         log.warning("worker host %s (pid %s) %s", h.worker, h.pid, why)
+        self.board.declared(why)
         if h.pid:
             self.launcher.kill(h.pid, force=True)
             h.pid = 0
         self._drop_ref(h)
         self.board.remove(h.worker)
+        # Its requests will never be answered: the router sends them elsewhere at once.
+        self.directory.tell("router", WorkerGone(h.worker, h.incarnation, why))
         self.directory.tell("orchestrator", cmd.WorkerDown(h.worker, h.incarnation, why))
         d = self.cfg.daemon
         if h.restarts >= d.restart_budget:
@@ -343,9 +423,12 @@ class RoleSupervisor(PearlActor):
         h.restart_at = time.monotonic() + d.restart_backoff_s * 2**h.restarts
         h.restarts += 1
 
+    def deaths(self, _: Deaths) -> dict[str, int]:
+        return self.board.report()
+
     def on_stop(self) -> None:
         for h in list(self.hosts.values()):
             self._drop_ref(h)
 
 
-__all__ = ["Liveboard", "Retire", "RoleSupervisor", "Spawn", "Undeliverable"]
+__all__ = ["Deaths", "Liveboard", "Retire", "RoleSupervisor", "Spawn", "Undeliverable"]

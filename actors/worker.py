@@ -8,9 +8,11 @@ requests with the tokens generated so far) go to the router as ``generate-done``
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
 from actors.base import Directory, PearlActor
@@ -32,6 +34,13 @@ log = logging.getLogger(__name__)
 DRAIN_S = 5.0  # how long a role switch waits for in-flight requests before handing them over
 
 
+@dataclass(frozen=True)
+class ReportTelemetry:
+    """Local: send the engine's telemetry to the tracker, then clear ``queued``."""
+
+    queued: threading.Event | None = None
+
+
 class WorkerActor(PearlActor):
     handles = {
         cmd.StartWorker: "on_start_worker",
@@ -44,6 +53,7 @@ class WorkerActor(PearlActor):
         AbortRequest: "on_abort",
         LoadWeights: "on_load_weights",
         cmd.SyncWeights: "on_load_weights",
+        ReportTelemetry: "report_telemetry",
     }
 
     def __init__(
@@ -193,7 +203,9 @@ class WorkerActor(PearlActor):
             except PearlError as e:
                 log.warning("%s: %s", self.name, e)
 
-    def report_telemetry(self) -> None:
+    def report_telemetry(self, msg: ReportTelemetry | None = None) -> None:
+        if msg is not None and msg.queued is not None:
+            msg.queued.clear()
         if self.engine is not None:
             t = self.engine.telemetry()
             if t.iterations or t.transfers:
@@ -205,4 +217,4 @@ class WorkerActor(PearlActor):
             self.engine = None
 
 
-__all__ = ["WorkerActor"]
+__all__ = ["ReportTelemetry", "WorkerActor"]

@@ -1,7 +1,9 @@
 """One worker host process: ``python -m actors.worker_host --endpoint ... --worker N ...``.
 
 It runs the WorkerActor that owns the engine, serves commands on its own rpc server, says hello to
-pearld, heart-beats, and says hello again whenever pearld's boot id changes (pearld restarted).
+pearld, heart-beats from a thread of its own (:class:`actors.heart.HostHeart`: neither compute nor
+command handling delays a beat), and says hello again whenever pearld's boot id changes (pearld
+restarted).
 Reports to pearld (step results, generation results, telemetry) leave through one queue and one
 thread, so the engine never waits on the network. If pearld stays unreachable for ``--orphan-s``
 the host exits.
@@ -10,7 +12,7 @@ the host exits.
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import importlib
 import json
 import logging
 import os
@@ -23,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from actors.base import Directory, LocalRef, serve_directory
-from actors.messages import Welcome, WorkerBeat, WorkerHello
-from actors.worker import WorkerActor
+from actors.heart import HostHeart, host_name
+from actors.messages import WorkerHello
+from actors.worker import ReportTelemetry, WorkerActor
 from pearl.config import EngineConfig, parse_gpus
 from pearl.core.errors import PearlError
 from pearl.core.schema import to_wire
@@ -35,6 +38,8 @@ from transports.protocol import Call
 from transports.rpc import Client, Server
 
 log = logging.getLogger("pearl.worker_host")
+
+ENGINE_MODULES = {"sim": "pearl.engines.sim", "torch": "pearl.engines.torch"}
 
 
 class Reporter:
@@ -108,9 +113,14 @@ def main(argv: list[str] | None = None) -> int:
         log.error("cannot start: %s", e)
         return 1
     keys = host_keys.to_pearld if host_keys else None
-    to_pearld = Client(a.endpoint, keys=keys, timeout_s=2.0, retries=1, name=f"worker-{a.worker}")
-    reporter = Reporter(
-        Client(a.endpoint, keys=keys, timeout_s=5.0, retries=2, name=f"worker-{a.worker}-r")
+    reporter = Reporter(  # named after the host: pearld counts every report as a heartbeat
+        Client(
+            a.endpoint,
+            keys=keys,
+            timeout_s=5.0,
+            retries=2,
+            name=host_name(a.worker, a.incarnation, "r"),
+        )
     )
     for name in ("orchestrator", "router", "tracker"):
         directory.register(QueuedRef(name, reporter))
@@ -126,8 +136,14 @@ def main(argv: list[str] | None = None) -> int:
         path = weights_dir / f"v{version:08d}.safetensors"
         return str(path) if path.exists() else None
 
+    built = threading.Event()  # read by the heart without asking the (maybe busy) actor
+
     def make_engine(role: Any) -> Any:
-        return build_engine(engine_cfg, model=a.model, gpu=a.gpu, tp=a.tp, role=role, kv_channel=kv)
+        engine = build_engine(
+            engine_cfg, model=a.model, gpu=a.gpu, tp=a.tp, role=role, kv_channel=kv
+        )
+        built.set()
+        return engine
 
     actor = WorkerActor.start(
         directory, a.worker, a.incarnation, make_engine, weights_source, stop.set
@@ -150,41 +166,33 @@ def main(argv: list[str] | None = None) -> int:
     if pid_file is not None:  # lets operators (and tests) find and stop hosts by pid
         pid_file.parent.mkdir(parents=True, exist_ok=True)
         pid_file.write_text(f"{os.getpid()}\n")
-    boot_id: str | None = None  # the pearld boot we said hello to
-    last_ok = time.monotonic()
+    # An import holds the interpreter (torch's shared libraries load under the GIL for about a
+    # second): have the engine's imports done before pearld starts counting this host's beats.
+    importlib.import_module(ENGINE_MODULES.get(engine_cfg.kind, "pearl.engines.base"))
+    telemetry = threading.Event()  # a report is queued: do not pile more behind a busy actor
+
+    def on_beat() -> None:
+        if not telemetry.is_set():
+            telemetry.set()
+            actor.tell(ReportTelemetry(telemetry))
+
+    heart = HostHeart(
+        a.endpoint,
+        hello,
+        interval_s=a.heartbeat_s,
+        orphan_s=a.orphan_s,
+        ready=built.is_set,
+        on_beat=on_beat,
+        keys=keys,
+    )
     try:
-        while not stop.is_set():
-            try:
-                if boot_id is None:
-                    ready = actor.proxy().engine.get() is not None
-                    reply = to_pearld.request(dataclasses.replace(hello, engine_ready=ready))
-                    if isinstance(reply, Welcome) and not reply.known:
-                        log.info("pearld does not know this worker; exiting")
-                        break
-                    boot_id = reply.boot_id if isinstance(reply, Welcome) else None
-                else:
-                    reply = to_pearld.request(WorkerBeat(a.worker, a.incarnation))
-                    if (
-                        not isinstance(reply, Welcome)
-                        or reply.boot_id != boot_id
-                        or not reply.known
-                    ):
-                        boot_id = None  # pearld restarted (or forgot us): say hello again
-                        continue
-                    actor.proxy().report_telemetry()
-                last_ok = time.monotonic()
-            except PearlError as e:
-                if time.monotonic() - last_ok > a.orphan_s:
-                    log.warning("pearld unreachable for %.0fs (%s); exiting", a.orphan_s, e)
-                    break
-            stop.wait(a.heartbeat_s)
+        heart.run(stop)  # beats leave from the heart's own thread, whatever the engine does
     finally:
         if pid_file is not None:
             pid_file.unlink(missing_ok=True)
         server.close()
         actor.stop(timeout=10)
         reporter.close()
-        to_pearld.close()
         kv.close()
     return 0
 

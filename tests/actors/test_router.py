@@ -1,5 +1,7 @@
 """The Router actor with scripted workers: routes only to active workers, PD pairs share a
-transfer id, a retryable failure (the KV never arrived) is routed again, aborts come back."""
+transfer id, a retryable failure (the KV never arrived) is routed again, aborts come back, and
+what ran on a host that died is routed again elsewhere (late answers of abandoned attempts are
+ignored)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import pytest
 
 from actors.base import Directory, LocalRef, PearlActor, start
 from actors.messages import AbortRequest, Generate, GenerateDone, Route, StateChanged
-from actors.router import Flush, KvAddress, Router
+from actors.router import MAX_ATTEMPTS, Flush, KvAddress, Router, WorkerGone
 from pearl.engines.base import FinishReason, GenerateRequest, GenerateResult
 
 
@@ -77,8 +79,10 @@ def cluster() -> Iterator[tuple[Directory, list[Any], list[int]]]:
 
 
 def view(d: Directory, rows: list[tuple[int, str, str]], seq: int = 1) -> None:
-    workers = [{"id": w, "role": r, "activity": a, "zone": "dedicated", "gpus": [w],
-                "incarnation": 1} for w, r, a in rows]
+    workers = [
+        {"id": w, "role": r, "activity": a, "zone": "dedicated", "gpus": [w], "incarnation": 1}
+        for w, r, a in rows
+    ]
     d.tell("router", StateChanged(seq, {"workers": workers}))
 
 
@@ -142,3 +146,116 @@ def test_abort_reaches_the_worker(cluster: Any) -> None:
     d.tell("router", AbortRequest("r"))
     done = results(d, 1)
     assert done[0].result is None and "aborted" in done[0].error
+
+
+class Release:
+    """Tell a HoldingWorker to answer what it holds."""
+
+
+class HoldingWorker(PearlActor):
+    """Holds first attempts (rid without ``~``; every attempt when ``every``) until told to
+    Release; answers retries at once."""
+
+    handles = {Generate: "on_generate", AbortRequest: "on_abort", Release: "release"}
+
+    def __init__(self, directory: Directory, wid: int, log: list[Any], every: bool) -> None:
+        super().__init__()
+        self.directory, self.wid, self.log, self.every = directory, wid, log, every
+        self.name = f"worker/{wid}"  # type: ignore[misc]
+        self.held: list[GenerateRequest] = []
+
+    def on_generate(self, msg: Generate) -> None:
+        self.log.append((self.wid, msg.request))
+        if "~" in msg.request.rid and not self.every:
+            self._answer(msg.request)
+        else:
+            self.held.append(msg.request)
+
+    def _answer(self, r: GenerateRequest) -> None:
+        out = GenerateResult(r.rid, (7,), (0.0,), FinishReason.STOP, 0, len(r.input_ids))
+        self.directory.tell("router", GenerateDone(self.wid, r.rid, out))
+
+    def release(self, _: Release) -> None:
+        held, self.held = self.held, []
+        for r in held:
+            self._answer(r)
+
+    def on_abort(self, msg: AbortRequest) -> None:
+        self.log.append((self.wid, "abort", msg.rid))
+
+
+def holding(d: Directory, wid: int, log: list[Any], every: bool = False) -> None:
+    d.register(LocalRef(f"worker/{wid}", HoldingWorker.start(d, wid, log, every)))
+    d.tell("router", KvAddress(wid, f"inproc://kv-{wid}"))
+
+
+def sent_to(log: list[Any], wid: int) -> list[GenerateRequest]:
+    return [e[1] for e in log if e[0] == wid and isinstance(e[1], GenerateRequest)]
+
+
+def test_a_request_on_a_host_that_died_is_routed_again_from_the_turn_start(cluster: Any) -> None:
+    d, log, _ = cluster
+    holding(d, 0, log)
+    view(d, [(0, "colocated", "active"), (2, "colocated", "active")])
+    d.tell("router", Route(GenerateRequest("r", (5, 6, 7)), "sink"))
+    time.sleep(0.1)
+    assert [q.rid for q in sent_to(log, 0)] == ["r"]  # worker 0 holds it, then its host dies
+    d.tell("router", WorkerGone(0, 1, "exited"))
+    done = results(d, 1)
+    assert done[0].rid == "r" and done[0].result is not None and done[0].result.rid == "r"
+    retry = sent_to(log, 2)
+    assert [q.rid for q in retry] == ["r~1"] and retry[0].input_ids == (5, 6, 7)
+    # The gone worker gets nothing until its (new) host says hello, even with the lowest load.
+    d.tell("router", Route(GenerateRequest("s", (5,)), "sink"))
+    results(d, 2)
+    assert [q.rid for q in sent_to(log, 0)] == ["r"]
+    d.tell("router", KvAddress(0, "inproc://kv-0"))
+    d.tell("router", Route(GenerateRequest("t", (5,)), "sink"))
+    time.sleep(0.1)
+    assert [q.rid for q in sent_to(log, 0)] == ["r", "t"]
+    # A late answer of the attempt given up on is not taken for anything.
+    d.tell("worker/0", Release())
+    time.sleep(0.1)
+    assert [m.rid for m in d.get("sink").ask(Results())] == ["r", "s", "t"]
+
+
+def test_a_dead_prefill_host_aborts_the_decode_half_and_retries(cluster: Any) -> None:
+    d, log, _ = cluster
+    holding(d, 0, log)  # prefill: never ships the KV
+    holding(d, 4, log)  # decode: waits for it (first attempt), answers the retry
+    view(d, [(0, "prefill", "active"), (2, "prefill", "active"), (4, "decode", "active")])
+    d.tell("router", Route(GenerateRequest("r", (5, 6)), "sink"))
+    time.sleep(0.1)
+    d.tell("router", WorkerGone(0, 1, "missed heartbeats"))
+    done = results(d, 1)
+    assert done[0].rid == "r" and done[0].worker == 4 and done[0].result is not None
+    assert (4, "abort", "r") in log  # the surviving half of the first attempt
+    assert [q.rid for q in sent_to(log, 2)] == ["r~1"]  # the live prefill worker, not 0
+
+
+def test_a_prefill_host_that_dies_after_shipping_leaves_the_decode_alone(cluster: Any) -> None:
+    d, log, _ = cluster
+    holding(d, 4, log)
+    view(d, [(1, "prefill", "active"), (4, "decode", "active")])
+    d.tell("router", Route(GenerateRequest("r", (5, 6)), "sink"))
+    time.sleep(0.1)  # worker 1 answered at once: its KV left
+    d.tell("router", WorkerGone(1, 1, "exited"))
+    time.sleep(0.1)
+    assert not any(e[1:] == ("abort", "r") for e in log) and len(sent_to(log, 4)) == 1
+    d.tell("worker/4", Release())
+    assert results(d, 1)[0].result is not None
+
+
+def test_a_request_whose_hosts_keep_dying_gives_up(cluster: Any) -> None:
+    d, log, _ = cluster
+    holding(d, 0, log, every=True)
+    view(d, [(0, "colocated", "active")])
+    d.tell("router", Route(GenerateRequest("r", (5,)), "sink"))
+    for _ in range(MAX_ATTEMPTS):
+        time.sleep(0.05)
+        d.tell("router", WorkerGone(0, 1, "exited"))
+        d.tell("router", KvAddress(0, "inproc://kv-0"))  # restarted: it says hello again
+        d.tell("router", Flush())
+    done = results(d, 1)
+    assert done[0].result is None and "gave up" in done[0].error
+    assert [q.rid for q in sent_to(log, 0)] == ["r", "r~1", "r~2", "r~3", "r~4"]
