@@ -267,13 +267,29 @@ def run(
             live.join(2.0)
             if live.tty and not quiet:
                 print(flush=True)
+        deaths = host_deaths(rt)
         rt.stop()
-    summary = write_report(out, cfg, records, timeline, interrupted)
+    summary = write_report(out, cfg, records, timeline, interrupted, deaths)
     return summary
 
 
+def host_deaths(rt: Runtime) -> dict[str, int]:
+    """Worker hosts the supervisor declared dead during the run, by reason (empty if unknown)."""
+    from actors.supervisor import Deaths
+
+    try:
+        return dict(rt.daemon.directory.get("supervisor").ask(Deaths(), 5.0))
+    except Exception:  # the report matters more than this figure
+        return {}
+
+
 def write_report(
-    out: Path, cfg: Any, records: list[StepRecord], timeline: Timeline, interrupted: bool
+    out: Path,
+    cfg: Any,
+    records: list[StepRecord],
+    timeline: Timeline,
+    interrupted: bool,
+    deaths: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     from pearl.report import plots
 
@@ -288,6 +304,9 @@ def write_report(
         "mean_return_s": sum(returns) / len(returns) if returns else 0.0,
         "max_return_s": max(returns, default=0.0),
         "policy": {"pd": cfg.daemon.pd, "borrow": cfg.daemon.borrow},
+        # No fault is injected: every host declared dead for silence was a false alarm.
+        "missed_heartbeats": (deaths or {}).get("missed heartbeats", 0),
+        "host_deaths": deaths or {},
         "records": [asdict(r) for r in records],
         "timeline": timeline.samples,
         "events": timeline.events,

@@ -47,7 +47,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         f"{summary['steps']} steps in {summary['elapsed_s']:.0f} s: "
         f"{summary['throughput_tok_s']:.0f} tokens/s (generated + trained); borrowed workers "
         f"back {summary['mean_return_s'] * 1e3:.0f} ms after Training Begin on average "
-        f"(max {summary['max_return_s'] * 1e3:.0f} ms)"
+        f"(max {summary['max_return_s'] * 1e3:.0f} ms); hosts declared dead for missed "
+        f"heartbeats: {summary['missed_heartbeats']}"
     )
     for path in summary["plots"]:
         print(f"  {path}")
