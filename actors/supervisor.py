@@ -26,7 +26,14 @@ from typing import Any
 from actors.base import CourierRef, Directory, PearlActor
 from actors.heart import host_of
 from actors.launcher import Launcher, WorkerSpec
-from actors.messages import RestoreWorker, StateChanged, Supervise, Welcome, WorkerHello
+from actors.messages import (
+    Generate,
+    RestoreWorker,
+    StateChanged,
+    Supervise,
+    Welcome,
+    WorkerHello,
+)
 from actors.router import KvAddress, WorkerGone
 from pearl.config import Config
 from pearl.core import commands as cmd
@@ -274,8 +281,9 @@ class RoleSupervisor(PearlActor):
         if h.pid != msg.pid:
             h.cpu_s = h.busy_since = None
         h.pid = msg.pid
-        if h.ref is not None:
-            self._drop_ref(h)
+        if h.ref is not None:  # hello again (its first reply was lost): a new courier
+            self._drop_ref(h)  # drops what the old one had not delivered, requests included:
+            self.directory.tell("router", WorkerGone(h.worker, h.incarnation, "said hello again"))
         h.ref = CourierRef(
             f"worker/{msg.worker}",
             Client(msg.address, keys=self.host_keys, timeout_s=2.0, retries=2),
@@ -311,7 +319,8 @@ class RoleSupervisor(PearlActor):
         h = self.hosts.get(u.worker)
         if h is None or h.retiring:
             return
-        h.pending.append(u.msg)  # given again once it (or its replacement) says hello
+        if not isinstance(u.msg, Generate):  # a request is routed again by the Router instead
+            h.pending.append(u.msg)  # given again once it (or its replacement) says hello
         if h.ref is not None:
             self._crashed(h, f"unreachable ({u.error})")
 

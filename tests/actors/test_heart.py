@@ -254,3 +254,21 @@ def test_the_api_counts_a_hosts_reports_as_heartbeats() -> None:
         c.request(StatusRequest())
         now.t += 1.4
         assert board.dead() == set()
+
+
+def test_an_undeliverable_request_is_routed_again_not_queued_for_the_restart(
+    supervised: Any,
+) -> None:
+    from actors.messages import Generate
+    from actors.supervisor import Undeliverable
+    from pearl.engines.base import GenerateRequest
+
+    sup, launcher, now, got = supervised
+    stop = cmd.StopWorker(3)
+    sup.undeliverable(Undeliverable(3, Generate(GenerateRequest("r", (1,))), "no reply"))
+    sup.undeliverable(Undeliverable(3, stop, "no reply"))
+    h = sup.hosts[3]
+    assert h.pending == [stop]  # commands wait for the restarted host; the request does not
+    assert [m for m in got if isinstance(m, WorkerGone)] == [
+        WorkerGone(3, 12, "unreachable (no reply)")
+    ]

@@ -2,9 +2,9 @@
 within the detection time plus one turn, and no trajectory is lost.
 
 pearld runs in process with the rollout pipeline (tool-use environment) on real worker host
-processes with ``sim`` engines (the torch case is the same code path; see the README's
-liveness figures for a manual run). The test finds a host that has requests in flight, kills it
-by pid, and times what follows.
+processes with ``sim`` engines (the torch engine takes the same path, the Router and the
+supervisor do not know the engine; it is too slow to start for a test). The test finds a host
+that has requests in flight, kills it by pid, and times what follows.
 """
 
 from __future__ import annotations
