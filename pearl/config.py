@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import tomllib
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,6 +118,10 @@ class EngineConfig:
     preset: str = "tiny"  # torch: model preset (tiny, small, qwen3-0.6b) or a local directory
     device: str = "cpu"
     threads: int = 1  # torch threads per worker host
+    # torch: each GPU id is a virtual device of this share of one core (pearl.engines.device),
+    # held by the engine (and the demo trainer) idling after each step; one torch thread per
+    # slot. Unset: unthrottled. `pearl demo` sizes it to the cores it finds.
+    device_share: float | None = None
     kv_budget_mb: float = 64.0
     seed: int = 0
     sim_vocab: int = 0  # sim: token ids drawn below this (0: the model's vocabulary); match a
@@ -213,7 +218,34 @@ class Config:
                 raise ConfigError(f"daemon.{name} must be > 0")
         if self.engine.time_scale <= 0:
             raise ConfigError("engine.time_scale must be > 0")
+        if self.engine.device_share is not None:
+            self._check_devices()
         return self
+
+    def _check_devices(self) -> None:
+        """Virtual devices: a share in (0, 1], on the torch engine, all slots within the cores."""
+        from pearl.engines.device import available_cores, check_fits, check_share
+
+        e, c = self.engine, self.cluster
+        share = check_share(e.device_share, "engine.device_share")  # type: ignore[arg-type]
+        if e.kind != "torch":
+            raise ConfigError(
+                f"engine.device_share = {share:g} models a device on the torch engine; "
+                f"engine.kind = {e.kind!r} does not run on this machine's cores. Remove it"
+            )
+        if e.threads != 1:
+            raise ConfigError(
+                f"engine.device_share = {share:g} holds one torch thread per slot; "
+                f"engine.threads = {e.threads}. Set engine.threads = 1"
+            )
+        if c.tp * share > 1.0:
+            raise ConfigError(
+                f"engine.device_share = {share:g} with cluster.tp = {c.tp}: a worker of {c.tp} "
+                f"slots needs {c.tp * share:.2f} of its one thread's core; use at most "
+                f"{1 / c.tp:.3f}"
+            )
+        slots = len(c.training_gpus) + len(c.reserved_gpus) + len(c.preemptible_gpus)
+        check_fits(share, slots, available_cores(), "engine.device_share")
 
 
 def _one_of(where: str, value: str, options: tuple[str, ...]) -> None:
@@ -235,6 +267,9 @@ def _suggest(name: str, options: list[str]) -> str:
 
 
 def _coerce(value: Any, tp: Any, where: str) -> Any:
+    optional = [a for a in typing.get_args(tp) if a is not type(None)]
+    if isinstance(tp, types.UnionType) and len(optional) == 1:
+        tp = optional[0]  # `float | None`: TOML has no null, so a given value is the type
     if tp is GpuList or tp == GpuList:
         return parse_gpus(value, where)
     if tp is bool:

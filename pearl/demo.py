@@ -172,6 +172,34 @@ def predict(status: dict[str, Any]) -> float | None:
     return None
 
 
+def virtual_devices(
+    config: str | Path | None, overrides: tuple[str, ...] = ()
+) -> tuple[tuple[str, ...], dict[str, Any]]:
+    """The demo's virtual devices (:mod:`pearl.engines.device`): ``engine.device_share`` as
+    configured, else sized so that all slots together stay within 90% of the cores found. Returns
+    the overrides that set it, and what it is (``slots``, ``share``, ``cores``, ``line``)."""
+    from pearl import config as config_mod
+    from pearl.engines.device import available_cores, default_share
+
+    cfg = config_mod.load(config, list(overrides))
+    c = cfg.cluster
+    slots = len(c.training_gpus) + len(c.reserved_gpus) + len(c.preemptible_gpus)
+    cores = available_cores()
+    share = cfg.engine.device_share
+    if cfg.engine.kind != "torch":
+        line = f"virtual devices: none (engine.kind = {cfg.engine.kind})"
+        return overrides, {"slots": slots, "share": None, "cores": cores, "line": line}
+    sized = share is None
+    if share is None:
+        share = default_share(slots, cores)
+        overrides = (*overrides, f"engine.device_share={share}")
+    line = (
+        f"virtual devices: {slots} slots x {share:g} core = {slots * share:.3g} of {cores} cores"
+        + (" (sized to this machine)" if sized else "")
+    )
+    return overrides, {"slots": slots, "share": share, "cores": cores, "line": line}
+
+
 def run(
     config: str | Path,
     steps: int,
@@ -188,15 +216,23 @@ def run(
 
     from pearl.rl.grpo import GRPOTrainer
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # one torch thread per slot: the trainer's is this process's
     out.mkdir(parents=True, exist_ok=True)
+    overrides, _ = virtual_devices(config, overrides)
     rt = Runtime.from_config(config, state_dir=out / "state", overrides=overrides)
     cfg = rt.cfg
     timeline = Timeline(time.monotonic())
     state: dict[str, Any] = {}
     records: list[StepRecord] = []
     rt.start()
-    trainer = GRPOTrainer(preset=cfg.engine.preset, seed=cfg.engine.seed, lr=lr, device="cpu")
+    share = cfg.engine.device_share  # the trainer holds all training slots on one thread
+    trainer = GRPOTrainer(
+        preset=cfg.engine.preset,
+        seed=cfg.engine.seed,
+        lr=lr,
+        device="cpu",
+        device_share=None if share is None else min(1.0, share * len(cfg.cluster.training_gpus)),
+    )
     driver = TraceDriver(rt, segment, trace_s or 4.0 * steps, timeline)
     live = LiveView(rt, timeline, state, quiet)
     interrupted = False
@@ -304,6 +340,7 @@ def write_report(
         "mean_return_s": sum(returns) / len(returns) if returns else 0.0,
         "max_return_s": max(returns, default=0.0),
         "policy": {"pd": cfg.daemon.pd, "borrow": cfg.daemon.borrow},
+        "device_share": cfg.engine.device_share,  # of one core per slot; None: unthrottled
         # No fault is injected: every host declared dead for silence was a false alarm.
         "missed_heartbeats": (deaths or {}).get("missed heartbeats", 0),
         "host_deaths": deaths or {},

@@ -33,7 +33,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise SystemExit("pearl demo: --steps must be >= 1")
     out = args.out or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
-    print(f"pearl demo: {args.steps} steps on {args.config}; report in {out}/", flush=True)
+    devices = demo.virtual_devices(args.config, tuple(args.set))[1]["line"]
+    print(
+        f"pearl demo: {args.steps} steps on {args.config}; {devices}; report in {out}/", flush=True
+    )
     summary = demo.run(
         args.config,
         args.steps,

@@ -59,6 +59,8 @@ def build_engine(
             threads=cfg.threads,
             seed=cfg.seed,
             kv_budget_bytes=int(cfg.kv_budget_mb * (1 << 20)),
+            # a worker of tp slots is tp virtual devices on its one thread
+            device_share=None if cfg.device_share is None else cfg.device_share * tp,
         )
     if cfg.kind == "sglang":  # launches a server process; never imports sglang itself
         from pearl.engines.sglang import SGLangEngine, SGLangEngineConfig

@@ -13,6 +13,10 @@ One step (:meth:`GRPOTrainer.step`):
 - optional k3 KL to the version-0 weights and an entropy bonus (both off by default);
 - averaged over the generated tokens of the whole batch (the loss mask), gradients accumulated
   over micro-batches, clipped to ``max_grad_norm``, one AdamW update; the version goes up by one.
+
+``device_share`` makes the trainer a virtual device (:mod:`pearl.engines.device`): the step runs,
+then idles in proportion to its thread CPU time. On the demo it is the share of all training slots
+(one thread, so at most one core).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 import torch
 
 from pearl.core.errors import PearlError
+from pearl.engines.device import VirtualDevice
 from pearl.engines.torch import model as M
 from pearl.rl.trajectory import Batch, Trajectory
 from pearl.rl.weights import WeightStore
@@ -53,6 +58,7 @@ class GRPOConfig:
     entropy_coef: float = 0.0
     micro_batch: int = 4  # trajectories per forward/backward pass
     start_version: int = 0
+    device_share: float | None = None  # a virtual device of this share of one core; None: all
 
 
 def group_advantages(batch: Batch, eps: float = 1e-6) -> dict[str, float]:
@@ -86,6 +92,7 @@ class GRPOTrainer:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=cfg.betas,
                                            weight_decay=cfg.weight_decay)
         self.version = cfg.start_version
+        self.virtual_device = None if cfg.device_share is None else VirtualDevice(cfg.device_share)
 
     # -- logprobs --------------------------------------------------------------------------------
 
@@ -132,6 +139,15 @@ class GRPOTrainer:
     def step(self, batch: Batch) -> dict[str, float]:
         """One GRPO update on ``batch``; returns its metrics. The version goes up by one."""
         t0 = time.perf_counter()
+        if self.virtual_device is None:
+            metrics = self._step(batch)
+        else:
+            with self.virtual_device.step():
+                metrics = self._step(batch)
+        metrics["seconds"] = time.perf_counter() - t0
+        return metrics
+
+    def _step(self, batch: Batch) -> dict[str, float]:
         cfg = self.cfg
         trajs = [t for t in batch.trajectories if t.n_generated > 0]
         if not trajs:
@@ -185,8 +201,7 @@ class GRPOTrainer:
             reward_std=math.sqrt(sum((r - mean_r) ** 2 for r in rewards) / len(rewards)),
             adv_abs_mean=sum(abs(a) for a in adv.values()) / max(1, len(adv)),
             tokens=total, trajectories=float(len(trajs)), groups=float(len(batch.groups())),
-            grad_norm=float(grad_norm), staleness=float(staleness), version=float(self.version),
-            seconds=time.perf_counter() - t0)
+            grad_norm=float(grad_norm), staleness=float(staleness), version=float(self.version))
         return metrics
 
     # -- weights ---------------------------------------------------------------------------------

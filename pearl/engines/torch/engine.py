@@ -4,6 +4,8 @@
 kv_budget_bytes=64 << 20, threads=1, ...)`` builds the model at ``start()``; every keyword is a
 field of :class:`TorchEngineConfig`. The shared serving loop (continuous batching, chunked prefill,
 trajectory prefix reuse, PD roles) drives a :class:`PagedRunner` that owns the K/V pages.
+``device_share=0.2`` makes the engine a virtual device of a fifth of one core
+(:mod:`pearl.engines.device`): every forward step idles in proportion to its compute.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 
 from pearl.core.state import Role
 from pearl.engines.base import EngineError, KVChannel
+from pearl.engines.device import VirtualDevice
 from pearl.engines.sequence import Segment, Seq
 from pearl.engines.serving import ServingConfig, ServingEngine
 from pearl.engines.torch import model as M
@@ -35,6 +38,7 @@ class TorchEngineConfig(ServingConfig):
     dtype: str = "auto"  # "auto" = float32 on CPU, bfloat16 on CUDA
     threads: int = 1  # torch intra-op threads (process-wide: one engine per worker process)
     keep_cpu_copy: bool = False  # release_memory keeps a CPU copy of the weights to resume from
+    device_share: float | None = None  # a virtual device of this share of one core; None: all
 
 
 class TorchEngine(ServingEngine):
@@ -61,6 +65,14 @@ class TorchEngine(ServingEngine):
         self.model: Any = None
         self.runner: PagedRunner | None = None
         self._cpu_copy: dict[str, torch.Tensor] | None = None
+        self.virtual_device: VirtualDevice | None = None
+        if cfg.device_share is not None:
+            if cfg.threads != 1:
+                raise EngineError(
+                    f"device_share={cfg.device_share} holds one torch thread per slot; got "
+                    f"threads={cfg.threads}: pass threads=1"
+                )
+            self.virtual_device = VirtualDevice(cfg.device_share)
 
     # -- building and memory -------------------------------------------------------------------
 
@@ -107,6 +119,13 @@ class TorchEngine(ServingEngine):
         seq.state = generator_for(seq.req.sampling)
 
     def _forward(self, segments: list[Segment]) -> list[tuple[int, float]]:
+        assert self.runner is not None
+        if self.virtual_device is None:
+            return self._compute(segments)
+        with self.virtual_device.step():  # thread CPU time of the step, then idle in proportion
+            return self._compute(segments)
+
+    def _compute(self, segments: list[Segment]) -> list[tuple[int, float]]:
         assert self.runner is not None
         logits = self.runner.forward(segments)
         chosen = [g.seq for g in segments if g.samples]

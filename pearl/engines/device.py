@@ -1,0 +1,140 @@
+"""Virtual devices: a CPU slot that stands for an accelerator of fixed compute throughput.
+
+On the CPU demo every "GPU" is a process on the same few cores, so adding workers adds processes,
+not compute. A :class:`VirtualDevice` gives a slot a fixed share of one core instead: it measures
+the compute of each step with the thread's CPU time (``time.thread_time()``), then idles (sleeps)
+in proportion, so that ``compute / (compute + idle) = share``: a step that took ``c`` seconds of
+CPU lasts ``c / share`` seconds of wall time, the idle being whatever the compute left of it (when
+other processes held the core, the compute took longer in wall time and the idle is shorter). With
+one torch thread per slot and the shares of all slots adding up to less than the machine's cores,
+k active slots give k times the throughput of one, as k accelerators would.
+
+What this models: fixed per-device compute throughput (more devices, more throughput; a busy
+device is slower than an idle one by exactly its queue). What it does not: memory bandwidth, KV
+capacity (the engine's ``kv_budget_mb`` sets that), the interconnect (KV transfers and weight
+loads run unthrottled), or a device's own parallelism beyond one thread.
+
+No torch here: the torch engine, the demo trainer and the config check all use this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+from pearl.core.errors import ConfigError
+
+T = TypeVar("T")
+
+MIN_SLEEP_S = 0.001  # idle owed below this waits for the next step (sleep has ~50 us overhead)
+MAX_CREDIT_S = 0.1  # steps slowed by other processes (or a late wake-up) are made up within this
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity, else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def check_share(share: float, where: str = "device_share") -> float:
+    """A share of one core: in (0, 1]."""
+    if isinstance(share, bool) or not isinstance(share, int | float) or not 0.0 < share <= 1.0:
+        raise ConfigError(
+            f"{where} = {share!r}: a device's share of one core must be in (0, 1] "
+            "(0.2 = a fifth of a core per slot)"
+        )
+    return float(share)
+
+
+def check_fits(share: float, slots: int, cores: int, where: str = "device_share") -> None:
+    """``slots`` devices of ``share`` core each must fit in ``cores``: slots x share <= cores."""
+    check_share(share, where)
+    if slots * share > cores + 1e-9:
+        raise ConfigError(
+            f"{where} = {share:g}: {slots} slots x {share:g} core = {slots * share:.2f} cores, "
+            f"more than the {cores} cores here; a slot would no longer be a device of fixed "
+            f"throughput. Use at most {cores / slots:.3f} (or fewer slots)"
+        )
+
+
+def default_share(slots: int, cores: int, headroom: float = 0.9) -> float:
+    """The largest share, in hundredths, that keeps all ``slots`` within ``headroom`` x cores."""
+    if slots < 1:
+        return 1.0
+    return max(0.01, min(1.0, int(100 * headroom * cores / slots) / 100))
+
+
+class VirtualDevice:
+    """``share`` of one core, held by idling after each step in proportion to its compute.
+
+    ``with device.step(): compute()`` (or ``device.run(fn)``) runs the compute at full speed on the
+    calling thread, then sleeps until the step has lasted ``cpu_time / share``. Idle owed below
+    ``min_sleep_s`` is carried to the next step; a step that lasted longer (the core was busy
+    with other processes, or the sleep woke late) is made up by the next steps' idle, up to
+    ``max_credit_s``, so the device keeps its rate over a window. Time without work, outside
+    any step, is never banked: a device does not get faster for having been idle.
+    """
+
+    def __init__(
+        self,
+        share: float,
+        *,
+        min_sleep_s: float = MIN_SLEEP_S,
+        max_credit_s: float = MAX_CREDIT_S,
+        cpu_clock: Callable[[], float] = time.thread_time,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.share = check_share(share)
+        self.min_sleep_s, self.max_credit_s = min_sleep_s, max_credit_s
+        self._cpu, self._clock, self._sleep = cpu_clock, clock, sleep
+        self._owed = 0.0  # idle still to be taken (negative: overslept, credited)
+        self.compute_s = 0.0  # thread CPU time of the steps
+        self.idle_s = 0.0  # slept
+        self.wall_s = 0.0  # the steps' wall time, idle included
+        self.steps = 0
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[None]:
+        """Measure the thread CPU time of the block, then idle in proportion to it."""
+        c0, t0 = self._cpu(), self._clock()
+        try:
+            yield
+        finally:
+            compute = max(0.0, self._cpu() - c0)
+            self.compute_s += compute
+            self.steps += 1
+            self._owed += compute / self.share - (self._clock() - t0)
+            if self._owed >= self.min_sleep_s:
+                t1 = self._clock()
+                self._sleep(self._owed)
+                slept = self._clock() - t1
+                self.idle_s += slept
+                self._owed -= slept
+            self._owed = max(self._owed, -self.max_credit_s)
+            self.wall_s += self._clock() - t0
+
+    def run(self, fn: Callable[[], T]) -> T:
+        """``fn()`` as one step of this device."""
+        with self.step():
+            return fn()
+
+    @property
+    def utilization(self) -> float:
+        """CPU time / wall time of the steps so far: the share, unless other processes held the
+        core for so long that a step's compute outlasted ``cpu_time / share``."""
+        return self.compute_s / self.wall_s if self.wall_s else 0.0
+
+
+__all__ = [
+    "VirtualDevice",
+    "available_cores",
+    "check_fits",
+    "check_share",
+    "default_share",
+]
