@@ -141,7 +141,8 @@ def membership(
         }
         for g in _groups(state.training_gpus, state.tp):
             if g in retained:
-                reactivate.append(retained[g])
+                if not set(g) & exclude_gpus:  # a worker whose activation failed waits it out
+                    reactivate.append(retained[g])
             elif not any(x in bound for x in g) and not set(g) & exclude_gpus:
                 new_groups.append((g, Zone.OVERLAP))
         if (

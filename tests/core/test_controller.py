@@ -536,3 +536,32 @@ def test_a_borrow_cycle_reports_what_happened_and_nothing_else() -> None:
     c = h2.s.cycle.to_json()
     assert c["gate"] == "declined" and c["plan"] is None and c["lent"] == 0
     assert c["activated"] == 0 and c["returning"] == 0 and c["return_s"] == 0.0
+
+
+def test_a_retained_worker_whose_activation_fails_is_not_reactivated_at_once() -> None:
+    """Seen in a demo run: one overlap worker's activation failed 115 times in 18 s — each
+    failure cancelled the borrow and the next plan activated it again. Its GPUs are now
+    quarantined like a joiner's, and the retry waits out the back-off."""
+    from pearl.core.policy import Borrow
+
+    h = Harness(borrow=Borrow.ALWAYS)
+    h.settle()
+    h.send(ev.TrainingBegin(1))
+    h.settle()
+    h.send(ev.TrainingFinished(1, 1))
+    h.settle()  # overlap workers exist and are retained from here on
+    h.send(ev.TrainingBegin(2))
+    h.settle()
+    h.send(ev.TrainingFinished(2, 2))
+    h.answer(lambda c: isinstance(c, cmd.LendTraining))
+    victim = next(c.worker for c in h.pending if isinstance(c, cmd.ActivateWorker))
+    attempts = 0
+    for _ in range(20):
+        chosen = [c for c in h.pending if isinstance(c, cmd.ActivateWorker) and c.worker == victim]
+        attempts += len(chosen)
+        h.answer(lambda c: c in chosen, ok=False, dt=0.1)
+        h.answer(lambda c: c not in chosen, dt=0.1)
+    assert attempts == 1
+    h.send(cmd.Tick(), dt=31.0)  # the back-off is over: it may try again
+    h.settle()
+    assert any(w.id == victim and w.routable for w in h.table.workers.values())
