@@ -559,8 +559,8 @@ def test_a_retained_worker_whose_activation_fails_is_not_reactivated_at_once() -
     for _ in range(20):
         chosen = [c for c in h.pending if isinstance(c, cmd.ActivateWorker) and c.worker == victim]
         attempts += len(chosen)
-        h.answer(lambda c: c in chosen, ok=False, dt=0.1)
-        h.answer(lambda c: c not in chosen, dt=0.1)
+        h.answer(lambda c, chosen=chosen: c in chosen, ok=False, dt=0.1)
+        h.answer(lambda c, chosen=chosen: c not in chosen, dt=0.1)
     assert attempts == 1
     h.send(cmd.Tick(), dt=31.0)  # the back-off is over: it may try again
     h.settle()
