@@ -48,6 +48,52 @@ class StepRecord:
     workers: int  # routable when the batch was taken
     predicted_makespan_s: float | None
     measured_makespan_s: float | None
+    # The training-idle window before this step: what the borrowing gate said and what happened.
+    borrow: dict[str, Any] = field(default_factory=dict)
+
+
+def borrow_record(cycle: dict[str, Any] | None) -> dict[str, Any]:
+    """A borrow cycle of ``pearl status`` as a report record (seconds; null where n/a)."""
+    c = cycle or {}
+    return {
+        "window_s": c.get("window_s"),
+        "gate": c.get("gate", "none"),
+        "gate_reason": c.get("gate_reason", ""),
+        "lent": c.get("lent", 0),
+        "activated": c.get("activated", 0),
+        "activation_s": c.get("activation_s"),
+        "served_s": c.get("served_s"),
+        "aborted": bool(c.get("aborted")),
+        "abort_reason": c.get("aborted"),
+        "returning": c.get("returning", 0),
+        "returned_after_s": c.get("return_s"),
+    }
+
+
+def borrow_summary(records: list[StepRecord]) -> dict[str, Any]:
+    """Borrow windows of the run: how many the gate approved, and in how many lent workers
+    really served (issue 13's target: >= 80%), and how many plans Training Begin cut short."""
+    windows = [r.borrow for r in records if r.borrow.get("window_s") is not None]
+    approved = [b for b in windows if b["gate"] == "approved"]
+    served = [b for b in approved if (b["served_s"] or 0) > 0]
+    return {
+        "windows": len(windows),
+        "approved": len(approved),
+        "served": len(served),
+        "served_fraction": len(served) / len(approved) if approved else None,
+        "aborted_by_training_begin": sum(b["abort_reason"] == "training-begin" for b in windows),
+        "served_s": sum(b["served_s"] or 0.0 for b in windows),
+    }
+
+
+def returned_line(step: int, cycle: dict[str, Any], waited_s: float) -> str:
+    """What the return did, in words: never a return that did not happen."""
+    n = cycle.get("returning", 0)
+    if n:
+        return f"training step {step}: {n} borrowed workers back in {waited_s * 1e3:.0f} ms"
+    if cycle.get("aborted"):
+        return f"training step {step}: borrow cancelled before serving ({cycle['aborted']})"
+    return f"training step {step}: nothing was lent"
 
 
 @dataclass
@@ -247,9 +293,10 @@ def run(
             got = time.monotonic()
             s = rt.status()
             with rt.training(step, weights_version=step):
-                timeline.event(
-                    f"training step {step}: borrowed back in {rt.last_return_s * 1e3:.0f} ms"
-                )
+                cycle = (rt.status().get("borrow") or {}).get("current") or {}
+                if cycle.get("step") != step - 1:
+                    cycle = {}  # not the window before this step (a reused state dir)
+                timeline.event(returned_line(step, cycle, rt.last_return_s))
                 t_train = time.monotonic()
                 metrics = trainer.step(batch)
                 weights = trainer.state_dict()
@@ -287,6 +334,7 @@ def run(
                     counts(s)["workers"],
                     predicted,
                     report.makespan_s if report else None,
+                    borrow_record(cycle),
                 )
             )
             state.update(step=step, throughput=records[-1].throughput_tok_s)
@@ -344,6 +392,7 @@ def write_report(
         # No fault is injected: every host declared dead for silence was a false alarm.
         "missed_heartbeats": (deaths or {}).get("missed heartbeats", 0),
         "host_deaths": deaths or {},
+        "borrow": borrow_summary(records),
         "records": [asdict(r) for r in records],
         "timeline": timeline.samples,
         "events": timeline.events,

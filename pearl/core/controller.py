@@ -210,7 +210,12 @@ class Controller:
         """After replay: re-send the commands of started steps; cancel an unfinished expansion,
         complete an unfinished shrink or return; the trainer's wait is answered again."""
         s = self.initial(table, profile)
-        s = dataclasses.replace(s, training_waiting=table.phase is TrainingPhase.TRAINING)
+        idle = table.phase is TrainingPhase.IDLE
+        s = dataclasses.replace(
+            s,
+            training_waiting=not idle,
+            cycle=bc.BorrowCycle(table.training_step, now) if idle else None,  # a window is open
+        )
         tx = _Tx(s, now)
         p = table.plan
         if p is not None:
