@@ -505,7 +505,8 @@ def test_a_borrow_cycle_reports_what_happened_and_nothing_else() -> None:
     h.settle()
     h.send(ev.TrainingBegin(1))
     h.settle()
-    assert h.s.cycle is None  # no window has opened yet
+    first = h.s.cycle  # the window since pearld started, before any training step
+    assert first.step == 0 and first.activated == 2 and first.returning == 2
     h.send(ev.TrainingFinished(1, 1), dt=1.0)
     h.settle()  # lend + activation, one simulated second per answer
     h.send(ev.TrainingBegin(2), dt=10.0)
