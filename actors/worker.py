@@ -62,7 +62,8 @@ class WorkerActor(PearlActor):
         worker: int,
         incarnation: int,
         make_engine: Callable[[Role], Engine],
-        weights_source: Callable[[int], Any],
+        weights_source: Callable[[int], tuple[int, Any] | None],  # the newest stored (version,
+        # source) for one asking for this version; None: nothing published yet
         on_exit: Callable[[], None],
     ) -> None:
         super().__init__()
@@ -109,9 +110,27 @@ class WorkerActor(PearlActor):
         self._weights(version)
 
     def _weights(self, version: int) -> None:
+        """Move to ``version`` or whatever is newest in the store now: a worker joins at any phase
+        of a step. Before the first publish (or while ``version`` is still being written) the
+        store holds less: the newest stored version, or the initial weights (version 0)."""
         assert self.engine is not None
-        if version > self.engine.weights_version:
-            self.engine.load_weights(version, self.weights_source(version))
+        for attempt in (1, 2):
+            if version <= self.engine.weights_version:
+                return
+            found = self.weights_source(version)
+            stored, source = found if found is not None else (0, None)
+            if stored < version:
+                has = max(stored, self.engine.weights_version)
+                log.info("%s: weights version %d is not stored yet; at %d", self.name, version, has)
+            if stored <= self.engine.weights_version:
+                return
+            try:
+                self.engine.load_weights(stored, source)
+                return
+            except PearlError:
+                if attempt == 2:  # not a snapshot pruned between the look-up and the load
+                    raise
+                version = max(version, stored)
 
     def on_start_worker(self, c: cmd.StartWorker) -> None:
         self._step(c, lambda: self._bring_up(c.role, c.weights_version))

@@ -32,6 +32,7 @@ from pearl.config import EngineConfig, parse_gpus
 from pearl.core.errors import PearlError
 from pearl.core.schema import to_wire
 from pearl.engines.factory import build_engine
+from pearl.rl.weights import latest_snapshot
 from transports.auth import HostKeys
 from transports.bulk import ZmqKVChannel
 from transports.protocol import Call
@@ -130,11 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     weights_dir = Path(a.state_dir) / "weights" if a.state_dir else None
 
-    def weights_source(version: int) -> Any:
-        if weights_dir is None:
-            return None
-        path = weights_dir / f"v{version:08d}.safetensors"
-        return str(path) if path.exists() else None
+    def weights_source(version: int) -> tuple[int, str] | None:
+        """The newest published snapshot, whatever its form (a joiner may ask for a version not
+        stored yet, or one pruned since); None before the first publish: the initial weights."""
+        found = latest_snapshot(weights_dir) if weights_dir is not None else None
+        return None if found is None else (found[0], str(found[1]))
 
     built = threading.Event()  # read by the heart without asking the (maybe busy) actor
 

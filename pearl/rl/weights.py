@@ -9,6 +9,8 @@ the newest ``keep`` are kept. Workers propagate lazily: they ask ``latest()`` be
 
 A reader that opened a snapshot keeps reading it after it is pruned (POSIX unlink); one that asks
 for a pruned version gets a clear error and should fetch ``latest()`` instead.
+:func:`latest_snapshot` is that reader's view (no store is opened, nothing is created or removed):
+a worker host joining at any phase of a step loads it.
 """
 
 from __future__ import annotations
@@ -128,17 +130,35 @@ class WeightStore:
         _fsync_dir(self.root)
 
     def _scan(self) -> dict[int, Path]:
-        found: dict[int, Path] = {}
-        for p in self.root.iterdir():
-            m = _NAME.match(p.name)
-            if m and (m.group(2) is None) == p.is_dir():
-                found[int(m.group(1))] = p
-        return found
+        return _snapshots(self.root)
 
     def _prune(self) -> None:
         for v in self.versions()[:-self.keep]:
             _remove(self.path(v))
         _fsync_dir(self.root)
+
+
+def latest_snapshot(root: str | Path) -> tuple[int, Path] | None:
+    """The newest complete snapshot in ``root`` and its version, read-only; None when nothing is
+    published there (yet). A publish still being written is not seen (it has a temporary name)."""
+    found = _snapshots(Path(root))
+    if not found:
+        return None
+    v = max(found)
+    return v, found[v]
+
+
+def _snapshots(root: Path) -> dict[int, Path]:
+    found: dict[int, Path] = {}
+    try:
+        entries = list(root.iterdir())
+    except FileNotFoundError:  # nothing was ever published
+        return found
+    for p in entries:
+        m = _NAME.match(p.name)
+        if m and (m.group(2) is None) == p.is_dir():
+            found[int(m.group(1))] = p
+    return found
 
 
 def _save_state(state: Mapping[str, torch.Tensor], path: Path, version: int) -> None:
@@ -184,4 +204,4 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-__all__ = ["WeightStore", "WeightStoreError"]
+__all__ = ["WeightStore", "WeightStoreError", "latest_snapshot"]

@@ -127,3 +127,21 @@ def test_concurrent_publishers_never_go_backwards(tmp_path: Path) -> None:
     assert sorted(published + [v for v, _ in refused]) == list(range(20))
     assert all(latest >= v for v, latest in refused)  # refused only behind a newer version
     assert published[-1] == 19  # the newest can never be refused
+
+
+def test_latest_snapshot_is_a_read_only_view_of_the_newest_complete_one(tmp_path: Path) -> None:
+    from pearl.rl.weights import latest_snapshot
+
+    root = tmp_path / "w"
+    assert latest_snapshot(root) is None and not root.exists()  # nothing published, nothing made
+    store = WeightStore(root, keep=2)
+    assert latest_snapshot(root) is None
+    for v in (1, 2, 3):
+        store.publish(v, {"x": torch.zeros(2)})
+    (root / ".tmp-abc.safetensors").write_bytes(b"half")  # a publish still being written
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    store.publish(4, model)
+    assert latest_snapshot(root) == (4, root / "v00000004")
+    assert (root / ".tmp-abc.safetensors").exists()  # a reader removes nothing

@@ -1,0 +1,58 @@
+"""The WorkerActor's weights: a joiner takes the newest stored version, whatever it was told."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from actors.worker import WorkerActor
+from pearl.core.errors import EngineError
+
+
+class Engine:
+    def __init__(self, fail: int = 0) -> None:
+        self.weights_version, self.fail = 0, fail
+        self.loads: list[tuple[int, Any]] = []
+
+    def load_weights(self, version: int, source: Any) -> None:
+        if self.fail:
+            self.fail -= 1
+            raise EngineError(f"weights file {source} does not exist")
+        self.loads.append((version, source))
+        self.weights_version = version
+
+
+def weights(engine: Engine, version: int, store: list[tuple[int, str] | None]) -> None:
+    """``WorkerActor._weights`` with a store that answers ``store`` in turn."""
+    answers = iter(store)
+    actor = SimpleNamespace(name="worker/1", engine=engine, weights_source=lambda v: next(answers))
+    WorkerActor._weights(actor, version)  # type: ignore[arg-type]
+
+
+def test_before_the_first_publish_the_initial_weights_stay() -> None:
+    e = Engine()
+    weights(e, 0, [])
+    weights(e, 3, [None])  # the table names 3, nothing is stored: no NoneType, version 0
+    assert e.loads == [] and e.weights_version == 0
+
+
+def test_a_version_not_stored_yet_gives_the_newest_below_it() -> None:
+    e = Engine()
+    weights(e, 2, [(1, "v1")])
+    assert e.loads == [(1, "v1")]
+    weights(e, 2, [(1, "v1")])  # asked again: nothing newer to load
+    assert e.loads == [(1, "v1")]
+
+
+def test_a_pruned_version_gives_the_newest_and_a_race_with_pruning_is_retried() -> None:
+    e = Engine()
+    weights(e, 2, [(6, "v6")])  # 2 was pruned while the host booted
+    assert e.loads == [(6, "v6")]
+    e = Engine(fail=1)
+    weights(e, 2, [(5, "v5"), (6, "v6")])  # v5 pruned between the look-up and the load
+    assert e.loads == [(6, "v6")]
+    e = Engine(fail=2)
+    with pytest.raises(EngineError):
+        weights(e, 2, [(5, "v5"), (6, "v6")])
