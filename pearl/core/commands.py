@@ -17,6 +17,10 @@ from pearl.core.state import Role, Zone
 
 COMMANDS = Registry("command")
 
+BESIDE = -1
+"""``plan`` of a hand-off step that runs beside the plan in flight (a return of borrowed GPUs
+that must not wait for, or cancel, an expansion on other GPUs); its ``step`` names the worker."""
+
 
 @registered(COMMANDS, "start-worker")
 class StartWorker:
@@ -173,6 +177,7 @@ class Tick:
 Command = Any  # any class registered in COMMANDS
 
 __all__ = [
+    "BESIDE",
     "COMMANDS",
     "ActivateWorker",
     "Command",

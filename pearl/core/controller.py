@@ -30,7 +30,17 @@ from pearl.core.fold import apply_to
 from pearl.core.plan import JOIN_OPS, Membership, membership, plan, ready_steps
 from pearl.core.policy import Policy
 from pearl.core.profile import WorkloadProfile
-from pearl.core.state import Activity, ClusterState, Mode, Role, StepOp, Target, TrainingPhase, Zone
+from pearl.core.state import (
+    Activity,
+    ClusterState,
+    Mode,
+    Role,
+    Step,
+    StepOp,
+    Target,
+    TrainingPhase,
+    Zone,
+)
 from pearl.core.transition import (
     abort_records,
     cancel_command,
@@ -79,6 +89,8 @@ class ControllerState:
     strikes: Mapping[int, int] = field(default_factory=dict)  # GPU -> failures so far
     remaining: int | None = None  # R: trajectories of the batch not complete yet
     evicting: Mapping[int, float] = field(default_factory=dict)  # leaving beside a plan: deadline
+    returning: Mapping[int, float] = field(default_factory=dict)  # handed back beside a plan
+    return_began: float = 0.0  # when the return beside a plan began
     plan_began: float = 0.0  # when the plan in flight began
     toggle_measured: float = 0.0  # hand-off seconds of borrow cycles since the last telemetry
     toggle_cut: float = 0.0  # longest borrow activation cut short since then (censored, >= it)
@@ -126,9 +138,10 @@ class _Tx:
     def forget(self, wid: int) -> None:
         """A worker left the table: no other claim on it survives (its slot may be reused)."""
         s = self.s
-        if wid in s.evicting or wid in s.failed or wid in s.lost:
+        if wid in s.evicting or wid in s.failed or wid in s.lost or wid in s.returning:
             self.set(
                 evicting={w: d for w, d in s.evicting.items() if w != wid},
+                returning={w: d for w, d in s.returning.items() if w != wid},
                 failed=s.failed - {wid},
                 lost=s.lost - {wid},
             )
@@ -170,7 +183,11 @@ class Controller:
             tx.set(cycle=bc.closed(s.cycle, now, _holding_training_gpus(s.table)))
             if s.idle_since is not None:
                 tx.set(window_measured=max(0.0, now - s.idle_since), idle_since=None)
-            if _lends_training_gpus(tx.table):  # else nothing must come back: let plans run
+            if not _lends_training_gpus(tx.table):
+                pass  # nothing must come back: let plans run
+            elif tx.table.plan is not None and not _touches_training_gpus(tx.table):
+                self._return_beside(tx)  # an expansion on other GPUs goes on meanwhile
+            else:
                 self._interrupt(tx, "training-begin")
         elif isinstance(event, ev.TrainingFinished):
             tx.log(event)
@@ -318,7 +335,55 @@ class Controller:
         tx.log(ev.WorkerRemoved(wid, "reclaimed"))
         tx.commands.append(cmd.RoutingChanged(tx.table.seq))
 
+    def _return_beside(self, tx: _Tx) -> None:
+        """Hand the training GPUs back without a plan of their own: overlap workers drain and
+        release first, then the trainer takes its GPUs back. Bounded by the same deadlines as a
+        return plan; no new plan begins until it is over."""
+        t, returning = tx.table, dict(tx.s.returning)
+        if not returning:
+            tx.set(return_began=tx.now)
+        holders = [
+            w for w in t.rollout_workers(Zone.OVERLAP) if w.activity is not Activity.INACTIVE
+        ]
+        for w in holders:
+            if w.id not in returning:
+                tx.log(*start_records(t, Step(StepOp.DEACTIVATE, w.id)))
+                tx.commands.append(cmd.DeactivateWorker(w.id, cmd.BESIDE, w.id))
+                returning[w.id] = tx.now + self.config.timeouts[StepOp.DEACTIVATE]
+        if not holders:
+            for w in t.training_workers():
+                if w.activity is not Activity.ACTIVE and w.id not in returning:
+                    tx.log(*start_records(t, Step(StepOp.RECLAIM, w.id)))
+                    tx.commands.append(cmd.ReclaimTraining(w.id, cmd.BESIDE, w.id))
+                    returning[w.id] = tx.now + self.config.timeouts[StepOp.RECLAIM]
+        tx.set(returning=returning)
+
+    def _returned_beside(self, tx: _Tx, wid: int, ok: bool = True) -> None:
+        """One hand-off of a return beside a plan is over (a failed or timed-out one too: the
+        host is killed, its GPUs count as back)."""
+        if wid not in tx.s.returning:
+            return  # stale
+        tx.set(returning={w: d for w, d in tx.s.returning.items() if w != wid})
+        w = tx.table.workers.get(wid)
+        if w is not None:
+            if w.role is Role.TRAINING:
+                tx.log(*_activity(w, Activity.ACTIVE))
+            else:
+                if not ok:
+                    tx.commands.append(cmd.DeactivateWorker(wid, cmd.BESIDE, wid, force=True))
+                tx.log(*_activity(w, Activity.INACTIVE))
+        if not tx.s.returning:
+            if _lends_training_gpus(tx.table):
+                self._return_beside(tx)  # the overlap workers are out: now the trainer
+            else:
+                spent = tx.now - tx.s.return_began
+                tx.set(toggle_measured=tx.s.toggle_measured + spent)
+                tx.commands.append(cmd.RoutingChanged(tx.table.seq))
+
     def _step_result(self, tx: _Tx, r: cmd.StepResult) -> None:
+        if r.plan == cmd.BESIDE:
+            self._returned_beside(tx, r.step, r.ok)
+            return
         p = tx.table.plan
         if p is None or p.plan != r.plan or not 0 <= r.step < len(p.steps):
             return  # stale: a result for a plan that is over
@@ -354,6 +419,8 @@ class Controller:
             tx.set(toggle_done=tx.now)
 
     def _worker_down(self, tx: _Tx, e: cmd.WorkerDown) -> None:
+        if e.worker in tx.s.returning:  # a dead host holds nothing: its GPUs are back
+            self._returned_beside(tx, e.worker)
         if e.worker in tx.s.evicting:
             self._evicted(tx, e.worker)
             return
@@ -420,6 +487,9 @@ class Controller:
             if deadline <= tx.now:  # bounded: kill the host and count its GPUs as returned
                 tx.commands.append(cmd.StopWorker(wid, force=True))
                 self._evicted(tx, wid)
+        for wid, deadline in sorted(tx.s.returning.items()):
+            if deadline <= tx.now:
+                self._returned_beside(tx, wid, ok=False)
         p = tx.table.plan
         if p is None:
             return
@@ -493,8 +563,8 @@ class Controller:
 
     def _begin_next_plan(self, tx: _Tx) -> bool:
         t = tx.table
-        if not t.initialised:
-            return False
+        if not t.initialised or tx.s.returning:
+            return False  # a return beside the last plan comes first; it is bounded
         borrow = self._borrow(tx)
         m = membership(t, borrow, frozenset(tx.s.quarantine), tx.s.lost)
         if m.leave or m.reclaim is not None:
@@ -504,6 +574,13 @@ class Controller:
             decision = None
             cause = "return"
         else:
+            overlap = [g for g in m.new_groups if g[1] is Zone.OVERLAP]
+            if (m.lend is not None or m.reactivate or overlap) and len(overlap) < len(m.new_groups):
+                # Borrow first, alone: it takes a fraction of a second with retained workers and
+                # must serve within the idle window, while a cold start on dedicated GPUs takes
+                # long. Left in the same plan, the next Training Begin would cancel both; as a
+                # plan of its own the expansion goes on beside the return.
+                m = dataclasses.replace(m, new_groups=tuple(overlap))
             current = _counts(Membership(m.survivors, (), (), ()))
             decision = self.policy.decide(tx.s.profile, m.N, current)
             target = decision.target
@@ -562,6 +639,35 @@ def _lends_training_gpus(t: ClusterState) -> bool:
         for k, st in enumerate(p.steps)
         if k not in p.done
     )
+
+
+def _activity(w: Any, a: Activity) -> list[Any]:
+    """Records that move ``w`` to activity ``a`` (through transitioning: routing stops first)."""
+    if w.activity is a:
+        return []
+    out = (
+        []
+        if w.activity is Activity.TRANSITIONING
+        else [ev.ActivityChanged(w.id, Activity.TRANSITIONING)]
+    )
+    return out + ([] if a is Activity.TRANSITIONING else [ev.ActivityChanged(w.id, a)])
+
+
+def _touches_training_gpus(t: ClusterState) -> bool:
+    """Whether the plan in flight has unfinished steps on the training GPUs (a hand-off, or an
+    overlap worker joining, leaving or switching role)."""
+    p = t.plan
+    if p is None:
+        return False
+    for k, st in enumerate(p.steps):
+        if k in p.done:
+            continue
+        w = t.workers.get(st.worker)
+        if st.op in (StepOp.LEND, StepOp.RECLAIM, StepOp.ACTIVATE, StepOp.DEACTIVATE):
+            return True
+        if st.zone is Zone.OVERLAP or (w is not None and w.zone is Zone.OVERLAP):
+            return True
+    return False
 
 
 def _holding_training_gpus(t: ClusterState) -> int:

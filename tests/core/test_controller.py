@@ -325,15 +325,40 @@ def test_training_begin_leaves_a_dedicated_expansion_alone_when_nothing_is_lent(
     assert len(h.table.routable()) == 4
 
 
-def test_training_begin_still_cancels_an_expansion_while_gpus_are_lent() -> None:
+def test_training_begin_returns_beside_an_expansion_on_other_gpus() -> None:
+    """Borrowed GPUs come back without cancelling a cold start on dedicated GPUs: the return
+    runs beside the expansion, training proceeds, and the expansion then commits."""
+    h = Harness(borrow=Borrow.ALWAYS)
+    h.settle()  # the overlap workers serve: the training GPUs are lent
+    assert any(w.routable for w in h.table.rollout_workers(Zone.OVERLAP))
+    h.send(ev.GpusAdded((8, 9, 10, 11)))
+    joiners = [c.worker for c in h.pending if isinstance(c, cmd.StartWorker)]
+    assert len(joiners) == 2
+    h.send(ev.TrainingBegin(1))
+    assert not any(getattr(c, "cancel", False) for c in h.pending)
+    assert cmd.TrainingMayProceed(1) not in h.sent
+    cold = lambda c: isinstance(c, cmd.StartWorker)  # noqa: E731
+    while cmd.TrainingMayProceed(1) not in h.sent and h.answer(lambda c: not cold(c), dt=0.1):
+        pass
+    assert cmd.TrainingMayProceed(1) in h.sent  # the joiners are still starting
+    assert all(w.activity is Activity.INACTIVE for w in h.table.rollout_workers(Zone.OVERLAP))
+    assert all(w.activity is Activity.ACTIVE for w in h.table.training_workers())
+    h.settle()
+    assert all(h.table.workers[j].routable for j in joiners)
+    assert not any(isinstance(r, ev.PlanAbort) for r in h.records)
+
+
+def test_training_begin_cancels_a_borrow_still_in_flight() -> None:
     h = Harness(borrow=Borrow.ALWAYS)
     h.settle()
-    h.send(ev.GpusAdded((8, 9, 10, 11)))
     h.send(ev.TrainingBegin(1))
-    assert any(getattr(c, "cancel", False) for c in h.pending)
-    assert cmd.TrainingMayProceed(1) not in h.sent
     h.settle()
-    assert cmd.TrainingMayProceed(1) in h.sent
+    h.send(ev.TrainingFinished(1, 1))
+    h.answer(lambda c: isinstance(c, cmd.LendTraining))  # activation still running
+    h.send(ev.TrainingBegin(2))
+    assert any(getattr(c, "cancel", False) for c in h.pending)
+    h.settle()
+    assert cmd.TrainingMayProceed(2) in h.sent
 
 
 def test_new_weights_reach_serving_workers_and_later_joiners() -> None:

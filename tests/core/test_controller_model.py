@@ -53,7 +53,7 @@ RETURN_BOUND_S = (
     + DEFAULT_TIMEOUTS[StepOp.RECLAIM]
     + 4 * TICK_MAX_S
 )
-MODEL_EXAMPLES = int(os.environ.get("PEARL_MODEL_EXAMPLES", "125"))
+MODEL_EXAMPLES = int(os.environ.get("PEARL_MODEL_EXAMPLES", "150"))
 MODEL_STEPS = int(os.environ.get("PEARL_MODEL_STEPS", "100"))
 STEPS_RUN = [0]  # steps executed in this process (checked by the count test below)
 
