@@ -216,7 +216,9 @@ class WorkerActor(PearlActor):
             self.engine.abort(msg.rid)
 
     def on_load_weights(self, msg: LoadWeights | cmd.SyncWeights) -> None:
-        if self.engine is not None:
+        # Released: activation loads whatever is newest then. Handing the engine this version's
+        # path to apply at resume would fail once the store has pruned it (keep=3).
+        if self.engine is not None and not self.released:
             try:
                 self._weights(msg.version)
             except PearlError as e:

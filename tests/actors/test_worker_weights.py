@@ -56,3 +56,17 @@ def test_a_pruned_version_gives_the_newest_and_a_race_with_pruning_is_retried() 
     e = Engine(fail=2)
     with pytest.raises(EngineError):
         weights(e, 2, [(5, "v5"), (6, "v6")])
+
+
+def test_a_released_worker_loads_the_newest_when_activated_not_what_it_was_synced_to() -> None:
+    e = Engine()
+    synced = SimpleNamespace(version=3)
+    actor = SimpleNamespace(
+        name="worker/2", engine=e, released=True, weights_source=lambda v: (6, "v6")
+    )
+    actor._weights = lambda v: WorkerActor._weights(actor, v)  # type: ignore[arg-type]
+    WorkerActor.on_load_weights(actor, synced)  # type: ignore[arg-type]
+    assert e.loads == []  # v3 will be pruned by the time it is activated
+    actor.released = False
+    WorkerActor.on_load_weights(actor, synced)  # type: ignore[arg-type]
+    assert e.loads == [(6, "v6")]
