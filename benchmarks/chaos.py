@@ -298,6 +298,7 @@ def report(
         "actor_failures": stats["failures"][:20],
         "gave_up": stats["gave_up"],
         "controller_recoveries": s.get("controller_recoveries", 0),
+        "controller_violations": stats["violations"][:20],
         "false_deaths": len(dead["false"]),
         "false_death_detail": dead["false"][:20],
         "unexplained_downs": dead["unexplained"][:20],

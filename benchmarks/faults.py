@@ -176,7 +176,7 @@ class Injector(threading.Thread):
     def _check_log(self, when: str) -> None:
         for attempt in range(5):
             try:
-                lost = lost_events(self.d.state, dict(self.acked()), self.published())
+                lost = lost_events(self.d.state, dict(self.acked()), set(self.published()))
                 self.lost.update(f"{x} ({when})" for x in lost)
                 return
             except Exception as e:  # a live log's tail may be mid-write: read again

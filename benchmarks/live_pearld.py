@@ -37,6 +37,7 @@ HOST_DOWN = re.compile(r'msg="worker host (\d+) \(pid (\d+)\) ([^"]*)"')
 ACTOR_RESTART = re.compile(r'msg="restarting actor (\w+)')
 ACTOR_FAILED = re.compile(r'msg="actor (\w+) failed: ([^"]*)"')
 GIVE_UP = re.compile(r'msg="actor (\w+) keeps failing')
+VIOLATION = re.compile(r'msg="controller rejected its own output for ([^"]*)"')
 
 
 def free_port() -> int:
@@ -229,11 +230,13 @@ class Pearld:
         return out
 
     def log_stats(self) -> dict[str, Any]:
-        """Actor restarts and failures, give-ups, and worker hosts declared down, from the log."""
+        """Actor restarts and failures, give-ups, controller invariant violations and worker hosts
+        declared down, from the log."""
         restarts: dict[str, int] = {}
         failures: list[str] = []
         down: list[dict[str, Any]] = []
         gave_up = []
+        violations: list[str] = []  # invariant violations the orchestrator recovered from
         for start, line in self.log_lines():
             if m := ACTOR_RESTART.search(line):
                 restarts[m[1]] = restarts.get(m[1], 0) + 1
@@ -241,6 +244,8 @@ class Pearld:
                 failures.append(f"{m[1]}: {m[2]}")
             if m := GIVE_UP.search(line):
                 gave_up.append(m[1])
+            if m := VIOLATION.search(line):
+                violations.append(m[1][:300])
             if m := HOST_DOWN.search(line):
                 down.append(
                     {
@@ -251,7 +256,13 @@ class Pearld:
                         "ts": line.split(" ", 1)[0][3:],
                     }
                 )
-        return {"restarts": restarts, "failures": failures, "gave_up": gave_up, "down": down}
+        return {
+            "restarts": restarts,
+            "failures": failures,
+            "gave_up": gave_up,
+            "violations": violations,
+            "down": down,
+        }
 
 
 class Trainer:

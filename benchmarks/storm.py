@@ -125,7 +125,8 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             raise RuntimeError(f"pearld did not settle after gpus-added:\n{d.tail()}")
         t.event(ev.TrainingBegin(1))
         first = t.wait_proceed(1, 120.0)
-        print(f"training-begin 1 -> may proceed {first:.3f}s", flush=True)
+        took = "never" if first is None else f"{first:.3f}s"
+        print(f"training-begin 1 -> may proceed {took}", flush=True)
         names, weights = list(VARIANTS), list(VARIANTS.values())
         for n in range(1, args.cycles + 1):
             if not d.running():
@@ -170,6 +171,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 "actor_restarts": stats["restarts"],
                 "actor_failures": stats["failures"],
                 "gave_up": stats["gave_up"],
+                "controller_violations": stats["violations"][:20],
                 "pearld_alive": alive,
                 "events_acked": len(t.acked),
                 "events_lost": len(lost),
