@@ -102,6 +102,7 @@ class WorkerActor(PearlActor):
             self.engine.start()
             self.released = False
         elif self.released:
+            self._weights(version)  # first: resume on the newest, not on a pruned snapshot
             self.engine.resume_memory()
             self.released = False
         if self.engine.role is not role:

@@ -70,3 +70,32 @@ def test_a_released_worker_loads_the_newest_when_activated_not_what_it_was_synce
     actor.released = False
     WorkerActor.on_load_weights(actor, synced)  # type: ignore[arg-type]
     assert e.loads == [(6, "v6")]
+
+
+class Released(Engine):
+    """A lent worker's engine: records the order of weight loads and the resume."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from pearl.core.state import Role
+
+        self.role, self.calls = Role.COLOCATED, list[str]()
+
+    def load_weights(self, version: int, source: Any) -> None:
+        self.calls.append(f"load {version}")
+        super().load_weights(version, source)
+
+    def resume_memory(self) -> None:
+        self.calls.append("resume")
+
+
+def test_an_activated_worker_is_given_the_newest_weights_before_it_resumes() -> None:
+    from pearl.core.state import Role
+
+    e = Released()
+    actor = SimpleNamespace(
+        name="worker/2", engine=e, released=True, weights_source=lambda v: (6, "v6")
+    )
+    actor._weights = lambda v: WorkerActor._weights(actor, v)  # type: ignore[arg-type]
+    WorkerActor._bring_up(actor, Role.COLOCATED, 5)  # type: ignore[arg-type]
+    assert e.calls == ["load 6", "resume"] and not actor.released

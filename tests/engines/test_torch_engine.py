@@ -124,6 +124,34 @@ def test_a_worker_resuming_from_a_published_snapshot_serves_those_weights(tmp_pa
         e.stop()
 
 
+def test_a_released_worker_resumes_on_its_pending_version_when_its_own_was_pruned(
+    tmp_path: Path,
+) -> None:
+    """Lent, then given a newer version while released: resume builds from the newer snapshot,
+    never from the one loaded before the release (the weight store keeps only the newest few)."""
+    from pearl.rl.weights import WeightStore
+
+    cfg = M.preset_config("tiny")
+    store = WeightStore(tmp_path / "store", keep=1)
+    v1 = store.publish(1, M.build(cfg, M.WeightSource("seed", 11), torch.device("cpu"),
+                                  torch.float32).state_dict())
+    newer = M.build(cfg, M.WeightSource("seed", 12), torch.device("cpu"), torch.float32)
+    want, _ = hf_greedy(newer, prompt_of(12), 6)
+    e = TorchEngine(preset="tiny")
+    e.start()
+    try:
+        e.load_weights(1, str(v1))
+        e.release_memory()
+        v2 = store.publish(2, newer.state_dict())
+        assert not v1.exists()  # pruned
+        e.load_weights(2, str(v2))  # applied at resume
+        e.resume_memory()
+        assert e.weights_version == 2
+        assert list(run(e, prompt_of(12), rid="after", max_new_tokens=6).output_ids) == want
+    finally:
+        e.stop()
+
+
 def test_top_p_near_zero_is_greedy_and_sampling_varies(engine: TorchEngine) -> None:
     greedy = run(engine, prompt_of(9), max_new_tokens=10).output_ids
     nucleus = run(engine, prompt_of(9), rid="p", max_new_tokens=10, temperature=1.0, top_p=1e-6)

@@ -101,6 +101,11 @@ class TorchEngine(ServingEngine):
         source = self._source
         if self._cpu_copy is not None:
             source, self._cpu_copy = M.WeightSource("state", self._cpu_copy), None
+        elif self._pending_weights is not None:
+            # A newer version waits to be applied: build from it, not from the snapshot loaded
+            # before the release, which the weight store may have pruned since.
+            source = self._source = M.source_of(self._pending_weights[1])
+            self._pending_weights = None
         self.model = M.build(self.hf_config, source, self.device, self.dtype)
 
     def _load(self, version: int, source: Any) -> None:
