@@ -21,7 +21,7 @@ from pearl.engines.device import VirtualDevice, check_fits, default_share
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARE = 0.2
-REQUESTS, PROMPT, NEW = 8, 24, 64  # per slot: one batch of decode-heavy requests
+REQUESTS, PROMPT, NEW = 8, 24, 48  # per slot: one batch of decode-heavy requests
 
 
 class FakeClock:
@@ -208,9 +208,10 @@ def test_two_slots_give_twice_the_throughput_of_one() -> None:
             return float(sum(g[4] for g in got) / (end - start))
 
         # Adjacent rounds see the same load from the rest of the (shared) machine: the ratio of
-        # each pair, in alternating order, and their median.
+        # each pair, in alternating order, and their median. (A slot's tokens/s follows its CPU
+        # time per token, which moves by tens of percent with what else runs on the machine.)
         pairs: list[tuple[float, float]] = []
-        for r in range(5):
+        for r in range(9):
             if r % 2:
                 b = two()
                 a = one()
