@@ -191,7 +191,9 @@ class Controller:
                 self._interrupt(tx, "training-begin")
         elif isinstance(event, ev.TrainingFinished):
             tx.log(event)
-            tx.set(remaining=s.profile.B, idle_since=now)
+            # R stays what the pipeline last reported: with asynchronous rollout the next batch
+            # may already be (partly) complete, and then borrowing has less or nothing to win.
+            tx.set(idle_since=now)
             tx.set(cycle=bc.BorrowCycle(event.step, now), last_cycle=s.cycle or s.last_cycle)
             self._sync_weights(tx, s.table.weights_version)
         elif isinstance(event, ev.Telemetry):
