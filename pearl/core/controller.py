@@ -173,7 +173,9 @@ class Controller:
             tx.log(event)
         elif isinstance(event, ev.WeightsPublished):
             tx.log(event)
-            self._sync_weights(tx, s.table.weights_version)
+            # A version Training Finished already named may be published only now: its
+            # snapshot exists from here on, so serving workers move to it even if not newer.
+            self._sync_weights(tx, s.table.weights_version - 1)
         elif isinstance(event, ev.GpusReclaimed):
             tx.log(event)
             self._reclaimed(tx, set(event.gpus))

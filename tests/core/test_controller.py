@@ -591,3 +591,15 @@ def test_a_retained_worker_whose_activation_fails_is_not_reactivated_at_once() -
     h.send(cmd.Tick(), dt=31.0)  # the back-off is over: it may try again
     h.settle()
     assert any(w.id == victim and w.routable for w in h.table.workers.values())
+
+
+def test_a_version_published_after_training_finished_named_it_reaches_serving_workers() -> None:
+    h = Harness(borrow=Borrow.NEVER)
+    h.settle()
+    h.send(ev.TrainingBegin(1))
+    h.settle()
+    h.send(ev.TrainingFinished(1, 1))  # names version 1 before its snapshot is stored
+    h.sent.clear()
+    h.send(ev.WeightsPublished(1, "store/v1"))
+    synced = sorted(c.worker for c in h.sent if isinstance(c, cmd.SyncWeights) and c.version == 1)
+    assert synced == sorted(w.id for w in h.table.routable())
