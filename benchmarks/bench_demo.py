@@ -3,16 +3,19 @@
 Both run ``pearl demo``'s job (tiny Qwen3 workers on the torch engine, the tool-use environment,
 real GRPO steps) on configs/local-cpu.toml with the same Bamboo segment squeezed into the same
 wall time. PEARL decides the PD mode and ratio and borrows the training slots through the gate;
-the baseline keeps every worker colocated and never borrows (what an elastic but PD-unaware
-system does). Runs alternate (PEARL, baseline, PEARL, ...) so machine noise hits both alike.
-Also reports the time from Training Begin to the last borrowed worker being back.
+the baselines keep every worker colocated and never borrow (what an elastic but PD-unaware
+system does) or always borrow (an ungated toggle). Runs alternate (PEARL, baselines, PEARL, ...)
+so machine noise hits all alike. Also reports the time from Training Begin to the last borrowed
+worker being back, the median error of PEARL's predicted step makespan from step 3 on, and the
+share of gate-approved borrow windows in which lent workers really served.
 
-    .venv/bin/python benchmarks/bench_demo.py [--steps 16] [--rounds 2]
+    .venv/bin/python benchmarks/bench_demo.py [--steps 16] [--rounds 2] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -26,7 +29,18 @@ CONFIG = Path(__file__).resolve().parents[1] / "configs" / "local-cpu.toml"
 POLICIES = {
     "pearl": (),
     "fixed colocated": ("daemon.pd=colocated", "daemon.borrow=never"),
+    "always borrow": ("daemon.pd=colocated", "daemon.borrow=always"),
 }
+
+
+def makespan_errors(report: dict) -> list[float]:
+    """|predicted - measured| / measured of each step from step 3 on (priors may rule before)."""
+    out = []
+    for r in report["records"][2:]:
+        p, m = r.get("predicted_makespan_s"), r.get("measured_makespan_s")
+        if p is not None and m:
+            out.append(abs(p - m) / m)
+    return out
 
 
 def main() -> int:
@@ -34,6 +48,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--segment", default="S2")
+    ap.add_argument("--json", type=Path, help="write the figures as JSON to this file")
     args = ap.parse_args()
     trace_s = 4.0 * args.steps
     results: dict[str, list[dict]] = {name: [] for name in POLICIES}
@@ -56,6 +71,31 @@ def main() -> int:
         max_ret = max(x["max_return_s"] for x in v)
         print(f"{name:<16} {tput[name]:>9.0f} {tput[name] / tput['fixed colocated']:>8.2f}x "
               f"{1e3 * mean_ret:>10.0f}ms {1e3 * max_ret:>9.0f}ms")
+    pearl = results["pearl"]
+    errors = [e for s in pearl for e in makespan_errors(s)]
+    approved = sum(s["borrow"]["approved"] for s in pearl)
+    served = sum(s["borrow"]["served"] for s in pearl)
+    figures = {
+        "pearl_over_fixed": tput["pearl"] / tput["fixed colocated"],
+        "pearl_over_always_borrow": tput["pearl"] / tput["always borrow"],
+        "makespan_median_abs_error": statistics.median(errors) if errors else None,
+        "borrow_served_fraction": served / approved if approved else None,
+        "borrow_windows_approved": approved,
+        "borrow_aborted_by_training_begin": sum(
+            s["borrow"]["aborted_by_training_begin"] for s in pearl
+        ),
+        "return_max_s": max(x["max_return_s"] for v in results.values() for x in v),
+        "throughput_tok_s": tput,
+        "steps": args.steps,
+        "rounds": args.rounds,
+    }
+    print()
+    for k in ("pearl_over_fixed", "pearl_over_always_borrow", "makespan_median_abs_error",
+              "borrow_served_fraction", "borrow_aborted_by_training_begin", "return_max_s"):
+        v = figures[k]
+        print(f"{k:<34} {'-' if v is None else f'{v:.3f}'}")
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
     return 0
 
 
