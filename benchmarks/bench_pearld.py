@@ -48,8 +48,7 @@ print("ready", flush=True)
 while True:
     s.send_multipart(s.recv_multipart())
 """
-STEP_OPS = (cmd.StartWorker, cmd.ActivateWorker, cmd.StopWorker, cmd.DeactivateWorker,
-            cmd.SetRole, cmd.LendTraining, cmd.ReclaimTraining)
+STEP_OPS = cmd.STEP_COMMANDS
 
 
 def free_port() -> int:

@@ -176,6 +176,17 @@ class Tick:
 
 Command = Any  # any class registered in COMMANDS
 
+STEP_COMMANDS = (
+    StartWorker,
+    ActivateWorker,
+    StopWorker,
+    DeactivateWorker,
+    SetRole,
+    LendTraining,
+    ReclaimTraining,
+)
+"""The commands an executor answers with a :class:`StepResult` (they name a plan step)."""
+
 __all__ = [
     "BESIDE",
     "COMMANDS",
@@ -186,6 +197,7 @@ __all__ = [
     "ReclaimTraining",
     "RolloutProgress",
     "RoutingChanged",
+    "STEP_COMMANDS",
     "SetRole",
     "StartWorker",
     "StepResult",

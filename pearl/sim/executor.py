@@ -93,7 +93,6 @@ class Executors:
             self.rollout.pause(self.clock.now + self.costs.finalize_s)
 
 
-STEP_COMMANDS = (cmd.StartWorker, cmd.ActivateWorker, cmd.StopWorker, cmd.DeactivateWorker,
-                 cmd.SetRole, cmd.LendTraining, cmd.ReclaimTraining)
+STEP_COMMANDS = cmd.STEP_COMMANDS
 
 __all__ = ["STEP_COMMANDS", "Executors"]

@@ -31,15 +31,7 @@ CFG = config.load(
     "configs/sim-32.toml",
     ["cluster.training_gpus=0-3", "cluster.reserved_gpus=4-7", "cluster.preemptible_gpus=8-15"],
 )
-STEP_OPS = (
-    cmd.StartWorker,
-    cmd.ActivateWorker,
-    cmd.StopWorker,
-    cmd.DeactivateWorker,
-    cmd.SetRole,
-    cmd.LendTraining,
-    cmd.ReclaimTraining,
-)
+STEP_OPS = cmd.STEP_COMMANDS
 
 
 class Harness:

@@ -57,15 +57,7 @@ MODEL_EXAMPLES = int(os.environ.get("PEARL_MODEL_EXAMPLES", "150"))
 MODEL_STEPS = int(os.environ.get("PEARL_MODEL_STEPS", "100"))
 STEPS_RUN = [0]  # steps executed in this process (checked by the count test below)
 
-PLAN_COMMANDS = (
-    cmd.StartWorker,
-    cmd.ActivateWorker,
-    cmd.StopWorker,
-    cmd.DeactivateWorker,
-    cmd.SetRole,
-    cmd.LendTraining,
-    cmd.ReclaimTraining,
-)
+PLAN_COMMANDS = cmd.STEP_COMMANDS
 
 
 class ControllerModel(RuleBasedStateMachine):
