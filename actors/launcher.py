@@ -49,6 +49,9 @@ class Launcher(Protocol):
     def cpu_s(self, pid: int) -> float | None:
         """CPU seconds the host has used while it can run; None when stopped, gone or unknown."""
 
+    def adopt(self, pid: int) -> None:
+        """A host of an earlier pearld registered: stop it with ours at shutdown."""
+
 
 class LocalProcessLauncher:
     """One subprocess per worker host on this machine (CUDA_VISIBLE_DEVICES set to its GPUs)."""
@@ -56,6 +59,7 @@ class LocalProcessLauncher:
     def __init__(self, log_dir: Path | None = None) -> None:
         self.log_dir = log_dir
         self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._adopted: set[int] = set()  # hosts of an earlier pearld that registered with us
 
     def launch(self, spec: WorkerSpec) -> int:
         env = dict(os.environ)
@@ -123,6 +127,11 @@ class LocalProcessLauncher:
             return True
         return not _zombie(pid)
 
+    def adopt(self, pid: int) -> None:
+        """A host that said hello after a pearld restart: not our child, but ours to stop."""
+        if pid and pid not in self._children:
+            self._adopted.add(pid)
+
     def cpu_s(self, pid: int) -> float | None:
         """From /proc: user + system CPU of a running or sleeping process (not stopped/zombie)."""
         fields = _stat(pid)
@@ -143,11 +152,18 @@ class LocalProcessLauncher:
             self._children.pop(pid, None)
 
     def reap_all(self, timeout_s: float = 3.0) -> None:
-        """Stop every child we started (daemon shutdown)."""
-        for pid in list(self._children):
+        """Stop every host we started or adopted (daemon shutdown); kill those that linger."""
+        for pid in [*self._children, *self._adopted]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
+        for pid in sorted(self._adopted):  # not our children: poll, then SIGKILL by pid
+            while self.alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if self.alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        self._adopted.clear()
         for pid, child in list(self._children.items()):
             try:
                 child.wait(timeout=max(0.01, deadline - time.monotonic()))

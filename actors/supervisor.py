@@ -163,7 +163,7 @@ class Host:
     restart_at: float | None = None
     pending: list[Any] = field(default_factory=list)  # commands waiting for hello
     retiring: bool = False
-    retire_report: Any = None
+    retire_reports: list[Any] = field(default_factory=list)  # told once the host is gone
     launched_at: float = 0.0
     cpu_s: float | None = None  # CPU its process had used at the last supervise tick
     busy_since: float | None = None  # silent but computing since then
@@ -250,6 +250,7 @@ class RoleSupervisor(PearlActor):
         )
         h.pid = self.launcher.launch(spec)
         h.ref, h.launched_at = None, time.monotonic()
+        h.restart_at = None  # launched now: a pending restart must not launch a second host
         h.cpu_s = h.busy_since = None
         log.info(
             "launched worker host %s (incarnation %s) pid %s on GPUs %s",
@@ -281,6 +282,7 @@ class RoleSupervisor(PearlActor):
         if h.pid != msg.pid:
             h.cpu_s = h.busy_since = None
         h.pid = msg.pid
+        self.launcher.adopt(msg.pid)  # stopped with pearld's own hosts at shutdown
         if h.ref is not None:  # hello again (its first reply was lost): a new courier
             self._drop_ref(h)  # drops what the old one had not delivered, requests included:
             self.directory.tell("router", WorkerGone(h.worker, h.incarnation, "said hello again"))
@@ -334,7 +336,9 @@ class RoleSupervisor(PearlActor):
             if msg.report is not None:
                 self.directory.tell("orchestrator", msg.report)
             return
-        h.retiring, h.retire_report = True, msg.report
+        h.retiring = True  # a second retire (a plan's stop after an eviction's) adds its report
+        if msg.report is not None:
+            h.retire_reports.append(msg.report)
         if msg.force or h.ref is None:
             self._forget(h, kill=True)
 
@@ -352,8 +356,9 @@ class RoleSupervisor(PearlActor):
         self.board.remove(h.worker)
         if self.hosts.get(h.worker) is h:
             self.hosts.pop(h.worker, None)
-        if h.retire_report is not None:
-            self.directory.tell("orchestrator", h.retire_report)
+        for report in h.retire_reports:
+            self.directory.tell("orchestrator", report)
+        h.retire_reports = []
 
     # -- watching ----------------------------------------------------------------------------
 

@@ -234,6 +234,7 @@ class Controller:
         idle = table.phase is TrainingPhase.IDLE
         s = dataclasses.replace(
             s,
+            failed=_failed_before(table),
             training_waiting=not idle,
             cycle=bc.BorrowCycle(table.training_step, now) if idle else None,  # a window is open
         )
@@ -642,6 +643,20 @@ def _lends_training_gpus(t: ClusterState) -> bool:
         st.op in (StepOp.LEND, StepOp.ACTIVATE) or st.zone is Zone.OVERLAP
         for k, st in enumerate(p.steps)
         if k not in p.done
+    )
+
+
+def _failed_before(t: ClusterState) -> frozenset[int]:
+    """After replay: rollout workers out of routing that no plan step and no reclaim explains
+    failed before the restart (their worker-failed record); they serve again on worker-up."""
+    p = t.plan
+    named = set() if p is None else {st.worker for k, st in enumerate(p.steps) if k not in p.done}
+    return frozenset(
+        w.id
+        for w in t.rollout_workers()
+        if w.activity is Activity.TRANSITIONING
+        and w.id not in named
+        and t.reclaiming_gpus.isdisjoint(w.gpus)
     )
 
 

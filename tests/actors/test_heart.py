@@ -171,6 +171,9 @@ class FakeLauncher:
     def cpu_s(self, pid: int) -> float | None:
         return self.cpu
 
+    def adopt(self, pid: int) -> None:
+        pass
+
 
 class DummyRef:
     name = "worker/3"

@@ -595,3 +595,18 @@ def test_a_version_published_after_training_finished_named_it_reaches_serving_wo
     h.send(ev.WeightsPublished(1, "store/v1"))
     synced = sorted(c.worker for c in h.sent if isinstance(c, cmd.SyncWeights) and c.version == 1)
     assert synced == sorted(w.id for w in h.table.routable())
+
+
+def test_a_worker_that_failed_before_a_restart_serves_again_when_its_host_is_back() -> None:
+    """Found by the chaos run: recovery forgot which workers had failed, so a worker whose host
+    died just before pearld did stayed out of routing for good after its host came back."""
+    h = Harness()
+    h.settle()
+    w = h.table.routable()[0]
+    h.send(cmd.WorkerDown(w.id, w.incarnation, "host exited"))
+    assert not h.table.workers[w.id].routable
+    out = h.ctl.recover(replay(h.records), prior_profile(CFG), h.now)  # pearld restarts
+    h.pending = []
+    h._take(out)
+    h.send(cmd.WorkerUp(w.id, w.incarnation))
+    assert h.table.workers[w.id].routable
