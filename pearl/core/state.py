@@ -369,9 +369,10 @@ class TableBuilder:
                 f"training-begin while training step {self.training_step} is still "
                 "running; send training-finished first"
             )
-        if step < self.training_step:
+        if step < self.training_step or (step == self.training_step and step > 0):
             raise InvalidEvent(
-                f"training-begin for step {step}, but step {self.training_step} already ran"
+                f"training-begin for step {step}, but step {self.training_step} already ran; "
+                f"the next step is {self.training_step + 1}"
             )
         self.phase, self.training_step = TrainingPhase.TRAINING, step
         for w in list(self.workers.values()):  # borrowed GPUs must come back: stop routing now

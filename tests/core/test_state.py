@@ -120,6 +120,7 @@ def test_training_phase_rules() -> None:
     rejects(table(), ev.TrainingFinished(0), "without a training-begin", InvalidEvent)
     s = apply(s, ev.TrainingFinished(1, 3))
     rejects(s, ev.TrainingBegin(0), "already ran", InvalidEvent)
+    rejects(s, ev.TrainingBegin(1), "next step is 2", InvalidEvent)  # a re-sent step
     rejects(s, ev.WeightsPublished(2), "older than the current 3", InvalidEvent)
 
 
