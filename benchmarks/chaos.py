@@ -27,13 +27,13 @@ import json
 import random
 import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import live_pearld as live  # noqa: E402
 from faults import Fault, Injector, Limits  # noqa: E402
 from live_pearld import (  # noqa: E402
     PREEMPTIBLE,
@@ -328,26 +328,11 @@ def report(
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = live.parser(__doc__ or "")
     ap.add_argument("--minutes", type=float, default=10.0)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--json", help="write the figures to this file")
-    ap.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="K=V",
-        help="pearld config override (repeatable)",
-    )
-    ap.add_argument("--keep", help="keep pearld's state dir and logs here (default: a temp dir)")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # cleans up like Ctrl-C
-    if args.keep:
-        Path(args.keep).mkdir(parents=True, exist_ok=True)
-        out = run(args, Path(args.keep))
-    else:
-        with tempfile.TemporaryDirectory(prefix="pearl-chaos-") as tmp:
-            out = run(args, Path(tmp))
+    out = live.in_state_dir(args, "pearl-chaos-", run)
     print(
         f"chaos: {out['cycles']} cycles in {out['wall_s']:.0f}s; faults {out['faults']}; "
         f"return median {out['return_median_s']:.3f}s max {out['return_max_s']:.3f}s "

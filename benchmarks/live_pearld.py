@@ -7,6 +7,7 @@ itself, and every worker host whose command line names this run's state director
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -16,6 +17,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -389,6 +391,33 @@ def overlap_serving(s: dict[str, Any]) -> bool:
         w["zone"] == "overlap" and w["role"] != "training" and w["activity"] == "active"
         for w in s["workers"]
     )
+
+
+def parser(doc: str) -> argparse.ArgumentParser:
+    """The flags storm and chaos share: --seed, --json, --set K=V (repeatable), --keep DIR."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json", help="write the figures to this file")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="pearld config override (repeatable)",
+    )
+    ap.add_argument("--keep", help="keep pearld's state dir and logs here (default: a temp dir)")
+    return ap
+
+
+def in_state_dir(
+    args: argparse.Namespace, prefix: str, run: Callable[[argparse.Namespace, Path], Any]
+) -> Any:
+    """``run(args, dir)`` in ``--keep DIR`` or in a temporary directory removed afterwards."""
+    if args.keep:
+        Path(args.keep).mkdir(parents=True, exist_ok=True)
+        return run(args, Path(args.keep))
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        return run(args, Path(tmp))
 
 
 __all__ = [

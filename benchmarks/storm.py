@@ -20,13 +20,13 @@ import argparse
 import json
 import random
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import live_pearld as live  # noqa: E402
 from live_pearld import Pearld, Trainer, lost_events, overlap_serving, summary, wait_until  # noqa: E402
 
 from pearl.core import events as ev  # noqa: E402
@@ -187,25 +187,10 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = live.parser(__doc__ or "")
     ap.add_argument("--cycles", type=int, default=50)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--json", help="write the figures to this file")
-    ap.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="K=V",
-        help="pearld config override (repeatable)",
-    )
-    ap.add_argument("--keep", help="keep pearld's state dir and logs here (default: a temp dir)")
     args = ap.parse_args()
-    if args.keep:
-        Path(args.keep).mkdir(parents=True, exist_ok=True)
-        out = run(args, Path(args.keep))
-    else:
-        with tempfile.TemporaryDirectory(prefix="pearl-storm-") as tmp:
-            out = run(args, Path(tmp))
+    out = live.in_state_dir(args, "pearl-storm-", run)
     r = out.get("returns", {})
     print(
         f"storm: {out.get('cycles', 0)} cycles, Training Begin -> may proceed median "

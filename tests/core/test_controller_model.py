@@ -23,6 +23,7 @@ import os
 import random
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -287,6 +288,8 @@ TestControllerModel = ControllerModel.TestCase
 
 def test_the_model_ran_at_least_ten_thousand_steps() -> None:
     """Runs after the machine (file order): make test really takes >= 10,000 steps."""
+    if not STEPS_RUN[0]:
+        pytest.skip("the state machine did not run in this session (selected alone)")
     if MODEL_EXAMPLES * MODEL_STEPS >= 10_000:
         assert STEPS_RUN[0] >= 10_000, STEPS_RUN[0]
 
