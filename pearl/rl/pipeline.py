@@ -150,12 +150,18 @@ class Pipeline:
         return batch
 
     def _drop_stale(self) -> None:
+        # Groups finish out of version order (a long trajectory started on old weights can land
+        # after a fresh one), so every ready group is checked, not just the oldest.
         floor = self._version - self.cfg.staleness
-        while self._ready and min(t.min_version for t in self._ready[0].trajectories) < floor:
-            g = self._ready.popleft()
-            self._dropped += 1
-            self.counts["stale"] += 1
-            log.info("dropped group %s: weights older than v%d", g.id, floor)
+        fresh: deque[_Group] = deque()
+        for g in self._ready:
+            if min(t.min_version for t in g.trajectories) < floor:
+                self._dropped += 1
+                self.counts["stale"] += 1
+                log.info("dropped group %s: weights older than v%d", g.id, floor)
+            else:
+                fresh.append(g)
+        self._ready = fresh
 
     def _report(self, batch: Batch, groups: list[_Group]) -> StepReport:
         stats = tuple(
