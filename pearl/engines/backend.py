@@ -25,6 +25,7 @@ class ServingConfig:
     kv_timeout_s: float = 30.0  # decode role: how long to wait for a prefill worker's KV
     max_seq_len: int = 0  # context limit; 0 means the model's own
     telemetry_cap: int = 100_000  # stats kept between two telemetry() calls
+    call_timeout_s: float = 600.0  # a release/resume/load/set_role call waits this long
 
 
 class Backend(ABC):

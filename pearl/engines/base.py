@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from pearl.core.errors import EngineError, KVTimeout
 from pearl.core.schema import struct
 from pearl.core.state import Role
+from pearl.engines.lifecycle import EngineState, Lifecycle
 
 
 class FinishReason(enum.StrEnum):
@@ -180,10 +181,12 @@ class Engine(ABC):
 
 class Drainable:
     """``in_flight`` and ``drain`` for engines that keep their requests in a mapping guarded by
-    a condition variable (``_cv``, notified whenever a request finishes)."""
+    a condition variable (``_cv``, notified whenever a request finishes) and their state in a
+    :class:`~pearl.engines.lifecycle.Lifecycle` (``_life``)."""
 
     _cv: threading.Condition
-    _draining: bool = False
+    _life: Lifecycle
+    _drainers: int = 0
 
     def _requests(self) -> Mapping[str, Any]:
         raise EngineError(f"{type(self).__name__} does not track its requests")
@@ -196,13 +199,17 @@ class Drainable:
         """Refuse new requests while waiting up to ``timeout_s`` for in-flight ones to end."""
         deadline = time.monotonic() + timeout_s
         with self._cv:
-            self._draining = True
+            if self._life.state is EngineState.SERVING:
+                self._life.to(EngineState.DRAINING)
+            self._drainers += 1
             try:
                 while self._requests() and (left := deadline - time.monotonic()) > 0:
                     self._cv.wait(min(left, 0.5))
                 return not self._requests()
             finally:
-                self._draining = False
+                self._drainers -= 1
+                if not self._drainers and self._life.state is EngineState.DRAINING:
+                    self._life.to(EngineState.SERVING)
 
 
 __all__ = [

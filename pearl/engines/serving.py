@@ -16,6 +16,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
 from pearl.core.state import Role
@@ -34,6 +35,7 @@ from pearl.engines.base import (
 )
 from pearl.engines.blocks import KVBlocks
 from pearl.engines.handoff import KVHandoff
+from pearl.engines.lifecycle import EngineState, Lifecycle
 from pearl.engines.scheduler import Scheduler
 from pearl.engines.sequence import Phase, Seq, check_request
 
@@ -59,7 +61,7 @@ class ServingEngine(Drainable, Engine, Backend):
         self._iters: deque[IterationStat] = deque(maxlen=config.telemetry_cap)
         self._xfers: deque[KVTransferStat] = deque(maxlen=config.telemetry_cap)
         self._thread: threading.Thread | None = None
-        self._stopping = self._stopped = self._released = self._draining = False
+        self._life = Lifecycle(self.kind)
         self._pending_weights: tuple[int, Any] | None = None
         self.handoff = KVHandoff(kv_channel, config.kv_timeout_s, self._record_transfer,
                                  self._now) if kv_channel is not None else None
@@ -78,29 +80,36 @@ class ServingEngine(Drainable, Engine, Backend):
 
     @property
     def released(self) -> bool:
-        return self._released
+        return self._life.released
+
+    @property
+    def state(self) -> EngineState:
+        return self._life.state
 
     def start(self) -> None:
-        if self._thread is not None or self._stopped:
+        if self._life.state is not EngineState.NEW:
             raise EngineError(f"{self.kind} engine was already started; build a new one")
         self._backend_start()
         limit = self._context_limit()
         self.max_seq_len = min(limit, self.cfg.max_seq_len) if self.cfg.max_seq_len else limit
         self._make_pool()
         self._thread = threading.Thread(target=self._loop, name=f"{self.kind}-engine", daemon=True)
+        with self._cv:
+            self._life.to(EngineState.SERVING)
         self._thread.start()
 
     def stop(self) -> None:
         with self._cv:
-            if self._stopped:
+            if self._life.stopping:
                 return
-            self._stopping = True
+            holds_device = self._life.state is not EngineState.RELEASED
+            self._life.to(EngineState.STOPPING)
             self._cv.notify_all()
         if self._thread is not None:
             self._thread.join()
         with self._cv:
-            self._stopped = True
-        if not self._released and self.sched is not None:
+            self._life.to(EngineState.STOPPED)
+        if holds_device and self.sched is not None:
             self._free_device()
         self.sched = None
 
@@ -108,7 +117,7 @@ class ServingEngine(Drainable, Engine, Backend):
         fut: Future[GenerateResult] = Future()
         with self._cv:
             self._need_serving("generate")
-            if self._draining:
+            if self._life.draining:
                 raise EngineError(f"{self.kind} engine is draining; route {request.rid} elsewhere")
             if request.rid in self._seqs:
                 raise EngineError(f"request {request.rid} is already in flight on this engine")
@@ -137,23 +146,25 @@ class ServingEngine(Drainable, Engine, Backend):
         """Abort what is in flight (prefixes kept in the results), then free weights and KV."""
 
         def release() -> None:
-            if self._released:
+            if self._life.released:
                 return
             for seq in self._in_flight_seqs():
                 self._finish(seq, FinishReason.ABORT)
             self._free_device()
             self.sched = None
-            self._released = True
+            with self._cv:
+                self._life.to(EngineState.RELEASED)
 
         self._call(release)
 
     def resume_memory(self) -> None:
         def resume() -> None:
-            if not self._released:
+            if not self._life.released:
                 return
             self._restore_device()
             self._make_pool()
-            self._released = False
+            with self._cv:
+                self._life.to(EngineState.DRAINING if self._drainers else EngineState.SERVING)
             if self._pending_weights is not None:
                 version, source = self._pending_weights
                 self._pending_weights = None
@@ -166,7 +177,7 @@ class ServingEngine(Drainable, Engine, Backend):
             if version < self._version:
                 raise EngineError(f"weights version {version} is older than the loaded version "
                                   f"{self._version}; refusing to go back")
-            if self._released:  # applied by resume_memory (lazy propagation)
+            if self._life.released:  # applied by resume_memory (lazy propagation)
                 self._pending_weights = (version, source)
             else:
                 self._load(version, source)
@@ -215,21 +226,28 @@ class ServingEngine(Drainable, Engine, Backend):
             raise EngineError(f"role {role} moves KV caches: build the engine with a kv_channel")
 
     def _need_serving(self, what: str) -> None:
-        if self._thread is None or self._stopping or self._stopped:
+        if not self._life.running:
             raise EngineError(f"{what}: the {self.kind} engine is not running (start() it)")
-        if self._released:
+        if self._life.released:
             raise EngineError(f"{what}: the {self.kind} engine released its memory; call "
                               "resume_memory() before generating")
 
-    def _call(self, fn: Callable[[], T], timeout_s: float = 600.0) -> T:
+    def _call(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the engine thread between iterations and return its result."""
         fut: Future[T] = Future()
+        what = getattr(fn, "__name__", "call")
         with self._cv:
-            if self._thread is None or self._stopping:
-                raise EngineError(f"the {self.kind} engine is not running (start() it)")
+            if not self._life.running:
+                raise EngineError(f"{what}: the {self.kind} engine is not running (start() it)")
             self._calls.append((fn, fut))
             self._cv.notify_all()
-        return fut.result(timeout_s)
+        try:
+            return fut.result(self.cfg.call_timeout_s)
+        except FutureTimeout:
+            raise EngineError(
+                f"{what}: the {self.kind} engine thread did not run it within "
+                f"{self.cfg.call_timeout_s:g} s (ServingConfig.call_timeout_s); is a forward "
+                "step hung?") from None
 
     def _make_pool(self) -> None:
         blocks = KVBlocks(self.cfg.kv_budget_bytes, self._bytes_per_token(), self.cfg.page_size)
@@ -250,13 +268,14 @@ class ServingEngine(Drainable, Engine, Backend):
         while True:
             with self._cv:
                 busy = self.sched is not None and self.sched.busy
-                urgent = busy or self._inbox or self._aborts or self._calls or self._stopping
+                stopping = self._life.state is EngineState.STOPPING
+                urgent = busy or self._inbox or self._aborts or self._calls or stopping
                 if not urgent:  # only KV transfers pending: poll the channel briskly
                     self._cv.wait(0.001 if self.handoff and self.handoff.waiting else 0.5)
                 inbox, self._inbox = self._inbox, []
                 aborts, self._aborts = self._aborts, []
                 calls, self._calls = self._calls, []
-                stopping = self._stopping
+                stopping = self._life.state is EngineState.STOPPING
             if not busy:
                 self._after_idle()
             for fn, fut in calls:

@@ -44,6 +44,7 @@ from pearl.engines.base import (
     KVChannel,
     KVTimeout,
 )
+from pearl.engines.lifecycle import EngineState, Lifecycle
 from pearl.engines.sglang import protocol as P
 from pearl.engines.sglang.client import SGLangClient
 from pearl.engines.sglang.handoff import Call, aborted_result, await_room, offer_room, resolve
@@ -85,7 +86,7 @@ class SGLangEngine(Drainable, Engine):
         self._version = 0
         self._weights: Any = None  # the last weights source (re-applied after a restart)
         self._pending: tuple[int, Any] | None = None
-        self._started = self._stopped = self._released = self._draining = False
+        self._life = Lifecycle(self.kind)
         self._blocked = ""  # why generate is refused for now (releasing, restarting, dead)
         self._watchdog: Watchdog | None = None
         self._pool = ThreadPoolExecutor(config.max_concurrency, thread_name_prefix="sglang-req")
@@ -103,7 +104,11 @@ class SGLangEngine(Drainable, Engine):
 
     @property
     def released(self) -> bool:
-        return self._released
+        return self._life.released
+
+    @property
+    def state(self) -> EngineState:
+        return self._life.state
 
     @property
     def version(self) -> str:
@@ -113,9 +118,10 @@ class SGLangEngine(Drainable, Engine):
     # -- lifecycle -----------------------------------------------------------------------------
 
     def start(self) -> None:
-        if self._started:
-            raise EngineError("sglang engine was already started; build a new one")
-        self._started = True
+        with self._cv:
+            if self._life.state is not EngineState.NEW:
+                raise EngineError("sglang engine was already started; build a new one")
+            self._life.to(EngineState.SERVING)
         self._launch()
         if self.server is not None:
             self._watchdog = Watchdog(lambda: self.server is None or self.server.alive(),
@@ -129,7 +135,7 @@ class SGLangEngine(Drainable, Engine):
             self._launch()
             if self._version and self._weights is not None:
                 self._apply_weights(self._version, self._weights)
-            if self._released:
+            if self._life.released:
                 self.client.release_memory()
         finally:
             with self._cv:
@@ -164,9 +170,9 @@ class SGLangEngine(Drainable, Engine):
     def stop(self) -> None:
         """Abort what is in flight (waiting briefly for the prefixes), then stop the server."""
         with self._cv:
-            if self._stopped:
+            if self._life.stopping:
                 return
-            self._stopped = True
+            self._life.to(EngineState.STOPPING)
             calls = list(self._calls.items())
         if self._watchdog is not None:
             self._watchdog.stop()
@@ -183,6 +189,7 @@ class SGLangEngine(Drainable, Engine):
         with self._cv:
             left = list(self._calls.items())
             self._calls.clear()
+            self._life.to(EngineState.STOPPED)
         for rid, call in left:  # the server is gone: what it had is lost, say so
             resolve(call.future, aborted_result(rid, self._version))
 
@@ -191,12 +198,12 @@ class SGLangEngine(Drainable, Engine):
     def generate(self, request: GenerateRequest) -> Future[GenerateResult]:
         rid = request.rid
         with self._cv:
-            if not self._started or self._stopped:
+            if not self._life.running:
                 raise EngineError("generate: the sglang engine is not running (start() it)")
-            if self._released:
+            if self._life.released:
                 raise EngineError("generate: the sglang engine released its memory; call "
                                   "resume_memory() before generating")
-            if self._draining or self._blocked:
+            if self._life.draining or self._blocked:
                 why = self._blocked or "the sglang engine is draining"
                 raise EngineError(f"{why}; route {rid} elsewhere")
             if rid in self._calls:
@@ -287,24 +294,26 @@ class SGLangEngine(Drainable, Engine):
     def release_memory(self) -> None:
         """Abort what is in flight (prefixes kept in the results), then free weights and KV."""
         self._need_started("release_memory")
-        if self._released:
+        if self._life.released:
             return
         with self._cv:
             self._blocked = "the sglang engine is releasing its memory"
         try:
             self._quiesce("release_memory")
             self.client.release_memory()
-            self._released = True
+            with self._cv:
+                self._life.to(EngineState.RELEASED)
         finally:
             with self._cv:
                 self._blocked = ""
 
     def resume_memory(self) -> None:
         self._need_started("resume_memory")
-        if not self._released:
+        if not self._life.released:
             return
         self.client.resume_memory()
-        self._released = False
+        with self._cv:
+            self._life.to(EngineState.DRAINING if self._drainers else EngineState.SERVING)
         if self._pending is not None:
             version, source = self._pending
             self._pending = None
@@ -315,7 +324,7 @@ class SGLangEngine(Drainable, Engine):
         if version < self._version:
             raise EngineError(f"weights version {version} is older than the loaded version "
                               f"{self._version}; refusing to go back")
-        if self._released:  # applied by resume_memory (lazy propagation)
+        if self._life.released:  # applied by resume_memory (lazy propagation)
             check_source(source)
             self._pending = (version, source)
         else:
@@ -373,11 +382,11 @@ class SGLangEngine(Drainable, Engine):
                 self._watchdog.resume()
         if self._version and self._weights is not None:
             self._apply_weights(self._version, self._weights)
-        if self._released:
+        if self._life.released:
             self.client.release_memory()
 
     def telemetry(self) -> EngineTelemetry:
-        if not self._started or self._stopped or self._blocked:
+        if not self._life.running or self._blocked:
             return EngineTelemetry()
         try:
             return self._metrics.update(self.client.metrics(), self._role)
@@ -396,7 +405,7 @@ class SGLangEngine(Drainable, Engine):
                               "kv_channel")
 
     def _need_started(self, what: str) -> None:
-        if not self._started or self._stopped:
+        if not self._life.running:
             raise EngineError(f"{what}: the sglang engine is not running (start() it)")
 
 

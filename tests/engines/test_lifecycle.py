@@ -1,0 +1,101 @@
+"""An engine's lifecycle: the transition table, and an engine walked through every state."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from pearl.core.errors import EngineError, InvariantViolation
+from pearl.engines.base import GenerateRequest, SamplingParams
+from pearl.engines.lifecycle import TRANSITIONS, EngineState, Lifecycle
+from pearl.engines.sim import SimEngine
+from tests.engines.helpers import SIM_COST, SIM_SCALE, prompt_of, run
+
+S = EngineState
+
+
+@pytest.mark.parametrize("src", list(S))
+@pytest.mark.parametrize("dst", list(S))
+def test_every_pair_of_states_is_allowed_or_refused_as_the_table_says(
+        src: EngineState, dst: EngineState) -> None:
+    life = Lifecycle("sim")
+    life.state = src
+    if dst in TRANSITIONS[src]:
+        life.to(dst)
+        assert life.state is dst
+    else:
+        with pytest.raises(InvariantViolation, match=f"{src.value} -> {dst.value}"):
+            life.to(dst)
+        assert life.state is src
+
+
+def test_every_state_is_reachable_and_only_stopped_is_final() -> None:
+    seen, todo = {S.NEW}, [S.NEW]
+    while todo:
+        for nxt in TRANSITIONS[todo.pop()]:
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    assert seen == set(S)
+    assert [s for s in S if not TRANSITIONS[s]] == [S.STOPPED]
+    assert all(S.STOPPING in TRANSITIONS[s] for s in S if s not in (S.STOPPING, S.STOPPED))
+
+
+def test_an_engine_walks_its_lifecycle() -> None:
+    e = SimEngine(cost=SIM_COST, time_scale=SIM_SCALE)
+    assert e.state is S.NEW
+    with pytest.raises(EngineError, match="not running"):
+        run(e, prompt_of(8))
+    e.start()
+    assert e.state is S.SERVING
+    assert run(e, prompt_of(8), max_new_tokens=2).output_ids
+    # Draining: in-flight requests finish, new ones are refused, then it serves again.
+    slow = e.generate(GenerateRequest("slow", prompt_of(8), SamplingParams(max_new_tokens=400)))
+    states: list[EngineState] = []
+    drainer = threading.Thread(target=lambda: states.append(S.SERVING) if e.drain(30) else None)
+    drainer.start()
+    deadline = time.monotonic() + 5
+    while e.state is not S.DRAINING and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert e.state is S.DRAINING
+    with pytest.raises(EngineError, match="draining"):
+        e.generate(GenerateRequest("new", prompt_of(8), SamplingParams(max_new_tokens=2)))
+    slow.result(30)
+    drainer.join(30)
+    assert states == [S.SERVING] and e.state is S.SERVING
+    e.release_memory()
+    assert e.state is S.RELEASED and e.released
+    with pytest.raises(EngineError, match="released its memory"):
+        run(e, prompt_of(8))
+    e.release_memory()  # idempotent
+    e.resume_memory()
+    assert e.state is S.SERVING
+    e.stop()
+    assert e.state is S.STOPPED
+    e.stop()  # idempotent
+    with pytest.raises(EngineError, match="already started"):
+        e.start()
+    with pytest.raises(EngineError, match="release.*not running"):
+        e.release_memory()
+
+
+def test_a_call_the_engine_thread_never_runs_is_an_error_that_names_it() -> None:
+    e = SimEngine(cost=SIM_COST, time_scale=SIM_SCALE, call_timeout_s=0.2)
+    e.start()
+    try:
+        def busy() -> None:  # the engine thread is busy for a second; this call times out too
+            with pytest.raises(EngineError, match="within"):
+                e._call(lambda: time.sleep(1.0))
+
+        hold = threading.Thread(target=busy)
+        hold.start()
+        time.sleep(0.05)
+        t0 = time.monotonic()
+        with pytest.raises(EngineError, match=r"release: .*within 0\.2 s"):
+            e.release_memory()
+        assert time.monotonic() - t0 < 0.9
+        hold.join()
+    finally:
+        e.stop()
