@@ -26,6 +26,7 @@ from typing import Any
 from pearl.core import borrow as bc
 from pearl.core import commands as cmd
 from pearl.core import events as ev
+from pearl.core.errors import InvariantViolation
 from pearl.core.fold import apply_to
 from pearl.core.plan import JOIN_OPS, Membership, membership, plan, ready_steps
 from pearl.core.policy import Policy
@@ -61,6 +62,8 @@ DEFAULT_TIMEOUTS: Mapping[StepOp, float] = MappingProxyType(
         StepOp.RECLAIM: 60.0,
     }
 )
+# _advance's bound on passes per event (see there): reaching it is a bug, not a wait.
+MAX_ADVANCE_PASSES = 64
 MANDATORY_OPS = (StepOp.REMOVE, StepOp.DEACTIVATE, StepOp.RECLAIM)
 # What T_toggle measures (§4.6): activation and return of retained overlap workers.
 TOGGLE_OPS = (StepOp.LEND, StepOp.ACTIVATE, StepOp.DEACTIVATE, StepOp.RECLAIM)
@@ -515,7 +518,10 @@ class Controller:
     # -- the loop ---------------------------------------------------------------------------------
 
     def _advance(self, tx: _Tx) -> None:
-        for _ in range(64):
+        # Each pass aborts, commits or begins a plan, or returns to wait for an answer; a plan
+        # that commits cannot begin again without a new event, so a handful of passes suffice.
+        # Reaching the bound means two branches keep undoing each other: a bug, said loudly.
+        for _ in range(MAX_ADVANCE_PASSES):
             p = tx.table.plan
             if p is not None and tx.s.training_waiting and not _lends_training_gpus(tx.table):
                 # A plan that never touches the training GPUs (an inter-scale expansion, a
@@ -560,6 +566,11 @@ class Controller:
                 self._may_proceed(tx)
             if not self._begin_next_plan(tx):
                 return
+        raise InvariantViolation(
+            f"the controller did not settle within {MAX_ADVANCE_PASSES} passes (plan "
+            f"{tx.table.last_plan}, seq {tx.table.seq}): plans keep beginning and ending "
+            "without an event"
+        )
 
     @staticmethod
     def _may_proceed(tx: _Tx) -> None:

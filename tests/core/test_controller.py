@@ -610,3 +610,15 @@ def test_a_worker_that_failed_before_a_restart_serves_again_when_its_host_is_bac
     h._take(out)
     h.send(cmd.WorkerUp(w.id, w.incarnation))
     assert h.table.workers[w.id].routable
+
+
+def test_a_controller_that_never_settles_says_so_instead_of_stopping_silently(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from pearl.core import controller as ctl
+
+    h = Harness()
+    h.settle()
+    # A bug that makes "a plan began" true without beginning one: the loop would spin forever.
+    monkeypatch.setattr(ctl.Controller, "_begin_next_plan", lambda self, tx: True)
+    with pytest.raises(InvariantViolation, match=f"within {ctl.MAX_ADVANCE_PASSES} passes"):
+        h.send(ev.GpusAdded((8, 9)))
