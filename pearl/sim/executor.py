@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from pearl.core import commands as cmd
+from pearl.core.state import Role
 from pearl.sim import clock as ck
 from pearl.sim.clock import Clock
 from pearl.sim.rollout import Rollout
@@ -34,7 +35,7 @@ class Executors:
         self.rollout = rollout
         self.costs = costs
         self.t0 = t0
-        self.retained: dict[int, str] = {}  # overlap workers kept inactive: id -> role
+        self.retained: dict[int, Role] = {}  # overlap workers kept inactive: id -> role
         self.preparing: dict[int, int] = {}  # worker id -> incarnation being started
         self.ops: dict[str, int] = {}
         self.gpus: dict[int, tuple[int, ...]] = {}  # worker id -> its GPU binding
@@ -54,7 +55,7 @@ class Executors:
     def command(self, c: Any) -> None:
         ro, k = self.rollout, self.costs
         if isinstance(c, cmd.StartWorker):
-            ro.add_worker(c.worker, c.role.value, c.gpus)
+            ro.add_worker(c.worker, c.role, c.gpus)
             self.preparing[c.worker] = c.incarnation
             self.gpus[c.worker] = c.gpus
             lat = self._latency(k.prepare_s + k.finalize_s)
@@ -62,7 +63,7 @@ class Executors:
                 self.clock.at(self.clock.now + k.prepare_s, ck.PAUSE, (c.worker, c.incarnation))
             self._answer(c, k.prepare_s + k.finalize_s)
         elif isinstance(c, cmd.ActivateWorker):
-            ro.add_worker(c.worker, c.role.value, self.gpus.get(c.worker, ()))
+            ro.add_worker(c.worker, c.role, self.gpus.get(c.worker, ()))
             self.retained.pop(c.worker, None)
             self._answer(c, k.activate_s)
         elif isinstance(c, cmd.StopWorker):
@@ -78,7 +79,7 @@ class Executors:
             self.preparing.pop(c.worker, None)
             self._answer(c, k.deactivate_s, cancel=c.cancel)
         elif isinstance(c, cmd.SetRole):
-            ro.set_role(c.worker, c.role.value)
+            ro.set_role(c.worker, c.role)
             self._answer(c, k.role_switch_s)
         elif isinstance(c, cmd.LendTraining):
             self._answer(c, k.lend_s)

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
+from pearl.core.state import Role
 from pearl.sim import clock as ck
 from pearl.sim.clock import Clock
 from pearl.sim.costs import WorkerCosts
@@ -58,7 +59,7 @@ class Rollout:
 
     # -- workers ---------------------------------------------------------------------------------
 
-    def add_worker(self, wid: int, role: str, gpus: tuple[int, ...] = ()) -> SimWorker:
+    def add_worker(self, wid: int, role: Role, gpus: tuple[int, ...] = ()) -> SimWorker:
         """A worker on ``gpus`` (its node is the first GPU's, for the KV links)."""
         if wid in self.workers:
             self.remove_worker(wid)
@@ -76,7 +77,7 @@ class Rollout:
             self.abort(w)
             w.alive = False
 
-    def set_role(self, wid: int, role: str) -> None:
+    def set_role(self, wid: int, role: Role) -> None:
         w = self.workers.get(wid)
         if w is not None:
             w.accepting = False
@@ -84,7 +85,7 @@ class Rollout:
             self.abort(w)
             w.role = role
 
-    def set_routable(self, routable: dict[int, str]) -> None:
+    def set_routable(self, routable: dict[int, Role]) -> None:
         """The controller's routable set changed: {worker id: role}."""
         changed = []
         for wid, w in self.workers.items():
@@ -144,7 +145,7 @@ class Rollout:
 
     def route(self, tr: Traj) -> None:
         """Send the trajectory's current request to a worker, or hold it at the router."""
-        tr.phase = WAIT
+        tr.to(WAIT)
         c, p, d = self._c, self._p, self._d
         if self.clock.now < self.paused_until or not (c or (p and d)):
             self.router_q.append(tr)
@@ -197,7 +198,8 @@ class Rollout:
     def _admit_colocated(self, w: SimWorker, tr: Traj) -> None:
         self._forget(tr, w)
         resident = w.pin(tr) if tr.home is w else 0
-        tr.w, tr.d, tr.phase, tr.kv_res = w, None, QUEUED, resident
+        tr.to(QUEUED)
+        tr.w, tr.d, tr.kv_res = w, None, resident
         if self._admit(w, tr, resident, tr.ctx + tr.req_new + tr.req_gen - resident):
             tr.kv_res += tr.need
             self._prefill(w, tr, resident)
@@ -205,7 +207,8 @@ class Rollout:
     def _admit_decode(self, d: SimWorker, tr: Traj) -> None:
         self._forget(tr, d)
         resident = d.pin(tr) if tr.home is d else 0
-        tr.w, tr.d, tr.phase, tr.kv_res = None, d, QUEUED, resident
+        tr.to(QUEUED)
+        tr.w, tr.d, tr.kv_res = None, d, resident
         d.load += 1
         if self._admit(d, tr, resident, tr.ctx + tr.req_new + tr.req_gen - resident):
             tr.kv_res += tr.need
@@ -245,7 +248,7 @@ class Rollout:
     def _prefill(self, w: SimWorker, tr: Traj, prefix: int) -> None:
         w.advance(self.clock.now)
         tokens = tr.ctx + tr.req_new - prefix
-        tr.phase = PREFILLING
+        tr.to(PREFILLING)
         if tokens <= 0:
             self._prefilled(w, tr)
         else:
@@ -257,13 +260,13 @@ class Rollout:
         tr.ctx += tr.req_new
         tr.req_new = 0
         if w.role == COLOCATED:
-            tr.phase = DECODING
+            tr.to(DECODING)
             w.start_decode(tr, tr.req_gen)
             return
         d = tr.d
         assert d is not None
         have = tr.home_tokens if tr.home is d else 0  # a prefix d kept; the rest must move
-        tr.phase = XFER
+        tr.to(XFER)
         self.link.start(tr, w, d, (tr.ctx - have) * self.costs.K)
 
     def _transferred(self, tr: Traj) -> None:
@@ -273,7 +276,7 @@ class Rollout:
         tr.phome, tr.phome_tokens, tr.pkv_res, tr.w = p, tr.pkv_res, 0, None
         self._retry_admission(p)
         d.advance(self.clock.now)
-        tr.phase = DECODING
+        tr.to(DECODING)
         d.start_decode(tr, tr.req_gen)
         self.kick(d)
 
@@ -331,7 +334,7 @@ class Rollout:
             self._finish(tr)
             return
         tr.req_new, tr.req_gen = spec.new[tr.k], spec.gen[tr.k]
-        tr.phase = ENV
+        tr.to(ENV)
         self._acc()
         self.n_env += 1
         self.clock.at(self.clock.now + env * self.env_scale, ck.ENV, tr)
@@ -344,7 +347,7 @@ class Rollout:
         self.route(tr)
 
     def _finish(self, tr: Traj) -> None:
-        tr.phase = DONE
+        tr.to(DONE)
         tr.t_end = self.clock.now
         if tr.owner is not None:
             tr.owner.load -= 1
@@ -398,7 +401,7 @@ class Rollout:
             if tr.owner is not None:
                 tr.owner.load -= 1
                 tr.owner = None
-            tr.phase = WAIT
+            tr.to(WAIT)
         for x in touched.values():
             self.kick(x)
             self._retry_admission(x)

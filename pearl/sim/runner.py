@@ -25,7 +25,7 @@ from pearl.core.controller import Controller, ControllerState
 from pearl.core.errors import InvariantViolation, PearlError
 from pearl.core.fold import replay
 from pearl.core.profile import RuntimeTracker, WorkloadProfile
-from pearl.core.state import Zone, validate
+from pearl.core.state import Role, Zone, validate
 from pearl.sim import clock as ck
 from pearl.sim.availability import Availability
 from pearl.sim.clock import Clock
@@ -85,7 +85,7 @@ class Simulation:
         self.s: ControllerState | None = None
         self.result = RunResult(spec.name, sc.model, self.reserved, avail, sc.seed)
         self._pending: list[Traj] = []
-        self._routable: dict[int, str] = {}
+        self._routable: dict[int, Role] = {}
         self._avail_target = 0
         # the RL loop
         self.batch = 0  # index of the batch in flight (0: none yet)
@@ -133,7 +133,7 @@ class Simulation:
     def _sync_routing(self) -> None:
         assert self.s is not None
         table = self.s.table
-        routable = {w.id: w.role.value for w in table.routable()}
+        routable = {w.id: w.role for w in table.routable()}
         if routable != self._routable:
             self._routable = routable
             self.rollout.set_routable(routable)

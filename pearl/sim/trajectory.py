@@ -2,15 +2,39 @@
 
 from __future__ import annotations
 
+from enum import IntEnum
 from typing import TYPE_CHECKING
 
+from pearl.core.errors import InvariantViolation
 from pearl.sim.workload import TrajectorySpec
 
 if TYPE_CHECKING:
     from pearl.sim.worker import SimWorker
 
-WAIT, QUEUED, PREFILLING, XFER, DECODING, ENV, DONE = range(7)
+class Phase(IntEnum):
+    """Where a trajectory is: at the router, on a worker, in its environment, or done."""
+
+    WAIT = 0  # at the router (new, between turns, or withdrawn from a worker)
+    QUEUED = 1  # admitted to a worker, waiting for KV pages
+    PREFILLING = 2
+    XFER = 3  # prefilled on a prefill worker, KV on its way to the decode worker
+    DECODING = 4
+    ENV = 5  # the environment runs the turn's tool call
+    DONE = 6
+
+
+WAIT, QUEUED, PREFILLING, XFER, DECODING, ENV, DONE = Phase
 INFLIGHT = (QUEUED, PREFILLING, XFER, DECODING)
+# Every in-flight phase may go back to WAIT: an abort keeps the tokens and routes it again.
+NEXT: dict[Phase, frozenset[Phase]] = {
+    WAIT: frozenset({WAIT, QUEUED}),
+    QUEUED: frozenset({PREFILLING, WAIT}),
+    PREFILLING: frozenset({DECODING, XFER, WAIT}),  # colocated decodes; a prefill worker ships
+    XFER: frozenset({DECODING, WAIT}),
+    DECODING: frozenset({ENV, DONE, WAIT}),
+    ENV: frozenset({WAIT}),
+    DONE: frozenset(),
+}
 
 
 class Traj:
@@ -45,8 +69,15 @@ class Traj:
         self.t_end = 0.0
         self.generated = 0
 
+    def to(self, phase: Phase) -> None:
+        if phase not in NEXT[self.phase]:
+            raise InvariantViolation(f"trajectory {self.tid}: {self.phase.name} -> {phase.name} "
+                                     "is not a phase transition")
+        self.phase = phase
+
     def __hash__(self) -> int:
         return self.tid
 
 
-__all__ = ["DECODING", "DONE", "ENV", "INFLIGHT", "PREFILLING", "QUEUED", "WAIT", "XFER", "Traj"]
+__all__ = ["DECODING", "DONE", "ENV", "INFLIGHT", "NEXT", "PREFILLING", "QUEUED", "WAIT", "XFER",
+           "Phase", "Traj"]

@@ -19,12 +19,13 @@ import heapq
 from collections import deque
 from typing import TYPE_CHECKING
 
+from pearl.core.state import Role
 from pearl.sim.costs import WorkerCosts
 
 if TYPE_CHECKING:
     from pearl.sim.trajectory import Traj
 
-COLOCATED, PREFILL, DECODE = "colocated", "prefill", "decode"
+COLOCATED, PREFILL, DECODE = Role.COLOCATED, Role.PREFILL, Role.DECODE
 
 
 class StepStats:
@@ -49,7 +50,7 @@ class SimWorker:
                  "ctx_off", "dec", "pq", "kv_cap", "kv_used", "idle", "admit_q", "load",
                  "version", "stats", "_seq", "busy_s", "alive", "node")
 
-    def __init__(self, wid: int, role: str, costs: WorkerCosts, now: float,
+    def __init__(self, wid: int, role: Role, costs: WorkerCosts, now: float,
                  stats: StepStats) -> None:
         self.wid = wid
         self.role = role
