@@ -200,7 +200,6 @@ class PearlActor(pykka.ThreadingActor):
 
     handles: ClassVar[dict[type, str]] = {}
     name: ClassVar[str] = "actor"
-    on_crash: Callable[[str, BaseException | None], None] | None = None
 
     def on_receive(self, message: Any) -> Any:
         for cls in type(message).__mro__:
@@ -212,9 +211,8 @@ class PearlActor(pykka.ThreadingActor):
         return None
 
     def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
+        # The actor stops; pearld's supervision sees it dead and starts it again.
         log.error("actor %s failed: %s", self.name, exception_value)
-        if self.on_crash is not None:
-            self.on_crash(self.name, exception_value)
 
 
 def start(directory: Directory, cls: type[PearlActor], *args: Any, **kwargs: Any) -> LocalRef:

@@ -16,7 +16,6 @@ SIGUSR1 dumps every thread's traceback to stderr. Logs are one structured line p
 from __future__ import annotations
 
 import argparse
-import contextlib
 import faulthandler
 import logging
 import os
@@ -25,7 +24,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -150,18 +149,21 @@ class Daemon:
     ) -> None:
         self.cfg, self.state_dir = cfg, state_dir
         self.endpoint = endpoint or cfg.daemon.endpoint
+        self.address = self.endpoint  # a wildcard port is fixed once the API has bound
         self.keep_workers = keep_workers
         self.boot_id = secrets.token_hex(8)
-        self.refs: list[Any] = []
+        self.refs: list[Any] = []  # the running actors, in start order
         self._stop = threading.Event()
         self.failed = threading.Event()  # set when an actor cannot be kept alive
-        self._crashes: list[str] = []
         self._restarts: dict[str, list[float]] = {}
         self.factories: dict[str, Any] = {}
         self.pipeline: Any = None
         self.keys: Any = None
         self._ticker: threading.Thread | None = None
         self.event_log: FileLog | None = None
+        self.directory: Any = None
+        self.launcher: Any = None
+        self._up: list[tuple[str, Callable[[bool], None]]] = []  # started parts, in order
 
     def _recover(self) -> tuple[Any, Any]:
         """Replay the log (snapshot + tail), refit the profile, let the controller recover."""
@@ -194,35 +196,26 @@ class Daemon:
             raise
 
     def _start(self) -> None:
-        from actors import base
         from actors.api import check_endpoint
-        from actors.launcher import LocalProcessLauncher
         from transports.auth import DaemonKeys, HostKeys, check_bind
 
         check_endpoint(self.endpoint)
-        keys = None
         if self.cfg.daemon.keys_dir:  # the API's keys; the local worker hosts read the same DIR
-            keys = DaemonKeys.load(self.cfg.daemon.keys_dir).api
+            self.keys = DaemonKeys.load(self.cfg.daemon.keys_dir).api
             HostKeys.load(self.cfg.daemon.keys_dir)
-        check_bind(self.endpoint, keys)
+        check_bind(self.endpoint, self.keys)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
-        self.event_log = open_log(self.cfg, self.state_dir)
-        controller, recovered = self._recover()
-        self.directory = base.Directory()
-        self.launcher = LocalProcessLauncher(self.state_dir / "workers")
-        self.address = self.endpoint  # a wildcard port is fixed once the API has bound
-        self.keys = keys
-        base.PearlActor.on_crash = self._actor_crashed  # one daemon per process
-        self.pipeline = build_pipeline(self.cfg)
-        self.factories = self._factories(recovered)
-        for name, make in self.factories.items():  # dependency order; the API binds last but one
-            self.refs.append(make(controller, recovered) if name == "orchestrator" else make())
-        for r in self.refs:
-            if not r.ref.is_alive():
-                raise PearlError(f"actor {r.name} did not stay alive")
-        self._ticker = threading.Thread(target=self._tick, name="ticker", daemon=True)
-        self._ticker.start()
+        # pearld's parts in start order; stop() takes down the ones that started, in reverse.
+        parts: list[tuple[str, Callable[[], None], Callable[[bool], None]]] = [
+            ("log", self._open_log, self._close_log),
+            ("launcher", self._make_launcher, self._reap_workers),
+            ("actors", self._start_actors, self._stop_actors),
+            ("ticker", self._start_ticker, self._stop_ticker),
+        ]
+        for name, up, down in parts:
+            self._up.append((name, down))  # before up(): a part that failed half-way is swept
+            up()
         log.info(
             "pearld up at %s in %.2fs (state %s, boot %s)",
             self.address,
@@ -230,6 +223,55 @@ class Daemon:
             self.state_dir,
             self.boot_id,
         )
+
+    def _open_log(self) -> None:
+        self.event_log = open_log(self.cfg, self.state_dir)
+
+    def _close_log(self, failed: bool) -> None:
+        if self.event_log is not None:
+            self.event_log.close()  # releases the state directory's lock
+            self.event_log = None
+
+    def _make_launcher(self) -> None:
+        from actors.launcher import LocalProcessLauncher
+
+        self.launcher = LocalProcessLauncher(self.state_dir / "workers")
+
+    def _reap_workers(self, failed: bool) -> None:
+        # After a failed start, even with keep_workers: nobody will adopt them.
+        if self.launcher is not None and (failed or not self.keep_workers):
+            self.launcher.reap_all()
+
+    def _start_actors(self) -> None:
+        from actors import base
+
+        controller, recovered = self._recover()
+        self.directory = base.Directory()
+        self.pipeline = build_pipeline(self.cfg)
+        self.factories = self._factories(recovered)
+        for name, make in self.factories.items():  # dependency order
+            self.refs.append(make(controller, recovered) if name == "orchestrator" else make())
+        for r in self.refs:
+            if not r.ref.is_alive():
+                raise PearlError(f"actor {r.name} did not stay alive")
+
+    def _stop_actors(self, failed: bool) -> None:
+        by_name = {r.name: r for r in self.refs}
+        order = [n for n in self.factories if n in by_name]
+        order += [n for n in by_name if n not in self.factories]
+        for name in reversed(order):
+            try:
+                by_name[name].ref.stop(timeout=10)
+            except Exception as e:  # keep going: sweep the rest
+                log.warning("stopping %s: %s", name, e)
+
+    def _start_ticker(self) -> None:
+        self._ticker = threading.Thread(target=self._tick, name="ticker", daemon=True)
+        self._ticker.start()
+
+    def _stop_ticker(self, failed: bool) -> None:
+        if self._ticker is not None:
+            self._ticker.join(5.0)
 
     def _factories(self, recovered: Any) -> dict[str, Any]:
         """How to (re)start each actor, in dependency order."""
@@ -307,14 +349,15 @@ class Daemon:
             ),
             "decision": lambda: base.start(d, DecisionEngine, cfg.decision),
             "scheduler": lambda: base.start(d, ElasticScheduler, d),
-            "api": api,
-            "orchestrator": orchestrator,
         }
         if self.pipeline is not None:
             from actors.pipeline import PipelineActor
 
             pipeline = self.pipeline
             specs["pipeline"] = lambda: base.start(d, PipelineActor, d, pipeline)
+        # The API binds last but one; the orchestrator, last, is the first to stop taking input.
+        specs["api"] = api
+        specs["orchestrator"] = orchestrator
         return specs
 
     def batches(self) -> Any:
@@ -338,15 +381,15 @@ class Daemon:
         self.directory.get("scheduler").ask(ev.WeightsPublished(version, str(path)))
         return str(path)
 
-    def _actor_crashed(self, name: str, exc: BaseException | None) -> None:
-        """Called on the crashed actor's thread: restart it from the ticker thread."""
-        self._crashes.append(name)
-
-    def _restart_crashed(self) -> None:
-        while self._crashes:
-            name = self._crashes.pop(0)
-            if self._stop.is_set() or name not in self.factories:
+    def _restart_dead(self) -> None:
+        """Supervise the actors: one that died (its failure is logged by the actor) is started
+        again from its factory; five restarts of one actor within 5 minutes stop pearld."""
+        for r in list(self.refs):
+            if self._stop.is_set():
+                return
+            if r.ref.is_alive() or r.name not in self.factories:
                 continue
+            name = r.name
             now = time.monotonic()
             recent = [t for t in self._restarts.get(name, []) if now - t < 300.0]
             if len(recent) >= 5:
@@ -359,12 +402,8 @@ class Daemon:
                 return
             self._restarts[name] = [*recent, now]
             log.warning("restarting actor %s (restart %d in 5 min)", name, len(recent) + 1)
-            old = [r for r in self.refs if r.name == name]
-            self.refs = [r for r in self.refs if r.name != name]
-            for r in old:
-                self.directory.unregister(name, r)
-                with contextlib.suppress(Exception):  # already dead
-                    r.ref.stop(block=False)
+            self.refs = [x for x in self.refs if x is not r]
+            self.directory.unregister(name, r)
             try:
                 self.refs.append(self.factories[name]())
             except Exception as e:
@@ -378,30 +417,22 @@ class Daemon:
         from pearl.core.commands import Tick
 
         while not self._stop.wait(self.cfg.daemon.tick_s):
-            self._restart_crashed()
+            self._restart_dead()
             self.directory.tell("orchestrator", Tick())
             self.directory.tell("router", Flush())
             self.directory.tell("supervisor", Supervise())
 
     def stop(self, failed: bool = False) -> None:
-        """Stop the actors in reverse order, then the worker hosts this pearld started (all of
-        them after a ``failed`` start, even with keep_workers: nobody will adopt them), then the
-        log, which releases the state directory's lock."""
+        """Stop what started, in reverse: the ticker, the actors (the orchestrator first), the
+        worker hosts this pearld started (all of them after a ``failed`` start, even with
+        keep_workers), then the log, which releases the state directory's lock."""
         self._stop.set()
-        if self._ticker is not None:
-            self._ticker.join(5.0)
-        orchestrator = [r for r in self.refs if r.name == "orchestrator"]
-        others = [r for r in self.refs if r.name != "orchestrator"]
-        for r in orchestrator + list(reversed(others)):  # stop taking input first
+        while self._up:
+            name, down = self._up.pop()
             try:
-                r.ref.stop(timeout=10)
+                down(failed)
             except Exception as e:  # keep going: sweep the rest
-                log.warning("stopping %s: %s", r.name, e)
-        if (failed or not self.keep_workers) and hasattr(self, "launcher"):
-            self.launcher.reap_all()
-        if self.event_log is not None:
-            self.event_log.close()
-            self.event_log = None
+                log.warning("stopping %s: %s", name, e)
         log.log(logging.DEBUG if failed else logging.INFO, "pearld stopped")
 
 

@@ -1,0 +1,59 @@
+"""pearld supervises its actors: one that dies is started again, one that keeps dying stops
+pearld; its parts stop in the reverse of their start order."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pykka
+import pytest
+
+from actors import base
+from pearl import config as config_mod
+from pearl.daemon import Daemon
+from pearl.log import FileLog
+from tests.daemon.conftest import CONFIG, SMALL, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+class Crash:
+    """Tell it to the crashy actor and it fails."""
+
+
+class Crashy(base.PearlActor):
+    name = "crashy"
+    handles = {Crash: "crash"}
+
+    def crash(self, msg: Crash) -> None:
+        raise RuntimeError("crashed on purpose")
+
+
+def test_a_dead_actor_is_restarted_and_one_that_keeps_dying_stops_pearld(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = Daemon._factories
+
+    def factories(self: Daemon, recovered: Any) -> dict[str, Any]:
+        return {**real(self, recovered), "crashy": lambda: base.start(self.directory, Crashy)}
+
+    monkeypatch.setattr(Daemon, "_factories", factories)
+    cfg = config_mod.load(CONFIG, ["daemon.borrow=never", *SMALL])
+    daemon = Daemon(cfg, tmp_path / "state", f"ipc://{tmp_path}/api.sock")
+    daemon.start()
+    try:
+        assert [name for name, _ in daemon._up] == ["log", "launcher", "actors", "ticker"]
+        for k in range(1, 6):  # five restarts within 5 minutes are allowed
+            first = daemon.directory.get("crashy")
+            first.tell(Crash())
+            wait_until(lambda f=first: (r := daemon.directory.find("crashy")) is not None
+                       and r is not f and r.ref.is_alive(), 10, f"restart {k}")
+            assert not daemon.failed.is_set()
+        assert daemon.directory.get("orchestrator").ref.is_alive()  # the others were left alone
+        daemon.directory.get("crashy").tell(Crash())  # the sixth failure
+        wait_until(daemon.failed.is_set, 10, "pearld to give up on the crashy actor")
+    finally:
+        daemon.stop()
+    assert daemon._up == []
+    assert pykka.ActorRegistry.get_all() == []
+    FileLog(tmp_path / "state" / "log").close()  # the lock is free
