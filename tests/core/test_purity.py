@@ -1,5 +1,5 @@
 """pearl.core is pure: no threads, sockets, sleeps, clocks or files, nothing of the project
-outside pearl.core (DESIGN.md §2). Time is an argument."""
+outside pearl.core (docs/architecture.md). Time is an argument."""
 
 from __future__ import annotations
 

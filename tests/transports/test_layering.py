@@ -1,4 +1,4 @@
-"""transports may import only pearl.core from the rest of PEARL (DESIGN.md, dependency rules)."""
+"""transports may import only pearl.core from the rest of PEARL (docs/architecture.md)."""
 
 from __future__ import annotations
 
