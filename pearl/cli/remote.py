@@ -25,12 +25,20 @@ EVENTS = ("gpus-added", "gpus-reclaimed", "training-begin", "training-finished")
 RETURN_WAIT_S = 60.0  # training-begin: how long to wait for borrowed workers, by default
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--endpoint", default=os.environ.get("PEARL_ENDPOINT", DEFAULT_ENDPOINT),
-                   help="pearld's API (default: $PEARL_ENDPOINT or %(default)s)")
-    p.add_argument("--keys-dir", default=os.environ.get("PEARL_KEYS", ""), metavar="DIR",
+def connection_options(p: argparse.ArgumentParser, top: bool = False) -> None:
+    """``--endpoint`` and ``--keys-dir``, before the command (``top``) or after it; a value
+    given after the command wins, so the subcommand's options default to nothing."""
+    endpoint = os.environ.get("PEARL_ENDPOINT", DEFAULT_ENDPOINT) if top else argparse.SUPPRESS
+    keys = os.environ.get("PEARL_KEYS", "") if top else argparse.SUPPRESS
+    p.add_argument("--endpoint", default=endpoint,
+                   help=f"pearld's API (default: $PEARL_ENDPOINT or {DEFAULT_ENDPOINT})")
+    p.add_argument("--keys-dir", default=keys, metavar="DIR",
                    help="CURVE keys (client.key_secret, server.key) of a pearld started with "
                         "--set daemon.keys_dir=DIR ($PEARL_KEYS)")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    connection_options(p)
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for pearld")
 
 
