@@ -20,6 +20,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pearl.config import EngineConfig
+from pearl.core.errors import PearlError
+
+
+class LaunchError(PearlError):
+    """A worker host could not be started (no process exists for it)."""
 
 
 @dataclass(frozen=True)
@@ -95,20 +100,27 @@ class LocalProcessLauncher:
             *(["--keys-dir", str(Path(spec.keys_dir).absolute())] if spec.keys_dir else []),
         ]
         out: Any = subprocess.DEVNULL
-        if self.log_dir is not None:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            path = self.log_dir / f"worker-{spec.worker}-{spec.incarnation}.log"
-            out = open(path, "ab")  # noqa: SIM115 - the child owns it
-        proc = subprocess.Popen(
-            args,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        if not isinstance(out, int):
-            out.close()
+        try:
+            if self.log_dir is not None:
+                self.log_dir.mkdir(parents=True, exist_ok=True)
+                path = self.log_dir / f"worker-{spec.worker}-{spec.incarnation}.log"
+                out = open(path, "ab")  # noqa: SIM115 - the child owns it
+            proc = subprocess.Popen(
+                args,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except OSError as e:
+            raise LaunchError(
+                f"worker host {spec.worker} (incarnation {spec.incarnation}) could not be "
+                f"started: {' '.join(args[:3])}: {e}"
+            ) from None
+        finally:
+            if not isinstance(out, int):
+                out.close()
         self._children[proc.pid] = proc
         return proc.pid
 
@@ -190,4 +202,4 @@ def _stat(pid: int) -> list[str] | None:
         return None
 
 
-__all__ = ["Launcher", "LocalProcessLauncher", "WorkerSpec"]
+__all__ = ["LaunchError", "Launcher", "LocalProcessLauncher", "WorkerSpec"]

@@ -25,7 +25,7 @@ from typing import Any
 
 from actors.base import CourierRef, Directory, PearlActor
 from actors.heart import host_of
-from actors.launcher import Launcher, WorkerSpec
+from actors.launcher import Launcher, LaunchError, WorkerSpec
 from actors.messages import (
     Generate,
     RestoreWorker,
@@ -248,7 +248,13 @@ class RoleSupervisor(PearlActor):
             self.state_dir,
             d.keys_dir,
         )
-        h.pid = self.launcher.launch(spec)
+        try:
+            h.pid = self.launcher.launch(spec)
+        except LaunchError as e:  # like a host that died at once: restart budget, then lost
+            log.error("%s", e)
+            h.pid, h.launched_at, h.restart_at = 0, time.monotonic(), None
+            self._crashed(h, "could not be launched")
+            return
         h.ref, h.launched_at = None, time.monotonic()
         h.restart_at = None  # launched now: a pending restart must not launch a second host
         h.cpu_s = h.busy_since = None

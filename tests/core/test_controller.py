@@ -622,3 +622,19 @@ def test_a_controller_that_never_settles_says_so_instead_of_stopping_silently(
     monkeypatch.setattr(ctl.Controller, "_begin_next_plan", lambda self, tx: True)
     with pytest.raises(InvariantViolation, match=f"within {ctl.MAX_ADVANCE_PASSES} passes"):
         h.send(ev.GpusAdded((8, 9)))
+
+
+def test_a_worker_lost_for_good_is_removed_and_its_gpus_quarantined() -> None:
+    h = Harness()
+    h.settle()
+    h.send(ev.GpusAdded((8, 9)))
+    h.settle()
+    wid = next(w.id for w in h.table.workers.values() if 8 in w.gpus)
+    h.send(cmd.WorkerLost(wid, "exited; gave up after 3 restarts"))  # the restart budget is spent
+    h.settle()
+    assert wid not in h.table.workers
+    assert {8, 9} <= set(h.s.quarantine)
+    assert not any(8 in w.gpus for w in h.table.workers.values())  # not re-planned onto them
+    h.send(cmd.Tick(), dt=CFG.gate.toggle_cost_s + 60)  # the quarantine expires: used again
+    h.settle()
+    assert any(8 in w.gpus for w in h.table.routable())

@@ -1,0 +1,106 @@
+"""The RoleSupervisor's restart budget and the launcher's failures: a crashed host is restarted
+on its GPUs with a doubling back-off, one that keeps crashing (or cannot be launched at all) is
+reported lost, and the controller then quarantines its GPUs."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from actors.base import Directory
+from actors.launcher import LaunchError, LocalProcessLauncher, WorkerSpec
+from actors.messages import Supervise
+from actors.supervisor import Host, Liveboard, RoleSupervisor, Spawn
+from pearl.config import load
+from pearl.core import commands as cmd
+from pearl.core.state import Role, Zone
+from tests.actors.test_heart import DummyRef, FakeLauncher, Now, Recorder
+
+CFG = load(None, ["daemon.heartbeat_s=0.5", "daemon.restart_budget=2",
+                  "daemon.restart_backoff_s=1.0"])
+
+
+class CountingLauncher(FakeLauncher):
+    def __init__(self, fail: bool = False) -> None:
+        super().__init__()
+        self.launched: list[Any] = []
+        self.fail = fail
+        self.next_pid = 500
+
+    def launch(self, spec: Any) -> int:
+        if self.fail:
+            raise LaunchError(f"worker host {spec.worker} could not be started: no such file")
+        self.launched.append(spec)
+        self.next_pid += 1
+        return self.next_pid
+
+
+def supervisor(launcher: FakeLauncher, clock: list[float], monkeypatch: pytest.MonkeyPatch
+               ) -> tuple[RoleSupervisor, list[Any]]:
+    monkeypatch.setattr("actors.supervisor.time.monotonic", lambda: clock[0])
+    d = Directory()
+    got: list[Any] = []
+    for name in ("router", "orchestrator"):
+        d.register(Recorder(name, got))
+    board = Liveboard(0.5, clock=Now())
+    sup = RoleSupervisor(d, launcher, CFG, lambda: "tcp://x", "", "boot", board)  # type: ignore[arg-type]
+    return sup, got
+
+
+def test_a_crashed_host_is_restarted_with_back_off_until_its_budget_is_spent(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    launcher, clock = CountingLauncher(), [1000.0]
+    sup, got = supervisor(launcher, clock, monkeypatch)
+    sup.hosts[3] = Host(3, 12, (6, 7), pid=101, ref=DummyRef())  # type: ignore[arg-type]
+    delays = []
+    for _ in range(CFG.daemon.restart_budget):
+        launcher.killed.append(sup.hosts[3].pid)  # the process exits
+        sup.supervise(Supervise())
+        assert sup.hosts[3].restart_at is not None, "a crash within budget is restarted"
+        delays.append(sup.hosts[3].restart_at - clock[0])
+        n = len(launcher.launched)
+        clock[0] += delays[-1] - 0.01
+        sup.supervise(Supervise())
+        assert len(launcher.launched) == n, "not before its back-off"
+        clock[0] += 0.02
+        sup.supervise(Supervise())
+        assert len(launcher.launched) == n + 1
+        assert launcher.launched[-1].gpus == (6, 7) and launcher.launched[-1].incarnation == 12
+    assert delays == [1.0, 2.0]  # doubling
+    downs = [m for m in got if isinstance(m, cmd.WorkerDown)]
+    assert len(downs) == 2 and not any(isinstance(m, cmd.WorkerLost) for m in got)
+    launcher.killed.append(sup.hosts[3].pid)  # one crash more than the budget
+    sup.supervise(Supervise())
+    lost = [m for m in got if isinstance(m, cmd.WorkerLost)]
+    assert lost == [cmd.WorkerLost(3, "exited; gave up after 2 restarts")]
+    assert 3 not in sup.hosts
+
+
+def test_a_host_that_cannot_be_launched_is_retried_then_lost(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    launcher, clock = CountingLauncher(fail=True), [1000.0]
+    sup, got = supervisor(launcher, clock, monkeypatch)
+    sup.spawn(Spawn(cmd.StartWorker(3, 12, (6, 7), Role.COLOCATED, Zone.DEDICATED, 0, 1, 0)))
+    for _ in range(10):  # past every back-off
+        clock[0] += 10.0
+        sup.supervise(Supervise())
+    assert sum(isinstance(m, cmd.WorkerDown) for m in got) == 1 + CFG.daemon.restart_budget
+    lost = [m for m in got if isinstance(m, cmd.WorkerLost)]
+    assert lost == [cmd.WorkerLost(3, "could not be launched; gave up after 2 restarts")]
+    assert sup.board.report()["could not be launched"] == 3
+
+
+def test_the_local_launcher_says_which_host_could_not_start(tmp_path: Path) -> None:
+    blocker = tmp_path / "logs"
+    blocker.write_text("a file where the log directory should be")
+    spec = WorkerSpec(3, 12, (6, 7), "tcp://127.0.0.1:1", CFG.engine, CFG.model.name,
+                      CFG.cluster.gpu, CFG.cluster.tp, 0.5, 5.0, str(tmp_path))
+    launcher = LocalProcessLauncher(blocker)
+    with pytest.raises(LaunchError, match="worker host 3 .incarnation 12. could not be started"):
+        launcher.launch(spec)
+    assert launcher._children == {}
+    with pytest.raises(LaunchError):
+        launcher.launch(replace(spec, worker=4))
