@@ -12,6 +12,7 @@ from pearl.engines.base import GenerateRequest, SamplingParams
 from pearl.engines.lifecycle import TRANSITIONS, EngineState, Lifecycle
 from pearl.engines.sim import SimEngine
 from tests.engines.helpers import SIM_COST, SIM_SCALE, prompt_of, run
+from tests.graphs import reachable
 
 S = EngineState
 
@@ -32,13 +33,7 @@ def test_every_pair_of_states_is_allowed_or_refused_as_the_table_says(
 
 
 def test_every_state_is_reachable_and_only_stopped_is_final() -> None:
-    seen, todo = {S.NEW}, [S.NEW]
-    while todo:
-        for nxt in TRANSITIONS[todo.pop()]:
-            if nxt not in seen:
-                seen.add(nxt)
-                todo.append(nxt)
-    assert seen == set(S)
+    assert reachable(TRANSITIONS, S.NEW) == set(S)
     assert [s for s in S if not TRANSITIONS[s]] == [S.STOPPED]
     assert all(S.STOPPING in TRANSITIONS[s] for s in S if s not in (S.STOPPING, S.STOPPED))
 

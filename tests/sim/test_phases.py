@@ -10,16 +10,11 @@ from pearl.core.errors import InvariantViolation
 from pearl.sim.static import run_static
 from pearl.sim.trajectory import NEXT, Phase, Traj
 from pearl.sim.workload import TrajectorySpec, WorkloadParams
+from tests.graphs import reachable
 
 
 def test_every_phase_is_reachable_from_wait_and_only_done_is_final() -> None:
-    seen, todo = {Phase.WAIT}, [Phase.WAIT]
-    while todo:
-        for nxt in NEXT[todo.pop()]:
-            if nxt not in seen:
-                seen.add(nxt)
-                todo.append(nxt)
-    assert seen == set(Phase)
+    assert reachable(NEXT, Phase.WAIT) == set(Phase)
     assert [p for p in Phase if not NEXT[p]] == [Phase.DONE]
 
 
