@@ -144,6 +144,8 @@ class Telemetry:
     ``toggle_min_s`` a lower bound on it from a borrow cycle cut short (censored: the activation
     ran that long and did not finish); ``window_s`` the last measured training-idle window
     (Training Finished -> next Training Begin), the time a borrow cycle has to pay.
+    ``B_flight`` is the mean number of trajectories in flight while the batch ran and ``delta_P``
+    the prompt tokens really prefilled per turn (None in records that predate them: B, delta_L).
     """
 
     step: int
@@ -160,6 +162,8 @@ class Telemetry:
     toggle_s: float | None = None
     toggle_min_s: float | None = None
     window_s: float | None = None
+    B_flight: float | None = None
+    delta_P: float | None = None
 
 
 Record = Any  # any class registered in RECORDS

@@ -3,11 +3,17 @@
 Every function takes worker counts (a worker spans tp GPUs) as Python numbers or numpy arrays and
 returns the same shape, so the decision engine evaluates all N_P in [1, N-1] in one pass.
 
+B in the per-worker terms is the batch's concurrency, ``p.concurrency`` (B_flight: an asynchronous
+pipeline keeps more than one batch in flight, so a worker decodes B_flight / N sequences at once;
+B where it was not measured), and the prefilled tokens per turn are ``p.prefill_per_turn``
+(delta_P: prefix reuse leaves only the new tokens of a turn; delta_L where not measured). The KV
+transfer of eq. 3 still moves delta_L tokens' worth per turn.
+
 Capacity constraints (a disaggregated configuration is feasible when both hold):
 
 - decode HBM: the decode workers hold the whole batch's KV cache, ``B * K_seq <= N_D * H_max``
   (K_seq at its mean residency over the step);
-- prefill throughput: per step the prefill pool receives ``lambda_P = B * S * delta_L`` tokens and
+- prefill throughput: per step the prefill pool receives ``lambda_P = B * S * delta_P`` tokens and
   is busy ``lambda_P * t_prefill / N_P`` seconds. Those tokens arrive while the decode path runs,
   so prefill keeps up when that busy time is at most ``max_util`` times the decode-path time
   (eq. 2). Past that utilisation prefill queues grow and delay decode (an M/D/1 queue at 90%
@@ -37,22 +43,24 @@ EXCLUDED_BY: tuple[str | None, ...] = (None, DECODE_HBM, PREFILL_THROUGHPUT)
 
 
 def T_coloc(p: WorkloadProfile, N: Count) -> Count:
-    """Eq. 1: colocated makespan, S [B dL / N t_prefill + r (A + b B / N) + T_over] + T_env."""
-    per_worker = p.B / N
-    turn = per_worker * p.delta_L * p.t_prefill + p.r * (p.A + p.b * per_worker) + p.T_over
+    """Eq. 1: colocated makespan, S [B dP / N t_prefill + r (A + b B / N) + T_over] + T_env
+    (B the concurrency in flight, dP the tokens prefilled per turn)."""
+    per_worker = p.concurrency / N
+    turn = (per_worker * p.prefill_per_turn * p.t_prefill + p.r * (p.A + p.b * per_worker)
+            + p.T_over)
     return p.S * turn + p.T_env
 
 
 def T_decode(p: WorkloadProfile, N_D: Count) -> Count:
     """Eq. 2: decode-path makespan, S r (A + b B / (N_D (1 + theta))) (1 + theta)."""
     k = 1.0 + p.theta
-    return p.S * p.r * (p.A + p.b * p.B / (N_D * k)) * k
+    return p.S * p.r * (p.A + p.b * p.concurrency / (N_D * k)) * k
 
 
 def T_prefill(p: WorkloadProfile, N_P: Count) -> Count:
-    """Eq. 3: prefill-path makespan, S (B dL / N_P t_prefill + B dL K / BW)."""
-    tokens = p.B * p.delta_L
-    return p.S * (tokens / N_P * p.t_prefill + tokens * p.K / p.BW)
+    """Eq. 3: prefill-path makespan, S (B dP / N_P t_prefill + B dL K / BW)."""
+    B = p.concurrency
+    return p.S * (B * p.prefill_per_turn / N_P * p.t_prefill + B * p.delta_L * p.K / p.BW)
 
 
 def T_dis(p: WorkloadProfile, N_P: Count, N_D: Count) -> Count:
@@ -61,8 +69,8 @@ def T_dis(p: WorkloadProfile, N_P: Count, N_D: Count) -> Count:
 
 
 def lambda_P(p: WorkloadProfile) -> float:
-    """Prefill tokens per step, B S delta_L (§4.2)."""
-    return p.B * p.S * p.delta_L
+    """Prefill tokens per step, B S delta_P (§4.2; B the concurrency, delta_P the prefilled)."""
+    return p.concurrency * p.S * p.prefill_per_turn
 
 
 # A trajectory's context grows from its first prompt to its final length over the step, and an
@@ -72,9 +80,9 @@ KV_RESIDENCY = 0.5
 
 
 def decode_hbm_ok(p: WorkloadProfile, N_D: Count) -> Bools:
-    """§4.2: the decode workers hold the batch's KV cache, B K_seq <= N_D H_max (K_seq at its
-    mean residency over the step, ``KV_RESIDENCY`` of the final length)."""
-    return p.B * p.K_seq * KV_RESIDENCY <= N_D * p.H_max
+    """§4.2: the decode workers hold the KV cache of the trajectories in flight, B K_seq <= N_D
+    H_max (K_seq at its mean residency over the step, ``KV_RESIDENCY`` of the final length)."""
+    return p.concurrency * p.K_seq * KV_RESIDENCY <= N_D * p.H_max
 
 
 def prefill_utilization(p: WorkloadProfile, N_P: Count, N_D: Count) -> Count:
@@ -125,7 +133,7 @@ def sweep(p: WorkloadProfile, N: int, max_util: float) -> Sweep:
     t_dec = T_decode(p, n_d.astype(np.float64))
     t_dis = np.maximum(t_pre, t_dec) + p.T_env
     # Same quantities as decode_hbm_ok / prefill_keeps_up, reusing t_dec.
-    hbm_bad = p.B * p.K_seq * KV_RESIDENCY > n_d * p.H_max
+    hbm_bad = p.concurrency * p.K_seq * KV_RESIDENCY > n_d * p.H_max
     slow = lambda_P(p) * p.t_prefill / n_p > max_util * t_dec
     excluded = np.where(hbm_bad, 1, np.where(slow, 2, 0)).astype(np.int8)
     return Sweep(N, float(T_coloc(p, float(N))), n_p, t_dis, excluded)

@@ -8,15 +8,26 @@ constraints of §4.2 and the borrowing gate (eq. 7), under the paper's names. It
 logged summaries through a fresh tracker therefore rebuilds the exact profile.
 
 Turning one step's raw telemetry into that summary is :meth:`RuntimeTracker.summarize`: S, delta_L,
-r and T_env from per-trajectory counts, theta from the active-decoding fraction, A and b by least
-squares over (decode batch size, iteration time), t_prefill from prefill (tokens, time) samples.
+r and T_env from per-trajectory counts, theta from the active-decoding fraction, A, b and
+t_prefill by least squares over the step's iterations, iteration time = A + b (sequences
+decoding) + t_prefill (prompt tokens computed) (:mod:`pearl.core.fit`).
+
+Two measurements make eq. 1-3 describe an asynchronous, multi-turn pipeline rather than one batch
+run alone with fresh prompts: ``B_flight``, the trajectories really in flight while the batch ran
+(the pipeline keeps up to 1 + staleness batches of groups going, so the decode batch per worker is
+B_flight / N, not B / N), and ``delta_P``, the prompt tokens really prefilled per turn (prefix
+reuse leaves only each turn's new tokens; a turn on a worker without its prefix prefills it all).
+
+The EMA gives the k-th observation the weight max(alpha, 1/k): the first measurements replace the
+priors at once (a roofline prior can be orders of magnitude off on a CPU slot), later ones move
+the profile by alpha.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Protocol
 
 import numpy as np
@@ -24,11 +35,8 @@ import numpy as np
 from pearl.core import catalog
 from pearl.core.errors import SchemaError
 from pearl.core.events import Telemetry
+from pearl.core.fit import MIN_SLOPE_T, DecodeFit, fit_decode, fit_iterations, fit_prefill
 from pearl.core.schema import struct
-
-# A decode-cost fit explaining less of the variance than this is ignored (A and b stay as they
-# were): with a narrow spread of batch sizes the slope is noise.
-MIN_DECODE_R2 = 0.3
 
 
 @struct
@@ -51,14 +59,27 @@ class WorkloadProfile:
     BW: float  # bytes/s between prefill and decode pools
     T_toggle: float  # activation + return cost of a borrowing cycle
     T_window: float = 0.0  # training-idle window a borrow must pay within (0: not measured yet)
+    B_flight: float | None = None  # trajectories in flight while a batch runs (None: B)
+    delta_P: float | None = None  # prompt tokens prefilled per turn (None: delta_L)
+    observed: int = 0  # step summaries folded in (the EMA weight of the next is max(alpha, 1/k))
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            if not math.isfinite(v) or v < 0:
+            if v is not None and (not math.isfinite(v) or v < 0):
                 raise SchemaError(f"WorkloadProfile.{f.name} must be finite and >= 0, got {v!r}")
         if self.BW <= 0:
             raise SchemaError("WorkloadProfile.BW must be > 0")
+
+    @property
+    def concurrency(self) -> float:
+        """Trajectories sharing the workers while a batch runs: B_flight, else B (eq. 1's)."""
+        return float(self.B) if self.B_flight is None else self.B_flight
+
+    @property
+    def prefill_per_turn(self) -> float:
+        """Prompt tokens a turn really prefills: delta_P, else delta_L (full prefix reuse)."""
+        return self.delta_L if self.delta_P is None else self.delta_P
 
 
 def context_tokens(S: float, delta_L: float, r: float, L_max: float) -> float:
@@ -141,12 +162,14 @@ def prior_profile(cfg: ConfigLike, batch: int | None = None) -> WorkloadProfile:
 
 @struct
 class TrajectoryStats:
-    """One trajectory of the step: its turns, new prompt and generated tokens, env seconds."""
+    """One trajectory of the step: its turns, new prompt and generated tokens, env seconds, and
+    the prompt tokens the engines really prefilled for it (None: not measured)."""
 
     turns: int
     new_tokens: int  # newly added input tokens, summed over its turns
     generated_tokens: int
     env_s: float
+    prefilled_tokens: int | None = None  # prompt tokens computed, not reused from a prefix
 
 
 @struct
@@ -155,8 +178,11 @@ class StepTelemetry:
 
     ``decode_batch[i]``/``decode_s[i]``: sequences in decode iteration i and its duration.
     ``prefill_tokens[i]``/``prefill_s[i]``: tokens of prefill batch i and its duration.
+    ``mixed_batch[i]``/``mixed_tokens[i]``/``mixed_s[i]``: an iteration that did both (chunked
+    prefill riding on decode): its decoding sequences, prefill tokens and duration.
     ``active_fraction``: samples of f, the share of unfinished trajectories actively decoding.
     ``toggle_s``: measured activation + return time when the step borrowed training GPUs.
+    ``in_flight``: mean trajectories in flight while the batch ran (0: not measured, then B).
     """
 
     step: int
@@ -168,71 +194,50 @@ class StepTelemetry:
     active_fraction: tuple[float, ...] = ()
     makespan_s: float = 0.0
     toggle_s: float | None = None
+    in_flight: float = 0.0
+    mixed_batch: tuple[int, ...] = ()
+    mixed_tokens: tuple[int, ...] = ()
+    mixed_s: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.decode_batch) != len(self.decode_s):
             raise SchemaError(f"decode_batch has {len(self.decode_batch)} samples, "
                               f"decode_s {len(self.decode_s)}; they must pair up")
+        if not len(self.mixed_batch) == len(self.mixed_tokens) == len(self.mixed_s):
+            raise SchemaError(f"mixed_batch, mixed_tokens and mixed_s have "
+                              f"{len(self.mixed_batch)}, {len(self.mixed_tokens)} and "
+                              f"{len(self.mixed_s)} samples; they must pair up")
         if len(self.prefill_tokens) != len(self.prefill_s):
             raise SchemaError(f"prefill_tokens has {len(self.prefill_tokens)} samples, "
                               f"prefill_s {len(self.prefill_s)}; they must pair up")
-
-
-@struct
-class DecodeFit:
-    """Least-squares fit of iteration time = A + b * batch size."""
-
-    A: float
-    b: float
-    r2: float
-    n: int
-
-
-def fit_decode(batch: Sequence[float], seconds: Sequence[float]) -> DecodeFit | None:
-    """Fit A and b (both kept >= 0) with R^2; None without two distinct batch sizes."""
-    x = np.asarray(batch, dtype=float)
-    y = np.asarray(seconds, dtype=float)
-    if x.size < 2 or np.ptp(x) == 0:
-        return None
-    xm, ym = x.mean(), y.mean()
-    dx = x - xm
-    b = float(dx @ (y - ym) / (dx @ dx))
-    A = float(ym - b * xm)
-    if b < 0:  # decode never gets cheaper with more sequences: flat fit
-        A, b = float(ym), 0.0
-    elif A < 0:  # no negative fixed cost: fit through the origin
-        A, b = 0.0, float(x @ y / (x @ x))
-    resid = y - (A + b * x)
-    ss_tot = float((y - ym) @ (y - ym))
-    r2 = 1.0 - float(resid @ resid) / ss_tot if ss_tot > 0 else 1.0
-    return DecodeFit(A=A, b=b, r2=r2, n=int(x.size))
-
-
-def fit_prefill(tokens: Sequence[float], seconds: Sequence[float]) -> float | None:
-    """t_prefill as total prefill time over total prefill tokens; None without tokens."""
-    total = float(np.sum(np.asarray(tokens, dtype=float)))
-    return float(np.sum(np.asarray(seconds, dtype=float))) / total if total > 0 else None
 
 
 def _check_samples(t: StepTelemetry) -> None:
     if not t.trajectories:
         raise SchemaError(f"step {t.step}: telemetry names no trajectory")
     for i, tr in enumerate(t.trajectories):
-        if tr.turns < 1 or tr.new_tokens < 0 or tr.generated_tokens < 0 or not tr.env_s >= 0:
+        if (tr.turns < 1 or tr.new_tokens < 0 or tr.generated_tokens < 0 or not tr.env_s >= 0
+                or (tr.prefilled_tokens is not None and tr.prefilled_tokens < 0)):
             raise SchemaError(f"step {t.step}: trajectory {i} has {tr}; expected turns >= 1 and "
                               "non-negative tokens and env time")
-    for name in ("decode_batch", "decode_s", "prefill_tokens", "prefill_s"):
+    for name in ("decode_batch", "decode_s", "prefill_tokens", "prefill_s", "mixed_batch",
+                 "mixed_tokens", "mixed_s"):
         v = np.asarray(getattr(t, name), dtype=float)
         if v.size and (not np.all(np.isfinite(v)) or v.min() < 0):
             raise SchemaError(f"step {t.step}: {name} must be finite and >= 0")
     f = np.asarray(t.active_fraction, dtype=float)
     if f.size and (not np.all(np.isfinite(f)) or f.min() < 0 or f.max() > 1):
         raise SchemaError(f"step {t.step}: active_fraction samples must lie in [0, 1]")
+    if not (math.isfinite(t.in_flight) and t.in_flight >= 0):
+        raise SchemaError(f"step {t.step}: in_flight = {t.in_flight!r}, expected a finite "
+                          "value >= 0")
 
 
 # -- the tracker ----------------------------------------------------------------------------------
 
 _EMA_FIELDS = ("S", "delta_L", "r", "theta", "A", "b", "t_prefill", "T_env")
+# Measured only by pipelines that report them; a summary without them reads as B and delta_L.
+_FLOW_FIELDS = ("B_flight", "delta_P")
 
 
 class RuntimeTracker:
@@ -243,13 +248,13 @@ class RuntimeTracker:
     """
 
     def __init__(self, prior: WorkloadProfile, alpha: float, L_max: float,
-                 min_r2: float = MIN_DECODE_R2) -> None:
+                 min_slope_t: float = MIN_SLOPE_T) -> None:
         if not 0.0 < alpha <= 1.0:
             raise ValueError(f"EMA alpha must be in (0, 1], got {alpha}")
         self._profile = prior
         self.alpha = alpha
         self.L_max = float(L_max)
-        self.min_r2 = min_r2
+        self.min_slope_t = min_slope_t
         self.steps = 0
 
     @property
@@ -277,24 +282,30 @@ class RuntimeTracker:
         S = float(max(tr.turns for tr in trs))
         T_env = float(max(tr.env_s for tr in trs))
         delta_L = sum(tr.new_tokens for tr in trs) / turns
+        prefilled = [tr.prefilled_tokens for tr in trs]
+        delta_P = (delta_L if any(n is None for n in prefilled)
+                   else sum(n for n in prefilled if n is not None) / turns)
         r = sum(tr.generated_tokens for tr in trs) / turns
         theta = p.theta
         if t.active_fraction:
             f = float(np.mean(t.active_fraction))
             theta = (1.0 - f) / f if f > 0 else p.theta
-        A, b = p.A, p.b
-        fit = fit_decode(t.decode_batch, t.decode_s)
-        if fit is not None and fit.r2 >= self.min_r2:
-            A, b = fit.A, fit.b
-        t_prefill = fit_prefill(t.prefill_tokens, t.prefill_s)
+        A, b, t_prefill = fit_iterations(
+            (*t.decode_batch, *(0 for _ in t.prefill_tokens), *t.mixed_batch),
+            (*(0 for _ in t.decode_batch), *t.prefill_tokens, *t.mixed_tokens),
+            (*t.decode_s, *t.prefill_s, *t.mixed_s),
+            p.A, p.b, p.t_prefill, self.min_slope_t,
+        )
         return Telemetry(
             step=t.step, batch=len(trs), S=S, delta_L=delta_L, r=r, theta=theta, A=A, b=b,
-            t_prefill=p.t_prefill if t_prefill is None else t_prefill, T_env=T_env,
+            t_prefill=t_prefill, T_env=T_env,
             makespan_s=t.makespan_s, toggle_s=t.toggle_s,
+            B_flight=t.in_flight if t.in_flight > 0 else float(len(trs)), delta_P=delta_P,
         )
 
     def observe(self, summary: Telemetry) -> WorkloadProfile:
-        """Fold one step summary into the profile (EMA with weight alpha on the new value).
+        """Fold one step summary into the profile: an EMA whose weight on the k-th summary is
+        max(alpha, 1/k), so the first measurements replace the priors and later ones move by alpha.
 
         B becomes the summary's batch; K_seq follows the new S, delta_L and r; T_window follows
         the measured training-idle windows; T_toggle is the EMA of measured activation + return
@@ -309,12 +320,20 @@ class RuntimeTracker:
         if summary.batch < 1:
             raise SchemaError(f"telemetry step {summary.step}: batch = {summary.batch}, "
                               "expected >= 1")
-        for name in ("toggle_s", "toggle_min_s", "window_s"):
+        for name in ("toggle_s", "toggle_min_s", "window_s", *_FLOW_FIELDS):
             v = getattr(summary, name)
             if v is not None and not (math.isfinite(v) and v >= 0):
                 raise SchemaError(f"telemetry step {summary.step}: {name} = {v!r}")
         p, a = self._profile, self.alpha
-        new = {k: a * getattr(summary, k) + (1.0 - a) * getattr(p, k) for k in _EMA_FIELDS}
+        w = max(a, 1.0 / (p.observed + 1))
+        new: dict[str, float] = {
+            k: w * getattr(summary, k) + (1.0 - w) * getattr(p, k) for k in _EMA_FIELDS
+        }
+        B_flight = float(summary.batch) if summary.B_flight is None else summary.B_flight
+        delta_P = summary.delta_L if summary.delta_P is None else summary.delta_P
+        new["B_flight"] = w * B_flight + (1.0 - w) * p.concurrency
+        new["delta_P"] = w * delta_P + (1.0 - w) * p.prefill_per_turn
+        # T_toggle and T_window keep their own rules: they are measured only on some steps.
         T_toggle = p.T_toggle
         if summary.toggle_s is not None:
             T_toggle = a * summary.toggle_s + (1.0 - a) * T_toggle
@@ -326,13 +345,13 @@ class RuntimeTracker:
             w = summary.window_s
             new["T_window"] = w if p.T_window == 0 else a * w + (1.0 - a) * p.T_window
         new["K_seq"] = p.K * context_tokens(new["S"], new["delta_L"], new["r"], self.L_max)
-        self._profile = dataclasses.replace(p, B=summary.batch, **new)
+        self._profile = dataclasses.replace(p, B=summary.batch, observed=p.observed + 1, **new)
         self.steps += 1
         return self._profile
 
 
 __all__ = [
-    "MIN_DECODE_R2",
+    "MIN_SLOPE_T",
     "ConfigLike",
     "DecodeFit",
     "RuntimeTracker",
@@ -341,6 +360,7 @@ __all__ = [
     "WorkloadProfile",
     "context_tokens",
     "fit_decode",
+    "fit_iterations",
     "fit_prefill",
     "prior_profile",
 ]

@@ -21,6 +21,19 @@ def test_eq1_colocation() -> None:
     assert ms.T_coloc(P, 4) == pytest.approx(10 * (1.6 + 100 * 0.026 + 0.2) + 50)
 
 
+def test_concurrency_in_flight_and_prefilled_tokens_replace_B_and_delta_L() -> None:
+    import dataclasses
+
+    # 128 trajectories in flight (two batches), each turn prefilling 500 tokens (prefix reuse):
+    # B/N = 16 per worker: prefill 16*500*1e-4 = 0.8, decode 100*(0.01 + 0.001*16) = 2.6.
+    q = dataclasses.replace(P, B_flight=128.0, delta_P=500.0)
+    assert ms.T_coloc(q, 8) == pytest.approx(10 * (0.8 + 2.6 + 0.2) + 50)
+    assert ms.T_decode(q, 4) == pytest.approx(1000 * (0.01 + 0.001 * 128 / 8) * 2)
+    # The KV of eq. 3 still ships delta_L tokens a turn.
+    assert ms.T_prefill(q, 4) == pytest.approx(10 * (64000 / 4 * 1e-4 + 128000 * 1e5 / 1e10))
+    assert ms.lambda_P(q) == 128 * 10 * 500
+
+
 def test_eq2_decode_path() -> None:
     # S r (A + b B / (N_D (1 + theta))) (1 + theta) = 1000 * (0.01 + 0.001 * 64 / 8) * 2
     assert ms.T_decode(P, 4) == pytest.approx(36.0)

@@ -17,11 +17,13 @@ from pearl.core.profile import (
     TrajectoryStats,
     WorkloadProfile,
     fit_decode,
+    fit_iterations,
     fit_prefill,
     prior_profile,
 )
 
 TRUE_A, TRUE_B, TRUE_F = 4e-3, 4e-4, 0.6  # f = 0.6 -> theta = 0.4 / 0.6
+TRUE_T_PREFILL = 2.5e-5
 
 
 def _profile(**kw: float) -> WorkloadProfile:
@@ -39,11 +41,16 @@ def _synthetic_step(rng: np.random.Generator, step: int = 1, noise: float = 0.03
                 for t in rng.integers(5, 21, size=64))
     n = rng.integers(1, 33, size=3000)
     d = (TRUE_A + TRUE_B * n) * (1 + noise * rng.standard_normal(n.size))
+    # Every iteration pays the fixed cost A; chunked prefill rides on decode iterations.
     toks = rng.integers(200, 4000, size=400)
+    m_n, m_p = rng.integers(1, 33, size=300), rng.integers(16, 512, size=300)
+    m_d = (TRUE_A + TRUE_B * m_n + TRUE_T_PREFILL * m_p) * (1 + noise * rng.standard_normal(300))
     return StepTelemetry(
         step=step, trajectories=trs, decode_batch=tuple(int(x) for x in n),
         decode_s=tuple(float(x) for x in d), prefill_tokens=tuple(int(x) for x in toks),
-        prefill_s=tuple(float(x) * 2.5e-5 for x in toks),
+        prefill_s=tuple(TRUE_A + float(x) * TRUE_T_PREFILL for x in toks),
+        mixed_batch=tuple(int(x) for x in m_n), mixed_tokens=tuple(int(x) for x in m_p),
+        mixed_s=tuple(float(x) for x in m_d),
         active_fraction=tuple(float(x) for x in np.clip(TRUE_F + 0.05 * rng.standard_normal(200),
                                                          0.01, 1)),
         makespan_s=500.0, toggle_s=toggle_s)
@@ -85,6 +92,43 @@ def test_fit_decode_recovers_a_and_b_from_noisy_iterations() -> None:
     assert fit.r2 > 0.95
 
 
+def test_decode_fit_is_used_only_when_its_slope_is_significant() -> None:
+    rng = np.random.default_rng(3)
+    # A low R^2 but many samples: the slope is pinned down, the fit is used.
+    n = rng.integers(1, 12, size=500)
+    d = 0.015 + 0.003 * n + rng.normal(0, 0.015, n.size)
+    fit = fit_decode(n, d)
+    assert fit is not None and fit.r2 < 0.5 and fit.significant()
+    assert fit.b == pytest.approx(0.003, rel=0.2)
+    # Noise around a flat cost with a narrow spread: the slope is not significant, so b stays
+    # and only the level moves (A through the samples' mean), which the samples do measure.
+    n = rng.integers(7, 9, size=40)
+    d = 0.02 + rng.normal(0, 0.005, n.size)
+    fit = fit_decode(n, d)
+    assert fit is not None and not fit.significant()
+    p = _profile()
+    step = StepTelemetry(step=1, trajectories=(TrajectoryStats(4, 400, 100, 3.0),),
+                         decode_batch=tuple(int(x) for x in n), decode_s=tuple(float(x) for x in d))
+    s = RuntimeTracker(p, alpha=0.5, L_max=32768).summarize(step)
+    assert s.b == p.b
+    assert s.A + s.b * n.mean() == pytest.approx(d.mean())
+    # A level below what b alone explains: A never goes negative.
+    step = dataclasses.replace(step, decode_s=tuple(0.001 for _ in n))
+    assert RuntimeTracker(p, alpha=0.5, L_max=32768).summarize(step).A == 0.0
+
+
+def test_summarize_measures_concurrency_and_prefilled_tokens() -> None:
+    trs = (TrajectoryStats(4, 400, 100, 1.0, prefilled_tokens=600),
+           TrajectoryStats(2, 200, 50, 1.0, prefilled_tokens=300))
+    s = RuntimeTracker(_profile(), 0.3, 32768).summarize(
+        StepTelemetry(step=1, trajectories=trs, in_flight=12.5))
+    assert (s.B_flight, s.delta_L, s.delta_P) == pytest.approx((12.5, 100.0, 150.0))
+    # Not measured: the batch in flight alone, each turn prefilling only its new tokens.
+    trs = (TrajectoryStats(4, 400, 100, 1.0), TrajectoryStats(2, 200, 50, 1.0, 300))
+    s = RuntimeTracker(_profile(), 0.3, 32768).summarize(StepTelemetry(step=1, trajectories=trs))
+    assert (s.B_flight, s.delta_P) == pytest.approx((2.0, 100.0))
+
+
 def test_fit_decode_degenerate_inputs() -> None:
     assert fit_decode([8, 8, 8], [0.01, 0.011, 0.009]) is None  # no spread: no slope
     assert fit_decode([4], [0.01]) is None
@@ -94,6 +138,27 @@ def test_fit_decode_degenerate_inputs() -> None:
     assert origin is not None and origin.A == 0.0 and origin.b > 0
     exact = fit_decode([1, 2, 3], [0.5, 0.7, 0.9])
     assert exact is not None and (exact.A, exact.b, exact.r2) == pytest.approx((0.3, 0.2, 1.0))
+    assert exact.significant() and not flat.significant()
+
+
+def test_fit_iterations_separates_the_fixed_decode_and_prefill_costs() -> None:
+    rng = np.random.default_rng(9)
+    n = rng.integers(0, 17, size=1500)
+    p = np.where(rng.random(1500) < 0.3, rng.integers(1, 257, size=1500), 0)
+    keep = (n > 0) | (p > 0)
+    n, p = n[keep], p[keep]
+    d = (0.015 + 0.002 * n + 1.3e-4 * p) * (1 + 0.2 * rng.standard_normal(n.size))
+    A, b, t_p = fit_iterations(n, p, d, A=1e-5, b=1e-6, t_prefill=1e-6)
+    assert (A, b, t_p) == pytest.approx((0.015, 0.002, 1.3e-4), rel=0.1)
+    # No prefill in the step: t_prefill keeps its value, A and b are fitted.
+    A, b, t_p = fit_iterations(n[p == 0], p[p == 0], d[p == 0], A=1e-5, b=1e-6, t_prefill=7e-5)
+    assert t_p == 7e-5 and b == pytest.approx(0.002, rel=0.1)
+    # A flat cost with a narrow spread: b keeps its value, the level still moves A.
+    n2 = rng.integers(7, 9, size=40)
+    d2 = 0.02 + rng.normal(0, 0.005, n2.size)
+    A, b, t_p = fit_iterations(n2, np.zeros(40), d2, A=1e-5, b=3e-4, t_prefill=7e-5)
+    assert b == 3e-4 and A + b * n2.mean() == pytest.approx(d2.mean())
+    assert fit_iterations([], [], [], A=1.0, b=2.0, t_prefill=3.0) == (1.0, 2.0, 3.0)
 
 
 def test_fit_prefill_is_time_per_token() -> None:
@@ -113,15 +178,14 @@ def test_summarize_reads_the_step() -> None:
     assert s.T_env == pytest.approx(2.0 * max(turns))
     assert s.theta == pytest.approx((1 - TRUE_F) / TRUE_F, rel=0.05)
     assert s.A == pytest.approx(TRUE_A, rel=0.05) and s.b == pytest.approx(TRUE_B, rel=0.05)
-    assert s.t_prefill == pytest.approx(2.5e-5)
+    assert s.t_prefill == pytest.approx(TRUE_T_PREFILL, rel=0.02)
     assert (s.makespan_s, s.toggle_s) == (500.0, 7.0)
     assert tracker.profile == _profile()  # summarizing changes nothing
 
 
 def test_summarize_keeps_what_the_step_did_not_measure() -> None:
     p = _profile()
-    step = StepTelemetry(step=1, trajectories=(TrajectoryStats(4, 400, 100, 3.0),),
-                         decode_batch=(8, 8, 9), decode_s=(0.01, 0.03, 0.02))  # R^2 ~ 0
+    step = StepTelemetry(step=1, trajectories=(TrajectoryStats(4, 400, 100, 3.0),))
     s = RuntimeTracker(p, alpha=0.5, L_max=32768).summarize(step)
     assert (s.A, s.b, s.theta, s.t_prefill) == (p.A, p.b, p.theta, p.t_prefill)
     assert (s.S, s.delta_L, s.r, s.T_env) == (4, 100, 25, 3.0)
@@ -145,22 +209,41 @@ def test_unpaired_samples_are_rejected() -> None:
         StepTelemetry(step=1, trajectories=(), decode_batch=(1, 2), decode_s=(0.1,))
 
 
-def test_observe_is_an_ema() -> None:
+def test_observe_is_an_ema_whose_first_observations_replace_the_prior() -> None:
     p = _profile()
     t = RuntimeTracker(p, alpha=0.25, L_max=1e9)
     s = events.Telemetry(step=1, batch=32, S=10.0, delta_L=1000.0, r=100.0, theta=1.0, A=1e-2,
                          b=1e-3, t_prefill=4e-5, T_env=20.0, makespan_s=300.0)
     q = t.observe(s)
     assert q is t.profile
-    assert q.B == 32
-    assert q.S == pytest.approx(0.25 * 10 + 0.75 * 30)
-    assert q.A == pytest.approx(0.25 * 1e-2 + 0.75 * 5e-3)
-    assert q.theta == pytest.approx(0.25 * 1.0 + 0.75 * 0.5)
+    assert (q.B, q.observed) == (32, 1)
+    # The k-th observation weighs max(alpha, 1/k): the first one replaces the prior ...
+    assert (q.S, q.A, q.theta) == pytest.approx((10.0, 1e-2, 1.0))
     assert q.K_seq == pytest.approx(q.K * q.S * (q.delta_L + q.r))
     assert (q.T_toggle, q.T_over, q.H_max, q.BW) == (p.T_toggle, p.T_over, p.H_max, p.BW)
+    # ... the second and third are running means, from the fourth on the weight is alpha.
+    q = t.observe(dataclasses.replace(s, step=2, S=20.0))
+    assert q.S == pytest.approx(15.0)
+    q = t.observe(dataclasses.replace(s, step=3, S=30.0))
+    assert q.S == pytest.approx(20.0)
+    q = t.observe(dataclasses.replace(s, step=4, S=40.0))
+    assert q.S == pytest.approx(0.25 * 40 + 0.75 * 20)
+    q = t.observe(dataclasses.replace(s, step=5, S=40.0))
+    assert q.S == pytest.approx(0.25 * 40 + 0.75 * 25)
     for k in range(60):
-        q = t.observe(dataclasses.replace(s, step=k + 2))
+        q = t.observe(dataclasses.replace(s, step=k + 6))
     assert (q.S, q.A, q.theta) == pytest.approx((10.0, 1e-2, 1.0), rel=1e-6)
+
+
+def test_concurrency_and_prefilled_tokens_follow_the_summaries() -> None:
+    t = RuntimeTracker(_profile(), alpha=0.5, L_max=1e9)
+    assert (t.profile.concurrency, t.profile.prefill_per_turn) == (64, 600.0)  # B, delta_L
+    s = events.Telemetry(step=1, batch=32, S=10.0, delta_L=1000.0, r=100.0, theta=1.0, A=1e-2,
+                         b=1e-3, t_prefill=4e-5, T_env=20.0, makespan_s=300.0)
+    q = t.observe(s)  # a summary that predates them: B and delta_L
+    assert (q.B_flight, q.delta_P) == (32.0, 1000.0)
+    q = t.observe(dataclasses.replace(s, step=2, B_flight=64.0, delta_P=200.0))
+    assert (q.concurrency, q.prefill_per_turn) == pytest.approx((48.0, 600.0))
 
 
 def test_toggle_cost_moves_only_on_steps_that_borrowed() -> None:
@@ -199,7 +282,7 @@ def test_tracker_converges_to_the_truth_from_a_wrong_prior() -> None:
     assert p.A == pytest.approx(TRUE_A, rel=0.03)
     assert p.b == pytest.approx(TRUE_B, rel=0.03)
     assert p.theta == pytest.approx((1 - TRUE_F) / TRUE_F, rel=0.05)
-    assert p.t_prefill == pytest.approx(2.5e-5, rel=0.01)
+    assert p.t_prefill == pytest.approx(TRUE_T_PREFILL, rel=0.01)
 
 
 def test_replaying_logged_summaries_rebuilds_the_profile() -> None:
