@@ -68,6 +68,7 @@ class RuntimeTracker(PearlActor):
         self.profile: WorkloadProfile | None = None
         self.decode: list[tuple[int, float]] = []
         self.prefill: list[tuple[int, float]] = []
+        self.mixed: list[tuple[int, int, float]] = []
 
     def state_changed(self, msg: StateChanged) -> None:
         self.profile = from_plain(WorkloadProfile, msg.status["profile"])
@@ -78,6 +79,8 @@ class RuntimeTracker(PearlActor):
                 self.decode.append((it.decode_batch, it.duration_s))
             elif it.prefill_tokens and not it.decode_batch:
                 self.prefill.append((it.prefill_tokens, it.duration_s))
+            elif it.prefill_tokens and it.decode_batch:  # chunked prefill riding on decode
+                self.mixed.append((it.decode_batch, it.prefill_tokens, it.duration_s))
 
     def step(self, msg: RolloutStep) -> ev.Telemetry | None:
         if self.profile is None or not msg.trajectories:
@@ -91,8 +94,12 @@ class RuntimeTracker(PearlActor):
             prefill_s=tuple(s for _, s in self.prefill),
             active_fraction=msg.active_fraction,
             makespan_s=msg.makespan_s,
+            in_flight=msg.in_flight,
+            mixed_batch=tuple(n for n, _, _ in self.mixed),
+            mixed_tokens=tuple(k for _, k, _ in self.mixed),
+            mixed_s=tuple(s for _, _, s in self.mixed),
         )
-        self.decode, self.prefill = [], []
+        self.decode, self.prefill, self.mixed = [], [], []
         summary = Tracker(self.profile, self.alpha, self.L_max).summarize(t)
         self.directory.tell("orchestrator", summary)
         return summary

@@ -122,6 +122,7 @@ class RolloutStep:
     trajectories: tuple[TrajectoryStats, ...]
     makespan_s: float
     active_fraction: tuple[float, ...] = ()
+    in_flight: float = 0.0  # mean trajectories in flight while the batch ran (0: not measured)
 
 
 @registered(MESSAGES, "next-batch")

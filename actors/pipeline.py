@@ -80,7 +80,16 @@ class PipelineActor(PearlActor):
             self._loop.call_soon_threadsafe(_settle, fut, None, EngineError(msg.error))
 
     def state_changed(self, msg: StateChanged) -> None:
-        self.pipeline.set_version(int(msg.status.get("weights_version", 0)))
+        status = msg.status
+        self.pipeline.set_version(int(status.get("weights_version", 0)))
+        active = [
+            w["role"]
+            for w in status.get("workers", ())
+            if w["activity"] == "active" and w["role"] != "training"
+        ]
+        self.pipeline.set_workers(
+            active.count("colocated"), active.count("prefill"), active.count("decode")
+        )
 
     async def _progress(self) -> None:
         while True:
@@ -92,7 +101,11 @@ class PipelineActor(PearlActor):
         self.directory.tell(
             "tracker",
             RolloutStep(
-                report.step, report.trajectories, report.makespan_s, report.active_fraction
+                report.step,
+                report.trajectories,
+                report.makespan_s,
+                report.active_fraction,
+                report.in_flight,
             ),
         )
 

@@ -8,9 +8,12 @@ dropping (and so re-generating) groups that fell behind. Asynchronous RL keeps g
 the trainer trains: up to ``(1 + staleness)`` batches are in flight or ready.
 
 The pipeline measures what the Runtime Tracker fits: per trajectory its turns, new prompt
-tokens, generated tokens and environment time; per batch its makespan; and the fraction of
-running trajectories that are waiting on generation rather than on their environment (f, so
-theta = (1 - f) / f).
+tokens, generated tokens, environment time and the prompt tokens the engines really prefilled
+(a turn's prompt minus what its worker reused from the trajectory's resident prefix); per batch
+its makespan, the mean number of trajectories in flight while it ran (B_flight: up to
+(1 + staleness) batches share the workers) and the mean number of active workers by role; and
+the fraction of running trajectories that are waiting on generation rather than on their
+environment (f, so theta = (1 - f) / f).
 """
 
 from __future__ import annotations
@@ -65,13 +68,20 @@ class PipelineConfig:
 
 @dataclass(frozen=True)
 class StepReport:
-    """One batch as the Runtime Tracker needs it."""
+    """One batch as the Runtime Tracker needs it.
+
+    ``in_flight`` and ``workers`` are means over the batch's span (first group started -> last
+    group finished): trajectories in flight, and active rollout workers by role (colocated,
+    prefill, decode) as the Orchestrator last published them.
+    """
 
     step: int
     trajectories: tuple[TrajectoryStats, ...]
     makespan_s: float
     active_fraction: tuple[float, ...]
     dropped_groups: int
+    in_flight: float = 0.0
+    workers: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -107,6 +117,10 @@ class Pipeline:
         self._running = 0  # trajectories in flight
         self._generating = 0  # of which waiting on a generation
         self._samples: list[float] = []
+        # (time, trajectories in flight, active workers by role), ten a second, for B_flight
+        self._flight: deque[tuple[float, int, tuple[int, int, int]]] = deque(maxlen=36_000)
+        self._workers: tuple[int, int, int] = (0, 0, 0)
+        self._prefilled: dict[str, int] = {}  # trajectory id -> prompt tokens really prefilled
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.failed = 0  # trajectories that failed outright (not counting aborted-and-resumed)
@@ -120,6 +134,10 @@ class Pipeline:
         """The trainer published ``version``: older groups may now be too stale."""
         with self._cv:
             self._version = max(self._version, version)
+
+    def set_workers(self, colocated: int, prefill: int, decode: int) -> None:
+        """The active rollout workers by role, as the Orchestrator last published them."""
+        self._workers = (colocated, prefill, decode)
 
     @property
     def ready_trajectories(self) -> int:
@@ -156,6 +174,8 @@ class Pipeline:
         fresh: deque[_Group] = deque()
         for g in self._ready:
             if min(t.min_version for t in g.trajectories) < floor:
+                for t in g.trajectories:
+                    self._prefilled.pop(t.id, None)
                 self._dropped += 1
                 self.counts["stale"] += 1
                 log.info("dropped group %s: weights older than v%d", g.id, floor)
@@ -170,13 +190,22 @@ class Pipeline:
                 new_tokens=sum(len(x.prompt_ids) for x in t.turns),
                 generated_tokens=t.n_generated,
                 env_s=t.env_s,
+                prefilled_tokens=self._prefilled.pop(t.id, None),
             )
             for t in batch.trajectories
         )
         samples, self._samples = tuple(self._samples), []
         dropped, self._dropped = self._dropped, 0
-        span = max(g.finished for g in groups) - min(g.started for g in groups)
-        return StepReport(batch.step, stats, span, samples, dropped)
+        t0, t1 = min(g.started for g in groups), max(g.finished for g in groups)
+        flight = [x for x in self._flight if t0 <= x[0] <= t1] or [
+            (t1, self._running, self._workers)  # shorter than one sample period
+        ]
+        in_flight = sum(x[1] for x in flight) / len(flight)
+        workers = {
+            role: sum(x[2][i] for x in flight) / len(flight)
+            for i, role in enumerate(("colocated", "prefill", "decode"))
+        }
+        return StepReport(batch.step, stats, t1 - t0, samples, dropped, in_flight, workers)
 
     def _poke(self) -> None:
         if self._loop is not None and self._wake is not None:
@@ -225,6 +254,9 @@ class Pipeline:
         trajectories = [r for r in results if isinstance(r, Trajectory)]
         failed = [r for r in results if not isinstance(r, Trajectory)]
         if failed:  # GRPO needs the whole group: a failed member drops it (it is re-generated)
+            with self._cv:
+                for k in range(self.cfg.group_size):
+                    self._prefilled.pop(f"{gid}.{k}", None)
             self.failed += len(failed)
             self.counts["failed"] += 1
             log.warning("group %s dropped: %s", gid, failed[0])
@@ -269,16 +301,23 @@ class Pipeline:
         assert self._generate is not None, "attach() a generate function before run()"
         self._generating += 1
         try:
-            return await self._generate(ids, sampling, trajectory_id)
+            result = await self._generate(ids, sampling, trajectory_id)
         finally:
             self._generating -= 1
+        with self._cv:
+            self._prefilled[trajectory_id] = self._prefilled.get(trajectory_id, 0) + max(
+                0, result.prompt_tokens - result.cached_tokens
+            )
+        return result
 
     async def _sample(self, stop: asyncio.Event) -> None:
-        """The fraction of running trajectories waiting on generation (f), ten times a second."""
+        """Ten times a second: the fraction of running trajectories waiting on generation (f),
+        and the trajectories in flight with the workers serving them (B_flight, N)."""
         while not stop.is_set():
             await asyncio.sleep(0.1)
-            if self._running:
-                with self._cv:
+            with self._cv:
+                self._flight.append((self.clock(), self._running, self._workers))
+                if self._running:
                     self._samples.append(self._generating / self._running)
                     if len(self._samples) > 10_000:
                         del self._samples[: len(self._samples) // 2]

@@ -25,3 +25,28 @@ def test_a_stale_group_behind_a_fresh_one_is_dropped_not_handed_out() -> None:
     assert batch.min_version >= 2 - 1
     assert p.counts["stale"] == 1
     assert p.take(timeout_s=0.01) is None  # g2 is gone, not waiting to be handed out later
+
+
+def test_a_batch_reports_its_concurrency_workers_and_prefilled_tokens() -> None:
+    import asyncio
+
+    from pearl.engines.base import FinishReason, GenerateResult, SamplingParams
+
+    p = Pipeline(PipelineConfig(batch=4, group_size=2, staleness=1),
+                 PromptBuilder(ByteTokenizer()))  # type: ignore[arg-type]
+
+    async def generate(ids: tuple[int, ...], sp: SamplingParams, tid: str) -> GenerateResult:
+        # The worker reused 60 of the 100 prompt tokens from the trajectory's resident prefix.
+        return GenerateResult(f"r-{tid}", (2,), (-1.0,), FinishReason.STOP, 0, 100, 60)
+
+    p.attach(generate)
+    for tid in ("g1.0", "g1.0", "g1.1", "g2.0", "g2.1"):
+        asyncio.run(p._counted((1,) * 100, SamplingParams(), tid))
+    p._ready.extend([group("g1", 0), group("g2", 0)])  # both ran from t = 0 to t = 1
+    # Samples inside the span count; the one after it (another batch's) does not.
+    p._flight.extend([(0.2, 6, (3, 0, 0)), (0.8, 10, (2, 0, 0)), (5.0, 99, (1, 0, 0))])
+    assert p.take(timeout_s=0.01) is not None
+    report = p.reports[-1]
+    assert report.in_flight == 8.0
+    assert report.workers == {"colocated": 2.5, "prefill": 0.0, "decode": 0.0}
+    assert [t.prefilled_tokens for t in report.trajectories] == [80, 40, 40, 40]
