@@ -6,8 +6,10 @@ wall time. PEARL decides the PD mode and ratio and borrows the training slots th
 the baselines keep every worker colocated and never borrow (what an elastic but PD-unaware
 system does) or always borrow (an ungated toggle). Runs alternate (PEARL, baselines, PEARL, ...)
 so machine noise hits all alike. Also reports the time from Training Begin to the last borrowed
-worker being back, the median error of PEARL's predicted step makespan from step 3 on, and the
-share of gate-approved borrow windows in which lent workers really served.
+worker being back, the median error of PEARL's predicted step makespan from step 3 on (eq. 1-3 on
+the profile of the steps before, for the workers and concurrency the batch ran with; and the pure
+forecast made before the batch was handed out), and the share of gate-approved borrow windows in
+which lent workers really served.
 
     .venv/bin/python benchmarks/bench_demo.py [--steps 16] [--rounds 2] [--json FILE]
 """
@@ -33,11 +35,11 @@ POLICIES = {
 }
 
 
-def makespan_errors(report: dict) -> list[float]:
+def makespan_errors(report: dict, field: str = "predicted_makespan_s") -> list[float]:
     """|predicted - measured| / measured of each step from step 3 on (priors may rule before)."""
     out = []
     for r in report["records"][2:]:
-        p, m = r.get("predicted_makespan_s"), r.get("measured_makespan_s")
+        p, m = r.get(field), r.get("measured_makespan_s")
         if p is not None and m:
             out.append(abs(p - m) / m)
     return out
@@ -73,12 +75,14 @@ def main() -> int:
               f"{1e3 * mean_ret:>10.0f}ms {1e3 * max_ret:>9.0f}ms")
     pearl = results["pearl"]
     errors = [e for s in pearl for e in makespan_errors(s)]
+    forecast = [e for s in pearl for e in makespan_errors(s, "forecast_makespan_s")]
     approved = sum(s["borrow"]["approved"] for s in pearl)
     served = sum(s["borrow"]["served"] for s in pearl)
     figures = {
         "pearl_over_fixed": tput["pearl"] / tput["fixed colocated"],
         "pearl_over_always_borrow": tput["pearl"] / tput["always borrow"],
         "makespan_median_abs_error": statistics.median(errors) if errors else None,
+        "makespan_forecast_median_abs_error": statistics.median(forecast) if forecast else None,
         "borrow_served_fraction": served / approved if approved else None,
         "borrow_windows_approved": approved,
         "borrow_aborted_by_training_begin": sum(
@@ -91,7 +95,8 @@ def main() -> int:
     }
     print()
     for k in ("pearl_over_fixed", "pearl_over_always_borrow", "makespan_median_abs_error",
-              "borrow_served_fraction", "borrow_aborted_by_training_begin", "return_max_s"):
+              "makespan_forecast_median_abs_error", "borrow_served_fraction",
+              "borrow_aborted_by_training_begin", "return_max_s"):
         v = figures[k]
         print(f"{k:<34} {'-' if v is None else f'{v:.3f}'}")
     if args.json:

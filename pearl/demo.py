@@ -46,10 +46,17 @@ class StepRecord:
     N_D: int
     N_C: int
     workers: int  # routable when the batch was taken
+    # Eq. 1-3 on the profile fitted from the steps before this one, for the workers and the
+    # concurrency this batch really ran with (means over its span).
     predicted_makespan_s: float | None
     measured_makespan_s: float | None
     # The training-idle window before this step: what the borrowing gate said and what happened.
     borrow: dict[str, Any] = field(default_factory=dict)
+    # The pure forecast, made before the batch was handed out: the same profile with its own
+    # B_flight, for the configuration in place then.
+    forecast_makespan_s: float | None = None
+    in_flight: float | None = None  # B_flight of this batch: mean trajectories in flight
+    mean_workers: dict[str, float] = field(default_factory=dict)  # by role, over its span
 
 
 def borrow_record(cycle: dict[str, Any] | None) -> dict[str, Any]:
@@ -206,16 +213,39 @@ class LiveView(threading.Thread):
 
 def predict(status: dict[str, Any]) -> float | None:
     """The makespan eq. 1-3 predict for the current configuration from the current profile."""
+    return predict_for(status["profile"], status["mode"], status["N_P"], status["N_D"],
+                       status["N_C"])
+
+
+def predict_for(profile: dict[str, Any], mode: str, N_P: float, N_D: float, N_C: float,
+                in_flight: float | None = None) -> float | None:
+    """Eq. 1-3 on ``profile`` (a status' plain profile) for a configuration, with B_flight
+    replaced by ``in_flight`` when given."""
+    import dataclasses
+
     from pearl.core.makespan import T_coloc, T_dis
     from pearl.core.profile import WorkloadProfile
     from pearl.core.schema import from_plain
 
-    p = from_plain(WorkloadProfile, status["profile"])
-    if status["mode"] == "colocated":
-        return float(T_coloc(p, status["N_C"])) if status["N_C"] else None
-    if status["N_P"] and status["N_D"]:
-        return float(T_dis(p, status["N_P"], status["N_D"]))
+    p = from_plain(WorkloadProfile, profile)
+    if in_flight is not None and in_flight > 0:
+        p = dataclasses.replace(p, B_flight=in_flight)
+    if mode == "colocated":
+        return float(T_coloc(p, N_C)) if N_C > 0 else None
+    if N_P > 0 and N_D > 0:
+        return float(T_dis(p, N_P, N_D))
     return None
+
+
+def predict_batch(profile: dict[str, Any], report: Any) -> float | None:
+    """Eq. 1-3 for the workers (mean by role over the batch's span) and the concurrency
+    (B_flight) the batch really ran with; the mode is the one most workers were in."""
+    w = getattr(report, "workers", None) or {}
+    c, n_p, n_d = w.get("colocated", 0.0), w.get("prefill", 0.0), w.get("decode", 0.0)
+    if c <= 0 and n_p + n_d <= 0:
+        return None
+    mode = "colocated" if c >= n_p + n_d else "disaggregated"
+    return predict_for(profile, mode, n_p, n_d, c, report.in_flight)
 
 
 def virtual_devices(
@@ -289,6 +319,8 @@ def run(
         first = int(rt.status()["training_step"]) + 1  # a reused state dir continues
         for step in range(first, first + steps):
             t0 = time.monotonic()
+            before = rt.status()  # the profile from the steps before this one
+            forecast = predict(before)
             batch = rt.next_batch(timeout_s=BATCH_TIMEOUT_S)
             got = time.monotonic()
             s = rt.status()
@@ -312,7 +344,7 @@ def run(
             duration = end - last_end
             last_end = end
             report = rt.daemon.batches().reports[-1] if rt.daemon.batches().reports else None
-            predicted = predict(s)
+            predicted = predict_batch(before["profile"], report) if report else forecast
             records.append(
                 StepRecord(
                     step,
@@ -335,6 +367,9 @@ def run(
                     predicted,
                     report.makespan_s if report else None,
                     borrow_record(cycle),
+                    forecast,
+                    report.in_flight if report else None,
+                    dict(report.workers) if report else {},
                 )
             )
             state.update(step=step, throughput=records[-1].throughput_tok_s)
