@@ -16,6 +16,7 @@ TRAIN = 6  # a training step finished
 TICK = 7  # periodic controller tick
 END = 8  # end of the simulated window
 PAUSE = 9  # an expansion's finalization starts: admission pauses
+UNSTALL = 10  # a worker finished loading a published weight version
 
 
 class Clock:
@@ -44,5 +45,5 @@ class Clock:
         return len(self._heap)
 
 
-__all__ = ["AVAIL", "END", "ENV", "PAUSE", "STEP", "TICK", "TRAIN", "UNPAUSE", "WORKER", "XFER",
-           "Clock"]
+__all__ = ["AVAIL", "END", "ENV", "PAUSE", "STEP", "TICK", "TRAIN", "UNPAUSE", "UNSTALL", "WORKER",
+           "XFER", "Clock"]

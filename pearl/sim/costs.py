@@ -12,6 +12,10 @@ simulator resolves them further, from the same catalog (``pearl.core.catalog``):
 - KV: ``K`` bytes per token; a worker holds ``kv_tokens`` of them (HBM left after the weights);
 - KV transfer between pools: a node's InfiniBand link (``link_Bps``, the paper's 800 Gb/s per
   node) is shared by every transfer entering or leaving the node; within a node NVLink.
+- weights: ``weight_bytes`` (all parameters, bf16) move when a new version is published (the
+  broadcast stalls the rollout workers for ``weight_bytes / link_Bps``) and when a worker joins
+  (it loads the current version from a peer over the link before admission; an overlap worker
+  loads it from the trainer on its own node over NVLink).
 
 ``EngineParams`` are the knobs calibration may move (efficiencies, chunk size, link rate);
 everything else is datasheet and config.json arithmetic.
@@ -44,8 +48,10 @@ class EngineParams:
     gpus_per_node: int = 8
     xfer_latency_s: float = 0.002  # per KV transfer: handshake, page-table metadata
     decode_keeps_prefix: bool = False  # PD decode workers drop a trajectory's KV after each turn
+    pd_affinity: bool = True  # PD router sends a turn back to its prefill worker's cached prefix
     insert_s: float = 0.0  # colocated: fixed cost of inserting a prefill into a running batch
     time_scale: float = 1.0  # every GPU time x this (and environment time: see Scenario)
+    sync_weights: bool = True  # publishes and joins pay the weight transfer (False: free)
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,15 @@ class WorkerCosts:
     xfer_latency_s: float
     decode_keeps_prefix: bool
     insert_s: float
+    pd_affinity: bool = True
+    weight_bytes: float = 0.0  # moved per weight sync (0: weight synchronisation is free)
+
+    def weight_sync_s(self, intra_node: bool = False) -> float:
+        """Seconds to move one weight version to a worker: over the node's link (a publish or a
+        joiner fetching from a peer) or over NVLink (an overlap worker from its own trainer)."""
+        if self.weight_bytes <= 0:
+            return 0.0
+        return self.weight_bytes / (self.nvlink_Bps if intra_node else self.link_Bps)
 
     def A(self, n: int) -> float:
         return self.A_table[n if n <= MAX_BATCH else MAX_BATCH]
@@ -122,6 +137,8 @@ def worker_costs(model: str, params: EngineParams | None = None) -> WorkerCosts:
         xfer_latency_s=k * p.xfer_latency_s,
         decode_keeps_prefix=p.decode_keeps_prefix,
         insert_s=k * p.insert_s,
+        weight_bytes=weights if p.sync_weights else 0.0,
+        pd_affinity=p.pd_affinity,
     )
 
 

@@ -2,10 +2,13 @@
 operation's latency (Table 3 and :class:`pearl.sim.scenario.ReconfigCosts`), answers with a
 ``StepResult``.
 
-- ``StartWorker``: a new worker prepares in the background (``prepare_s``), then the finalization
-  (``finalize_s``) syncs weights and updates routing, pausing admission of new requests cluster-wide
-  while requests already running continue (§6.5.2). It serves once the plan commits.
-- ``ActivateWorker``: a retained overlap worker restores its device state (``activate_s``).
+- ``StartWorker``: a new worker prepares in the background (``prepare_s``), loads the current
+  weight version from a peer at the link rate (lazy weight propagation, §4.5: the newest snapshot
+  after init), then the finalization (``finalize_s``) updates routing, pausing admission of new
+  requests cluster-wide while requests already running continue (§6.5.2). It serves once the
+  plan commits.
+- ``ActivateWorker``: a retained overlap worker restores its device state (``activate_s``) and
+  loads the version training just produced from the trainer on its own GPUs' node (NVLink).
 - ``StopWorker`` / ``DeactivateWorker`` / ``SetRole``: in-flight requests are aborted at once,
   keeping their generated prefixes, and resubmitted elsewhere; the GPUs come back after
   ``remove_s`` / ``deactivate_s``, the new role after ``role_switch_s``.
@@ -58,14 +61,15 @@ class Executors:
             ro.add_worker(c.worker, c.role, c.gpus)
             self.preparing[c.worker] = c.incarnation
             self.gpus[c.worker] = c.gpus
-            lat = self._latency(k.prepare_s + k.finalize_s)
+            prep = k.prepare_s + ro.costs.weight_sync_s()
+            lat = self._latency(prep + k.finalize_s)
             if lat > 0:
-                self.clock.at(self.clock.now + k.prepare_s, ck.PAUSE, (c.worker, c.incarnation))
-            self._answer(c, k.prepare_s + k.finalize_s)
+                self.clock.at(self.clock.now + prep, ck.PAUSE, (c.worker, c.incarnation))
+            self._answer(c, prep + k.finalize_s)
         elif isinstance(c, cmd.ActivateWorker):
             ro.add_worker(c.worker, c.role, self.gpus.get(c.worker, ()))
             self.retained.pop(c.worker, None)
-            self._answer(c, k.activate_s)
+            self._answer(c, k.activate_s + ro.costs.weight_sync_s(intra_node=True))
         elif isinstance(c, cmd.StopWorker):
             ro.remove_worker(c.worker)
             self.preparing.pop(c.worker, None)

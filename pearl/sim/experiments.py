@@ -96,16 +96,26 @@ def _ratio_job(args: tuple[Scenario, int, int, tuple[int, ...], int]) -> dict[st
     N = (ded + ov) // sc.tp
     policy = sc.policy(POLICIES["pearl"])
     profile = history_profile(sc, ded, workers=N)
-    selected = policy.decide(profile, N, None).target
+    decision = policy.decide(profile, N, None)
+    selected = decision.target
     spans = {"coloc": _split_makespan(sc, 0, 0, N, seeds, batches)}
     for n_p in range(1, N):
         spans[f"{n_p}P{N - n_p}D"] = _split_makespan(sc, n_p, N - n_p, 0, seeds, batches)
     best = min(spans, key=lambda k: spans[k])
     sel = "coloc" if selected.mode is Mode.COLOCATED else str(selected)
+    # The decision engine's prediction of every configuration (eq. 1-3 on the profile it
+    # decided from) against the simulator's measured makespan of it.
+    predicted: dict[str, float] = {}
+    excluded: dict[str, str | None] = {}
+    for a in decision.alternatives:
+        key = "coloc" if a.mode is Mode.COLOCATED else str(a.target)
+        predicted[key] = a.predicted_makespan_s
+        excluded[key] = a.excluded_by
     return {"dedicated_gpus": ded, "overlap": bool(ov), "workers": N, "selected": sel,
             "empirical_best": best, "match": sel == best,
             "selected_vs_best": spans[best] / spans[sel] if sel in spans else None,
-            "makespans_s": spans}
+            "makespans_s": spans, "predicted_s": predicted, "excluded_by": excluded,
+            "error": {k: predicted[k] / v - 1 for k, v in spans.items() if k in predicted}}
 
 
 def ratio_selection(sc: Scenario, dedicated: Sequence[int] = (10, 12, 16), overlap_gpus: int = 16,

@@ -109,6 +109,25 @@ class Rollout:
                 (c if w.role == COLOCATED else p if w.role == PREFILL else d).append(w)
         self._c, self._p, self._d = c, p, d
 
+    def stall(self, seconds: float) -> None:
+        """A new weight version is published: every worker stops iterating for ``seconds`` while
+        it receives and loads the broadcast (requests stay where they are; KV transfers go on)."""
+        if seconds <= 0:
+            return
+        now = self.clock.now
+        for w in self.workers.values():
+            w.advance(now)
+            w.stalled_until = now + seconds
+            self.kick(w)
+        self.clock.at(now + seconds, ck.UNSTALL)
+
+    def unstall(self) -> None:
+        now = self.clock.now
+        for w in self.workers.values():
+            if w.stalled_until <= now:
+                w.advance(now)
+                self.kick(w)
+
     def pause(self, until: float) -> None:
         """Hold new requests at the router until ``until`` (expansion finalization)."""
         if until > self.paused_until:
@@ -155,7 +174,10 @@ class Rollout:
             self._own(tr, w)
             self._admit_colocated(w, tr)
         else:
-            pw = self._pick(tr.owner if tr.owner in p else None, p)
+            # SGLang's PD load balancer picks a (prefill, decode) pair without regard to cached
+            # prefixes; with pd_affinity off a turn lands on the least loaded prefill worker.
+            sticky = self.costs.pd_affinity and tr.owner in p
+            pw = self._pick(tr.owner if sticky else None, p)
             self._own(tr, pw)
             home = tr.home if self.costs.decode_keeps_prefix and tr.home in d else None
             least = min(d, key=_active)
@@ -284,7 +306,7 @@ class Rollout:
         """Recompute w's rates and schedule its next completion."""
         w.recompute()
         w.version += 1
-        if w.n or w.pq:
+        if (w.n or w.pq) and not w.stalled:
             self.clock.at(w.next_time(self.clock.now), ck.WORKER, w, w.version)
 
     def dispatch(self, kind: int, obj: object, version: int) -> bool:
@@ -295,6 +317,8 @@ class Rollout:
             self.on_env(obj)  # type: ignore[arg-type]
         elif kind == ck.XFER:
             obj.on_event(version)  # type: ignore[attr-defined]
+        elif kind == ck.UNSTALL:
+            self.unstall()
         else:
             return False
         return True

@@ -193,7 +193,7 @@ class Simulation:
         unf = ro.int_unfinished - self.acc0[0]
         f = 1.0 - (ro.int_env - self.acc0[1]) / unf if unf > 0 else 1.0
         span = now - self.t_batch
-        raw = telemetry_of(k, self.trs, ro.stats, f, span)
+        raw = telemetry_of(k, self.trs, ro.stats, f, span, unf / span if span > 0 else 0.0)
         assert self.s is not None
         tracker = RuntimeTracker(self.s.profile, self.policy.alpha, self.policy.L_max)
         self._handle(tracker.summarize(raw))
@@ -223,6 +223,9 @@ class Simulation:
 
     def _trained(self, k: int, seconds: float, wait: float) -> None:
         now = self.clock.now
+        # Version k is published: the broadcast to the rollout workers stalls them while they
+        # receive and load it (the overlap workers load it when they are next activated).
+        self.rollout.stall(self.rollout.costs.weight_sync_s())
         self._handle(ev.TrainingFinished(k, k))
         span, gen, tok, t_roll = self.completed.pop(k)
         self.result.steps.append(StepRecord(k, now, now - self.last_done, gen, tok, span,

@@ -42,13 +42,17 @@ class StaticResult:
 
 
 def telemetry_of(step: int, trs: list[Traj], stats: StepStats, f_active: float,
-                 makespan: float) -> StepTelemetry:
-    """The raw telemetry a real deployment would record for one rollout step."""
+                 makespan: float, in_flight: float = 0.0) -> StepTelemetry:
+    """The raw telemetry a real deployment would record for one rollout step: per trajectory
+    also the prompt tokens really prefilled (prefix reuse, recomputation after a move or an
+    abort), and ``in_flight``, the mean number of the batch's trajectories not yet finished over
+    its makespan (the concurrency the workers really share as stragglers thin the batch out)."""
     dec = sorted(stats.decode.items())
     return StepTelemetry(
         step=step,
         trajectories=tuple(
-            TrajectoryStats(tr.spec.turns, sum(tr.spec.new), sum(tr.spec.gen), sum(tr.spec.env))
+            TrajectoryStats(tr.spec.turns, sum(tr.spec.new), sum(tr.spec.gen), sum(tr.spec.env),
+                            tr.prefilled)
             for tr in trs),
         decode_batch=tuple(n for n, _ in dec),
         decode_s=tuple(s / it for _, (s, it) in dec),
@@ -56,6 +60,7 @@ def telemetry_of(step: int, trs: list[Traj], stats: StepStats, f_active: float,
         prefill_s=(stats.prefill_s,) if stats.prefill_tokens else (),
         active_fraction=(min(1.0, max(0.0, f_active)),),
         makespan_s=makespan,
+        in_flight=in_flight,
     )
 
 
@@ -97,7 +102,8 @@ def run_static(model: str, n_c: int = 0, n_p: int = 0, n_d: int = 0, *,
         f = 1.0 - (ro.int_env - env0) / unf if unf > 0 else 1.0
         out.makespans.append(span)
         out.stats.append(ro.stats)
-        out.telemetry.append(telemetry_of(k + 1, trs, ro.stats, f, span))
+        out.telemetry.append(telemetry_of(k + 1, trs, ro.stats, f, span,
+                                          unf / span if span > 0 else 0.0))
         out.generated.append(sum(tr.spec.gen[i] for tr in trs for i in range(tr.spec.turns)))
         out.tokens.append(sum(tr.spec.tokens for tr in trs))
     return out

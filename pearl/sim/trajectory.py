@@ -42,7 +42,7 @@ class Traj:
 
     __slots__ = ("tid", "spec", "k", "ctx", "req_new", "req_gen", "phase", "w", "d", "owner",
                  "pf_rem", "pf_tokens", "t_tok", "V_start", "home", "home_tokens", "phome",
-                 "phome_tokens", "kv_res", "pkv_res", "need", "t_end", "generated")
+                 "phome_tokens", "kv_res", "pkv_res", "need", "t_end", "generated", "prefilled")
 
     def __init__(self, tid: int, spec: TrajectorySpec) -> None:
         self.tid = tid
@@ -68,6 +68,7 @@ class Traj:
         self.need = 0  # tokens to reserve when admitted from an admit_q
         self.t_end = 0.0
         self.generated = 0
+        self.prefilled = 0  # prompt tokens computed for it (not reused from a cached prefix)
 
     def to(self, phase: Phase) -> None:
         if phase not in NEXT[self.phase]:

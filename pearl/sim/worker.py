@@ -48,7 +48,7 @@ class SimWorker:
 
     __slots__ = ("wid", "role", "costs", "accepting", "t_last", "V", "tau", "tau_dec", "n",
                  "ctx_off", "dec", "pq", "kv_cap", "kv_used", "idle", "admit_q", "load",
-                 "version", "stats", "_seq", "busy_s", "alive", "node")
+                 "version", "stats", "_seq", "busy_s", "alive", "node", "stalled_until")
 
     def __init__(self, wid: int, role: Role, costs: WorkerCosts, now: float,
                  stats: StepStats) -> None:
@@ -75,6 +75,7 @@ class SimWorker:
         self._seq = 0
         self.busy_s = 0.0
         self.node = 0
+        self.stalled_until = float("-inf")  # loading a published weight version: no progress
 
     # -- the fluid clock --------------------------------------------------------------------------
 
@@ -119,6 +120,12 @@ class SimWorker:
             self.tau = base + c.chunk_tokens * self.pq[0].t_tok
         else:
             self.tau = self.tau_dec
+        if self.stalled_until > self.t_last:
+            self.tau = 0.0  # no iteration runs while the weights are being replaced
+
+    @property
+    def stalled(self) -> bool:
+        return self.stalled_until > self.t_last
 
     def next_time(self, now: float) -> float:
         """When the next decode or prefill completion happens at the current rates."""
@@ -165,6 +172,7 @@ class SimWorker:
             st = self.stats
             st.prefill_tokens += tr.pf_tokens
             st.prefill_s += tr.pf_tokens * tr.t_tok
+            tr.prefilled += tr.pf_tokens
             return tr
         return None
 

@@ -137,3 +137,52 @@ def test_time_scale_dilates_everything() -> None:
     slow = run_static("qwen3-8b", 2, workload=wl, batches=1,
                       engine=dataclasses.replace(EngineParams(), time_scale=10.0)).makespans[0]
     assert slow == pytest.approx(10 * base, rel=1e-6)
+
+
+def test_a_published_version_stalls_every_worker_for_the_broadcast() -> None:
+    """A weight publish stops decoding for weight_bytes / link rate, then decoding resumes
+    where it was: the request finishes exactly that much later and generates nothing twice."""
+    spans = {}
+    for publish in (False, True):
+        ro, clock, done = _cluster([COLOCATED])
+        ro.start([TrajectorySpec(0, (2000,), (400,), (0.0,))])
+        clock.at(0.5, ck.TICK)  # mid-decode
+        while not done:
+            e = clock.pop()
+            assert e is not None
+            if e[1] == ck.TICK:
+                w = ro.workers[0]
+                assert w.n == 1
+                if publish:
+                    ro.stall(ro.costs.weight_sync_s())
+                    assert w.stalled and w.tau == 0.0
+                continue
+            ro.dispatch(e[1], e[2], e[3])
+        spans[publish] = clock.now
+        assert done[0].generated == 400
+    c = worker_costs("qwen3-8b")
+    assert c.weight_sync_s() == pytest.approx(c.weight_bytes / c.link_Bps)
+    assert c.weight_sync_s(intra_node=True) < c.weight_sync_s()
+    # not exact: the iteration time follows the growing context only at events, and the stall
+    # adds two (the context-dependent share of an 8B iteration is small)
+    assert spans[True] - spans[False] == pytest.approx(c.weight_sync_s(), rel=1e-2)
+
+
+def test_weight_sync_can_be_switched_off() -> None:
+    assert worker_costs("qwen3-8b", EngineParams(sync_weights=False)).weight_sync_s() == 0.0
+    assert worker_costs("qwen3-30b-a3b").weight_bytes > 3 * worker_costs("qwen3-8b").weight_bytes
+
+
+def test_prefill_routing_without_affinity_recomputes_the_context() -> None:
+    """SGLang's PD balancer picks a prefill worker without regard to cached prefixes: a second
+    turn that lands on another prefill worker prefills its whole context again."""
+    spec = TrajectorySpec(0, (3000, 800), (60, 60), (0.5, 0.0))
+    tokens = {}
+    for aff in (True, False):
+        ro, clock, done = _cluster([PREFILL, PREFILL, DECODE],
+                                   EngineParams(pd_affinity=aff))
+        ro.start([spec])
+        _drive(ro, clock, done, 1)
+        tokens[aff] = ro.stats.prefill_tokens
+    assert tokens[True] == 3000 + 60 + 800
+    assert tokens[False] == 3000 + 3000 + 60 + 800
