@@ -14,6 +14,7 @@ step that waits more than ``return_bound_s`` for its GPUs counts as a late retur
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from pearl.core import events as ev
 from pearl.core.controller import Controller, ControllerState
 from pearl.core.errors import InvariantViolation, PearlError
 from pearl.core.fold import replay
+from pearl.core.makespan import KV_RESIDENCY
 from pearl.core.profile import RuntimeTracker, WorkloadProfile
 from pearl.core.state import Role, Zone, validate
 from pearl.sim import clock as ck
@@ -55,7 +57,21 @@ def history_profile(sc: Scenario, reserved: int, workers: int = 4, batches: int 
     tracker = RuntimeTracker(prior, sc.decision.ema_alpha, float(sc.workload.max_tokens))
     for raw in res.telemetry:
         tracker.observe(tracker.summarize(raw))
-    return tracker.profile
+    return dataclasses.replace(tracker.profile, BW=transfer_bandwidth(sc, tracker.profile))
+
+
+def transfer_bandwidth(sc: Scenario, p: WorkloadProfile) -> float:
+    """Eq. 3's BW as the deployment pays it, in bytes of delta_L tokens per second.
+
+    Eq. 3 moves B delta_L K bytes per turn. A decode worker that keeps no prefix (SGLang's PD
+    decode) receives the whole context every turn, on average delta_L plus half the final
+    context (``KV_RESIDENCY``), so per delta_L token the link carries that much more; the link is
+    the node's, at the deployment's (dilated) rate."""
+    link = sc.engine.link_Bps / sc.engine.time_scale
+    if sc.engine.decode_keeps_prefix or p.delta_L <= 0:
+        return link
+    resident = KV_RESIDENCY * p.K_seq / p.K if p.K > 0 else 0.0
+    return link * p.delta_L / (p.delta_L + resident)
 
 
 def roll_large_gpus(avail: Availability, reserved: int = 4) -> int:
@@ -290,4 +306,4 @@ class Simulation:
         return r
 
 
-__all__ = ["Simulation", "roll_large_gpus"]
+__all__ = ["Simulation", "roll_large_gpus", "transfer_bandwidth"]
