@@ -73,10 +73,13 @@ class IntraScaleToggleManager(PearlActor):
     def deactivate(self, c: cmd.DeactivateWorker) -> None:
         name = f"worker/{c.worker}"
         if c.force and self.directory.find(name) is not None:
-            # Out of time (or cancelling): the GPUs come back by ending the process.
+            # Out of time: the GPUs come back by ending the process.
             self.directory.tell("supervisor", Retire(c.worker, force=True, report=_result(c)))
         elif not self.directory.tell(name, c):
-            self.directory.tell("orchestrator", _result(c))  # nothing holds device memory
+            if c.cancel:  # a cold start still launching: end it, or it activates once it is up
+                self.directory.tell("supervisor", Retire(c.worker, force=True, report=_result(c)))
+            else:
+                self.directory.tell("orchestrator", _result(c))  # nothing holds device memory
 
     def hand_off(self, c: Any) -> None:
         if not self.directory.tell("trainer", c):

@@ -74,6 +74,8 @@ class ControllerConfig:
     timeouts: Mapping[StepOp, float] = field(default_factory=lambda: DEFAULT_TIMEOUTS)
     quarantine_s: float = 30.0  # first back-off for GPUs whose worker failed; doubles per failure
     max_quarantine_s: float = 600.0
+    # A cancelled activation releases in place within this, else its host is ended (bounded).
+    cancel_grace_s: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -285,14 +287,19 @@ class Controller:
         p = tx.table.plan
         if p is None or tx.s.mandatory or tx.s.aborting is not None:
             return
-        # Started non-joining steps run to completion; every started joiner is undone.
+        # Started non-joining steps run to completion; every started joiner is undone. An
+        # activation first in place (the retained process stays for the next borrow; ending it
+        # would make that one a cold start, longer than the window), forced after a short grace.
         started = {k: d for k, d in tx.s.started.items() if p.steps[k].op not in JOIN_OPS}
         cancelled = set()
         for k, st in enumerate(p.steps):
             if st.op in JOIN_OPS and (k in tx.s.started or k in p.done):
-                tx.commands.append(cancel_command(p.plan, k, st))
+                in_place = st.op is StepOp.ACTIVATE
+                tx.commands.append(cancel_command(p.plan, k, st, force=not in_place))
                 cancelled.add(k)
-                started[k] = tx.now + self.config.timeouts[StepOp.REMOVE]
+                started[k] = tx.now + (
+                    self.config.cancel_grace_s if in_place else self.config.timeouts[StepOp.REMOVE]
+                )
         tx.set(aborting=reason, cancelled=frozenset(cancelled), started=started)
 
     @staticmethod
@@ -591,7 +598,13 @@ class Controller:
             cause = "return"
         else:
             overlap = [g for g in m.new_groups if g[1] is Zone.OVERLAP]
-            if (m.lend is not None or m.reactivate or overlap) and len(overlap) < len(m.new_groups):
+            # Before the first training step the window lasts until the first batch, which needs
+            # workers: no Training Begin can cut a borrow short before it serves, so its cold
+            # starts run beside the dedicated ones (borrowing first held the dedicated workers
+            # back by a whole cold start, and borrowing later behind their plan).
+            first_window = t.training_step == 0 and t.phase is TrainingPhase.IDLE
+            if ((m.lend is not None or m.reactivate or overlap) and len(overlap) < len(m.new_groups)
+                    and not first_window):
                 # Borrow first, alone: it takes a fraction of a second with retained workers and
                 # must serve within the idle window, while a cold start on dedicated GPUs takes
                 # long. Left in the same plan, the next Training Begin would cancel both; as a

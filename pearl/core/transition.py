@@ -144,12 +144,14 @@ def abort_records(s: ClusterState, reason: str, failed: frozenset[int] = frozens
     return out + [ev.PlanAbort(p.plan, reason)]
 
 
-def cancel_command(plan: int, k: int, step: Step) -> Any | None:
-    """Command that undoes a started joiner when its plan is cancelled."""
+def cancel_command(plan: int, k: int, step: Step, force: bool = True) -> Any | None:
+    """Command that undoes a started joiner when its plan is cancelled. An activation is undone
+    in place unless ``force``: the retained process releases its device memory and stays, so the
+    next borrow is an activation again, not a cold start; forced, the process is ended."""
     if step.op is StepOp.ADD:
         return cmd.StopWorker(step.worker, plan, k, keep_partial=False, force=True, cancel=True)
     if step.op is StepOp.ACTIVATE:
-        return cmd.DeactivateWorker(step.worker, plan, k, force=True, cancel=True)
+        return cmd.DeactivateWorker(step.worker, plan, k, force=force, cancel=True)
     return None
 
 

@@ -178,6 +178,18 @@ def test_borrow_and_mandatory_return_before_training() -> None:
     assert len(h.table.routable()) == 4
 
 
+def test_before_the_first_step_borrowed_and_dedicated_workers_start_together() -> None:
+    """The first window lasts until the first batch: a borrow's cold start cannot be cut short
+    there, so the dedicated workers do not wait behind it (nor the borrow behind them)."""
+    h = Harness(borrow=Borrow.ALWAYS)
+    h.answer(lambda c: isinstance(c, cmd.LendTraining))
+    starts = [c for c in h.pending if isinstance(c, cmd.StartWorker)]
+    zones = {h.table.workers[c.worker].zone for c in starts}
+    assert zones == {Zone.OVERLAP, Zone.DEDICATED}
+    h.settle()
+    assert len(h.table.routable()) == 4 and h.table.plan is None
+
+
 def test_no_borrowing_means_training_proceeds_at_once() -> None:
     h = Harness(borrow=Borrow.NEVER)
     h.settle()
@@ -349,6 +361,26 @@ def test_training_begin_cancels_a_borrow_still_in_flight() -> None:
     h.answer(lambda c: isinstance(c, cmd.LendTraining))  # activation still running
     h.send(ev.TrainingBegin(2))
     assert any(getattr(c, "cancel", False) for c in h.pending)
+    h.settle()
+    assert cmd.TrainingMayProceed(2) in h.sent
+
+
+def test_a_cancelled_activation_releases_in_place_and_is_forced_only_past_its_grace() -> None:
+    """Ending a retained overlap process on every cut-short borrow made the next borrow a cold
+    start, longer than the window: it was cut short in turn, and ended again."""
+    h = Harness(borrow=Borrow.ALWAYS)
+    h.settle()
+    h.send(ev.TrainingBegin(1))
+    h.settle()
+    h.send(ev.TrainingFinished(1, 1))
+    h.answer(lambda c: isinstance(c, cmd.LendTraining))  # activation still running
+    h.send(ev.TrainingBegin(2))
+    cancels = [c for c in h.pending if getattr(c, "cancel", False)]
+    assert cancels and all(isinstance(c, cmd.DeactivateWorker) and not c.force for c in cancels)
+    h.pending = [c for c in h.pending if not getattr(c, "cancel", False)]  # never answered
+    h.send(cmd.Tick(), dt=h.ctl.config.cancel_grace_s + 0.1)
+    forced = [c for c in h.sent if isinstance(c, cmd.DeactivateWorker) and c.cancel and c.force]
+    assert sorted(c.worker for c in forced) == sorted(c.worker for c in cancels)
     h.settle()
     assert cmd.TrainingMayProceed(2) in h.sent
 
