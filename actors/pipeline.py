@@ -21,6 +21,7 @@ from pearl.rl.trajectory import Batch
 log = logging.getLogger(__name__)
 
 PROGRESS_S = 0.5  # how often the gate hears how many trajectories are still missing
+PROGRESS_POLL_S = 0.05  # ... and how soon it hears a change (a batch completing ends the window)
 
 
 class PipelineActor(PearlActor):
@@ -92,10 +93,16 @@ class PipelineActor(PearlActor):
         )
 
     async def _progress(self) -> None:
+        # A stale count makes the gate approve a borrow for a batch that is already complete:
+        # the plan is then cut short by the Training Begin that follows at once.
+        last, told = -1, 0.0
         while True:
-            await asyncio.sleep(PROGRESS_S)
+            await asyncio.sleep(PROGRESS_POLL_S)
             missing = max(0, self.cfg.batch - self.pipeline.ready_trajectories)
-            self.directory.tell("orchestrator", cmd.RolloutProgress(missing))
+            now = self._loop.time()
+            if missing != last or now - told >= PROGRESS_S:
+                self.directory.tell("orchestrator", cmd.RolloutProgress(missing))
+                last, told = missing, now
 
     def _on_batch(self, batch: Batch, report: StepReport) -> None:
         self.directory.tell(
