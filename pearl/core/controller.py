@@ -598,13 +598,7 @@ class Controller:
             cause = "return"
         else:
             overlap = [g for g in m.new_groups if g[1] is Zone.OVERLAP]
-            # Before the first training step the window lasts until the first batch, which needs
-            # workers: no Training Begin can cut a borrow short before it serves, so its cold
-            # starts run beside the dedicated ones (borrowing first held the dedicated workers
-            # back by a whole cold start, and borrowing later behind their plan).
-            first_window = t.training_step == 0 and t.phase is TrainingPhase.IDLE
-            if ((m.lend is not None or m.reactivate or overlap) and len(overlap) < len(m.new_groups)
-                    and not first_window):
+            if (m.lend is not None or m.reactivate or overlap) and len(overlap) < len(m.new_groups):
                 # Borrow first, alone: it takes a fraction of a second with retained workers and
                 # must serve within the idle window, while a cold start on dedicated GPUs takes
                 # long. Left in the same plan, the next Training Begin would cancel both; as a

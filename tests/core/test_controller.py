@@ -178,18 +178,6 @@ def test_borrow_and_mandatory_return_before_training() -> None:
     assert len(h.table.routable()) == 4
 
 
-def test_before_the_first_step_borrowed_and_dedicated_workers_start_together() -> None:
-    """The first window lasts until the first batch: a borrow's cold start cannot be cut short
-    there, so the dedicated workers do not wait behind it (nor the borrow behind them)."""
-    h = Harness(borrow=Borrow.ALWAYS)
-    h.answer(lambda c: isinstance(c, cmd.LendTraining))
-    starts = [c for c in h.pending if isinstance(c, cmd.StartWorker)]
-    zones = {h.table.workers[c.worker].zone for c in starts}
-    assert zones == {Zone.OVERLAP, Zone.DEDICATED}
-    h.settle()
-    assert len(h.table.routable()) == 4 and h.table.plan is None
-
-
 def test_no_borrowing_means_training_proceeds_at_once() -> None:
     h = Harness(borrow=Borrow.NEVER)
     h.settle()
