@@ -45,6 +45,9 @@ class Shaping:
     cap: float = 0.3
 
 
+NO_SHAPING = Shaping(answer_format=0.0, tool_format=0.0, charset=0.0, cap=0.0)  # reward = correct
+
+
 @dataclass(frozen=True)
 class Action:
     """A parsed action: kind is 'calc', 'py', 'answer' or 'none'."""
@@ -93,7 +96,7 @@ class ToolUseEnv(Environment):
 
     def __init__(self, max_turns: int = 4, limits: SandboxLimits | None = None,
                  shaping: Shaping | None = None, latency_s: float = 0.01,
-                 python_tool: bool = True) -> None:
+                 python_tool: bool = True, instructions: str = INSTRUCTIONS) -> None:
         if max_turns < 1:
             raise EnvError(f"max_turns must be at least 1, got {max_turns}")
         self.max_turns = max_turns
@@ -101,6 +104,7 @@ class ToolUseEnv(Environment):
         self.shaping = shaping or Shaping()
         self.latency_s = latency_s  # a tool-service round trip, awaited on every step
         self.python_tool = python_tool
+        self.instructions = instructions
         self.task: Task | None = None
         self.turn = 0
         self.shaped = 0.0
@@ -108,7 +112,7 @@ class ToolUseEnv(Environment):
 
     async def reset(self, task: Task) -> str:
         self.task, self.turn, self.shaped, self.done = task, 0, 0.0, False
-        return f"{INSTRUCTIONS}\nProblem: {task.prompt}"
+        return f"{self.instructions}\nProblem: {task.prompt}"
 
     async def step(self, action: str) -> StepOutcome:
         if self.task is None or self.done:
@@ -191,5 +195,56 @@ def arithmetic_tasks(n: int = 256, seed: int = 0, difficulty: int = 1) -> TaskSe
     return TaskSet(tasks, name=f"arithmetic(seed={seed})")
 
 
-__all__ = ["INSTRUCTIONS", "Action", "Shaping", "ToolUseEnv", "arithmetic_tasks",
-           "charset_fraction", "is_correct", "parse_action", "parse_number", "word_problem"]
+# -- the demo's learnable task: one-digit counting problems, reward 1 for the right answer ---------
+#
+# ``tool_use_counts`` (registered in pearl.rl.envs) is this environment with the Python tool off,
+# no shaping (a trajectory earns 1 for a correct answer, else 0) and one short instruction line,
+# on problems a tiny byte-level model can copy into a tool call after a short warm start. The warm
+# start's demonstrations (pearl.rl.warmstart) are recorded with both tools on; see docs/learning.md.
+
+COUNT_INSTRUCTIONS = "Use <calc>, then <answer>."
+_GAIN = ("gets", "finds", "buys", "wins")
+_LOSS = ("loses", "gives away", "sells", "eats")
+_ITEMS_SHORT = ("apples", "coins", "books", "shells", "stamps", "cards")
+
+
+def count_problem(rng: random.Random, hi: int = 9) -> tuple[str, int, str]:
+    """One (problem text, answer, expression): a count that goes up or down by one-digit steps."""
+    op = rng.choice("+-")
+    a, b = rng.randint(1, hi), rng.randint(1, hi)
+    if op == "-" and b > a:
+        a, b = b, a  # counts stay >= 0
+    verb = rng.choice(_GAIN if op == "+" else _LOSS)
+    name, item = rng.choice(_NAMES[:8]), rng.choice(_ITEMS_SHORT)
+    answer = a + b if op == "+" else a - b
+    return f"{name} has {a} {item} and {verb} {b}. How many now?", answer, f"{a}{op}{b}"
+
+
+def count_tasks(n: int = 256, seed: int = 0, hi: int = 9) -> TaskSet:
+    """``n`` seeded counting problems (operands 1..``hi``)."""
+    rng = random.Random(f"count:{seed}:{hi}")
+    tasks = []
+    for i in range(n):
+        text, answer, expr = count_problem(rng, hi)
+        tasks.append(Task(f"count-{seed}-{i}", text, str(answer), {"expression": expr}))
+    return TaskSet(tasks, name=f"counts(seed={seed})")
+
+
+def counts_env(max_turns: int = 4, python_tool: bool = False, **kwargs: object) -> ToolUseEnv:
+    """The ``tool_use_counts`` environment: binary reward, short instructions, Python tool off."""
+    kwargs.setdefault("shaping", NO_SHAPING)
+    kwargs.setdefault("instructions", COUNT_INSTRUCTIONS)
+    return ToolUseEnv(max_turns=max_turns, python_tool=python_tool, **kwargs)  # type: ignore[arg-type]
+
+
+def expert_actions(task: Task, tool: str = "calc") -> list[str]:
+    """A correct tool-call transcript's actions for ``task``: the tool call, then the answer."""
+    expr = task.meta.get("expression")
+    if not expr:
+        raise EnvError(f"task {task.id!r} has no expression to demonstrate")
+    return [f"<{tool}>{expr}</{tool}>", f"<answer>{task.answer}</answer>"]
+
+
+__all__ = ["COUNT_INSTRUCTIONS", "INSTRUCTIONS", "NO_SHAPING", "Action", "Shaping", "ToolUseEnv",
+           "arithmetic_tasks", "charset_fraction", "count_problem", "count_tasks", "counts_env",
+           "expert_actions", "is_correct", "parse_action", "parse_number", "word_problem"]
