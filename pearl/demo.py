@@ -123,6 +123,7 @@ class Timeline:
 
 def counts(status: dict[str, Any]) -> dict[str, int]:
     rows = [w for w in status["workers"] if w["role"] != "training"]
+    reserved = set((status.get("gpus") or {}).get("reserved", ()))
     active = [w for w in rows if w["activity"] == "active"]
     return {
         "prefill": sum(w["role"] == "prefill" for w in active),
@@ -130,6 +131,11 @@ def counts(status: dict[str, Any]) -> dict[str, int]:
         "colocated": sum(w["role"] == "colocated" for w in active),
         "overlap": sum(w["zone"] == "overlap" for w in active),
         "workers": len(active),
+        # Available workers by kind: on reserved GPUs, on preemptible ones (the trace's), and
+        # borrowed from training (overlap, above).
+        "reserved": sum(w["zone"] != "overlap" and set(w["gpus"]) <= reserved for w in active),
+        "preemptible": sum(w["zone"] != "overlap" and not set(w["gpus"]) <= reserved
+                           for w in active),
     }
 
 
@@ -196,11 +202,14 @@ class LiveView(threading.Thread):
             with self.timeline.lock:
                 self.timeline.samples.append({"t": t, **c, "phase": s["phase"]})
             ratio = f"{s['N_C']}C" if s["mode"] == "colocated" else f"{s['N_P']}P{s['N_D']}D"
+            acc = self.state.get("accuracy")
             line = (
                 f"[{t:6.1f}s] step {self.state.get('step', 0):>3}  {s['mode']:<13} {ratio:<5} "
                 f"P{c['prefill']} D{c['decode']} C{c['colocated']} (overlap {c['overlap']})  "
                 f"{self.state.get('throughput', 0.0):7.0f} tok/s  {s['phase']:<8} "
-                f"{self.timeline.last_event()[:40]}"
+                f"reward {self.state.get('reward', 0.0):.2f}"
+                + (f" held-out {acc:.2f}" if acc is not None else "")
+                + f"  {self.timeline.last_event()[:40]}"
             )
             n += 1
             if self.quiet:
@@ -286,16 +295,23 @@ def run(
     lr: float = 3e-4,
     overrides: tuple[str, ...] = (),
     quiet: bool = False,
+    seed: int | None = None,
+    learning: Any = None,
 ) -> dict[str, Any]:
-    """Run the demo job; returns the report (also written to ``out/report.json``)."""
+    """Run the demo job; returns the report (also written to ``out/report.json``).
+
+    ``seed`` fixes tasks, sampling and initial weights; ``learning``
+    (:class:`pearl.learning.Learning`) adds the cached warm start and held-out evaluation."""
     import torch
 
+    from pearl import learning as learn
     from pearl.rl.grpo import GRPOTrainer
 
     torch.set_num_threads(1)  # one torch thread per slot: the trainer's is this process's
     out.mkdir(parents=True, exist_ok=True)
     overrides, _ = virtual_devices(config, overrides)
-    rt = Runtime.from_config(config, state_dir=out / "state", overrides=overrides)
+    prepared = learn.prepare(config, learn.seeded(overrides, seed), out, learning, quiet)
+    rt = Runtime.from_config(config, state_dir=out / "state", overrides=prepared.overrides)
     cfg = rt.cfg
     timeline = Timeline(time.monotonic())
     state: dict[str, Any] = {}
@@ -303,14 +319,14 @@ def run(
     rt.start()
     share = cfg.engine.device_share  # the trainer holds all training slots on one thread
     trainer = GRPOTrainer(
-        preset=cfg.engine.preset,
-        seed=cfg.engine.seed,
+        **learn.model_kwargs(cfg),
         lr=lr,
         device="cpu",
         device_share=None if share is None else min(1.0, share * len(cfg.cluster.training_gpus)),
     )
     driver = TraceDriver(rt, segment, trace_s or 4.0 * steps, timeline)
     live = LiveView(rt, timeline, state, quiet)
+    evals = learn.start_eval(cfg, prepared, learning)  # step 0: the starting policy
     interrupted = False
     try:
         driver.start()
@@ -372,7 +388,11 @@ def run(
                     dict(report.workers) if report else {},
                 )
             )
-            state.update(step=step, throughput=records[-1].throughput_tok_s)
+            if evals is not None and learn.eval_due(learning, step, first + steps - 1):
+                evals.submit(step, weights, step)
+            latest = evals.latest() if evals is not None else None
+            state.update(step=step, throughput=records[-1].throughput_tok_s,
+                         reward=records[-1].reward, accuracy=latest and latest["accuracy"])
     except KeyboardInterrupt:
         interrupted = True
         print("\ninterrupted: stopping and writing the report", flush=True)
@@ -387,8 +407,13 @@ def run(
             if live.tty and not quiet:
                 print(flush=True)
         deaths = host_deaths(rt)
+        groups = pipeline_counts(rt)
         rt.stop()
-    summary = write_report(out, cfg, records, timeline, interrupted, deaths)
+        held_out = evals.results() if evals is not None else []
+    summary = write_report(out, cfg, records, timeline, interrupted, deaths,
+                           evals=held_out, learning={**prepared.warm_start,
+                                                     "settings": learn.describe(learning)},
+                           groups=groups)
     return summary
 
 
@@ -402,6 +427,15 @@ def host_deaths(rt: Runtime) -> dict[str, int]:
         return {}
 
 
+def pipeline_counts(rt: Runtime) -> dict[str, int]:
+    """GRPO groups the pipeline started, delivered, dropped as stale, and lost to a failure."""
+    try:
+        p = rt.daemon.batches()
+        return {**p.counts, "failed_trajectories": int(p.failed)}
+    except Exception:  # the report matters more than this figure
+        return {}
+
+
 def write_report(
     out: Path,
     cfg: Any,
@@ -409,6 +443,9 @@ def write_report(
     timeline: Timeline,
     interrupted: bool,
     deaths: dict[str, int] | None = None,
+    evals: list[dict[str, Any]] | None = None,
+    learning: dict[str, Any] | None = None,
+    groups: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     from pearl.report import plots
 
@@ -428,12 +465,17 @@ def write_report(
         "missed_heartbeats": (deaths or {}).get("missed heartbeats", 0),
         "host_deaths": deaths or {},
         "borrow": borrow_summary(records),
+        "seed": cfg.rl.seed,
+        # Held-out accuracy (0-1, greedy) after each evaluated step; step 0 = the starting policy.
+        "evals": evals or [],
+        "warm_start": learning or {},
+        "groups": groups or {},  # failed: groups lost (a member's generation could not finish)
         "records": [asdict(r) for r in records],
         "timeline": timeline.samples,
         "events": timeline.events,
     }
     (out / "report.json").write_text(json.dumps(summary, indent=1))
-    summary["plots"] = [str(p) for p in plots(out, records, timeline)]
+    summary["plots"] = [str(p) for p in plots(out, records, timeline, summary["evals"])]
     return summary
 
 

@@ -17,6 +17,19 @@ def register(subparsers: Any) -> None:
     p.add_argument("--trace-s", type=float, help="seconds the 2-hour segment is squeezed into")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--quiet", action="store_true", help="no live status line")
+    p.add_argument("--seed", type=int, help="fixes tasks, sampling and initial weights "
+                   "(rl.seed and engine.seed; default: the config's)")
+    p.add_argument("--no-warm-start", action="store_true",
+                   help="start GRPO from the preset's random weights (no supervised warm start)")
+    p.add_argument("--eval-every", type=int, default=4,
+                   help="held-out evaluation every N steps, and after the last (0: none; "
+                   "default: %(default)s)")
+    p.add_argument("--eval-tasks", type=int, default=64,
+                   help="held-out tasks (default: %(default)s)")
+    p.add_argument("--lr", type=float, default=1e-3,
+                   help="GRPO learning rate (default: %(default)s)")
+    p.add_argument("--cache-dir", type=Path,
+                   help="where warm starts are cached (default: warm-start/ beside the run)")
     p.set_defaults(handler=cmd_demo)
 
 
@@ -24,6 +37,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     import signal
 
     from pearl import demo
+    from pearl.learning import Learning
+    from pearl.report import summary_table
 
     def interrupt(*_: object) -> None:  # SIGTERM stops the demo like Ctrl-C: cleanly
         raise KeyboardInterrupt
@@ -32,6 +47,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     if args.steps < 1:
         raise SystemExit("pearl demo: --steps must be >= 1")
+    if args.eval_every < 0 or args.eval_tasks < 1:
+        raise SystemExit("pearl demo: --eval-every must be >= 0 and --eval-tasks >= 1")
     out = args.out or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     devices = demo.virtual_devices(args.config, tuple(args.set))[1]["line"]
     print(
@@ -45,6 +62,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         trace_s=args.trace_s,
         overrides=tuple(args.set),
         quiet=args.quiet,
+        seed=args.seed,
+        lr=args.lr,
+        learning=Learning(warm_start=not args.no_warm_start, eval_every=args.eval_every,
+                          eval_tasks=args.eval_tasks, cache_dir=args.cache_dir),
     )
     print(
         f"{summary['steps']} steps in {summary['elapsed_s']:.0f} s: "
@@ -53,6 +74,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         f"(max {summary['max_return_s'] * 1e3:.0f} ms); hosts declared dead for missed "
         f"heartbeats: {summary['missed_heartbeats']}"
     )
+    print(summary_table(summary))
     for path in summary["plots"]:
         print(f"  {path}")
     print(f"  {out / 'report.json'}")

@@ -1,0 +1,123 @@
+"""What makes ``pearl demo`` a learning run: the seed, the cached warm start, held-out evaluation.
+
+:func:`prepare` fixes the run's seed (tasks, sampling, initial weights), brings the warm-started
+model directory (trained once per preset, task set and seed, then cached) and points the workers
+and the trainer at it; :func:`start_eval` evaluates the starting policy on the held-out set and
+returns the background evaluator the training loop feeds every ``eval_every`` steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pearl.core.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Learning:
+    env: str = "tool_use_counts"  # rl.env of the run (a --set rl.env=... still wins)
+    warm_start: bool = True
+    eval_every: int = 4  # held-out evaluation every N training steps (0: none), and at the end
+    eval_tasks: int = 64
+    cache_dir: Path | None = None  # warm starts; default: warm-start/ beside the run directory
+    demos: int = 400
+
+
+@dataclass
+class Prepared:
+    overrides: tuple[str, ...]
+    model_dir: str = ""  # "" = the preset's seeded random weights
+    warm_start: dict[str, Any] = field(default_factory=dict)
+
+
+def seeded(overrides: tuple[str, ...], seed: int | None) -> tuple[str, ...]:
+    """``--seed N``: the task set and sampling (``rl.seed``) and the initial weights
+    (``engine.seed``); the trace is a fixed segment and needs none."""
+    if seed is None:
+        return overrides
+    return (*overrides, f"rl.seed={seed}", f"engine.seed={seed}")
+
+
+def warm_start_config(cfg: Any, learning: Learning) -> Any:
+    from pearl.rl.warmstart import WarmStartConfig
+
+    return WarmStartConfig(env=cfg.rl.env, preset=cfg.engine.preset, seed=cfg.rl.seed,
+                           train_tasks=cfg.rl.tasks, held_out=learning.eval_tasks,
+                           max_len=cfg.workload.max_trajectory_tokens,
+                           max_turns=cfg.rl.max_turns or 4, demos=learning.demos)
+
+
+def prepare(config: str | Path, overrides: tuple[str, ...], out: Path,
+            learning: Learning | None, quiet: bool = False) -> Prepared:
+    """The overrides the run starts from: the learning environment and, when ``learning`` asks,
+    the warm-started model."""
+    from pearl import config as config_mod
+
+    if learning is not None:
+        overrides = (f"rl.env={learning.env}", *overrides)
+    cfg = config_mod.load(config, list(overrides))
+    if learning is None or not learning.warm_start:
+        return Prepared(overrides, cfg.engine.preset if "/" in cfg.engine.preset else "")
+    if cfg.engine.kind != "torch" or "/" in cfg.engine.preset:
+        raise ConfigError(f"the warm start trains a preset for the torch engine; this config has "
+                          f"engine.kind = {cfg.engine.kind!r}, preset = {cfg.engine.preset!r}. "
+                          "Pass --no-warm-start")
+    if cfg.rl.env != "tool_use_counts":
+        raise ConfigError(f"the warm start records demonstrations in the tool_use_counts "
+                          f"environment; rl.env = {cfg.rl.env!r}. Pass --no-warm-start")
+    import os
+
+    from transformers.utils import logging as hf_logging
+
+    from pearl.rl.warmstart import ensure
+
+    # Worker hosts (children) and this process load the model directory: no progress bars.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    hf_logging.disable_progress_bar()
+    ws = ensure(warm_start_config(cfg, learning), learning.cache_dir or out.parent / "warm-start",
+                show=not quiet)
+    info = {"path": str(ws.path), "cached": ws.cached, "seconds": ws.seconds,
+            **{k: ws.meta.get(k) for k in ("steps", "validation", "reached_target", "demo_s",
+                                            "train_s", "python_demos")}}
+    return Prepared((*overrides, f"engine.preset={ws.path}"), str(ws.path), info)
+
+
+def model_kwargs(cfg: Any) -> dict[str, Any]:
+    """The GRPOTrainer arguments that build the model the workers serve at version 0."""
+    p = cfg.engine.preset
+    return {"model_path": p} if "/" in p else {"preset": p, "seed": cfg.engine.seed}
+
+
+def start_eval(cfg: Any, prepared: Prepared, learning: Learning | None) -> Any:
+    """A started background evaluator with the starting policy (step 0) submitted, or None."""
+    if learning is None or learning.eval_every <= 0 or not cfg.rl.env:
+        return None
+    from pearl.rl.heldout import BackgroundEval, HeldOutEval
+    from pearl.rl.warmstart import held_out_tasks
+
+    tasks = held_out_tasks(cfg.rl.env, learning.eval_tasks, cfg.rl.seed, cfg.rl.tasks)
+    env_kwargs = {"max_turns": cfg.rl.max_turns} if cfg.rl.max_turns else {}
+    ev = BackgroundEval(HeldOutEval(
+        cfg.rl.env, tasks, model_path=prepared.model_dir, preset=cfg.engine.preset,
+        seed=cfg.engine.seed, max_len=cfg.workload.max_trajectory_tokens,
+        max_new_tokens=cfg.rl.max_new_tokens, env_kwargs=env_kwargs))
+    ev.start()
+    ev.submit(0, None, 0)
+    return ev
+
+
+def eval_due(learning: Learning | None, step: int, last: int) -> bool:
+    """Evaluate after this step: every ``eval_every`` steps, and after the last one."""
+    return bool(learning and learning.eval_every > 0
+                and (step % learning.eval_every == 0 or step == last))
+
+
+def describe(learning: Learning | None) -> dict[str, Any] | None:
+    return None if learning is None else {k: (str(v) if isinstance(v, Path) else v)
+                                          for k, v in asdict(learning).items()}
+
+
+__all__ = ["Learning", "Prepared", "describe", "eval_due", "model_kwargs", "prepare", "seeded",
+           "start_eval", "warm_start_config"]

@@ -1,0 +1,75 @@
+"""The demo's report: report.json's fields, reward.png and summary.png, the summary table."""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+
+from pearl import demo
+from pearl.learning import Learning, eval_due, seeded
+from pearl.report import summary_table
+
+# Names other tools read from report.json (issue 14 keeps them).
+RECORD_FIELDS = ("step", "mode", "N_P", "N_D", "N_C", "predicted_makespan_s",
+                 "measured_makespan_s", "throughput_tok_s", "reward", "return_s", "borrow")
+
+
+def record(step: int, reward: float) -> demo.StepRecord:
+    mode = "colocated" if step < 3 else "disaggregated"
+    return demo.StepRecord(
+        step=step, end_s=5.0 * step, duration_s=5.0, wait_batch_s=1.0, train_s=0.5,
+        return_s=0.05, generated_tokens=400, trained_tokens=3000, throughput_tok_s=680.0,
+        reward=reward, loss=0.1, version=step, mode=mode, N_P=0 if step < 3 else 1,
+        N_D=0 if step < 3 else 2, N_C=3 if step < 3 else 0, workers=3,
+        predicted_makespan_s=4.0, measured_makespan_s=5.0,
+        borrow=demo.borrow_record({"window_s": 1.0, "gate": "approved", "lent": 2,
+                                   "served_s": 0.5}))
+
+
+def test_the_report_holds_evals_records_and_both_new_plots(tmp_path: Path) -> None:
+    records = [record(s, r) for s, r in zip(range(1, 9), (0.1, 0.2, 0.2, 0.3, 0.6, 0.7, 0.8, 0.9),
+                                             strict=True)]
+    timeline = demo.Timeline(0.0)
+    for i in range(40):
+        timeline.samples.append({"t": i, "prefill": 1 if i > 15 else 0,
+                                 "decode": 2 if i > 15 else 0, "colocated": 0 if i > 15 else 3,
+                                 "overlap": 1 if i % 10 == 5 else 0, "workers": 3,
+                                 "reserved": 1, "preemptible": 2 if i > 8 else 1,
+                                 "phase": "training" if i % 5 == 0 else "rollout"})
+    timeline.events += [(1.0, "+1 preemptible (trace 4/12)"), (9.0, "+1 preemptible (trace 6/12)"),
+                        (30.0, "-2 preemptible (trace 2/12)")]
+    evals = [{"step": s, "accuracy": a, "solved": int(a * 64), "tasks": 64}
+             for s, a in ((0, 0.05), (4, 0.5), (8, 0.9))]
+    cfg = types.SimpleNamespace(daemon=types.SimpleNamespace(pd="adaptive", borrow="gated"),
+                                engine=types.SimpleNamespace(device_share=0.3),
+                                rl=types.SimpleNamespace(seed=3))
+    summary = demo.write_report(tmp_path, cfg, records, timeline, False, {}, evals=evals,
+                                learning={"path": "/cache/x", "cached": True, "seconds": 0.2,
+                                          "validation": 0.95},
+                                groups={"started": 40, "delivered": 32, "stale": 4, "failed": 0,
+                                        "failed_trajectories": 0})
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["evals"] == evals and report["seed"] == 3
+    assert all(0 <= e["accuracy"] <= 1 for e in report["evals"])
+    for r in report["records"]:
+        assert set(RECORD_FIELDS) <= set(r) and 0 <= r["reward"] <= 1
+    for name in ("reward.png", "summary.png"):
+        png = tmp_path / name
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+        assert str(png) in summary["plots"]
+
+    table = summary_table(report)
+    assert "training reward    0.15 -> 0.85" in table  # first two steps -> last two
+    assert "held-out accuracy  0.05 -> 0.90 (step 0 -> 8; 64 tasks, greedy)" in table
+    assert "1 between steps (0 P/D ratio changes)" in table  # colocated -> disaggregated
+    assert "joined 2, reclaimed 2 (trace)" in table and "lent in 8 of 8" in table
+    assert "0 lost" in table and "median 20%" in table and "cached (0.2 s)" in table
+
+
+def test_the_seed_fixes_tasks_sampling_and_weights_and_evals_end_the_run() -> None:
+    assert seeded((), None) == ()
+    assert seeded(("a.b=1",), 5) == ("a.b=1", "rl.seed=5", "engine.seed=5")
+    every4 = Learning(eval_every=4)
+    assert [s for s in range(1, 11) if eval_due(every4, s, last=10)] == [4, 8, 10]
+    assert not eval_due(None, 4, last=10) and not eval_due(Learning(eval_every=0), 10, last=10)
