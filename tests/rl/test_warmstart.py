@@ -37,8 +37,9 @@ CFG = WarmStartConfig(env=ENV, seed=0, train_tasks=64, held_out=32, demos=200, v
 
 
 @pytest.fixture(scope="module")
-def warm(request: pytest.FixtureRequest) -> WarmStart:
-    cache = Path(request.config.cache.mkdir("pearl-warm-start"))
+def warm(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> WarmStart:
+    store = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
+    cache = Path(store.mkdir("pearl-warm-start")) if store else tmp_path_factory.mktemp("warm")
     return ensure(CFG, cache, show=False)
 
 
