@@ -57,6 +57,8 @@ class _Base(ABC):
 
     #: seconds from the last Training Begin to pearld's go-ahead (all borrowed GPUs back)
     last_return_s: float = 0.0
+    #: the newest weights version published through this runtime (0: none yet)
+    _published_version: int = 0
 
     @abstractmethod
     def _event(self, record: Any) -> int:
@@ -113,13 +115,17 @@ class _Base(ABC):
         finally:
             version = weights_version
             if version is None:
-                version = int(self.status()["weights_version"])
+                # The status view lags the log by a publish: a version this runtime has just
+                # published may not show there yet, and an older one is rejected.
+                version = max(int(self.status()["weights_version"]), self._published_version)
             self._event(ev.TrainingFinished(step, version))
 
     def publish_weights(self, weights: Any, version: int) -> str:
         """Write weights ``version`` (a state dict or a file path) to the weight store and tell
         pearld; serving workers move to it, joiners start from it. Returns its location."""
-        return self._publish(version, weights)
+        where = self._publish(version, weights)
+        self._published_version = max(self._published_version, version)
+        return where
 
     # -- asyncio variants ---------------------------------------------------------------------
 
