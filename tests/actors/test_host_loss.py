@@ -121,7 +121,8 @@ def test_a_host_killed_mid_rollout_loses_no_trajectory(runtime: Any, tmp_path: P
         assert time.monotonic() < deadline, "no host ever had a turn in flight"
         time.sleep(0.02)
     victim, in_flight = max(busy.items(), key=lambda kv: len(kv[1]))
-    pid = next(p for (w, _), p in host_pids(tmp_path / "state").items() if w == victim)
+    # The newest incarnation: under load a host may have been restarted once already.
+    pid = max((inc, p) for (w, inc), p in host_pids(tmp_path / "state").items() if w == victim)[1]
     os.kill(pid, signal.SIGKILL)
     t_kill = time.monotonic()
 
