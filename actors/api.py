@@ -33,6 +33,7 @@ from actors.messages import (
 from actors.supervisor import Liveboard
 from pearl.core.errors import PearlError
 from pearl.core.schema import to_plain
+from pearl.core.view import status_json
 from transports.auth import ServerKeys
 from transports.protocol import (
     Call,
@@ -124,7 +125,8 @@ class ApiEndpoint(PearlActor):
         self.batches, self.weights = batches, weights
         self.directory, self.endpoint, self.boot_id, self.keys = directory, endpoint, boot_id, keys
         self.board = board
-        self.view: dict[str, Any] = {}
+        self.seq = 0  # of the latest view
+        self.view: dict[str, Any] = {}  # its rendering: what clients and subscribers get
         self.status_msg = Status({})
         self._view_seq = threading.Condition()
         self.server: Server | None = None
@@ -178,7 +180,7 @@ class ApiEndpoint(PearlActor):
         # asynchronously; a status asked right after the ack must already show the event.
         seq = getattr(ack, "seq", 0)
         with self._view_seq:
-            self._view_seq.wait_for(lambda: self.view.get("seq", 0) >= seq, VIEW_WAIT_S)
+            self._view_seq.wait_for(lambda: self.seq >= seq, VIEW_WAIT_S)
         return ack
 
     def _hello(self, env: Any) -> Welcome:
@@ -203,11 +205,12 @@ class ApiEndpoint(PearlActor):
         return Result(self.weights(env.msg.version, bytes(env.frames[0])))
 
     def state_changed(self, msg: StateChanged) -> None:
-        view = dict(msg.status)
+        # The edge: the typed view becomes the ``pearl status --json`` object here, once a change.
+        view = status_json(msg.view)
         view["endpoint"] = self.server.address if self.server else self.endpoint
         view["pub_endpoint"] = self.publisher.address if self.publisher else ""
         with self._view_seq:
-            self.view = view
+            self.seq, self.view = msg.seq, view
             self.status_msg = Status(view)  # one object per change: its encoding is reused
             self._view_seq.notify_all()
         if self.publisher is not None:

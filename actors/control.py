@@ -22,7 +22,6 @@ from pearl.core import events as ev
 from pearl.core.decision import decide
 from pearl.core.profile import RuntimeTracker as Tracker
 from pearl.core.profile import StepTelemetry, WorkloadProfile
-from pearl.core.schema import from_plain
 from pearl.core.state import Target
 
 
@@ -71,7 +70,7 @@ class RuntimeTracker(PearlActor):
         self.mixed: list[tuple[int, int, float]] = []
 
     def state_changed(self, msg: StateChanged) -> None:
-        self.profile = from_plain(WorkloadProfile, msg.status["profile"])
+        self.profile = msg.view.profile
 
     def engine(self, msg: EngineTelemetryReport) -> None:
         for it in msg.telemetry.iterations:
@@ -121,7 +120,7 @@ class DecisionEngine(PearlActor):
         self.profile: WorkloadProfile | None = None
 
     def state_changed(self, msg: StateChanged) -> None:
-        self.profile = from_plain(WorkloadProfile, msg.status["profile"])
+        self.profile = msg.view.profile
 
     def query(self, q: DecideQuery) -> dict[str, Any]:
         if self.profile is None:

@@ -9,6 +9,7 @@ from typing import Any
 from pearl.core.profile import TrajectoryStats
 from pearl.core.schema import registered
 from pearl.core.state import Role
+from pearl.core.view import ClusterView
 from pearl.engines.base import EngineTelemetry, GenerateRequest, GenerateResult
 from transports.protocol import MESSAGES
 
@@ -88,10 +89,14 @@ class EngineTelemetryReport:
 
 @registered(MESSAGES, "state-changed")
 class StateChanged:
-    """The Orchestrator's view after a logged change (status payload and routable workers)."""
+    """The Orchestrator's view after a logged change: read its attributes (``view.routable``,
+    ``view.table``, ``view.profile``); only the edge renders it as a dict (``status_json``)."""
 
-    seq: int
-    status: dict[str, Any]
+    view: ClusterView
+
+    @property
+    def seq(self) -> int:
+        return self.view.seq
 
 
 @registered(MESSAGES, "supervise")

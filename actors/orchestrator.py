@@ -19,7 +19,7 @@ from pearl.core import commands as cmd
 from pearl.core import events as ev
 from pearl.core.controller import Controller, ControllerState, Output
 from pearl.core.errors import InvalidEvent, InvariantViolation
-from pearl.core.schema import to_plain
+from pearl.core.view import ClusterView, cluster_view, status_json
 from pearl.log import EventLog
 from transports.protocol import Ack, StatusRequest
 
@@ -147,63 +147,17 @@ class Orchestrator(PearlActor):
         return seqs[0] if seqs else 0
 
     def _broadcast(self) -> None:
-        changed = StateChanged(self.state.table.seq, self.status_payload())
+        changed = StateChanged(self.view())
         for name in LISTENERS:
             self.directory.tell(name, changed)
 
-    def status(self, _: Any = None) -> dict[str, Any]:
-        return self.status_payload()
+    def view(self) -> ClusterView:
+        """The typed view of the current state (what every listener gets)."""
+        return cluster_view(self.state, self.proceeded, self.boot_id, self.recoveries)
 
-    def status_payload(self) -> dict[str, Any]:
-        s = self.state
-        t = s.table
-        out = t.to_json()
-        p = t.plan
-        out["budget"] = {
-            "dedicated_gpus": len(t.dedicated_gpus),
-            "training_gpus": len(t.training_gpus),
-            "lent": bool(t.training_workers())
-            and all(w.activity.value == "inactive" for w in t.training_workers()),
-        }
-        out["transitions"] = (
-            []
-            if p is None
-            else [
-                {
-                    "plan": p.plan,
-                    "cause": p.cause,
-                    "target": str(p.target),
-                    "steps": len(p.steps),
-                    "done": len(p.done),
-                    "aborting": s.aborting,
-                }
-            ]
-        )
-        out["training_may_proceed"] = self.proceeded
-        out["profile"] = to_plain(s.profile)
-        d = s.last_decision
-        out["decision"] = (
-            None
-            if d is None
-            else {
-                "target": str(d.target),
-                "predicted_makespan_s": d.predicted_makespan_s,
-                "reason": d.reason,
-            }
-        )
-        g = s.last_gate
-        out["gate"] = (
-            None if g is None else to_plain(g) if hasattr(g, "__dataclass_fields__") else None
-        )
-        out["borrow"] = {
-            "current": None if s.cycle is None else s.cycle.to_json(),
-            "last": None if s.last_cycle is None else s.last_cycle.to_json(),
-        }
-        out["failed"] = sorted(s.failed)
-        out["quarantined_gpus"] = sorted(s.quarantine)
-        out["boot_id"] = self.boot_id
-        out["controller_recoveries"] = self.recoveries
-        return out
+    def status(self, _: Any = None) -> dict[str, Any]:
+        """A client's ``status`` (an in-process runtime's): the edge, so rendered here."""
+        return status_json(self.view())
 
     def on_stop(self) -> None:
         try:

@@ -81,16 +81,9 @@ class PipelineActor(PearlActor):
             self._loop.call_soon_threadsafe(_settle, fut, None, EngineError(msg.error))
 
     def state_changed(self, msg: StateChanged) -> None:
-        status = msg.status
-        self.pipeline.set_version(int(status.get("weights_version", 0)))
-        active = [
-            w["role"]
-            for w in status.get("workers", ())
-            if w["activity"] == "active" and w["role"] != "training"
-        ]
-        self.pipeline.set_workers(
-            active.count("colocated"), active.count("prefill"), active.count("decode")
-        )
+        self.pipeline.set_version(msg.view.weights_version)
+        n = msg.view.serving
+        self.pipeline.set_workers(n.N_C, n.N_P, n.N_D)
 
     async def _progress(self) -> None:
         # A stale count makes the gate approve a borrow for a batch that is already complete:

@@ -113,13 +113,13 @@ class Router(PearlActor):
 
     def state_changed(self, msg: StateChanged) -> None:
         v = View()
-        for w in msg.status["workers"]:
-            if w["activity"] == "active" and w["role"] != "training":
-                getattr(v, w["role"]).append(w["id"])
+        routable = msg.view.routable
+        for w in routable:
+            getattr(v, w.role.value).append(w.id)
         self.view, self.seq = v, msg.seq
-        self.gone &= set(v.colocated + v.prefill + v.decode)  # the table caught up with them
+        self.gone &= {w.id for w in routable}  # the table caught up with them
         if self.link is not None:
-            self.link.update(msg.status)  # registers in the background, then LinkChanged
+            self.link.update(routable)  # registers in the background, then LinkChanged
         self._flush()
 
     def on_start(self) -> None:

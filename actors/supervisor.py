@@ -38,7 +38,7 @@ from actors.router import KvAddress, WorkerGone
 from pearl.config import Config
 from pearl.core import commands as cmd
 from pearl.core.errors import PearlError
-from pearl.core.state import Role
+from pearl.core.state import Activity, Worker
 from transports.auth import DaemonKeys
 from transports.heartbeat import Clock, Liveness
 from transports.protocol import LIVENESS
@@ -201,13 +201,13 @@ class RoleSupervisor(PearlActor):
         keys_dir = config.daemon.keys_dir
         self.host_keys = DaemonKeys.load(keys_dir).hosts if keys_dir else None
         self.hosts: dict[int, Host] = {}
-        # worker id -> row of the table; starts from the replayed table so that hosts saying
-        # hello before the first published change are judged against the log, not nothing.
-        self.expected: dict[int, dict[str, Any]] = {}
+        # worker id -> rollout worker of the table; starts from the replayed table so that hosts
+        # saying hello before the first published change are judged against the log, not nothing.
+        self.expected: dict[int, Worker] = {}
         self.weights_version = 0
         if initial is not None:
             self.state_changed(initial)
-        self.awaited = {w for w, row in self.expected.items() if row["activity"] != "inactive"}
+        self.awaited = {w for w, row in self.expected.items() if _engaged(row)}
         self.booted = time.monotonic()
         self.hello_timeout_s = hello_timeout_s
 
@@ -215,8 +215,8 @@ class RoleSupervisor(PearlActor):
 
     def spawn(self, msg: Spawn) -> None:
         c = msg.command
-        row = self.expected.get(c.worker, {})
-        inc = getattr(c, "incarnation", 0) or row.get("incarnation", 0)
+        row = self.expected.get(c.worker)
+        inc = getattr(c, "incarnation", 0) or (row.incarnation if row is not None else 0)
         h = self.hosts.get(c.worker)
         if h is not None and h.incarnation != inc:
             self._forget(h, kill=True)  # the slot's previous worker: not this one
@@ -224,7 +224,7 @@ class RoleSupervisor(PearlActor):
         if h is not None and h.ref is not None and self.launcher.alive(h.pid):
             h.ref.tell(c)  # already up (e.g. re-sent after a pearld restart)
             return
-        gpus = tuple(getattr(c, "gpus", ()) or row.get("gpus", ()))
+        gpus = tuple(getattr(c, "gpus", ()) or (row.gpus if row is not None else ()))
         h = h or Host(c.worker, inc, gpus)
         h.pending.append(c)
         self.hosts[c.worker] = h
@@ -269,7 +269,7 @@ class RoleSupervisor(PearlActor):
     def hello(self, msg: WorkerHello) -> Welcome:
         row = self.expected.get(msg.worker)
         h = self.hosts.get(msg.worker)
-        known = (row is not None and row["incarnation"] == msg.incarnation) or (
+        known = (row is not None and row.incarnation == msg.incarnation) or (
             h is not None and h.incarnation == msg.incarnation
         )
         if not known:
@@ -283,7 +283,7 @@ class RoleSupervisor(PearlActor):
             return Welcome(self.boot_id, known=False)
         if h is None or h.incarnation != msg.incarnation:  # adopted after a pearld restart
             assert row is not None
-            h = self.hosts[msg.worker] = Host(msg.worker, msg.incarnation, tuple(row["gpus"]))
+            h = self.hosts[msg.worker] = Host(msg.worker, msg.incarnation, row.gpus)
         self.awaited.discard(msg.worker)
         if h.pid != msg.pid:
             h.cpu_s = h.busy_since = None
@@ -307,9 +307,9 @@ class RoleSupervisor(PearlActor):
                 RestoreWorker(
                     h.worker,
                     h.incarnation,
-                    Role(row["role"]),
+                    row.role,
                     self.weights_version,
-                    active=row["activity"] != "inactive",
+                    active=_engaged(row),
                 )
             ]
         elif msg.engine_ready and row is not None:
@@ -369,12 +369,12 @@ class RoleSupervisor(PearlActor):
     # -- watching ----------------------------------------------------------------------------
 
     def state_changed(self, msg: StateChanged) -> None:
-        rows = {w["id"]: w for w in msg.status["workers"] if w["role"] != "training"}
+        rows = {w.id: w for w in msg.view.rollout}
         self.expected = rows
-        self.weights_version = msg.status.get("weights_version", 0)
+        self.weights_version = msg.view.weights_version
         for wid, h in list(self.hosts.items()):
             row = rows.get(wid)
-            if (row is None or row["incarnation"] != h.incarnation) and not h.pending:
+            if (row is None or row.incarnation != h.incarnation) and not h.pending:
                 self._forget(h, kill=True)  # removed by a plan
 
     def supervise(self, _: Supervise) -> None:
@@ -403,8 +403,8 @@ class RoleSupervisor(PearlActor):
             # In the log at boot, still expected, never re-registered: relaunch them.
             for wid in sorted(self.awaited):
                 row = self.expected.get(wid)
-                if row is not None and wid not in self.hosts and row["activity"] != "inactive":
-                    h = self.hosts[wid] = Host(wid, row["incarnation"], tuple(row["gpus"]))
+                if row is not None and wid not in self.hosts and _engaged(row):
+                    h = self.hosts[wid] = Host(wid, row.incarnation, row.gpus)
                     self._crashed(h, "did not re-register after pearld restarted")
             self.awaited = set()
 
@@ -449,6 +449,12 @@ class RoleSupervisor(PearlActor):
     def on_stop(self) -> None:
         for h in list(self.hosts.values()):
             self._drop_ref(h)
+
+
+def _engaged(w: Worker) -> bool:
+    """Its engine should be up (holding device memory): any rollout worker but a retained,
+    released overlap one."""
+    return w.activity is not Activity.INACTIVE
 
 
 __all__ = ["Deaths", "Liveboard", "Retire", "RoleSupervisor", "Spawn", "Undeliverable"]

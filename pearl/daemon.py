@@ -283,10 +283,11 @@ class Daemon:
         from actors.orchestrator import Boot, Orchestrator
         from actors.router import Router
         from actors.supervisor import Liveboard, RoleSupervisor
+        from pearl.core.view import cluster_view
         from pearl.engines.sglang.router import link_from_config
 
         d, cfg = self.directory, self.cfg
-        table = recovered.state.table.to_json()
+        initial = StateChanged(cluster_view(recovered.state, boot_id=self.boot_id))
         board = Liveboard(cfg.daemon.heartbeat_s)
 
         def supervisor() -> Any:
@@ -300,7 +301,7 @@ class Daemon:
                 str(self.state_dir),
                 self.boot_id,
                 board,
-                initial=StateChanged(table["seq"], table),
+                initial=initial,
             )
 
         def api() -> Any:

@@ -16,6 +16,8 @@ import pytest
 from actors.base import Directory, LocalRef, PearlActor, start
 from actors.messages import AbortRequest, Generate, GenerateDone, Route, StateChanged
 from actors.router import MAX_ATTEMPTS, Flush, KvAddress, Router, WorkerGone
+from pearl.core.state import Activity, Role, Worker, Zone
+from pearl.core.view import ClusterView, TableSnapshot
 from pearl.engines.base import FinishReason, GenerateRequest, GenerateResult
 
 
@@ -79,11 +81,10 @@ def cluster() -> Iterator[tuple[Directory, list[Any], list[int]]]:
 
 
 def view(d: Directory, rows: list[tuple[int, str, str]], seq: int = 1) -> None:
-    workers = [
-        {"id": w, "role": r, "activity": a, "zone": "dedicated", "gpus": [w], "incarnation": 1}
-        for w, r, a in rows
-    ]
-    d.tell("router", StateChanged(seq, {"workers": workers}))
+    workers = tuple(
+        Worker(w, (w,), Role(r), Activity(a), Zone.DEDICATED, 1) for w, r, a in rows
+    )
+    d.tell("router", StateChanged(ClusterView(TableSnapshot(seq=seq, workers=workers))))
 
 
 def results(d: Directory, n: int, timeout: float = 5.0) -> list[GenerateDone]:

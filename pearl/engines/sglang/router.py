@@ -19,19 +19,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from pearl.core.state import Role
+from pearl.core.state import Role, Worker
 from pearl.engines.base import EngineError, GenerateRequest, GenerateResult
 from pearl.engines.sglang import protocol as P
 from pearl.engines.sglang.client import HTTPError, SGLangClient, call
 from pearl.engines.sglang.launch import ServerProcess, worker_ports
 
 log = logging.getLogger(__name__)
-TYPES = {"colocated": "regular", "prefill": "prefill", "decode": "decode"}
+TYPES = {Role.COLOCATED: "regular", Role.PREFILL: "prefill", Role.DECODE: "decode"}
 Done = Callable[[GenerateResult | None, str, bool], None]  # (result, error, retryable)
 
 
@@ -49,16 +49,16 @@ class WorkerEndpoint:
         return out
 
 
-def endpoints_of(status: dict[str, Any], cfg: Any) -> dict[str, WorkerEndpoint]:
-    """The routable workers of an Orchestrator status payload, by server URL."""
+def endpoints_of(workers: Iterable[Worker], cfg: Any) -> dict[str, WorkerEndpoint]:
+    """The routable ones of ``workers`` (table rows), by server URL."""
     out: dict[str, WorkerEndpoint] = {}
-    for w in status.get("workers", ()):
-        if w["activity"] != "active" or w["role"] not in TYPES or not w["gpus"]:
+    for w in workers:
+        if not w.routable or w.role not in TYPES or not w.gpus:
             continue
-        port, boot = worker_ports(cfg, min(w["gpus"]))
+        port, boot = worker_ports(cfg, min(w.gpus))
         url = f"http://{cfg.sglang_host}:{port}"
-        kind = TYPES[w["role"]]
-        out[url] = WorkerEndpoint(w["id"], url, kind, boot if kind == "prefill" else None)
+        kind = TYPES[w.role]
+        out[url] = WorkerEndpoint(w.id, url, kind, boot if kind == "prefill" else None)
     return out
 
 
@@ -102,10 +102,10 @@ class SGLangRouterLink:
 
     # -- registration --------------------------------------------------------------------------
 
-    def update(self, status: dict[str, Any]) -> None:
+    def update(self, routable: Iterable[Worker]) -> None:
         """A logged change: converge the routers on its routable workers (in the background)."""
         with self._lock:
-            self._desired = endpoints_of(status, self.cfg)
+            self._desired = endpoints_of(routable, self.cfg)
             self._lock.notify_all()
 
     def _sync_loop(self) -> None:

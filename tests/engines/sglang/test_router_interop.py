@@ -15,6 +15,8 @@ import pytest
 from actors import base
 from actors.messages import AbortRequest, GenerateDone, Route, StateChanged
 from actors.router import Router
+from pearl.core.state import Activity, Role, Worker, Zone
+from pearl.core.view import ClusterView, TableSnapshot
 from pearl.engines.base import FinishReason, GenerateRequest, SamplingParams
 from pearl.engines.sglang import SGLangClient
 from pearl.engines.sglang.router import RouterClient, SGLangRouterLink, launch_routers
@@ -82,11 +84,10 @@ class Trainer(base.PearlActor):
         return {"finished": dict(self.finished), "aborts": self.aborts, "errors": self.errors}
 
 
-def table(s: Servers, *rows: tuple[Any, str]) -> dict[str, Any]:
-    """A status payload with the given (server engine, role) rows active; GPU id = port offset."""
-    return {"workers": [{"id": i, "gpus": [e.spec.port - s.base], "role": role,
-                         "activity": "active", "zone": "dedicated", "incarnation": 0}
-                        for i, (e, role) in enumerate(rows)]}
+def table(s: Servers, *rows: tuple[Any, str]) -> tuple[Worker, ...]:
+    """The given (server engine, role) rows as active workers; GPU id = port offset."""
+    return tuple(Worker(i, (e.spec.port - s.base,), Role(role), Activity.ACTIVE, Zone.DEDICATED)
+                 for i, (e, role) in enumerate(rows))
 
 
 def wait(cond: Any, timeout: float = 30.0, what: str = "") -> None:
@@ -106,13 +107,13 @@ def harness(servers: Servers, routers: tuple[str, str]) -> Iterator[SimpleNamesp
     trainer = base.start(d, Trainer, d)
     seq = [0]
 
-    def publish(status: dict[str, Any]) -> None:
+    def publish(workers: tuple[Worker, ...]) -> None:
         seq[0] += 1
-        router.tell(StateChanged(seq[0], status))
+        router.tell(StateChanged(ClusterView(TableSnapshot(seq=seq[0], workers=workers))))
 
     yield SimpleNamespace(link=link, router=router, trainer=trainer, publish=publish,
                           rc=RouterClient(routers[0]), pd=RouterClient(routers[1]))
-    publish({"workers": []})
+    publish(())
     wait(lambda: not link.registered, what="deregistration")
     router.ref.stop()
     trainer.ref.stop()

@@ -1,0 +1,219 @@
+"""The typed view the Orchestrator publishes after every logged change (``state-changed``).
+
+Actors read its attributes; nothing between actors is a status dict. :class:`TableSnapshot` is the
+table (:class:`~pearl.core.state.ClusterState`) in an encodable form — sorted tuples instead of
+sets and the worker map — and converts back losslessly; :class:`ClusterView` adds what the
+controller knows beside the table (profile, plan progress, gate, borrow cycles, failures) and the
+workers that receive requests. :func:`status_json` renders the ``pearl status --json`` object: only
+the edge (the API actor, a runtime's ``status()``) calls it.
+
+Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Any
+
+from pearl.core.borrow import BorrowCycle
+from pearl.core.controller import ControllerState
+from pearl.core.gate import GateResult
+from pearl.core.profile import WorkloadProfile
+from pearl.core.schema import struct, to_plain
+from pearl.core.state import (
+    Activity,
+    ClusterState,
+    Mode,
+    PlanProgress,
+    Role,
+    Target,
+    TrainingPhase,
+    Worker,
+)
+
+
+@struct
+class TableSnapshot:
+    """A :class:`ClusterState`, every field kept, in types the message codec encodes."""
+
+    seq: int = 0
+    tp: int = 0
+    workers: tuple[Worker, ...] = ()  # by id
+    training_gpus: tuple[int, ...] = ()  # each GPU set sorted
+    reserved_gpus: tuple[int, ...] = ()
+    preemptible_gpus: tuple[int, ...] = ()
+    present_gpus: tuple[int, ...] = ()
+    reclaiming_gpus: tuple[int, ...] = ()
+    phase: TrainingPhase = TrainingPhase.IDLE
+    training_step: int = 0
+    weights_version: int = 0
+    plan: PlanProgress | None = None
+    last_plan: int = 0
+    next_incarnation: int = 1
+
+    @staticmethod
+    def of(t: ClusterState) -> TableSnapshot:
+        return TableSnapshot(
+            seq=t.seq,
+            tp=t.tp,
+            workers=tuple(sorted(t.workers.values(), key=lambda w: w.id)),
+            training_gpus=tuple(sorted(t.training_gpus)),
+            reserved_gpus=tuple(sorted(t.reserved_gpus)),
+            preemptible_gpus=tuple(sorted(t.preemptible_gpus)),
+            present_gpus=tuple(sorted(t.present_gpus)),
+            reclaiming_gpus=tuple(sorted(t.reclaiming_gpus)),
+            phase=t.phase,
+            training_step=t.training_step,
+            weights_version=t.weights_version,
+            plan=t.plan,
+            last_plan=t.last_plan,
+            next_incarnation=t.next_incarnation,
+        )
+
+    def state(self) -> ClusterState:
+        """The table again (``TableSnapshot.of(t).state() == t``)."""
+        return ClusterState(
+            seq=self.seq,
+            tp=self.tp,
+            training_gpus=frozenset(self.training_gpus),
+            reserved_gpus=frozenset(self.reserved_gpus),
+            preemptible_gpus=frozenset(self.preemptible_gpus),
+            present_gpus=frozenset(self.present_gpus),
+            reclaiming_gpus=frozenset(self.reclaiming_gpus),
+            workers=MappingProxyType({w.id: w for w in self.workers}),
+            phase=self.phase,
+            training_step=self.training_step,
+            weights_version=self.weights_version,
+            plan=self.plan,
+            last_plan=self.last_plan,
+            next_incarnation=self.next_incarnation,
+        )
+
+
+@struct
+class DecisionView:
+    """What ``pearl status`` shows of the decision behind the latest plan."""
+
+    target: Target
+    predicted_makespan_s: float
+    reason: str
+
+
+@struct
+class ClusterView:
+    """The Orchestrator's view after a logged change: the table and the controller beside it."""
+
+    table: TableSnapshot = TableSnapshot()
+    profile: WorkloadProfile | None = None  # None only in views built by hand (tests)
+    aborting: str | None = None  # why the plan in flight is being cancelled
+    training_may_proceed: int = 0  # the last training step told it may proceed
+    decision: DecisionView | None = None
+    gate: GateResult | None = None
+    cycle: BorrowCycle | None = None  # the borrow cycle of the current or last idle window
+    last_cycle: BorrowCycle | None = None
+    failed: tuple[int, ...] = ()  # workers reported down, not back yet
+    quarantined_gpus: tuple[int, ...] = ()
+    boot_id: str = ""
+    controller_recoveries: int = 0
+
+    @property
+    def seq(self) -> int:
+        return self.table.seq
+
+    @property
+    def weights_version(self) -> int:
+        return self.table.weights_version
+
+    @property
+    def rollout(self) -> tuple[Worker, ...]:
+        """Every rollout worker (not the training ones), whatever its activity, by id."""
+        return tuple(w for w in self.table.workers if w.role is not Role.TRAINING)
+
+    @property
+    def routable(self) -> tuple[Worker, ...]:
+        """The workers that receive requests (active rollout workers), by id."""
+        return tuple(w for w in self.table.workers if w.routable)
+
+    @property
+    def serving(self) -> Target:
+        """(N_P, N_D, N_C) over the routable workers (the table's ``role_counts()``)."""
+        n = {r: 0 for r in (Role.PREFILL, Role.DECODE, Role.COLOCATED)}
+        for w in self.routable:
+            n[w.role] += 1
+        mode = Mode.DISAGGREGATED if n[Role.PREFILL] or n[Role.DECODE] else Mode.COLOCATED
+        return Target(mode, n[Role.PREFILL], n[Role.DECODE], n[Role.COLOCATED])
+
+
+def cluster_view(
+    s: ControllerState, proceeded: int = 0, boot_id: str = "", recoveries: int = 0
+) -> ClusterView:
+    """The view of controller state ``s`` (built once per logged change)."""
+    d = s.last_decision
+    return ClusterView(
+        table=TableSnapshot.of(s.table),
+        profile=s.profile,
+        aborting=s.aborting,
+        training_may_proceed=proceeded,
+        decision=None
+        if d is None
+        else DecisionView(d.target, d.predicted_makespan_s, d.reason),
+        gate=s.last_gate if isinstance(s.last_gate, GateResult) else None,
+        cycle=s.cycle,
+        last_cycle=s.last_cycle,
+        failed=tuple(sorted(s.failed)),
+        quarantined_gpus=tuple(sorted(s.quarantine)),
+        boot_id=boot_id,
+        controller_recoveries=recoveries,
+    )
+
+
+def status_json(v: ClusterView) -> dict[str, Any]:
+    """The ``pearl status --json`` object (without the API's own endpoint fields)."""
+    t = v.table.state()
+    out = t.to_json()
+    trainers = t.training_workers()
+    out["budget"] = {
+        "dedicated_gpus": len(t.dedicated_gpus),
+        "training_gpus": len(t.training_gpus),
+        "lent": bool(trainers) and all(w.activity is Activity.INACTIVE for w in trainers),
+    }
+    p = t.plan
+    out["transitions"] = (
+        []
+        if p is None
+        else [
+            {
+                "plan": p.plan,
+                "cause": p.cause,
+                "target": str(p.target),
+                "steps": len(p.steps),
+                "done": len(p.done),
+                "aborting": v.aborting,
+            }
+        ]
+    )
+    out["training_may_proceed"] = v.training_may_proceed
+    out["profile"] = None if v.profile is None else to_plain(v.profile)
+    d = v.decision
+    out["decision"] = (
+        None
+        if d is None
+        else {
+            "target": str(d.target),
+            "predicted_makespan_s": d.predicted_makespan_s,
+            "reason": d.reason,
+        }
+    )
+    out["gate"] = None if v.gate is None else to_plain(v.gate)
+    out["borrow"] = {
+        "current": None if v.cycle is None else v.cycle.to_json(),
+        "last": None if v.last_cycle is None else v.last_cycle.to_json(),
+    }
+    out["failed"] = list(v.failed)
+    out["quarantined_gpus"] = list(v.quarantined_gpus)
+    out["boot_id"] = v.boot_id
+    out["controller_recoveries"] = v.controller_recoveries
+    return out
+
+
+__all__ = ["ClusterView", "DecisionView", "TableSnapshot", "cluster_view", "status_json"]
