@@ -154,9 +154,7 @@ def cluster_view(
         profile=s.profile,
         aborting=s.aborting,
         training_may_proceed=proceeded,
-        decision=None
-        if d is None
-        else DecisionView(d.target, d.predicted_makespan_s, d.reason),
+        decision=None if d is None else DecisionView(d.target, d.predicted_makespan_s, d.reason),
         gate=s.last_gate if isinstance(s.last_gate, GateResult) else None,
         cycle=s.cycle,
         last_cycle=s.last_cycle,

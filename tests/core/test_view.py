@@ -18,10 +18,30 @@ from pearl.core.view import ClusterView, TableSnapshot, cluster_view, status_jso
 from tests.core.test_controller import Harness
 from transports.protocol import MESSAGES
 
-STATUS_KEYS = [  # `pearl status --json` (the API adds endpoint and pub_endpoint after these)
-    "seq", "workers", "mode", "N_P", "N_D", "N_C", "tp", "gpus", "phase", "training_step",
-    "weights_version", "plan", "budget", "transitions", "training_may_proceed", "profile",
-    "decision", "gate", "borrow", "failed", "quarantined_gpus", "boot_id",
+# `pearl status --json`, in order (the API adds endpoint and pub_endpoint after these).
+STATUS_KEYS = [
+    "seq",
+    "workers",
+    "mode",
+    "N_P",
+    "N_D",
+    "N_C",
+    "tp",
+    "gpus",
+    "phase",
+    "training_step",
+    "weights_version",
+    "plan",
+    "budget",
+    "transitions",
+    "training_may_proceed",
+    "profile",
+    "decision",
+    "gate",
+    "borrow",
+    "failed",
+    "quarantined_gpus",
+    "boot_id",
     "controller_recoveries",
 ]
 
@@ -61,9 +81,11 @@ def test_routable_and_serving_follow_the_table() -> None:
 
 
 def test_a_hand_built_view_needs_only_its_workers() -> None:
-    w = (Worker(1, (1,), Role.PREFILL, Activity.ACTIVE, Zone.DEDICATED),
-         Worker(2, (2,), Role.DECODE, Activity.INACTIVE, Zone.DEDICATED),
-         Worker(0, (0,), Role.TRAINING, Activity.ACTIVE, Zone.OVERLAP))
+    w = (
+        Worker(1, (1,), Role.PREFILL, Activity.ACTIVE, Zone.DEDICATED),
+        Worker(2, (2,), Role.DECODE, Activity.INACTIVE, Zone.DEDICATED),
+        Worker(0, (0,), Role.TRAINING, Activity.ACTIVE, Zone.OVERLAP),
+    )
     v = ClusterView(TableSnapshot(seq=4, workers=w))
     assert v.seq == 4 and [x.id for x in v.routable] == [1]
     assert v.serving == Target(Mode.DISAGGREGATED, 1, 0, 0)
@@ -78,12 +100,21 @@ def test_status_json_keeps_the_documented_shape() -> None:
     table: dict[str, Any] = h.table.to_json()
     assert {k: out[k] for k in table} == table
     p = h.table.plan
-    assert p is not None and out["transitions"] == [{
-        "plan": p.plan, "cause": p.cause, "target": str(p.target), "steps": len(p.steps),
-        "done": len(p.done), "aborting": h.s.aborting,
-    }]
-    assert out["budget"] == {"dedicated_gpus": len(h.table.dedicated_gpus),
-                             "training_gpus": len(h.table.training_gpus), "lent": True}
+    assert p is not None and out["transitions"] == [
+        {
+            "plan": p.plan,
+            "cause": p.cause,
+            "target": str(p.target),
+            "steps": len(p.steps),
+            "done": len(p.done),
+            "aborting": h.s.aborting,
+        }
+    ]
+    assert out["budget"] == {
+        "dedicated_gpus": len(h.table.dedicated_gpus),
+        "training_gpus": len(h.table.training_gpus),
+        "lent": True,
+    }
     assert out["training_may_proceed"] == 3 and out["boot_id"] == "boot"
     assert out["controller_recoveries"] == 1
     assert out["borrow"]["current"] == h.s.cycle.to_json()  # type: ignore[union-attr]
