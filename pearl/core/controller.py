@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+import msgspec
+
 from pearl.core import borrow as bc
 from pearl.core import commands as cmd
 from pearl.core import events as ev
@@ -273,7 +275,7 @@ class Controller:
             changes["toggle_min_s"] = s.toggle_cut
         if t.window_s is None and s.window_measured is not None:
             changes["window_s"] = s.window_measured
-        return dataclasses.replace(t, **changes) if changes else t
+        return msgspec.structs.replace(t, **changes) if changes else t
 
     @staticmethod
     def _looks_started(t: ClusterState, step: Any) -> bool:

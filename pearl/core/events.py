@@ -1,7 +1,8 @@
 """Every record the event log holds, as frozen typed dataclasses.
 
-Each record has one msgpack-ready mapping ``{"kind": ..., "v": SCHEMA_VERSION, ...}`` (see
-:mod:`pearl.core.schema`). Kinds:
+Each record is a frozen ``msgspec`` Struct tagged with its kind, and has one msgpack-ready mapping
+``{"kind": ..., "v": SCHEMA_VERSION, ...}`` (see :mod:`pearl.core.schema`); :func:`decode_bytes`
+decodes msgpack straight into the record, validating it. Kinds:
 
 - set-up: ``cluster-init``;
 - elastic events: ``gpus-added``, ``gpus-reclaimed``, ``training-begin``, ``training-finished``,
@@ -17,14 +18,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from pearl.core.schema import Registry, registered, to_wire
+from pearl.core.schema import Registry, WireStruct, to_wire
 from pearl.core.state import Activity, Role, Step, Target, Zone
 
 RECORDS = Registry("record")
 
 
-@registered(RECORDS, "cluster-init")
-class ClusterInit:
+@RECORDS.add
+class ClusterInit(WireStruct, tag="cluster-init", frozen=True):
     """First record of every log: the GPU universe and the tensor-parallel degree."""
 
     tp: int
@@ -33,43 +34,43 @@ class ClusterInit:
     preemptible_gpus: tuple[int, ...]
 
 
-@registered(RECORDS, "gpus-added")
-class GpusAdded:
+@RECORDS.add
+class GpusAdded(WireStruct, tag="gpus-added", frozen=True):
     """Preemptible GPUs joined the dedicated rollout zone (inter-scale expansion)."""
 
     gpus: tuple[int, ...]
 
 
-@registered(RECORDS, "gpus-reclaimed")
-class GpusReclaimed:
+@RECORDS.add
+class GpusReclaimed(WireStruct, tag="gpus-reclaimed", frozen=True):
     """Preemptible GPUs are being taken back; workers on them stop receiving requests at once."""
 
     gpus: tuple[int, ...]
 
 
-@registered(RECORDS, "training-begin")
-class TrainingBegin:
+@RECORDS.add
+class TrainingBegin(WireStruct, tag="training-begin", frozen=True):
     """The trainer wants its GPUs: every borrowed GPU must come back before it proceeds."""
 
     step: int
 
 
-@registered(RECORDS, "training-finished")
-class TrainingFinished:
+@RECORDS.add
+class TrainingFinished(WireStruct, tag="training-finished", frozen=True):
     """A training step is done; its GPUs may be borrowed until the next training-begin."""
 
     step: int
     weights_version: int | None = None
 
 
-@registered(RECORDS, "weights-published")
-class WeightsPublished:
+@RECORDS.add
+class WeightsPublished(WireStruct, tag="weights-published", frozen=True):
     version: int
     uri: str = ""
 
 
-@registered(RECORDS, "worker-added")
-class WorkerAdded:
+@RECORDS.add
+class WorkerAdded(WireStruct, tag="worker-added", frozen=True):
     """A rollout worker takes a free slot and binds to its GPUs for life (starts transitioning)."""
 
     worker: int
@@ -78,26 +79,26 @@ class WorkerAdded:
     zone: Zone
 
 
-@registered(RECORDS, "worker-removed")
-class WorkerRemoved:
+@RECORDS.add
+class WorkerRemoved(WireStruct, tag="worker-removed", frozen=True):
     worker: int
     reason: str = ""
 
 
-@registered(RECORDS, "role-changed")
-class RoleChanged:
+@RECORDS.add
+class RoleChanged(WireStruct, tag="role-changed", frozen=True):
     worker: int
     role: Role
 
 
-@registered(RECORDS, "activity-changed")
-class ActivityChanged:
+@RECORDS.add
+class ActivityChanged(WireStruct, tag="activity-changed", frozen=True):
     worker: int
     activity: Activity
 
 
-@registered(RECORDS, "worker-failed")
-class WorkerFailed:
+@RECORDS.add
+class WorkerFailed(WireStruct, tag="worker-failed", frozen=True):
     """A worker host died or failed a command; it stops receiving requests."""
 
     worker: int
@@ -105,8 +106,8 @@ class WorkerFailed:
     incarnation: int = 0
 
 
-@registered(RECORDS, "plan-begin")
-class PlanBegin:
+@RECORDS.add
+class PlanBegin(WireStruct, tag="plan-begin", frozen=True):
     """A reconfiguration plan (W_add, W_remove, rho) as ordered steps toward ``target``."""
 
     plan: int
@@ -116,25 +117,25 @@ class PlanBegin:
     mandatory: bool = False  # a shrink or GPU return: completed on recovery, never cancelled
 
 
-@registered(RECORDS, "step-done")
-class StepDone:
+@RECORDS.add
+class StepDone(WireStruct, tag="step-done", frozen=True):
     plan: int
     step: int
 
 
-@registered(RECORDS, "plan-commit")
-class PlanCommit:
+@RECORDS.add
+class PlanCommit(WireStruct, tag="plan-commit", frozen=True):
     plan: int
 
 
-@registered(RECORDS, "plan-abort")
-class PlanAbort:
+@RECORDS.add
+class PlanAbort(WireStruct, tag="plan-abort", frozen=True):
     plan: int
     reason: str
 
 
-@registered(RECORDS, "telemetry")
-class Telemetry:
+@RECORDS.add
+class Telemetry(WireStruct, tag="telemetry", frozen=True):
     """One rollout step's workload summary (the Runtime Tracker's input, §4.3.2 and §5).
 
     ``S`` turns of the slowest trajectory, ``delta_L`` new prompt tokens per turn, ``r`` generated
@@ -177,6 +178,14 @@ def decode(mapping: Any) -> Record:
     return RECORDS.decode(mapping)
 
 
+def decode_bytes(payload: bytes | memoryview) -> Record:
+    """The record a msgpack payload holds (msgspec errors when it is not a valid record)."""
+    return _DECODER.decode(payload)
+
+
+_DECODER = RECORDS.msgpack_decoder()
+
+
 __all__ = [
     "RECORDS",
     "ActivityChanged",
@@ -197,5 +206,6 @@ __all__ = [
     "WorkerFailed",
     "WorkerRemoved",
     "decode",
+    "decode_bytes",
     "encode",
 ]

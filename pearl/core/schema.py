@@ -1,12 +1,20 @@
 """Frozen, typed records and their single msgpack-ready mapping.
 
-Every record and message type is a frozen dataclass registered under a kind. ``to_wire`` turns an
-instance into one plain mapping ``{"kind": K, "v": SCHEMA_VERSION, field: value, ...}`` (enums as
-their values, nested structs as mappings, tuples as arrays); ``from_wire`` checks the kind, the
-schema version and the type of every field before building the instance, so malformed input
-raises :class:`SchemaError` and never a ``TypeError`` deep inside the caller.
+Every record and message type is registered under a kind. ``to_wire`` turns an instance into one
+plain mapping ``{"kind": K, "v": SCHEMA_VERSION, field: value, ...}`` (enums as their values,
+nested structs as mappings, tuples as arrays); ``Registry.decode`` checks the kind, the schema
+version and the type of every field before building the instance, so malformed input raises
+:class:`SchemaError` and never a ``TypeError`` deep inside the caller.
 
-Per-class converters are built once, on first use, from the type hints.
+Two kinds of types share that one mapping:
+
+- :class:`WireStruct` / :class:`Value`: ``msgspec`` Structs (log records and the table's value
+  types). msgspec encodes them and decodes msgpack straight into them, validating every field in
+  C (:meth:`Registry.msgpack_decoder`: one tagged union over a registry's kinds); this is the
+  replay hot path. Their bytes are the same mapping the hand-written converter below writes, so
+  logs of either codec read the same.
+- frozen slotted dataclasses (``@registered`` / ``@struct``: transport messages, commands, engine
+  and RL values), converted by the per-class converters below, built once from the type hints.
 """
 
 from __future__ import annotations
@@ -16,14 +24,35 @@ import enum
 import types
 import typing
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
+
+import msgspec
 
 from pearl.core.errors import SchemaError
 
 SCHEMA_VERSION = 1
 
 T = TypeVar("T")
+W = TypeVar("W", bound="WireStruct")
 _Conv = Callable[[Any], Any]
+
+
+class Value(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Base of nested value types decoded by msgspec (encoded as a mapping without kind)."""
+
+
+class WireStruct(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="kind",
+                 kw_only=True):
+    """Base of registered msgspec records: ``class X(WireStruct, tag="x")`` + ``REG.add(X)``.
+
+    The tag is the kind; ``v`` (keyword-only, last) is the schema version every mapping carries.
+    """
+
+    KIND: ClassVar[str]
+    v: Literal[1] = 1
+
+
+assert SCHEMA_VERSION == 1, "WireStruct.v's Literal must follow SCHEMA_VERSION"
 
 
 class Registry:
@@ -32,6 +61,32 @@ class Registry:
     def __init__(self, name: str) -> None:
         self.name = name
         self.kinds: dict[str, type] = {}
+        self._decoder: msgspec.msgpack.Decoder[Any] | None = None
+
+    def add(self, cls: type[W]) -> type[W]:
+        """Register a :class:`WireStruct` subclass under its tag (also a class decorator)."""
+        kind = cls.__struct_config__.tag
+        if not isinstance(kind, str):
+            raise TypeError(f"{cls.__name__}: a WireStruct needs a str tag (its kind)")
+        if kind in self.kinds:
+            raise ValueError(f"{self.name} kind {kind!r} registered twice")
+        cls.KIND = kind
+        self.kinds[kind] = cls
+        self._decoder = None
+        return cls
+
+    def msgpack_decoder(self) -> msgspec.msgpack.Decoder[Any]:
+        """One msgspec decoder of msgpack bytes into any of this registry's WireStruct kinds.
+
+        It validates like :meth:`decode` (kind, version, field types, unknown fields), except that
+        a mapping without ``v`` reads as version 1. Errors are ``msgspec`` errors.
+        """
+        if self._decoder is None:
+            structs = [c for c in self.kinds.values() if issubclass(c, WireStruct)]
+            if not structs:
+                raise TypeError(f"{self.name}: no WireStruct kinds registered")
+            self._decoder = msgspec.msgpack.Decoder(typing.Union[tuple(structs)])  # noqa: UP007
+        return self._decoder
 
     def register(self, kind: str) -> Callable[[type[T]], type[T]]:
         """Class decorator: make ``cls`` a frozen slotted dataclass known under ``kind``."""
@@ -60,6 +115,8 @@ class Registry:
                 f"{self.name} {kind!r} has schema version {version!r}, this PEARL reads "
                 f"version {SCHEMA_VERSION}; upgrade PEARL or convert the data"
             )
+        if issubclass(cls, msgspec.Struct):
+            return _convert(mapping, cls)
         return _codec(cls).decode(mapping, skip=("kind", "v"))
 
 
@@ -82,6 +139,10 @@ def _frozen(cls: type[T]) -> type[T]:
 
 def to_wire(obj: Any) -> dict[str, Any]:
     """The single mapping of a registered record: kind, schema version and fields."""
+    if isinstance(obj, msgspec.Struct):
+        out: dict[str, Any] = {"kind": obj.KIND, "v": SCHEMA_VERSION}  # type: ignore[attr-defined]
+        out.update(_struct_plain(obj))
+        return out
     out = {"kind": obj.KIND, "v": SCHEMA_VERSION}
     out.update(_codec(type(obj)).encode(obj))
     return out
@@ -89,6 +150,8 @@ def to_wire(obj: Any) -> dict[str, Any]:
 
 def to_plain(obj: Any) -> dict[str, Any]:
     """The mapping of a struct or record without kind and version (for JSON views)."""
+    if isinstance(obj, msgspec.Struct):
+        return _struct_plain(obj)
     return _codec(type(obj)).encode(obj)
 
 
@@ -96,7 +159,25 @@ def from_plain(cls: type[T], mapping: Any) -> T:
     """Decode a struct from its plain mapping."""
     if not isinstance(mapping, dict):
         raise SchemaError(f"{cls.__name__}: expected a mapping, got {type(mapping).__name__}")
+    if issubclass(cls, WireStruct):
+        return _convert({**mapping, "kind": cls.KIND}, cls)
+    if issubclass(cls, msgspec.Struct):
+        return _convert(mapping, cls)
     return _codec(cls).decode(mapping)
+
+
+def _struct_plain(obj: msgspec.Struct) -> dict[str, Any]:
+    out: dict[str, Any] = msgspec.to_builtins(obj)
+    if isinstance(obj, WireStruct):
+        del out["kind"], out["v"]
+    return out
+
+
+def _convert(mapping: Any, cls: type[T]) -> T:
+    try:
+        return msgspec.convert(mapping, cls)
+    except msgspec.ValidationError as e:
+        raise SchemaError(f"{cls.__name__}: {e}") from None
 
 
 class _Codec:
@@ -247,6 +328,8 @@ def _converters(tp: Any, where: str) -> tuple[_Conv, _Conv]:
         return (lambda v: {kenc(k): venc(x) for k, x in v.items()}), dec_d
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return (lambda v: _codec(tp).encode(v)), (lambda v: from_plain(tp, v))
+    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+        return _struct_plain, (lambda v: from_plain(tp, v))
     raise TypeError(f"{where}: unsupported field type {tp!r}")
 
 
@@ -262,6 +345,8 @@ def _checker(ok: Callable[[Any], bool], name: str, where: str) -> _Conv:
 __all__ = [
     "SCHEMA_VERSION",
     "Registry",
+    "Value",
+    "WireStruct",
     "from_plain",
     "registered",
     "struct",

@@ -20,7 +20,7 @@ from types import MappingProxyType
 from typing import Any
 
 from pearl.core.errors import InvalidEvent, InvariantViolation
-from pearl.core.schema import struct, to_plain
+from pearl.core.schema import Value, to_plain
 
 
 class Role(enum.StrEnum):
@@ -54,8 +54,7 @@ class TrainingPhase(enum.StrEnum):
 ROLLOUT_ROLES = (Role.PREFILL, Role.DECODE, Role.COLOCATED)
 
 
-@struct
-class Worker:
+class Worker(Value, frozen=True):
     id: int
     gpus: tuple[int, ...]
     role: Role
@@ -73,8 +72,7 @@ class Worker:
         return self.activity is Activity.ACTIVE and self.role is not Role.TRAINING
 
 
-@struct
-class Target:
+class Target(Value, frozen=True):
     """A rollout configuration pi = (N_P, N_D, N_C): fully colocated or fully disaggregated."""
 
     mode: Mode
@@ -107,8 +105,7 @@ class StepOp(enum.StrEnum):
     RECLAIM = "reclaim"  # the training worker takes its GPUs back
 
 
-@struct
-class Step:
+class Step(Value, frozen=True):
     op: StepOp
     worker: int
     role: Role | None = None
@@ -116,8 +113,7 @@ class Step:
     zone: Zone | None = None
 
 
-@struct
-class PlanProgress:
+class PlanProgress(Value, frozen=True):
     """The plan in flight: what ``plan-begin`` announced and which steps are done."""
 
     plan: int

@@ -24,10 +24,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import msgpack
+import msgspec
 
 from pearl.core import events
-from pearl.core.errors import LogCorrupted, LogError, PearlError
+from pearl.core.errors import LogCorrupted, LogError
 from pearl.core.events import Record
 from pearl.core.state import ClusterState
 from pearl.log import failpoints, framing, segments, snapshot
@@ -337,7 +337,7 @@ def _records(
     decoded record through ``cache``.
     """
     mv = memoryview(buf)
-    unpack_from, unpackb, decode = framing.HEADER.unpack_from, msgpack.unpackb, events.decode
+    unpack_from, decode = framing.HEADER.unpack_from, events.decode_bytes
     off, expected = 0, first
     while off < size:
         if size - off < HEADER_SIZE:
@@ -353,8 +353,8 @@ def _records(
             record = cache.get(payload)
             if record is None:
                 try:
-                    record = decode(unpackb(payload))
-                except (PearlError, ValueError, msgpack.UnpackException) as e:
+                    record = decode(payload)
+                except msgspec.MsgspecError as e:
                     raise LogCorrupted(
                         f"{path}: record seq {seq} at byte offset {off} does not decode: {e}"
                     ) from None

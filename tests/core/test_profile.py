@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -222,16 +223,16 @@ def test_observe_is_an_ema_whose_first_observations_replace_the_prior() -> None:
     assert q.K_seq == pytest.approx(q.K * q.S * (q.delta_L + q.r))
     assert (q.T_toggle, q.T_over, q.H_max, q.BW) == (p.T_toggle, p.T_over, p.H_max, p.BW)
     # ... the second and third are running means, from the fourth on the weight is alpha.
-    q = t.observe(dataclasses.replace(s, step=2, S=20.0))
+    q = t.observe(msgspec.structs.replace(s, step=2, S=20.0))
     assert q.S == pytest.approx(15.0)
-    q = t.observe(dataclasses.replace(s, step=3, S=30.0))
+    q = t.observe(msgspec.structs.replace(s, step=3, S=30.0))
     assert q.S == pytest.approx(20.0)
-    q = t.observe(dataclasses.replace(s, step=4, S=40.0))
+    q = t.observe(msgspec.structs.replace(s, step=4, S=40.0))
     assert q.S == pytest.approx(0.25 * 40 + 0.75 * 20)
-    q = t.observe(dataclasses.replace(s, step=5, S=40.0))
+    q = t.observe(msgspec.structs.replace(s, step=5, S=40.0))
     assert q.S == pytest.approx(0.25 * 40 + 0.75 * 25)
     for k in range(60):
-        q = t.observe(dataclasses.replace(s, step=k + 6))
+        q = t.observe(msgspec.structs.replace(s, step=k + 6))
     assert (q.S, q.A, q.theta) == pytest.approx((10.0, 1e-2, 1.0), rel=1e-6)
 
 
@@ -242,7 +243,7 @@ def test_concurrency_and_prefilled_tokens_follow_the_summaries() -> None:
                          b=1e-3, t_prefill=4e-5, T_env=20.0, makespan_s=300.0)
     q = t.observe(s)  # a summary that predates them: B and delta_L
     assert (q.B_flight, q.delta_P) == (32.0, 1000.0)
-    q = t.observe(dataclasses.replace(s, step=2, B_flight=64.0, delta_P=200.0))
+    q = t.observe(msgspec.structs.replace(s, step=2, B_flight=64.0, delta_P=200.0))
     assert (q.concurrency, q.prefill_per_turn) == pytest.approx((48.0, 600.0))
 
 
@@ -251,7 +252,7 @@ def test_toggle_cost_moves_only_on_steps_that_borrowed() -> None:
     s = events.Telemetry(step=1, batch=64, S=30.0, delta_L=600.0, r=250.0, theta=0.5, A=5e-3,
                          b=3e-4, t_prefill=2e-5, T_env=60.0, makespan_s=1.0)
     assert t.observe(s).T_toggle == 10.0
-    assert t.observe(dataclasses.replace(s, toggle_s=4.0)).T_toggle == pytest.approx(7.0)
+    assert t.observe(msgspec.structs.replace(s, toggle_s=4.0)).T_toggle == pytest.approx(7.0)
 
 
 def test_kv_per_trajectory_stays_under_the_length_limit() -> None:
@@ -268,7 +269,7 @@ def test_bad_summary_changes_nothing() -> None:
     with pytest.raises(SchemaError, match="S"):
         t.observe(s)
     with pytest.raises(SchemaError, match="batch"):
-        t.observe(dataclasses.replace(s, S=3.0, batch=0))
+        t.observe(msgspec.structs.replace(s, S=3.0, batch=0))
     assert t.profile == _profile() and t.steps == 0
 
 

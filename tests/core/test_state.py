@@ -6,6 +6,7 @@ import copy
 import dataclasses
 from typing import Any
 
+import msgspec
 import pytest
 
 from pearl.core import events as ev
@@ -88,7 +89,7 @@ def test_no_gpu_is_bound_to_two_rollout_workers() -> None:
     rejects(s, ev.WorkerAdded(2, (3,), Role.TRAINING, Zone.DEDICATED), "fixed at cluster-init")
     s2 = apply(s, ev.WorkerAdded(2, (3,), Role.PREFILL, Zone.DEDICATED))
     validate(s2)
-    bad = dataclasses.replace(s2, workers={**s2.workers, 3: dataclasses.replace(s2.workers[2],
+    bad = dataclasses.replace(s2, workers={**s2.workers, 3: msgspec.structs.replace(s2.workers[2],
                                                                                 id=3)})
     with pytest.raises(InvariantViolation, match="GPU 3 is bound to rollout workers"):
         validate(bad)

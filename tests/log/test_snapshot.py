@@ -78,7 +78,7 @@ def test_well_formed_but_wrong_contents_raise_log_corrupted() -> None:
         ({"tp": "2"}, "'tp': expected int"),
         ({"present_gpus": 3}, "expected an array of GPU ids"),
         ({"phase": "napping"}, "unknown training phase"),
-        ({"workers": [{"id": 1}]}, "Worker: missing field"),
+        ({"workers": [{"id": 1}]}, "Worker: Object missing required field"),
         ({"colour": 1}, r"unknown fields \['colour'\]"),
     ],
 )

@@ -1,4 +1,5 @@
-"""An instance of every registered kind, built from its dataclass fields and type hints."""
+"""An instance of every registered kind, built from its fields (dataclass or msgspec Struct) and
+type hints."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import enum
 import types
 import typing
 from typing import Any
+
+import msgspec
 
 from pearl.core.events import GpusAdded
 from transports.codec import REGISTRIES
@@ -37,7 +40,7 @@ def sample_value(tp: Any, depth: int = 0) -> Any:
         return (sample_value(args[0], depth + 1), sample_value(args[0], depth + 2))
     if origin is dict:
         return {sample_value(args[0], depth + 1): sample_value(args[1], depth + 1)}
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and (dataclasses.is_dataclass(tp) or issubclass(tp, msgspec.Struct)):
         return sample(tp, depth + 1)
     raise TypeError(f"no sample for {tp!r}")
 
@@ -46,7 +49,11 @@ def sample(cls: type, depth: int = 0) -> Any:
     if cls in OVERRIDES:
         return OVERRIDES[cls]
     hints = typing.get_type_hints(cls)
-    kwargs = {f.name: sample_value(hints[f.name], depth) for f in dataclasses.fields(cls)}
+    if issubclass(cls, msgspec.Struct):
+        names = [f.name for f in msgspec.structs.fields(cls) if f.name != "v"]
+    else:
+        names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {name: sample_value(hints[name], depth) for name in names}
     return cls(**kwargs)
 
 
