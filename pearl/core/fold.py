@@ -1,9 +1,10 @@
 """State = fold(records): how each log record changes the unified table.
 
 ``apply`` is the pure, one-record update used live (the Orchestrator logs, then applies);
-``apply_all`` folds many records through one private builder, which is what replay uses. Both
-check that sequence numbers run last + 1, and both leave the input state untouched when a record is
-rejected.
+``apply_all`` folds many records through one private builder, and :func:`fold_into` is replay's
+flat loop over (seq, record) pairs: one builder for the whole tail, frozen once at the end, so no
+table is rebuilt per record. All check that sequence numbers run last + 1; ``apply`` and
+``apply_all`` leave the input state untouched when a record is rejected.
 """
 
 from __future__ import annotations
@@ -62,6 +63,29 @@ def apply_to(builder: TableBuilder, record: Any, seq: int | None = None) -> None
     builder.seq = expected
 
 
+def fold_into(
+    builder: TableBuilder,
+    pairs: Iterable[tuple[int, Any]],
+    visit: Callable[[int, Any], None] | None = None,
+) -> None:
+    """Fold (seq, record) pairs into ``builder`` in order, calling ``visit(seq, record)`` after
+    each. On a rejected record raise InvariantViolation with ``builder`` as of the record before
+    it (its ``seq`` says which record failed: ``builder.seq + 1``)."""
+    handlers = _HANDLERS
+    for seq, record in pairs:
+        if seq != builder.seq + 1:
+            raise InvariantViolation(
+                f"record sequence {seq} does not follow {builder.seq}; expected {builder.seq + 1}"
+            )
+        handler = handlers.get(type(record))
+        if handler is None:
+            raise InvariantViolation(f"no fold rule for {type(record).__name__}")
+        handler(builder, record)
+        builder.seq = seq
+        if visit is not None:
+            visit(seq, record)
+
+
 def apply(state: ClusterState, record: Any, seq: int | None = None) -> ClusterState:
     """The table after ``record``; ``state`` itself never changes."""
     b = state.thaw()
@@ -87,4 +111,4 @@ def replay(records: Iterable[Any]) -> ClusterState:
     return apply_all(ClusterState(), records, first_seq=1)
 
 
-__all__ = ["apply", "apply_all", "apply_to", "replay"]
+__all__ = ["apply", "apply_all", "apply_to", "fold_into", "replay"]

@@ -356,7 +356,7 @@ class TableBuilder:
             self.reclaiming_gpus.add(g)
             w = self.workers[owner]
             if w.activity is Activity.ACTIVE:  # stop routing to it at once
-                self._put(_with(w, w.role, Activity.TRANSITIONING))
+                self.workers[w.id] = _with(w, w.role, Activity.TRANSITIONING)  # same owner
 
     def training_begin(self, step: int) -> None:
         self._need_init()
@@ -372,8 +372,12 @@ class TableBuilder:
             )
         self.phase, self.training_step = TrainingPhase.TRAINING, step
         for w in list(self.workers.values()):  # borrowed GPUs must come back: stop routing now
-            if w.zone is Zone.OVERLAP and w.is_rollout and w.activity is Activity.ACTIVE:
-                self._put(_with(w, w.role, Activity.TRANSITIONING))
+            if (
+                w.zone is Zone.OVERLAP
+                and w.activity is Activity.ACTIVE
+                and w.role is not Role.TRAINING
+            ):
+                self.workers[w.id] = _with(w, w.role, Activity.TRANSITIONING)  # same owner
 
     def training_finished(self, step: int, weights_version: int | None) -> None:
         self._need_init()
@@ -443,10 +447,15 @@ class TableBuilder:
             raise InvariantViolation("the training role is fixed at cluster-init")
         if w.activity is Activity.ACTIVE:
             raise InvariantViolation(f"worker {wid} is active; drain it before changing its role")
-        self._put(_with(w, role, w.activity))
+        # rollout -> rollout: the GPU owner maps do not change
+        self.workers[wid] = Worker(w.id, w.gpus, role, w.activity, w.zone, w.incarnation)
 
     def set_activity(self, wid: int, activity: Activity) -> None:
-        w = self._worker(wid)
+        """The most frequent update on replay: checks in order of likelihood, no owner-map work
+        (the role, hence which map owns the GPUs, does not change)."""
+        w = self.workers.get(wid)
+        if w is None:
+            raise InvariantViolation(f"no worker in slot {wid}")
         if w.role is Role.TRAINING:
             if activity is Activity.ACTIVE:
                 busy = [o for o in self._sharers(w) if o.activity is not Activity.INACTIVE]
@@ -455,12 +464,12 @@ class TableBuilder:
                         f"training worker {wid} cannot take its GPUs back while overlap worker(s) "
                         f"{[o.id for o in busy]} still hold them"
                     )
-        else:
-            if activity is not Activity.INACTIVE and w.zone is Zone.OVERLAP:
+        elif activity is not Activity.INACTIVE:
+            if w.zone is Zone.OVERLAP:
                 self._need_lent(w.gpus, wid)
             if activity is Activity.ACTIVE:
-                gone = [g for g in w.gpus if g in self.reclaiming_gpus]
-                if gone:
+                if self.reclaiming_gpus and not self.reclaiming_gpus.isdisjoint(w.gpus):
+                    gone = [g for g in w.gpus if g in self.reclaiming_gpus]
                     raise InvariantViolation(
                         f"worker {wid} cannot become active: GPUs {gone} were reclaimed"
                     )
@@ -468,7 +477,7 @@ class TableBuilder:
                     raise InvariantViolation(
                         f"overlap worker {wid} cannot become active while training needs its GPUs"
                     )
-        self._put(_with(w, w.role, activity))
+        self.workers[wid] = Worker(w.id, w.gpus, w.role, activity, w.zone, w.incarnation)
 
     # -- plans ----------------------------------------------------------------------------------
 

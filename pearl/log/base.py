@@ -10,7 +10,7 @@ from typing import Any, Self
 
 from pearl.core.errors import InvariantViolation, LogCorrupted, LogError
 from pearl.core.events import Record
-from pearl.core.fold import apply_to
+from pearl.core.fold import fold_into
 from pearl.core.state import ClusterState
 
 Visitor = Callable[[int, Record], None]
@@ -76,15 +76,12 @@ class EventLog(ABC):
         snap = max((s for s in self.snapshots() if s <= until), default=0)
         state, extra = self.read_snapshot(snap) if snap else (ClusterState(), None)
         builder = state.thaw()
-        seq = snap
         try:
-            for seq, record in self.read(snap + 1, until):
-                apply_to(builder, record, seq)
-                if visit is not None:
-                    visit(seq, record)
+            fold_into(builder, self.read(snap + 1, until), visit)
         except InvariantViolation as e:
             raise LogCorrupted(
-                f"record {seq} cannot be replayed onto the table as of seq {builder.seq}: {e}"
+                f"record {builder.seq + 1} cannot be replayed onto the table as of seq "
+                f"{builder.seq}: {e}"
             ) from e
         if builder.seq != until:
             raise LogCorrupted(f"replay stopped at seq {builder.seq}, expected {until}")
