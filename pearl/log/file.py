@@ -2,14 +2,17 @@
 
 Group commit (leader/follower): every ``append`` frames its records under the lock and queues
 them; the first caller that finds no flush running becomes the leader, writes everything queued
-and makes it durable with one ``fdatasync`` outside the lock, then wakes the followers whose
-records that flush covered. Callers arriving meanwhile queue up for the next flush, so one sync
-covers every record that waited for it. ``group_commit=False`` syncs every record on its own (the
+and makes it durable with one ``fdatasync`` outside the lock, then opens its gate (a plain lock
+it held during the flush) and the followers whose records that flush covered return. Callers
+arriving meanwhile queue up for the next flush, so one sync covers every record that waited for
+it. (The gate replaced a Condition: its wait/notify bookkeeping in Python cost more per append
+than the rest of the append.) ``group_commit=False`` syncs every record on its own (the
 benchmark baseline).
 
-When the last flush carried more appends than are queued now, the new leader yields once before
-taking the queue: the writers it just released are about to append again and join this flush
-instead of the next (a single writer never waits).
+When the last flush carried more appends than are queued now, the new leader keeps yielding
+(a bounded gather window: at most half the last flush's duration, 1 ms at most) until as many
+appends are queued or the window closes: the writers it just released are about to append again
+and join this flush instead of the next. A single writer never waits.
 
 A failed write or sync poisons the log object: the bytes on disk are unknown, so every later call
 raises :class:`LogError` and the owner must reopen, which repairs a torn tail.
@@ -36,6 +39,7 @@ from pearl.log.framing import HEADER_SIZE
 from pearl.log.segments import Repair, Segment
 
 SEGMENT_BYTES = 64 << 20
+GATHER_MAX_S = 1e-3  # longest gather window of a group-commit leader
 _sync = getattr(os, "fdatasync", os.fsync)  # the file size is data: fdatasync covers appends
 
 
@@ -75,11 +79,12 @@ class FileLog(EventLog):
         self._fd = -1
         self._closed = False
         self._error: str | None = None
-        self._cond = threading.Condition(threading.Lock())
+        self._mu = threading.Lock()  # guards the queue, the sequence numbers and the segments
+        self._gate: threading.Lock | None = None  # held by the leader while its flush runs
         self._snap_lock = threading.Lock()
         self._pending: list[bytes] = []
-        self._flushing = False
         self._last_group = 1
+        self._sync_s = 0.0  # how long the last flush took (write + sync)
         try:
             self._open(create and not readonly)
         except OSError as e:
@@ -126,8 +131,11 @@ class FileLog(EventLog):
     def append(self, records: Sequence[Record]) -> list[int]:
         if not records:
             return []
-        payloads = [framing.pack(r, self.max_record) for r in records]
-        with self._cond:
+        pack, max_record = framing.pack, self.max_record
+        payloads = [pack(r, max_record) for r in records]
+        mu = self._mu
+        mu.acquire()
+        try:
             self._check_writable()
             first = self._next
             if not self.group_commit:
@@ -135,46 +143,68 @@ class FileLog(EventLog):
                     self._next = first + i + 1
                     self._flush_guarded(framing.frame(first + i, payload), first + i)
                 return list(range(first, self._next))
-            frames = [framing.frame(first + i, p) for i, p in enumerate(payloads)]
-            self._pending.append(b"".join(frames))
-            self._next = first + len(payloads)
-            last = self._next - 1
+            frame = framing.frame
+            self._pending.append(b"".join([frame(first + i, p) for i, p in enumerate(payloads)]))
+            last = self._next = first + len(payloads)
+            last -= 1
             while self._durable < last:
                 self._check_writable()
-                if self._flushing:
-                    self._cond.wait()
-                else:
+                gate = self._gate
+                if gate is None:
                     self._lead()
+                else:  # a flush is running: wait for it outside the lock, then look again
+                    mu.release()
+                    gate.acquire()
+                    gate.release()
+                    mu.acquire()
             return list(range(first, last + 1))
+        finally:
+            mu.release()
 
     def _lead(self) -> None:
-        """Flush everything queued, with the lock released during the write and the sync."""
-        self._flushing = True
-        if len(self._pending) < self._last_group:
-            # The last flush carried more appends than are queued now: their writers are
-            # likely about to append again. Yield once so they join this flush, not the next.
-            self._cond.release()
-            _yield()
-            self._cond.acquire()
+        """Flush everything queued (``_mu`` held on entry and exit, released during the write
+        and the sync). Followers wait on the leader's gate, a plain lock it releases when the
+        flush is published: one C-level handoff per follower, no Condition bookkeeping."""
+        gate = self._gate = threading.Lock()
+        gate.acquire()
+        self._gather()
         batch, upto = b"".join(self._pending), self._next - 1
         self._last_group = len(self._pending)
         self._pending.clear()
-        self._cond.release()
+        self._mu.release()
         failure: BaseException | None = None
         new = None
         try:
+            t0 = time.perf_counter()
             new = self._flush(batch, upto)
+            self._sync_s = time.perf_counter() - t0
         except BaseException as e:
             failure = e
-        self._cond.acquire()
-        self._flushing = False
+        self._mu.acquire()
+        self._gate = None
         if failure is None:
             self._done(len(batch), upto, new)
         else:
             self._poison(failure)
-        self._cond.notify_all()
+        gate.release()
         if failure is not None:
             raise LogError(self._error) from failure
+
+    def _gather(self) -> None:
+        """The bounded gather window (``_mu`` held): while fewer appends are queued than the last
+        flush carried, yield so the writers it released can append again and join this flush.
+        It lasts at most half the last flush's duration (capped at :data:`GATHER_MAX_S`): a
+        writer that does not come back in that time costs this flush at most half a sync."""
+        target = self._last_group
+        if len(self._pending) >= target:
+            return
+        deadline = time.perf_counter() + min(GATHER_MAX_S, 0.5 * self._sync_s)
+        while True:
+            self._mu.release()
+            _yield()
+            self._mu.acquire()
+            if len(self._pending) >= target or time.perf_counter() >= deadline:
+                return
 
     def _flush_guarded(self, data: bytes, upto: int) -> None:
         try:
@@ -230,7 +260,7 @@ class FileLog(EventLog):
     # -- reading ------------------------------------------------------------------------------
 
     def read(self, start: int = 1, until: int | None = None) -> Iterator[tuple[int, Record]]:
-        with self._cond:
+        with self._mu:
             if self._closed:
                 raise LogError(f"{self.path}: the log is closed")
             last = self._durable
@@ -264,7 +294,7 @@ class FileLog(EventLog):
     @property
     def segments(self) -> list[Segment]:
         """The segment files as scanned, with what has been appended since (a copy)."""
-        with self._cond:
+        with self._mu:
             return [Segment(s.path, s.first_seq, s.last_seq, s.size) for s in self._segments]
 
     # -- snapshots ----------------------------------------------------------------------------
@@ -300,10 +330,13 @@ class FileLog(EventLog):
     # -- closing ------------------------------------------------------------------------------
 
     def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            while self._flushing:
-                self._cond.wait()
+        with self._mu:
+            self._closed = True  # no new leader from now on
+            gate = self._gate
+        if gate is not None:  # let the flush in flight finish and publish
+            gate.acquire()
+            gate.release()
+        with self._mu:
             self._release()
 
     def _release(self) -> None:
