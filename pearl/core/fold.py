@@ -70,20 +70,36 @@ def fold_into(
 ) -> None:
     """Fold (seq, record) pairs into ``builder`` in order, calling ``visit(seq, record)`` after
     each. On a rejected record raise InvariantViolation with ``builder`` as of the record before
-    it (its ``seq`` says which record failed: ``builder.seq + 1``)."""
+    it (its ``seq`` says which record failed: ``builder.seq + 1``).
+
+    Replay's hot loop: the sequence number lives in a local until the end, and the two most
+    frequent kinds (activity changes and plan steps, ~80% of a log) call their primitive directly.
+    """
     handlers = _HANDLERS
-    for seq, record in pairs:
-        if seq != builder.seq + 1:
-            raise InvariantViolation(
-                f"record sequence {seq} does not follow {builder.seq}; expected {builder.seq + 1}"
-            )
-        handler = handlers.get(type(record))
-        if handler is None:
-            raise InvariantViolation(f"no fold rule for {type(record).__name__}")
-        handler(builder, record)
-        builder.seq = seq
-        if visit is not None:
-            visit(seq, record)
+    set_activity, step_done = builder.set_activity, builder.step_done
+    activity_changed, step_done_t = ev.ActivityChanged, ev.StepDone
+    expected = builder.seq + 1
+    try:
+        for seq, record in pairs:
+            if seq != expected:
+                raise InvariantViolation(
+                    f"record sequence {seq} does not follow {expected - 1}; expected {expected}"
+                )
+            t = type(record)
+            if t is activity_changed:
+                set_activity(record.worker, record.activity)
+            elif t is step_done_t:
+                step_done(record.plan, record.step)
+            else:
+                handler = handlers.get(t)
+                if handler is None:
+                    raise InvariantViolation(f"no fold rule for {t.__name__}")
+                handler(builder, record)
+            expected += 1
+            if visit is not None:
+                visit(seq, record)
+    finally:
+        builder.seq = expected - 1
 
 
 def apply(state: ClusterState, record: Any, seq: int | None = None) -> ClusterState:

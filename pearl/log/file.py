@@ -27,15 +27,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
-from pearl.core import events
 from pearl.core.errors import LogCorrupted, LogError
 from pearl.core.events import Record
 from pearl.core.state import ClusterState
-from pearl.log import failpoints, framing, segments, snapshot
+from pearl.log import failpoints, framing, reader, segments, snapshot
 from pearl.log.base import EventLog
-from pearl.log.framing import HEADER_SIZE
 from pearl.log.segments import Repair, Segment
 
 SEGMENT_BYTES = 64 << 20
@@ -278,7 +274,8 @@ class FileLog(EventLog):
             if first > until:
                 return
             buf = self._read_segment(path, size)
-            yield from _records(buf, path, first, start, until, size, self.max_record, cache)
+            yield from reader.records(buf, path, first, start, until, size, self.max_record,
+                                      cache)
 
     @staticmethod
     def _read_segment(path: Path, size: int) -> bytes:
@@ -346,66 +343,6 @@ class FileLog(EventLog):
         if self._lock is not None:
             self._lock.release()
             self._lock = None
-
-
-_CACHE_PAYLOAD = 64  # small payloads repeat (activity and role changes): decode each once
-_CACHE_ENTRIES = 4096
-
-
-def _records(
-    buf: bytes,
-    path: Path,
-    first: int,
-    start: int,
-    until: int,
-    size: int,
-    max_record: int,
-    cache: dict[bytes, Record],
-) -> Iterator[tuple[int, Record]]:
-    """Decode the frames of one segment (the replay hot loop, kept flat). Every byte up to
-    ``size`` had its CRC checked when the log was opened, or was written by this process, so only
-    the framing is re-checked here.
-
-    Records are immutable and decoding is deterministic, so equal small payloads share one
-    decoded record through ``cache``.
-    """
-    mv = memoryview(buf)
-    unpack_from, decode = framing.HEADER.unpack_from, events.decode_bytes
-    off, expected = 0, first
-    while off < size:
-        if size - off < HEADER_SIZE:
-            raise LogCorrupted(f"{path}: short header at byte offset {off}")
-        length, _crc, seq = unpack_from(buf, off)
-        stop = off + HEADER_SIZE + length
-        if seq >= start:
-            if seq > until:
-                return
-            if seq != expected or not 0 < length <= max_record or stop > size:
-                raise _bad(path, mv, off, size, max_record, expected)
-            payload = buf[off + HEADER_SIZE : stop]
-            record = cache.get(payload)
-            if record is None:
-                try:
-                    record = decode(payload)
-                except msgspec.MsgspecError as e:
-                    raise LogCorrupted(
-                        f"{path}: record seq {seq} at byte offset {off} does not decode: {e}"
-                    ) from None
-                if length <= _CACHE_PAYLOAD:
-                    if len(cache) >= _CACHE_ENTRIES:
-                        cache.clear()
-                    cache[payload] = record
-            yield seq, record
-        elif seq != expected or not 0 < length <= max_record or stop > size:
-            raise _bad(path, mv, off, size, max_record, expected)
-        off, expected = stop, expected + 1
-
-
-def _bad(
-    path: Path, mv: memoryview, off: int, size: int, max_record: int, seq: int
-) -> LogCorrupted:
-    problem = framing.check(mv, off, size, max_record) or f"sequence break (expected {seq})"
-    return LogCorrupted(f"{path}: {problem} at byte offset {off} (record seq {seq})")
 
 
 __all__ = ["SEGMENT_BYTES", "FileLog"]
