@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+import msgspec
 
 from pearl.core.commands import COMMANDS
 from pearl.core.errors import ProtocolError
@@ -32,6 +33,7 @@ REGISTRIES: tuple[Registry, ...] = (MESSAGES, COMMANDS, RECORDS)
 _ENVELOPE_KEYS = frozenset({"proto", "id", "corr", "sender", "kind", "body"})
 _MAP6 = b"\x86"  # msgpack fixmap header for the envelope's six entries
 _BODY_KEY = msgpack.packb("body")
+_ENCODE = msgspec.msgpack.Encoder().encode
 
 
 class BadMessage(ProtocolError):
@@ -127,6 +129,8 @@ class Codec:
         try:
             if msg is self._last_msg:  # the same reply again (a status view): reuse its body
                 body = self._last_body
+            elif isinstance(msg, msgspec.Struct):  # typed: msgspec encodes it straight
+                body = _ENCODE(msg)
             else:
                 body = msgpack.packb(to_wire(msg), use_bin_type=True)
                 self._last_msg, self._last_body = msg, body

@@ -1,9 +1,12 @@
 """Wire-protocol constants and the transport-level message kinds, in one module.
 
-Every message on a PEARL socket is a frozen, typed record registered under a kind. Log records
-(:data:`pearl.core.events.RECORDS`) and controller commands (:data:`pearl.core.commands.COMMANDS`)
-travel as they are; :data:`MESSAGES` below adds what only the wire needs: liveness, request and
-reply kinds of the API, pub/sub of state changes, worker registration and actor calls.
+Every message on a PEARL socket is a frozen, typed record registered under a kind: the kinds
+below are msgspec Structs (:class:`pearl.core.schema.WireStruct`), except :class:`Event`, whose
+check on construction rewrites its field (a frozen dataclass allows that, a Struct does not).
+Log records (:data:`pearl.core.events.RECORDS`) and controller commands
+(:data:`pearl.core.commands.COMMANDS`) travel as they are; :data:`MESSAGES` below adds what only
+the wire needs: liveness, request and reply kinds of the API, pub/sub of state changes, worker
+registration and actor calls.
 Other modules add kinds by registering more classes in :data:`MESSAGES`.
 
 Kinds must be unique across the three registries (the envelope names only the kind);
@@ -17,7 +20,7 @@ from typing import Any
 
 from pearl.core.errors import SchemaError
 from pearl.core.events import RECORDS, GpusAdded, GpusReclaimed, TrainingBegin, TrainingFinished
-from pearl.core.schema import Registry, registered, to_wire
+from pearl.core.schema import Registry, WireStruct, registered, to_wire
 
 # -- constants ------------------------------------------------------------------------------
 
@@ -84,13 +87,13 @@ ELASTIC_EVENTS: dict[str, type] = {getattr(cls, "KIND"): cls for cls in _ELASTIC
 """Record kinds an ``event`` message may carry."""
 
 
-@registered(MESSAGES, "ping")
-class Ping:
+@MESSAGES.add
+class Ping(WireStruct, tag="ping", frozen=True):
     nonce: int = 0
 
 
-@registered(MESSAGES, "pong")
-class Pong:
+@MESSAGES.add
+class Pong(WireStruct, tag="pong", frozen=True):
     nonce: int = 0
 
 
@@ -123,40 +126,40 @@ class Event:
         return RECORDS.decode(self.record)
 
 
-@registered(MESSAGES, "ack")
-class Ack:
+@MESSAGES.add
+class Ack(WireStruct, tag="ack", frozen=True):
     """The request is durable: its record has log sequence number ``seq``."""
 
     seq: int
 
 
-@registered(MESSAGES, "error")
-class Error:
+@MESSAGES.add
+class Error(WireStruct, tag="error", frozen=True):
     """The request failed; ``code`` is one of :class:`ErrorCode`."""
 
     code: str
     message: str
 
 
-@registered(MESSAGES, "status-request")
-class StatusRequest:
+@MESSAGES.add
+class StatusRequest(WireStruct, tag="status-request", frozen=True):
     pass
 
 
-@registered(MESSAGES, "status")
-class Status:
+@MESSAGES.add
+class Status(WireStruct, tag="status", frozen=True):
     payload: dict[str, Any]
 
 
-@registered(MESSAGES, "subscribe")
-class Subscribe:
+@MESSAGES.add
+class Subscribe(WireStruct, tag="subscribe", frozen=True):
     """Ask for a snapshot of ``topic``; later changes come over PUB/SUB."""
 
     topic: str = "state"
 
 
-@registered(MESSAGES, "snapshot")
-class Snapshot:
+@MESSAGES.add
+class Snapshot(WireStruct, tag="snapshot", frozen=True):
     """The whole state of a topic as of change number ``seq`` of publisher ``incarnation``."""
 
     seq: int
@@ -165,8 +168,8 @@ class Snapshot:
     incarnation: int = 0
 
 
-@registered(MESSAGES, "change")
-class Change:
+@MESSAGES.add
+class Change(WireStruct, tag="change", frozen=True):
     """Change number ``seq`` of a topic (consecutive within one publisher ``incarnation``)."""
 
     seq: int
@@ -174,8 +177,8 @@ class Change:
     incarnation: int = 0
 
 
-@registered(MESSAGES, "register")
-class Register:
+@MESSAGES.add
+class Register(WireStruct, tag="register", frozen=True):
     """A worker host announces itself (again after a pearld restart: same worker, same address)."""
 
     worker: int
@@ -184,16 +187,16 @@ class Register:
     pid: int
 
 
-@registered(MESSAGES, "heartbeat")
-class Heartbeat:
+@MESSAGES.add
+class Heartbeat(WireStruct, tag="heartbeat", frozen=True):
     """I am alive. From a publisher, ``seq`` is its newest change (subscribers see lost ones)."""
 
     incarnation: int = 0
     seq: int = 0
 
 
-@registered(MESSAGES, "call")
-class Call:
+@MESSAGES.add
+class Call(WireStruct, tag="call", frozen=True):
     """Actor-to-actor message: run ``method(**args)`` on the actor named ``actor``."""
 
     actor: str
@@ -201,8 +204,8 @@ class Call:
     args: dict[str, Any]
 
 
-@registered(MESSAGES, "result")
-class Result:
+@MESSAGES.add
+class Result(WireStruct, tag="result", frozen=True):
     """Generic reply to a ``call``."""
 
     value: Any = None
