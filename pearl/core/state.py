@@ -500,7 +500,9 @@ class TableBuilder:
         self.plan, self.last_plan = PlanProgress(plan, cause, target, tuple(steps)), plan
 
     def step_done(self, plan: int, step: int) -> None:
-        p = self._plan(plan)
+        p = self.plan
+        if p is None or p.plan != plan:
+            p = self._plan(plan)  # raises
         if not 0 <= step < len(p.steps):
             raise InvariantViolation(f"plan {plan} has no step {step} (it has {len(p.steps)})")
         if step in p.done:
