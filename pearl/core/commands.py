@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pearl.core.schema import Registry, registered
+from pearl.core.schema import Registry, WireStruct
 from pearl.core.state import Role, Zone
 
 COMMANDS = Registry("command")
@@ -22,8 +22,8 @@ BESIDE = -1
 that must not wait for, or cancel, an expansion on other GPUs); its ``step`` names the worker."""
 
 
-@registered(COMMANDS, "start-worker")
-class StartWorker:
+@COMMANDS.add
+class StartWorker(WireStruct, tag="start-worker", frozen=True):
     """Launch a worker host on ``gpus``, initialise the engine, sync the newest weights (ADD)."""
 
     worker: int
@@ -36,8 +36,8 @@ class StartWorker:
     step: int
 
 
-@registered(COMMANDS, "activate-worker")
-class ActivateWorker:
+@COMMANDS.add
+class ActivateWorker(WireStruct, tag="activate-worker", frozen=True):
     """Resume a retained overlap worker's device state in ``role`` at the newest weights."""
 
     worker: int
@@ -47,8 +47,8 @@ class ActivateWorker:
     step: int
 
 
-@registered(COMMANDS, "stop-worker")
-class StopWorker:
+@COMMANDS.add
+class StopWorker(WireStruct, tag="stop-worker", frozen=True):
     """Stop routing, abort in-flight requests keeping their generated prefixes, return the GPUs."""
 
     worker: int
@@ -59,8 +59,8 @@ class StopWorker:
     cancel: bool = False  # undoes a joiner of a cancelled expansion (answered with cancel=True)
 
 
-@registered(COMMANDS, "deactivate-worker")
-class DeactivateWorker:
+@COMMANDS.add
+class DeactivateWorker(WireStruct, tag="deactivate-worker", frozen=True):
     """Drain an overlap worker (aborts keep prefixes), free its device memory, keep its process."""
 
     worker: int
@@ -71,8 +71,8 @@ class DeactivateWorker:
     cancel: bool = False
 
 
-@registered(COMMANDS, "set-role")
-class SetRole:
+@COMMANDS.add
+class SetRole(WireStruct, tag="set-role", frozen=True):
     """Drain or hand over in-flight work, then switch the worker's role."""
 
     worker: int
@@ -81,8 +81,8 @@ class SetRole:
     step: int
 
 
-@registered(COMMANDS, "lend-training")
-class LendTraining:
+@COMMANDS.add
+class LendTraining(WireStruct, tag="lend-training", frozen=True):
     """The training worker releases device memory so rollout can borrow its GPUs."""
 
     worker: int
@@ -90,8 +90,8 @@ class LendTraining:
     step: int
 
 
-@registered(COMMANDS, "reclaim-training")
-class ReclaimTraining:
+@COMMANDS.add
+class ReclaimTraining(WireStruct, tag="reclaim-training", frozen=True):
     """The training worker restores its device state on its GPUs."""
 
     worker: int
@@ -99,8 +99,8 @@ class ReclaimTraining:
     step: int
 
 
-@registered(COMMANDS, "sync-weights")
-class SyncWeights:
+@COMMANDS.add
+class SyncWeights(WireStruct, tag="sync-weights", frozen=True):
     """Move a serving (or still initialising) worker to weights ``version`` (lazy propagation:
     workers that join later get the newest version with their start or activation)."""
 
@@ -108,15 +108,15 @@ class SyncWeights:
     version: int
 
 
-@registered(COMMANDS, "training-may-proceed")
-class TrainingMayProceed:
+@COMMANDS.add
+class TrainingMayProceed(WireStruct, tag="training-may-proceed", frozen=True):
     """Every borrowed GPU is back: the trainer may run step ``step``."""
 
     step: int
 
 
-@registered(COMMANDS, "routing-changed")
-class RoutingChanged:
+@COMMANDS.add
+class RoutingChanged(WireStruct, tag="routing-changed", frozen=True):
     """The routable set changed at a logged commit point (sequence ``seq``)."""
 
     seq: int
@@ -125,8 +125,8 @@ class RoutingChanged:
 # -- reports -------------------------------------------------------------------------------
 
 
-@registered(COMMANDS, "step-result")
-class StepResult:
+@COMMANDS.add
+class StepResult(WireStruct, tag="step-result", frozen=True):
     """An executor finished (ok) or failed step ``step`` of ``plan`` (or its cancellation)."""
 
     plan: int
@@ -137,8 +137,8 @@ class StepResult:
     duration_s: float = 0.0
 
 
-@registered(COMMANDS, "worker-down")
-class WorkerDown:
+@COMMANDS.add
+class WorkerDown(WireStruct, tag="worker-down", frozen=True):
     """A worker host died or stopped heart-beating; its supervisor will try to restart it."""
 
     worker: int
@@ -146,31 +146,31 @@ class WorkerDown:
     reason: str
 
 
-@registered(COMMANDS, "worker-up")
-class WorkerUp:
+@COMMANDS.add
+class WorkerUp(WireStruct, tag="worker-up", frozen=True):
     """A worker host (re)registered and serves in the role the table gives it."""
 
     worker: int
     incarnation: int
 
 
-@registered(COMMANDS, "worker-lost")
-class WorkerLost:
+@COMMANDS.add
+class WorkerLost(WireStruct, tag="worker-lost", frozen=True):
     """The supervisor gave up restarting a worker: remove it and keep its GPUs out for a while."""
 
     worker: int
     reason: str
 
 
-@registered(COMMANDS, "rollout-progress")
-class RolloutProgress:
+@COMMANDS.add
+class RolloutProgress(WireStruct, tag="rollout-progress", frozen=True):
     """R of the current batch's B trajectories are not complete yet (for the borrowing gate)."""
 
     remaining: int
 
 
-@registered(COMMANDS, "tick")
-class Tick:
+@COMMANDS.add
+class Tick(WireStruct, tag="tick", frozen=True):
     """Time passed: check step deadlines and quarantine expiry."""
 
 
