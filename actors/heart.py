@@ -12,13 +12,14 @@ again. Unknown after a hello, or pearld unreachable for ``orphan_s``: the host e
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import re
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+import msgspec
 
 from actors.messages import Welcome, WorkerBeat, WorkerHello
 from pearl.core.errors import PearlError
@@ -99,7 +100,7 @@ class HostHeart:
                 if self.boot_id is None or self._rehello.is_set():
                     self.beacon.paused = True
                     try:
-                        hello = dataclasses.replace(self.hello, engine_ready=self.ready())
+                        hello = msgspec.structs.replace(self.hello, engine_ready=self.ready())
                         reply = self.client.request(hello)
                     except PearlError as e:
                         if time.monotonic() - last_ok > self.orphan_s:

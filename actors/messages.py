@@ -7,15 +7,15 @@ from __future__ import annotations
 from typing import Any
 
 from pearl.core.profile import TrajectoryStats
-from pearl.core.schema import registered
+from pearl.core.schema import WireStruct
 from pearl.core.state import Role
 from pearl.core.view import ClusterView
 from pearl.engines.base import EngineTelemetry, GenerateRequest, GenerateResult
 from transports.protocol import MESSAGES
 
 
-@registered(MESSAGES, "worker-hello")
-class WorkerHello:
+@MESSAGES.add
+class WorkerHello(WireStruct, tag="worker-hello", frozen=True):
     """A worker host announces itself to pearld (again after a pearld restart)."""
 
     worker: int
@@ -27,22 +27,22 @@ class WorkerHello:
     role: Role | None = None
 
 
-@registered(MESSAGES, "worker-beat")
-class WorkerBeat:
+@MESSAGES.add
+class WorkerBeat(WireStruct, tag="worker-beat", frozen=True):
     """Heartbeat of a worker host; the reply carries pearld's boot id (a change means re-hello)."""
 
     worker: int
     incarnation: int
 
 
-@registered(MESSAGES, "welcome")
-class Welcome:
+@MESSAGES.add
+class Welcome(WireStruct, tag="welcome", frozen=True):
     boot_id: str
     known: bool = True  # False: the log does not know this worker; it will be stopped
 
 
-@registered(MESSAGES, "restore-worker")
-class RestoreWorker:
+@MESSAGES.add
+class RestoreWorker(WireStruct, tag="restore-worker", frozen=True):
     """A restarted worker host: bring the engine up in ``role`` at ``weights_version``."""
 
     worker: int
@@ -52,15 +52,15 @@ class RestoreWorker:
     active: bool = True  # False: a retained overlap worker, keep device memory released
 
 
-@registered(MESSAGES, "generate")
-class Generate:
+@MESSAGES.add
+class Generate(WireStruct, tag="generate", frozen=True):
     """Run one request on a worker; its result comes back as ``generate-done``."""
 
     request: GenerateRequest
 
 
-@registered(MESSAGES, "generate-done")
-class GenerateDone:
+@MESSAGES.add
+class GenerateDone(WireStruct, tag="generate-done", frozen=True):
     worker: int
     rid: str
     result: GenerateResult | None = None
@@ -68,27 +68,27 @@ class GenerateDone:
     retryable: bool = False  # e.g. the KV never arrived: route the request again
 
 
-@registered(MESSAGES, "abort-request")
-class AbortRequest:
+@MESSAGES.add
+class AbortRequest(WireStruct, tag="abort-request", frozen=True):
     rid: str
 
 
-@registered(MESSAGES, "load-weights")
-class LoadWeights:
+@MESSAGES.add
+class LoadWeights(WireStruct, tag="load-weights", frozen=True):
     """Move to weights ``version`` (from the weight store at ``uri``; lazy propagation)."""
 
     version: int
     uri: str = ""
 
 
-@registered(MESSAGES, "engine-telemetry")
-class EngineTelemetryReport:
+@MESSAGES.add
+class EngineTelemetryReport(WireStruct, tag="engine-telemetry", frozen=True):
     worker: int
     telemetry: EngineTelemetry
 
 
-@registered(MESSAGES, "state-changed")
-class StateChanged:
+@MESSAGES.add
+class StateChanged(WireStruct, tag="state-changed", frozen=True):
     """The Orchestrator's view after a logged change: read its attributes (``view.routable``,
     ``view.table``, ``view.profile``); only the edge renders it as a dict (``status_json``)."""
 
@@ -99,28 +99,28 @@ class StateChanged:
         return self.view.seq
 
 
-@registered(MESSAGES, "supervise")
-class Supervise:
+@MESSAGES.add
+class Supervise(WireStruct, tag="supervise", frozen=True):
     """Periodic prod for the RoleSupervisor: reap dead hosts, restart with back-off."""
 
 
-@registered(MESSAGES, "trainer-hello")
-class TrainerHello:
+@MESSAGES.add
+class TrainerHello(WireStruct, tag="trainer-hello", frozen=True):
     """A trainer (embedding API client) that handles lend / reclaim of the training GPUs."""
 
     address: str
 
 
-@registered(MESSAGES, "route")
-class Route:
+@MESSAGES.add
+class Route(WireStruct, tag="route", frozen=True):
     """Ask the Router to run ``request``; the result goes to actor ``reply_to`` as generate-done."""
 
     request: GenerateRequest
     reply_to: str
 
 
-@registered(MESSAGES, "rollout-step")
-class RolloutStep:
+@MESSAGES.add
+class RolloutStep(WireStruct, tag="rollout-step", frozen=True):
     """A rollout step ended: what its trajectories did (the Runtime Tracker fits the profile)."""
 
     step: int
@@ -130,22 +130,22 @@ class RolloutStep:
     in_flight: float = 0.0  # mean trajectories in flight while the batch ran (0: not measured)
 
 
-@registered(MESSAGES, "next-batch")
-class NextBatch:
+@MESSAGES.add
+class NextBatch(WireStruct, tag="next-batch", frozen=True):
     """A trainer asks for the next rollout batch, waiting at most ``timeout_s`` on pearld's side."""
 
     timeout_s: float = 0.5
 
 
-@registered(MESSAGES, "batch")
-class BatchReply:
+@MESSAGES.add
+class BatchReply(WireStruct, tag="batch", frozen=True):
     """The batch (``pearl.rl.trajectory.Batch`` as a plain mapping), or None: not ready yet."""
 
     batch: dict[str, Any] | None = None
 
 
-@registered(MESSAGES, "weights-upload")
-class WeightsUpload:
+@MESSAGES.add
+class WeightsUpload(WireStruct, tag="weights-upload", frozen=True):
     """Weights ``version`` as one bulk frame (safetensors bytes) for pearld's weight store."""
 
     version: int

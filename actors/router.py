@@ -28,6 +28,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from actors.base import Directory, PearlActor
 from actors.messages import AbortRequest, Generate, GenerateDone, Route, StateChanged
 from pearl.engines.base import GenerateRequest
@@ -258,7 +260,7 @@ class Router(PearlActor):
             result = msg.result
             if result is not None:
                 result = dataclasses.replace(result, rid=rid)
-            msg = dataclasses.replace(msg, rid=rid, result=result)
+            msg = msgspec.structs.replace(msg, rid=rid, result=result)
         self._reply(p.route.reply_to, msg)
 
     def abort(self, msg: AbortRequest) -> None:

@@ -1,8 +1,7 @@
 """Wire-protocol constants and the transport-level message kinds, in one module.
 
 Every message on a PEARL socket is a frozen, typed record registered under a kind: the kinds
-below are msgspec Structs (:class:`pearl.core.schema.WireStruct`), except :class:`Event`, whose
-check on construction rewrites its field (a frozen dataclass allows that, a Struct does not).
+below are msgspec Structs (:class:`pearl.core.schema.WireStruct`), decoded and checked by msgspec.
 Log records (:data:`pearl.core.events.RECORDS`) and controller commands
 (:data:`pearl.core.commands.COMMANDS`) travel as they are; :data:`MESSAGES` below adds what only
 the wire needs: liveness, request and reply kinds of the API, pub/sub of state changes, worker
@@ -19,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pearl.core.errors import SchemaError
-from pearl.core.events import RECORDS, GpusAdded, GpusReclaimed, TrainingBegin, TrainingFinished
-from pearl.core.schema import Registry, WireStruct, registered, to_wire
+from pearl.core.events import GpusAdded, GpusReclaimed, TrainingBegin, TrainingFinished
+from pearl.core.schema import Registry, WireStruct
 
 # -- constants ------------------------------------------------------------------------------
 
@@ -97,33 +96,31 @@ class Pong(WireStruct, tag="pong", frozen=True):
     nonce: int = 0
 
 
-@registered(MESSAGES, "event")
-class Event:
-    """An elastic event for the ElasticScheduler, as the wire mapping of its log record.
+@MESSAGES.add
+class Event(WireStruct, tag="event", frozen=True):
+    """An elastic event for the ElasticScheduler: one of :data:`ELASTIC_EVENTS`, typed.
 
-    Build it with :meth:`of`; :attr:`decoded` is the record. The mapping is checked on
-    construction, so a decoded ``Event`` always holds one of :data:`ELASTIC_EVENTS`.
+    On the wire ``record`` is the record's own mapping (kind, version, fields); msgspec decodes it
+    through the tagged union of the elastic kinds, so any other kind or a bad field is a schema
+    error before the scheduler sees it. Build it with :meth:`of`; :attr:`decoded` is the record.
     """
 
-    record: dict[str, Any]
+    record: GpusAdded | GpusReclaimed | TrainingBegin | TrainingFinished
 
     def __post_init__(self) -> None:
-        kind = self.record.get("kind")
-        if kind not in ELASTIC_EVENTS:
+        if not isinstance(self.record, _ELASTIC):  # built by hand from another record
             raise SchemaError(
-                f"Event.record: expected one of {sorted(ELASTIC_EVENTS)}, got kind {kind!r}"
+                f"Event.record: expected one of {sorted(ELASTIC_EVENTS)}, "
+                f"got {type(self.record).__name__}"
             )
-        # Check the field types now, not in the scheduler; keep the canonical mapping (tuples,
-        # not the lists msgpack gives back) so that a round trip compares equal.
-        object.__setattr__(self, "record", to_wire(RECORDS.decode(self.record)))
 
     @classmethod
     def of(cls, record: Any) -> Event:
-        return cls(record=to_wire(record))
+        return cls(record=record)
 
     @property
     def decoded(self) -> Any:
-        return RECORDS.decode(self.record)
+        return self.record
 
 
 @MESSAGES.add

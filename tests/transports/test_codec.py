@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pearl.core.commands import COMMANDS
-from pearl.core.errors import ProtocolError
+from pearl.core.errors import ProtocolError, SchemaError
 from pearl.core.events import RECORDS, GpusAdded, PlanCommit
 from pearl.core.schema import to_wire
 from tests.transports.samples import all_kinds, sample
@@ -54,7 +54,9 @@ def test_event_carries_an_elastic_record_only() -> None:
     bad = _envelope("event", {"kind": "event", "v": 1, "record": to_wire(PlanCommit(plan=3))})
     with pytest.raises(BadMessage) as e:
         Codec().decode([bad])
-    assert e.value.code == ErrorCode.SCHEMA and "gpus-added" in str(e.value)
+    assert e.value.code == ErrorCode.SCHEMA and "'plan-commit' - at `$.record.kind`" in str(e.value)
+    with pytest.raises(SchemaError, match="gpus-added"):  # built by hand from another record
+        Event.of(PlanCommit(plan=3))
 
 
 def _envelope(kind: str, body: object, **over: object) -> bytes:
