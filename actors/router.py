@@ -22,7 +22,6 @@ it; its answers come back here as ``generate-done`` from worker ``LINK``.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections import deque
 from dataclasses import dataclass, field
@@ -155,7 +154,7 @@ class Router(PearlActor):
     def _dispatch(self, rid: str) -> None:
         p = self.pending[rid]
         assert p.original is not None
-        req = p.original if p.attempt == 0 else dataclasses.replace(p.original, rid=p.wire(rid))
+        req = p.original if p.attempt == 0 else msgspec.structs.replace(p.original, rid=p.wire(rid))
         p.prefilled = False
         if self.link is not None:
             self._dispatch_link(rid, p, req)
@@ -172,8 +171,8 @@ class Router(PearlActor):
             pw, dw = self._pick(prefill), self._pick(decode)
             transfer = f"{rid}#{p.attempt}"
             p.workers = (pw, dw)
-            self._send(dw, dataclasses.replace(req, transfer_id=transfer, kv_peer=""))
-            self._send(pw, dataclasses.replace(req, transfer_id=transfer, kv_peer=self.kv[dw]))
+            self._send(dw, msgspec.structs.replace(req, transfer_id=transfer, kv_peer=""))
+            self._send(pw, msgspec.structs.replace(req, transfer_id=transfer, kv_peer=self.kv[dw]))
         else:
             p.workers = ()
             self.waiting.append(rid)
@@ -259,7 +258,7 @@ class Router(PearlActor):
         if msg.rid != rid:  # whoever asked knows the request by its own rid
             result = msg.result
             if result is not None:
-                result = dataclasses.replace(result, rid=rid)
+                result = msgspec.structs.replace(result, rid=rid)
             msg = msgspec.structs.replace(msg, rid=rid, result=result)
         self._reply(p.route.reply_to, msg)
 

@@ -230,7 +230,7 @@ def predict_for(profile: dict[str, Any], mode: str, N_P: float, N_D: float, N_C:
                 in_flight: float | None = None) -> float | None:
     """Eq. 1-3 on ``profile`` (a status' plain profile) for a configuration, with B_flight
     replaced by ``in_flight`` when given."""
-    import dataclasses
+    import msgspec
 
     from pearl.core.makespan import T_coloc, T_dis
     from pearl.core.profile import WorkloadProfile
@@ -238,7 +238,7 @@ def predict_for(profile: dict[str, Any], mode: str, N_P: float, N_D: float, N_C:
 
     p = from_plain(WorkloadProfile, profile)
     if in_flight is not None and in_flight > 0:
-        p = dataclasses.replace(p, B_flight=in_flight)
+        p = msgspec.structs.replace(p, B_flight=in_flight)
     if mode == "colocated":
         return float(T_coloc(p, N_C)) if N_C > 0 else None
     if N_P > 0 and N_D > 0:

@@ -10,14 +10,14 @@ commits is ``aborted`` (with the reason) and served nothing. Times are the contr
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
-from pearl.core.schema import struct
+import msgspec
+
+from pearl.core.schema import Value
 
 
-@struct
-class BorrowCycle:
+class BorrowCycle(Value, frozen=True):
     step: int  # the training step whose end opened the window
     opened: float  # Training Finished
     gate: str = "none"  # "approved" | "declined" | "none" (never asked: nothing to lend)
@@ -76,13 +76,14 @@ def gated(c: BorrowCycle | None, enabled: bool, reason: str) -> BorrowCycle | No
     """The gate's verdict in an open window (the latest one counts until a borrow begins)."""
     if c is None or c.closed is not None or c.plan:
         return c
-    return dataclasses.replace(c, gate="approved" if enabled else "declined", gate_reason=reason)
+    gate = "approved" if enabled else "declined"
+    return msgspec.structs.replace(c, gate=gate, gate_reason=reason)
 
 
 def planned(c: BorrowCycle | None, plan: int, now: float) -> BorrowCycle | None:
     if c is None or c.closed is not None or c.plan:
         return c
-    return dataclasses.replace(c, plan=plan, planned=now, gate="approved")
+    return msgspec.structs.replace(c, plan=plan, planned=now, gate="approved")
 
 
 def committed(
@@ -90,7 +91,7 @@ def committed(
 ) -> BorrowCycle | None:
     if c is None or c.plan != plan:
         return c
-    return dataclasses.replace(
+    return msgspec.structs.replace(
         c, serving_since=now if activated else None, lent=lent, activated=activated
     )
 
@@ -98,19 +99,19 @@ def committed(
 def aborted(c: BorrowCycle | None, plan: int, reason: str) -> BorrowCycle | None:
     if c is None or c.plan != plan:
         return c
-    return dataclasses.replace(c, aborted=reason)
+    return msgspec.structs.replace(c, aborted=reason)
 
 
 def closed(c: BorrowCycle | None, now: float, returning: int) -> BorrowCycle | None:
     if c is None or c.closed is not None:
         return c
-    return dataclasses.replace(c, closed=now, returning=returning)
+    return msgspec.structs.replace(c, closed=now, returning=returning)
 
 
 def returned(c: BorrowCycle | None, now: float) -> BorrowCycle | None:
     if c is None or c.closed is None or c.returned is not None:
         return c
-    return dataclasses.replace(c, returned=now)
+    return msgspec.structs.replace(c, returned=now)
 
 
 __all__ = ["BorrowCycle", "aborted", "closed", "committed", "gated", "planned", "returned"]

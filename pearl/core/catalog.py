@@ -13,7 +13,7 @@ import difflib
 from typing import TypeVar
 
 from pearl.core.errors import ConfigError, InfeasibleConfiguration
-from pearl.core.schema import struct
+from pearl.core.schema import Value
 
 GB = 1e9
 
@@ -39,8 +39,7 @@ BYTES_PER_PARAM = 2  # bf16 weights
 BYTES_PER_KV = 2  # bf16 KV cache
 
 
-@struct
-class GpuSpec:
+class GpuSpec(Value, frozen=True):
     """One GPU: dense bf16 FLOP/s, HBM bytes/s and bytes, one-way link bytes/s."""
 
     name: str
@@ -70,8 +69,7 @@ GPUS: dict[str, GpuSpec] = {
 }
 
 
-@struct
-class ModelSpec:
+class ModelSpec(Value, frozen=True):
     """A decoder-only transformer as its config.json describes it (Qwen3 layout: GQA, SwiGLU)."""
 
     name: str
@@ -179,8 +177,7 @@ def model_spec(name: str) -> ModelSpec:
     return _lookup(MODELS, name.lower(), "model")
 
 
-@struct
-class Roofline:
+class Roofline(Value, frozen=True):
     """Platform parameters of the makespan models for one (model, GPU, tp) worker."""
 
     t_prefill: float  # s per prefill token on one worker

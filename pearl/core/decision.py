@@ -19,7 +19,7 @@ import numpy as np
 
 from pearl.core.makespan import EXCLUDED_BY, NO_WORKERS, Sweep, sweep
 from pearl.core.profile import WorkloadProfile
-from pearl.core.schema import struct
+from pearl.core.schema import Value
 from pearl.core.state import Mode, Target
 
 
@@ -34,8 +34,7 @@ class DecisionParams(Protocol):
     def prefill_max_utilization(self) -> float: ...
 
 
-@struct
-class Alternative:
+class Alternative(Value, frozen=True):
     """One configuration the engine considered."""
 
     mode: Mode

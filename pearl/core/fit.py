@@ -23,14 +23,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pearl.core.schema import struct
+from pearl.core.schema import Value
 
 # |b| / SE(b) a decode fit needs to be used: ~p < 0.003 two-sided for the sample sizes a step has.
 MIN_SLOPE_T = 3.0
 
 
-@struct
-class DecodeFit:
+class DecodeFit(Value, frozen=True):
     """Least-squares fit of iteration time = A + b * batch size.
 
     ``t`` is the slope's t-statistic b / SE(b) of the unconstrained fit (0 when b was clamped to

@@ -20,13 +20,12 @@ import math
 
 from pearl.core.decision import DecisionParams, best_makespan
 from pearl.core.profile import WorkloadProfile
-from pearl.core.schema import struct
+from pearl.core.schema import Value
 
 WINDOW_FRACTION = 0.5  # activation may use at most this share of the training-idle window
 
 
-@struct
-class GateResult:
+class GateResult(Value, frozen=True):
     enabled: bool
     benefit_s: float  # (R / B) (T_ded - T_full)
     T_ded: float

@@ -8,9 +8,10 @@ with other choices: always colocated (ROLL, RLBoost+), always disaggregated at t
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 from dataclasses import dataclass
+
+import msgspec
 
 from pearl.core.decision import Decision, DecisionParams, decide
 from pearl.core.events import Telemetry
@@ -69,7 +70,7 @@ class Policy:
         )
         if self.borrow is Borrow.GATED:
             return result
-        return dataclasses.replace(
+        return msgspec.structs.replace(
             result,
             enabled=self.borrow is Borrow.ALWAYS and N_full > N_ded,
             reason=f"policy: borrow {self.borrow.value} (gate: {result.reason})",

@@ -25,22 +25,21 @@ the profile by alpha.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Iterable
 from typing import Protocol
 
+import msgspec
 import numpy as np
 
 from pearl.core import catalog
 from pearl.core.errors import SchemaError
 from pearl.core.events import Telemetry
 from pearl.core.fit import MIN_SLOPE_T, DecodeFit, fit_decode, fit_iterations, fit_prefill
-from pearl.core.schema import struct
+from pearl.core.schema import Value
 
 
-@struct
-class WorkloadProfile:
+class WorkloadProfile(Value, frozen=True):
     """Parameters of eq. 1-3 and 7 for one rollout batch (seconds, tokens, bytes)."""
 
     B: int  # trajectories in the rollout batch
@@ -64,7 +63,7 @@ class WorkloadProfile:
     observed: int = 0  # step summaries folded in (the EMA weight of the next is max(alpha, 1/k))
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
+        for f in msgspec.structs.fields(self):
             v = getattr(self, f.name)
             if v is not None and (not math.isfinite(v) or v < 0):
                 raise SchemaError(f"WorkloadProfile.{f.name} must be finite and >= 0, got {v!r}")
@@ -160,8 +159,7 @@ def prior_profile(cfg: ConfigLike, batch: int | None = None) -> WorkloadProfile:
 # -- raw telemetry of one rollout step ------------------------------------------------------------
 
 
-@struct
-class TrajectoryStats:
+class TrajectoryStats(Value, frozen=True):
     """One trajectory of the step: its turns, new prompt and generated tokens, env seconds, and
     the prompt tokens the engines really prefilled for it (None: not measured)."""
 
@@ -172,8 +170,7 @@ class TrajectoryStats:
     prefilled_tokens: int | None = None  # prompt tokens computed, not reused from a prefix
 
 
-@struct
-class StepTelemetry:
+class StepTelemetry(Value, frozen=True):
     """What the workers and the environment measured during one rollout step.
 
     ``decode_batch[i]``/``decode_s[i]``: sequences in decode iteration i and its duration.
@@ -345,7 +342,7 @@ class RuntimeTracker:
             w = summary.window_s
             new["T_window"] = w if p.T_window == 0 else a * w + (1.0 - a) * p.T_window
         new["K_seq"] = p.K * context_tokens(new["S"], new["delta_L"], new["r"], self.L_max)
-        self._profile = dataclasses.replace(p, B=summary.batch, observed=p.observed + 1, **new)
+        self._profile = msgspec.structs.replace(p, B=summary.batch, observed=p.observed + 1, **new)
         self.steps += 1
         return self._profile
 

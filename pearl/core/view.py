@@ -19,7 +19,7 @@ from pearl.core.borrow import BorrowCycle
 from pearl.core.controller import ControllerState
 from pearl.core.gate import GateResult
 from pearl.core.profile import WorkloadProfile
-from pearl.core.schema import struct, to_plain
+from pearl.core.schema import Value, to_plain
 from pearl.core.state import (
     Activity,
     ClusterState,
@@ -32,8 +32,7 @@ from pearl.core.state import (
 )
 
 
-@struct
-class TableSnapshot:
+class TableSnapshot(Value, frozen=True):
     """A :class:`ClusterState`, every field kept, in types the message codec encodes."""
 
     seq: int = 0
@@ -90,8 +89,7 @@ class TableSnapshot:
         )
 
 
-@struct
-class DecisionView:
+class DecisionView(Value, frozen=True):
     """What ``pearl status`` shows of the decision behind the latest plan."""
 
     target: Target
@@ -99,8 +97,7 @@ class DecisionView:
     reason: str
 
 
-@struct
-class ClusterView:
+class ClusterView(Value, frozen=True):
     """The Orchestrator's view after a logged change: the table and the controller beside it."""
 
     table: TableSnapshot = TableSnapshot()

@@ -22,7 +22,7 @@ from concurrent.futures import Future
 from typing import Any, Protocol
 
 from pearl.core.errors import EngineError, KVTimeout
-from pearl.core.schema import struct
+from pearl.core.schema import Value
 from pearl.core.state import Role
 from pearl.engines.lifecycle import EngineState, Lifecycle
 
@@ -34,8 +34,7 @@ class FinishReason(enum.StrEnum):
     PREFILLED = "prefilled"  # prefill role: KV shipped, first token in output_ids
 
 
-@struct
-class SamplingParams:
+class SamplingParams(Value, frozen=True):
     max_new_tokens: int = 64
     temperature: float = 0.0  # 0 means greedy
     top_p: float = 1.0
@@ -43,8 +42,7 @@ class SamplingParams:
     seed: int | None = None
 
 
-@struct
-class GenerateRequest:
+class GenerateRequest(Value, frozen=True):
     rid: str
     input_ids: tuple[int, ...]
     sampling: SamplingParams = SamplingParams()
@@ -54,8 +52,7 @@ class GenerateRequest:
     kv_peer: str = ""  # PD only, prefill side: address of the decode worker's KV inbox
 
 
-@struct
-class GenerateResult:
+class GenerateResult(Value, frozen=True):
     rid: str
     output_ids: tuple[int, ...]
     logprobs: tuple[float, ...]  # one per output token (empty when not requested)
@@ -65,8 +62,7 @@ class GenerateResult:
     cached_tokens: int = 0  # prompt tokens whose KV was reused instead of prefilled
 
 
-@struct
-class IterationStat:
+class IterationStat(Value, frozen=True):
     """One scheduler iteration: what the Runtime Tracker fits A, b and t_prefill from."""
 
     t_start: float  # engine clock (monotonic seconds)
@@ -75,16 +71,14 @@ class IterationStat:
     prefill_tokens: int  # prompt tokens computed in this iteration (chunked prefill)
 
 
-@struct
-class KVTransferStat:
+class KVTransferStat(Value, frozen=True):
     transfer_id: str
     bytes: int
     duration_s: float
     direction: str  # "send" | "recv"
 
 
-@struct
-class EngineTelemetry:
+class EngineTelemetry(Value, frozen=True):
     iterations: tuple[IterationStat, ...] = ()
     transfers: tuple[KVTransferStat, ...] = ()
 

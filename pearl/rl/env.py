@@ -17,32 +17,32 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import msgspec
+
 from pearl.core.errors import PearlError
-from pearl.core.schema import struct
+from pearl.core.schema import Value
 
 
 class EnvError(PearlError):
     """An environment cannot be built or used as asked (unknown name, bad option, bad state)."""
 
 
-@struct
-class Task:
+class Task(Value, frozen=True):
     """One task: the prompt an environment starts from and the answer it checks against."""
 
     id: str
     prompt: str
     answer: str = ""
-    meta: dict[str, Any] = dataclasses.field(default_factory=dict)  # str/int/float values
+    meta: dict[str, Any] = msgspec.field(default_factory=dict)  # str/int/float values
 
 
-@struct
-class StepOutcome:
+class StepOutcome(Value, frozen=True):
     """What one environment step returns: the next observation, its reward, and whether it ends."""
 
     observation: str
     reward: float
     done: bool
-    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    info: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
 class Environment(ABC):

@@ -9,11 +9,12 @@ the prompt; the prefix stays a turn of its own, with the version that produced i
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import time
 import zlib
 from collections.abc import Awaitable, Callable
+
+import msgspec
 
 from pearl.engines.base import Engine, FinishReason, GenerateRequest, GenerateResult, SamplingParams
 from pearl.rl.env import Environment, Task
@@ -47,7 +48,7 @@ async def run_trajectory(env: Environment, task: Task, generate: GenerateFn,
     """
     sp = sampling or SamplingParams(max_new_tokens=64, temperature=1.0)
     if not sp.stop_ids:
-        sp = dataclasses.replace(sp, stop_ids=builder.stop_ids)
+        sp = msgspec.structs.replace(sp, stop_ids=builder.stop_ids)
     traj = Trajectory(trajectory_id, group_id, task.id)
     t0 = clock()
     try:
@@ -61,7 +62,7 @@ async def run_trajectory(env: Environment, task: Task, generate: GenerateFn,
             for _ in range(max_resumes + 1):  # an aborted generation resumes from its prefix
                 if budget <= 0:
                     return traj.finish(truncated=True)
-                turn_sp = dataclasses.replace(sp, max_new_tokens=budget,
+                turn_sp = msgspec.structs.replace(sp, max_new_tokens=budget,
                                               seed=_turn_seed(sp.seed, trajectory_id, k))
                 result = await generate(traj.tokens() + new, turn_sp, trajectory_id)
                 traj = traj.add_turn(Turn.of(new, result))

@@ -13,17 +13,17 @@ every token keeps the weights version that really produced it.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
+
 from pearl.core.errors import SchemaError
-from pearl.core.schema import struct
+from pearl.core.schema import Value
 from pearl.engines.base import GenerateResult
 
 
-@struct
-class Turn:
+class Turn(Value, frozen=True):
     """One generation: the prompt tokens it appended, what it generated, and by which weights."""
 
     prompt_ids: tuple[int, ...]  # appended before generating (observation + chat markers)
@@ -46,8 +46,7 @@ class Turn:
                    int(result.weights_version), str(result.finish_reason.value))
 
 
-@struct
-class Trajectory:
+class Trajectory(Value, frozen=True):
     """One multi-turn rollout of one task; ``group_id`` ties the GRPO group together."""
 
     id: str
@@ -64,23 +63,23 @@ class Trajectory:
     def add_turn(self, turn: Turn) -> Trajectory:
         if self.done:
             raise SchemaError(f"trajectory {self.id} is done; no turn can be added")
-        return dataclasses.replace(self, turns=(*self.turns, turn))
+        return msgspec.structs.replace(self, turns=(*self.turns, turn))
 
     def add_step(self, reward: float, env_s: float) -> Trajectory:
         """Record the environment step that followed the last turn."""
         if not self.turns:
             raise SchemaError(f"trajectory {self.id} has no turn to attach a step to")
-        last = dataclasses.replace(self.turns[-1], reward=self.turns[-1].reward + reward,
+        last = msgspec.structs.replace(self.turns[-1], reward=self.turns[-1].reward + reward,
                                    env_s=self.turns[-1].env_s + env_s)
-        return dataclasses.replace(self, turns=(*self.turns[:-1], last),
+        return msgspec.structs.replace(self, turns=(*self.turns[:-1], last),
                                    reward=self.reward + reward, env_s=self.env_s + env_s)
 
     def add_env_time(self, env_s: float) -> Trajectory:
         """Time spent in the environment outside a step (reset)."""
-        return dataclasses.replace(self, env_s=self.env_s + env_s)
+        return msgspec.structs.replace(self, env_s=self.env_s + env_s)
 
     def finish(self, truncated: bool = False) -> Trajectory:
-        return dataclasses.replace(self, done=True, truncated=truncated)
+        return msgspec.structs.replace(self, done=True, truncated=truncated)
 
     # -- views for training ----------------------------------------------------------------------
 
@@ -143,8 +142,7 @@ class Trajectory:
                    if i == 0 or self.turns[i - 1].finish_reason != "abort")
 
 
-@struct
-class Batch:
+class Batch(Value, frozen=True):
     """The rollout batch of one training step: B trajectories in groups of G."""
 
     step: int

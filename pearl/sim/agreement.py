@@ -13,9 +13,10 @@ Two checks:
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any
+
+import msgspec
 
 from pearl.core.makespan import T_coloc, T_dis
 from pearl.core.profile import RuntimeTracker, WorkloadProfile
@@ -77,7 +78,7 @@ def prediction_errors(sc: Scenario, configs: Sequence[tuple[int, int, int]],
             for raw in res.telemetry:
                 tracker.observe(tracker.summarize(raw))
         # eq. 1-3 take the fitted profile as is (the EMA has converged over the batches)
-        p = dataclasses.replace(tracker.profile, T_over=sc.engine.insert_s
+        p = msgspec.structs.replace(tracker.profile, T_over=sc.engine.insert_s
                                 * sc.engine.time_scale)
         pred = float(T_coloc(p, float(n_c))) if n_c else float(T_dis(p, float(n_p), float(n_d)))
         sim = sum(spans) / len(spans)

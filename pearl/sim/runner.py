@@ -14,11 +14,12 @@ step that waits more than ``return_bound_s`` for its GPUs counts as a late retur
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Callable
 from typing import Any
+
+import msgspec
 
 from pearl.core import commands as cmd
 from pearl.core import events as ev
@@ -57,7 +58,7 @@ def history_profile(sc: Scenario, reserved: int, workers: int = 4, batches: int 
     tracker = RuntimeTracker(prior, sc.decision.ema_alpha, float(sc.workload.max_tokens))
     for raw in res.telemetry:
         tracker.observe(tracker.summarize(raw))
-    return dataclasses.replace(tracker.profile, BW=transfer_bandwidth(sc, tracker.profile))
+    return msgspec.structs.replace(tracker.profile, BW=transfer_bandwidth(sc, tracker.profile))
 
 
 def transfer_bandwidth(sc: Scenario, p: WorkloadProfile) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from types import SimpleNamespace
 
+import msgspec
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -34,7 +35,7 @@ def split(n_p: int, n_d: int) -> Target:
 
 
 def with_(p: WorkloadProfile, **kw: float) -> WorkloadProfile:
-    return dataclasses.replace(p, **kw)
+    return msgspec.structs.replace(p, **kw)
 
 
 def test_best_without_current() -> None:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
+import msgspec
 import pytest
 
 from pearl.config import DecisionConfig
@@ -22,7 +22,7 @@ CFG = DecisionConfig()
 
 
 def gate(R: int, T_toggle: float, N_ded: int = 4, N_overlap: int = 4) -> GateResult:
-    return borrow_gate(dataclasses.replace(P, T_toggle=T_toggle), N_ded, N_overlap, R, CFG)
+    return borrow_gate(msgspec.structs.replace(P, T_toggle=T_toggle), N_ded, N_overlap, R, CFG)
 
 
 def test_hand_computed_benefit() -> None:
@@ -57,7 +57,7 @@ def test_no_dedicated_workers_makes_borrowing_worth_it() -> None:
 
 
 def test_measured_toggle_costs_close_the_gate() -> None:
-    tracker = RuntimeTracker(dataclasses.replace(P, T_toggle=5.0), alpha=0.5, L_max=1e9)
+    tracker = RuntimeTracker(msgspec.structs.replace(P, T_toggle=5.0), alpha=0.5, L_max=1e9)
     assert borrow_gate(tracker.profile, 4, 4, 32, CFG).enabled
     s = events.Telemetry(step=1, batch=64, S=10.0, delta_L=1000.0, r=100.0, theta=1.0, A=0.01,
                          b=0.001, t_prefill=1e-4, T_env=50.0, makespan_s=90.0, toggle_s=15.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -22,11 +23,9 @@ def test_eq1_colocation() -> None:
 
 
 def test_concurrency_in_flight_and_prefilled_tokens_replace_B_and_delta_L() -> None:
-    import dataclasses
-
     # 128 trajectories in flight (two batches), each turn prefilling 500 tokens (prefix reuse):
     # B/N = 16 per worker: prefill 16*500*1e-4 = 0.8, decode 100*(0.01 + 0.001*16) = 2.6.
-    q = dataclasses.replace(P, B_flight=128.0, delta_P=500.0)
+    q = msgspec.structs.replace(P, B_flight=128.0, delta_P=500.0)
     assert ms.T_coloc(q, 8) == pytest.approx(10 * (0.8 + 2.6 + 0.2) + 50)
     assert ms.T_decode(q, 4) == pytest.approx(1000 * (0.01 + 0.001 * 128 / 8) * 2)
     # The KV of eq. 3 still ships delta_L tokens a turn.
@@ -126,4 +125,4 @@ def test_nothing_feasible() -> None:
 
 
 def _fields(p: WorkloadProfile) -> dict[str, float]:
-    return {k: getattr(p, k) for k in p.__dataclass_fields__}
+    return {f.name: getattr(p, f.name) for f in msgspec.structs.fields(p)}

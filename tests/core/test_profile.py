@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import msgspec
@@ -114,7 +113,7 @@ def test_decode_fit_is_used_only_when_its_slope_is_significant() -> None:
     assert s.b == p.b
     assert s.A + s.b * n.mean() == pytest.approx(d.mean())
     # A level below what b alone explains: A never goes negative.
-    step = dataclasses.replace(step, decode_s=tuple(0.001 for _ in n))
+    step = msgspec.structs.replace(step, decode_s=tuple(0.001 for _ in n))
     assert RuntimeTracker(p, alpha=0.5, L_max=32768).summarize(step).A == 0.0
 
 

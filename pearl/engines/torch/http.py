@@ -17,7 +17,6 @@ prefill facade's engine then ships the KV over the torch engine's ZeroMQ KV chan
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import signal
@@ -28,6 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import torch
 
 from pearl.core.state import Role
@@ -119,10 +119,10 @@ class Facade:
                 if peer is None:
                     return 200, _abort_body(req.rid, f"no decode server joined bootstrap room "
                                             f"{boot.room} within {self.a.kv_timeout_s}s")
-                req = dataclasses.replace(req, transfer_id=tid, kv_peer=peer)
+                req = msgspec.structs.replace(req, transfer_id=tid, kv_peer=peer)
             else:
                 self._join_room(boot)
-                req = dataclasses.replace(req, transfer_id=tid)
+                req = msgspec.structs.replace(req, transfer_id=tid)
         try:
             result: GenerateResult = self.engine.generate(req).result()
         except KVTimeout as e:  # SGLang aborts a decode request whose KV never came
