@@ -1,9 +1,7 @@
-"""An instance of every registered kind, built from its fields (dataclass or msgspec Struct) and
-type hints."""
+"""An instance of every registered kind, built from its fields (msgspec Structs) and type hints."""
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import types
 import typing
@@ -40,7 +38,7 @@ def sample_value(tp: Any, depth: int = 0) -> Any:
         return (sample_value(args[0], depth + 1), sample_value(args[0], depth + 2))
     if origin is dict:
         return {sample_value(args[0], depth + 1): sample_value(args[1], depth + 1)}
-    if isinstance(tp, type) and (dataclasses.is_dataclass(tp) or issubclass(tp, msgspec.Struct)):
+    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
         return sample(tp, depth + 1)
     raise TypeError(f"no sample for {tp!r}")
 
@@ -49,10 +47,7 @@ def sample(cls: type, depth: int = 0) -> Any:
     if cls in OVERRIDES:
         return OVERRIDES[cls]
     hints = typing.get_type_hints(cls)
-    if issubclass(cls, msgspec.Struct):
-        names = [f.name for f in msgspec.structs.fields(cls) if f.name != "v"]
-    else:
-        names = [f.name for f in dataclasses.fields(cls)]
+    names = [f.name for f in msgspec.structs.fields(cls) if f.name != "v"]
     kwargs = {name: sample_value(hints[name], depth) for name in names}
     return cls(**kwargs)
 
