@@ -24,7 +24,7 @@ import msgspec
 from pearl.core.commands import COMMANDS
 from pearl.core.errors import ProtocolError
 from pearl.core.events import RECORDS
-from pearl.core.schema import Registry, to_wire
+from pearl.core.schema import Registry
 from transports.protocol import MESSAGES, PROTOCOL_VERSION, ErrorCode, Limits
 
 REGISTRIES: tuple[Registry, ...] = (MESSAGES, COMMANDS, RECORDS)
@@ -96,8 +96,6 @@ class Codec:
 
     def __init__(self, limits: Limits | None = None) -> None:
         self.limits = limits or Limits()
-        self._last_msg: Any = None  # the last message encoded, and its packed body
-        self._last_body = b""
         lim = self.limits.max_envelope
         self._unpack_opts: dict[str, Any] = {
             "raw": False,
@@ -127,13 +125,7 @@ class Codec:
         if reg is None or reg.kinds[str(kind)] is not type(msg):
             raise ProtocolError(f"cannot send {type(msg).__name__}: not a registered kind")
         try:
-            if msg is self._last_msg:  # the same reply again (a status view): reuse its body
-                body = self._last_body
-            elif isinstance(msg, msgspec.Struct):  # typed: msgspec encodes it straight
-                body = _ENCODE(msg)
-            else:
-                body = msgpack.packb(to_wire(msg), use_bin_type=True)
-                self._last_msg, self._last_body = msg, body
+            body = _ENCODE(msg)  # every kind is a WireStruct: its to_wire mapping, packed
             head = msgpack.packb(
                 {"proto": PROTOCOL_VERSION, "id": id, "corr": corr, "sender": sender, "kind": kind},
                 use_bin_type=True,

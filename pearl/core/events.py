@@ -1,4 +1,4 @@
-"""Every record the event log holds, as frozen typed dataclasses.
+"""Every record the event log holds, as frozen typed msgspec Structs.
 
 Each record is a frozen ``msgspec`` Struct tagged with its kind, and has one msgpack-ready mapping
 ``{"kind": ..., "v": SCHEMA_VERSION, ...}`` (see :mod:`pearl.core.schema`); :func:`decode_bytes`
