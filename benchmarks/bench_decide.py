@@ -28,8 +28,9 @@ TARGET_S = 1e-3
 
 def loop_decide(p: WorkloadProfile, N: int, max_util: float) -> tuple[Target, float]:
     """The same decision as decide(profile, N, None, cfg), one N_P at a time."""
-    t_coloc = p.S * (p.B / N * p.delta_L * p.t_prefill + p.r * (p.A + p.b * p.B / N)
-                     + p.T_over) + p.T_env
+    t_coloc = (
+        p.S * (p.B / N * p.delta_L * p.t_prefill + p.r * (p.A + p.b * p.B / N) + p.T_over) + p.T_env
+    )
     lam = p.B * p.S * p.delta_L
     k = 1.0 + p.theta
     makespans: list[float] = []
@@ -74,19 +75,24 @@ def main() -> None:
     cfg = config.load(Path(__file__).resolve().parents[1] / "configs" / "sim-32.toml")
     p = prior_profile(cfg)
     knobs = cfg.decision
-    print(f"decide() vs plain-Python loop over N_P ({cfg.model.name} on {cfg.cluster.gpu}, "
-          f"tp {cfg.cluster.tp}, B = {p.B})")
+    print(
+        f"decide() vs plain-Python loop over N_P ({cfg.model.name} on {cfg.cluster.gpu}, "
+        f"tp {cfg.cluster.tp}, B = {p.B})"
+    )
     print(f"{'workers':>8} {'decide':>11} {'loop':>11} {'speedup':>8}  {'chosen':<10} target")
     for N in SIZES:
         d = decide(p, N, None, knobs)
         ref = loop_decide(p, N, knobs.prefill_max_utilization)
         assert d.target == ref[0] and math.isclose(d.predicted_makespan_s, ref[1], rel_tol=1e-9), (
-            f"N={N}: decide {d.target} != loop {ref[0]}")
+            f"N={N}: decide {d.target} != loop {ref[0]}"
+        )
         t_np = median_s(partial(decide, p, N, None, knobs))
         t_py = median_s(partial(loop_decide, p, N, knobs.prefill_max_utilization))
         mark = ("<= 1 ms ok" if t_np <= TARGET_S else "> 1 ms MISSED") if N == 1024 else ""
-        print(f"{N:>8} {t_np * 1e6:>9.1f}us {t_py * 1e6:>9.1f}us {t_py / t_np:>7.1f}x  "
-              f"{str(d.target):<10} {mark}")
+        print(
+            f"{N:>8} {t_np * 1e6:>9.1f}us {t_py * 1e6:>9.1f}us {t_py / t_np:>7.1f}x  "
+            f"{str(d.target):<10} {mark}"
+        )
 
 
 if __name__ == "__main__":

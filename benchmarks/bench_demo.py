@@ -58,21 +58,32 @@ def main() -> int:
         for r in range(args.rounds):
             for name, overrides in POLICIES.items():
                 out = Path(tmp) / f"{name.replace(' ', '-')}-{r}"
-                s = demo.run(CONFIG, args.steps, out, segment=args.segment, trace_s=trace_s,
-                             overrides=overrides, quiet=True)
+                s = demo.run(
+                    CONFIG,
+                    args.steps,
+                    out,
+                    segment=args.segment,
+                    trace_s=trace_s,
+                    overrides=overrides,
+                    quiet=True,
+                )
                 results[name].append(s)
-                print(f"round {r + 1} {name:<16} {s['throughput_tok_s']:8.0f} tok/s over "
-                      f"{s['elapsed_s']:5.1f} s; return after Training Begin mean "
-                      f"{1e3 * s['mean_return_s']:.0f} ms, max {1e3 * s['max_return_s']:.0f} ms",
-                      flush=True)
+                print(
+                    f"round {r + 1} {name:<16} {s['throughput_tok_s']:8.0f} tok/s over "
+                    f"{s['elapsed_s']:5.1f} s; return after Training Begin mean "
+                    f"{1e3 * s['mean_return_s']:.0f} ms, max {1e3 * s['max_return_s']:.0f} ms",
+                    flush=True,
+                )
     print()
     tput = {n: statistics.mean(x["throughput_tok_s"] for x in v) for n, v in results.items()}
     print(f"{'policy':<16} {'tokens/s':>9} {'vs fixed':>9} {'return mean':>12} {'return max':>11}")
     for name, v in results.items():
         mean_ret = statistics.mean(x["mean_return_s"] for x in v)
         max_ret = max(x["max_return_s"] for x in v)
-        print(f"{name:<16} {tput[name]:>9.0f} {tput[name] / tput['fixed colocated']:>8.2f}x "
-              f"{1e3 * mean_ret:>10.0f}ms {1e3 * max_ret:>9.0f}ms")
+        print(
+            f"{name:<16} {tput[name]:>9.0f} {tput[name] / tput['fixed colocated']:>8.2f}x "
+            f"{1e3 * mean_ret:>10.0f}ms {1e3 * max_ret:>9.0f}ms"
+        )
     pearl = results["pearl"]
     errors = [e for s in pearl for e in makespan_errors(s)]
     forecast = [e for s in pearl for e in makespan_errors(s, "forecast_makespan_s")]
@@ -94,9 +105,15 @@ def main() -> int:
         "rounds": args.rounds,
     }
     print()
-    for k in ("pearl_over_fixed", "pearl_over_always_borrow", "makespan_median_abs_error",
-              "makespan_forecast_median_abs_error", "borrow_served_fraction",
-              "borrow_aborted_by_training_begin", "return_max_s"):
+    for k in (
+        "pearl_over_fixed",
+        "pearl_over_always_borrow",
+        "makespan_median_abs_error",
+        "makespan_forecast_median_abs_error",
+        "borrow_served_fraction",
+        "borrow_aborted_by_training_begin",
+        "return_max_s",
+    ):
         v = figures[k]
         print(f"{k:<34} {'-' if v is None else f'{v:.3f}'}")
     if args.json:

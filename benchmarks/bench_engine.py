@@ -51,8 +51,15 @@ def fitted(runs: list[Run]) -> dict[str, float]:
     sizes = [k for k in np.unique(batch[pure]) if np.sum(batch[pure] == k) >= 3]
     medians = [float(np.median(dur[pure][batch[pure] == k])) for k in sizes]
     robust = fit_decode([float(k) for k in sizes], medians)
-    return {"A": fit.A, "b": fit.b, "r2": fit.r2, "n": float(fit.n), "t_prefill": t_prefill,
-            "r2_medians": robust.r2 if robust else float("nan"), "sizes": float(len(sizes))}
+    return {
+        "A": fit.A,
+        "b": fit.b,
+        "r2": fit.r2,
+        "n": float(fit.n),
+        "t_prefill": t_prefill,
+        "r2_medians": robust.r2 if robust else float("nan"),
+        "sizes": float(len(sizes)),
+    }
 
 
 def active_fraction(run: Run, B: int) -> float:
@@ -61,8 +68,13 @@ def active_fraction(run: Run, B: int) -> float:
     return float(its[:, 1] @ its[:, 2] / (B * run.makespan_s))
 
 
-def predict(run: Run, fit: dict[str, float], a: argparse.Namespace, disaggregated: bool,
-            kv: dict[str, float]) -> float:
+def predict(
+    run: Run,
+    fit: dict[str, float],
+    a: argparse.Namespace,
+    disaggregated: bool,
+    kv: dict[str, float],
+) -> float:
     """Makespan eq. 1 (2C) or eq. 2-3 (1P1D) predict from the fitted and measured profile."""
     from pearl.core.makespan import T_coloc, T_dis
     from pearl.core.profile import WorkloadProfile
@@ -72,10 +84,22 @@ def predict(run: Run, fit: dict[str, float], a: argparse.Namespace, disaggregate
     delta_L = prefill_tokens / (B * S)  # what each turn really prefills (after prefix reuse)
     f = active_fraction(run, B) if disaggregated else 1.0
     p = WorkloadProfile(
-        B=B, S=S, delta_L=delta_L, r=a.gen, theta=(1 - f) / f, A=fit["A"], b=fit["b"],
-        t_prefill=fit["t_prefill"], T_env=(S - 1) * a.env_ms / 1000, T_over=0.0,
-        K=kv["bytes"] / max(prefill_tokens, 1) if disaggregated else 0.0, K_seq=0.0,
-        H_max=a.kv_budget_mib * 2**20, BW=max(kv["idle"], 1.0), T_toggle=0.0)
+        B=B,
+        S=S,
+        delta_L=delta_L,
+        r=a.gen,
+        theta=(1 - f) / f,
+        A=fit["A"],
+        b=fit["b"],
+        t_prefill=fit["t_prefill"],
+        T_env=(S - 1) * a.env_ms / 1000,
+        T_over=0.0,
+        K=kv["bytes"] / max(prefill_tokens, 1) if disaggregated else 0.0,
+        K_seq=0.0,
+        H_max=a.kv_budget_mib * 2**20,
+        BW=max(kv["idle"], 1.0),
+        T_toggle=0.0,
+    )
     return float(T_dis(p, 1, 1)) if disaggregated else float(T_coloc(p, 2))
 
 
@@ -108,35 +132,58 @@ def main() -> None:
     report(a, coloc, dis, fit, kv, (load0, os.getloadavg()[0]))
 
 
-def report(a: argparse.Namespace, coloc: Run, dis: Run, fit: dict[str, float],
-           kv: dict[str, float], load: tuple[float, float]) -> None:
+def report(
+    a: argparse.Namespace,
+    coloc: Run,
+    dis: Run,
+    fit: dict[str, float],
+    kv: dict[str, float],
+    load: tuple[float, float],
+) -> None:
     pred = {"2C": predict(coloc, fit, a, False, kv), "1P1D": predict(dis, fit, a, True, kv)}
     base = coloc.generated / coloc.makespan_s
-    print(f"\nworkload: {a.trajectories} trajectories x {a.turns} turns, first prompt "
-          f"{a.first_prompt}, +{a.obs} observation tokens/turn, {a.gen} generated/turn, env "
-          f"{a.env_ms:.0f} ms; preset {a.preset}, one core + one torch thread per worker; load "
-          f"average {load[0]:.2f} before, {load[1]:.2f} after (2 workers + this driver ~ 2)\n")
-    print(f"{'config':<6} {'makespan s':>10} {'tokens/s':>9} {'vs 2C':>6} {'predicted s':>11} "
-          f"{'error':>7}")
+    print(
+        f"\nworkload: {a.trajectories} trajectories x {a.turns} turns, first prompt "
+        f"{a.first_prompt}, +{a.obs} observation tokens/turn, {a.gen} generated/turn, env "
+        f"{a.env_ms:.0f} ms; preset {a.preset}, one core + one torch thread per worker; load "
+        f"average {load[0]:.2f} before, {load[1]:.2f} after (2 workers + this driver ~ 2)\n"
+    )
+    print(
+        f"{'config':<6} {'makespan s':>10} {'tokens/s':>9} {'vs 2C':>6} {'predicted s':>11} "
+        f"{'error':>7}"
+    )
     rows = {}
     for r in (coloc, dis):
         tps = r.generated / r.makespan_s
         err = (pred[r.name] - r.makespan_s) / r.makespan_s
-        rows[r.name] = {"makespan_s": r.makespan_s, "tokens_per_s": tps, "predicted_s":
-                        pred[r.name], "error": err, "cached_tokens": r.cached_tokens}
-        print(f"{r.name:<6} {r.makespan_s:>10.2f} {tps:>9.1f} {tps / base:>6.2f} "
-              f"{pred[r.name]:>11.2f} {err:>+7.1%}")
-    print(f"\ndecode fit  A = {fit['A'] * 1e3:.2f} ms, b = {fit['b'] * 1e3:.3f} ms/sequence, "
-          f"R^2 = {fit['r2']:.3f} over {int(fit['n'])} pure-decode iterations "
-          f"(R^2 = {fit['r2_medians']:.3f} on the medians of {int(fit['sizes'])} batch sizes); "
-          f"t_prefill = {fit['t_prefill'] * 1e6:.1f} us/token")
-    print(f"KV transfer {kv['bytes'] / 1e6:.1f} MB in {int(kv['n'])} transfers, median GB/s "
-          f"per transfer: raw ZeroMQ baseline {kv['raw'] / 1e9:.2f}, KV channel idle "
-          f"{kv['idle'] / 1e9:.2f} ({kv['idle'] / kv['raw']:.2f}x), KV channel in the run "
-          f"{kv['run'] / 1e9:.2f} ({kv['run'] / kv['raw']:.2f}x: send -> usable at the busy "
-          f"decode engine); raw streaming {kv['raw_stream'] / 1e9:.2f}")
-    print("predictions: pearl.core.makespan T_coloc (eq. 1, N=2) and T_dis (eq. 2-3, 1P1D), "
-          "delta_L = measured prefill tokens per turn, theta from the decode worker's batch")
+        rows[r.name] = {
+            "makespan_s": r.makespan_s,
+            "tokens_per_s": tps,
+            "predicted_s": pred[r.name],
+            "error": err,
+            "cached_tokens": r.cached_tokens,
+        }
+        print(
+            f"{r.name:<6} {r.makespan_s:>10.2f} {tps:>9.1f} {tps / base:>6.2f} "
+            f"{pred[r.name]:>11.2f} {err:>+7.1%}"
+        )
+    print(
+        f"\ndecode fit  A = {fit['A'] * 1e3:.2f} ms, b = {fit['b'] * 1e3:.3f} ms/sequence, "
+        f"R^2 = {fit['r2']:.3f} over {int(fit['n'])} pure-decode iterations "
+        f"(R^2 = {fit['r2_medians']:.3f} on the medians of {int(fit['sizes'])} batch sizes); "
+        f"t_prefill = {fit['t_prefill'] * 1e6:.1f} us/token"
+    )
+    print(
+        f"KV transfer {kv['bytes'] / 1e6:.1f} MB in {int(kv['n'])} transfers, median GB/s "
+        f"per transfer: raw ZeroMQ baseline {kv['raw'] / 1e9:.2f}, KV channel idle "
+        f"{kv['idle'] / 1e9:.2f} ({kv['idle'] / kv['raw']:.2f}x), KV channel in the run "
+        f"{kv['run'] / 1e9:.2f} ({kv['run'] / kv['raw']:.2f}x: send -> usable at the busy "
+        f"decode engine); raw streaming {kv['raw_stream'] / 1e9:.2f}"
+    )
+    print(
+        "predictions: pearl.core.makespan T_coloc (eq. 1, N=2) and T_dis (eq. 2-3, 1P1D), "
+        "delta_L = measured prefill tokens per turn, theta from the decode worker's batch"
+    )
     if a.json:
         print(json.dumps({"runs": rows, "fit": fit, "kv": kv}))
 

@@ -43,9 +43,23 @@ def one_run(seed: int, out: Path, cache: Path, extra: list[str]) -> dict:
     """``pearl demo --seed N`` in a subprocess; its report's figures and the wall time."""
     load0 = os.getloadavg()[0]
     t0 = time.monotonic()
-    proc = subprocess.run([*PEARL, "demo", "--quiet", "--seed", str(seed), "--out", str(out),
-                           "--cache-dir", str(cache), *extra], cwd=ROOT, capture_output=True,
-                          text=True)
+    proc = subprocess.run(
+        [
+            *PEARL,
+            "demo",
+            "--quiet",
+            "--seed",
+            str(seed),
+            "--out",
+            str(out),
+            "--cache-dir",
+            str(cache),
+            *extra,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     wall = time.monotonic() - t0
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
@@ -57,20 +71,33 @@ def one_run(seed: int, out: Path, cache: Path, extra: list[str]) -> dict:
     for _, what in r["events"]:
         if m := TRACE.match(what):
             n = int(m.group(2))
-            joined, reclaimed = (joined + n, reclaimed) if m.group(1) == "+" else (joined,
-                                                                                 reclaimed + n)
+            joined, reclaimed = (
+                (joined + n, reclaimed) if m.group(1) == "+" else (joined, reclaimed + n)
+            )
     evals, ws, groups = r["evals"], r["warm_start"], r["groups"]
     return {
-        "seed": seed, "wall_s": wall, "load_start": load0, "load_end": os.getloadavg()[0],
-        "steps": len(rewards), "steps_s": r["elapsed_s"], "rewards": rewards,
-        "reward_first_quarter": first_q, "reward_last_quarter": last_q,
+        "seed": seed,
+        "wall_s": wall,
+        "load_start": load0,
+        "load_end": os.getloadavg()[0],
+        "steps": len(rewards),
+        "steps_s": r["elapsed_s"],
+        "rewards": rewards,
+        "reward_first_quarter": first_q,
+        "reward_last_quarter": last_q,
         "reward_ratio": last_q / first_q if first_q else float("inf"),
         "evals": [(e["step"], e["accuracy"]) for e in evals],
-        "accuracy_first": evals[0]["accuracy"], "accuracy_last": evals[-1]["accuracy"],
-        "warm_start_cached": ws.get("cached"), "warm_start_s": ws.get("seconds"),
-        "warm_start_steps": ws.get("steps"), "joined": joined, "reclaimed": reclaimed,
-        "lent_windows": r["borrow"]["approved"], "served_windows": r["borrow"]["served"],
-        "groups": groups, "lost": groups.get("failed", 0) + groups.get("failed_trajectories", 0),
+        "accuracy_first": evals[0]["accuracy"],
+        "accuracy_last": evals[-1]["accuracy"],
+        "warm_start_cached": ws.get("cached"),
+        "warm_start_s": ws.get("seconds"),
+        "warm_start_steps": ws.get("steps"),
+        "joined": joined,
+        "reclaimed": reclaimed,
+        "lent_windows": r["borrow"]["approved"],
+        "served_windows": r["borrow"]["served"],
+        "groups": groups,
+        "lost": groups.get("failed", 0) + groups.get("failed_trajectories", 0),
     }
 
 
@@ -90,39 +117,50 @@ def main() -> int:
         print_run("cached", cached)
 
     checks = {
-        "accuracy +0.15 in every seed": all(r["accuracy_last"] >= r["accuracy_first"] + 0.15
-                                            for r in runs),
-        "reward last/first quarter >= 1.5 in every seed": all(r["reward_ratio"] >= 1.5
-                                                              for r in runs),
+        "accuracy +0.15 in every seed": all(
+            r["accuracy_last"] >= r["accuracy_first"] + 0.15 for r in runs
+        ),
+        "reward last/first quarter >= 1.5 in every seed": all(
+            r["reward_ratio"] >= 1.5 for r in runs
+        ),
         "first run <= 8 min": max(r["wall_s"] for r in runs) <= 480,
         "cached run <= 4 min": cached["wall_s"] <= 240,
         "workers joined, reclaimed, borrowed in every run": all(
-            r["joined"] and r["reclaimed"] and r["served_windows"] for r in [*runs, cached]),
+            r["joined"] and r["reclaimed"] and r["served_windows"] for r in [*runs, cached]
+        ),
         "no trajectory lost": all(r["lost"] == 0 for r in [*runs, cached]),
     }
     same = sum(a == b for a, b in zip(runs[0]["rewards"], cached["rewards"], strict=False))
-    print(f"seed {args.seeds[0]} twice: held-out accuracy {runs[0]['evals']} vs "
-          f"{cached['evals']}; {same} of {len(cached['rewards'])} step rewards equal "
-          "(the asynchronous pipeline's version mix depends on timing)")
+    print(
+        f"seed {args.seeds[0]} twice: held-out accuracy {runs[0]['evals']} vs "
+        f"{cached['evals']}; {same} of {len(cached['rewards'])} step rewards equal "
+        "(the asynchronous pipeline's version mix depends on timing)"
+    )
     print()
     for what, ok in checks.items():
         print(f"  {'met    ' if ok else 'NOT MET'}  {what}")
     if args.json:
-        args.json.write_text(json.dumps({"runs": runs, "cached": cached, "checks": checks},
-                                        indent=1))
+        args.json.write_text(
+            json.dumps({"runs": runs, "cached": cached, "checks": checks}, indent=1)
+        )
     return 0
 
 
 def print_run(kind: str, r: dict) -> None:
-    ws = ("cached" if r["warm_start_cached"] else
-          f"{r['warm_start_steps']} steps in {r['warm_start_s']:.0f} s")
-    print(f"seed {r['seed']} ({kind}): held-out {r['accuracy_first']:.2f} -> "
-          f"{r['accuracy_last']:.2f}; reward {r['reward_first_quarter']:.2f} -> "
-          f"{r['reward_last_quarter']:.2f} ({r['reward_ratio']:.1f}x); wall {r['wall_s']:.0f} s "
-          f"(warm start {ws}, {r['steps']} steps {r['steps_s']:.0f} s; load {r['load_start']:.1f}"
-          f" -> {r['load_end']:.1f}); joined {r['joined']}, reclaimed {r['reclaimed']}, lent in "
-          f"{r['lent_windows']} windows (served {r['served_windows']}); lost {r['lost']}",
-          flush=True)
+    ws = (
+        "cached"
+        if r["warm_start_cached"]
+        else f"{r['warm_start_steps']} steps in {r['warm_start_s']:.0f} s"
+    )
+    print(
+        f"seed {r['seed']} ({kind}): held-out {r['accuracy_first']:.2f} -> "
+        f"{r['accuracy_last']:.2f}; reward {r['reward_first_quarter']:.2f} -> "
+        f"{r['reward_last_quarter']:.2f} ({r['reward_ratio']:.1f}x); wall {r['wall_s']:.0f} s "
+        f"(warm start {ws}, {r['steps']} steps {r['steps_s']:.0f} s; load {r['load_start']:.1f}"
+        f" -> {r['load_end']:.1f}); joined {r['joined']}, reclaimed {r['reclaimed']}, lent in "
+        f"{r['lent_windows']} windows (served {r['served_windows']}); lost {r['lost']}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -80,8 +80,9 @@ def stream_batches(n: int) -> list[list[Any]]:
     raise AssertionError("unreachable")
 
 
-def run_slice(log: FileLog, writers: int, seconds: float, batches: list[list[Any]],
-              first: int) -> tuple[int, int, float]:
+def run_slice(
+    log: FileLog, writers: int, seconds: float, batches: list[list[Any]], first: int
+) -> tuple[int, int, float]:
     """(records, appends, elapsed) of ``writers`` threads appending to ``log`` for ``seconds``."""
     records, appends = [0] * writers, [0] * writers
     start = threading.Barrier(writers + 1)
@@ -108,8 +109,9 @@ def run_slice(log: FileLog, writers: int, seconds: float, batches: list[list[Any
     return sum(records), sum(appends), time.perf_counter() - t0
 
 
-def bench_appends(root: Path, writers: int, seconds: float,
-                  batches: list[list[Any]]) -> dict[bool, dict[str, float]]:
+def bench_appends(
+    root: Path, writers: int, seconds: float, batches: list[list[Any]]
+) -> dict[bool, dict[str, float]]:
     """Both modes, in alternating 0.25 s slices so that both see the same disk weather."""
     logs = {g: FileLog(root / f"appends-{writers}-{g}", group_commit=g) for g in (False, True)}
     syncs = {g: CountingSync() for g in (False, True)}
@@ -130,8 +132,12 @@ def bench_appends(root: Path, writers: int, seconds: float,
     out = {}
     for g, (n, a, dt) in totals.items():
         c = syncs[g]
-        out[g] = {"records/s": n / dt, "appends/s": a / dt, "per sync": n / max(c.calls, 1),
-                  "sync ms": 1e3 * c.seconds / max(c.calls, 1)}
+        out[g] = {
+            "records/s": n / dt,
+            "appends/s": a / dt,
+            "per sync": n / max(c.calls, 1),
+            "sync ms": 1e3 * c.seconds / max(c.calls, 1),
+        }
     return out
 
 
@@ -213,8 +219,10 @@ def run(root: Path, args: argparse.Namespace) -> int:
     sixteen = [records[i : i + 16] for i in range(0, len(records) - 15, 16)]
     mean = sum(map(len, realistic)) / len(realistic)
     print(f"\n== durable appends ({args.seconds:.1f} s each)")
-    print(f"{'batch':<22} {'writers':>7}  {'mode':<16} {'records/s':>10} {'appends/s':>10} "
-          f"{'rec/sync':>9} {'ms/sync':>8}")
+    print(
+        f"{'batch':<22} {'writers':>7}  {'mode':<16} {'records/s':>10} {'appends/s':>10} "
+        f"{'rec/sync':>9} {'ms/sync':>8}"
+    )
     ratios, bounds = {}, {}
     for label, batches in ((f"realistic ({mean:.2f} rec)", realistic), ("16 records", sixteen)):
         for writers in (1, 8):
@@ -222,22 +230,29 @@ def run(root: Path, args: argparse.Namespace) -> int:
             for group in (False, True):
                 r = res[group]
                 mode = "group commit" if group else "fsync per record"
-                print(f"{label:<22} {writers:>7}  {mode:<16} {r['records/s']:>10,.0f} "
-                      f"{r['appends/s']:>10,.0f} {r['per sync']:>9.1f} {r['sync ms']:>8.2f}")
+                print(
+                    f"{label:<22} {writers:>7}  {mode:<16} {r['records/s']:>10,.0f} "
+                    f"{r['appends/s']:>10,.0f} {r['per sync']:>9.1f} {r['sync ms']:>8.2f}"
+                )
             ratios[label, writers] = res[True]["records/s"] / res[False]["records/s"]
             per_append = sum(map(len, batches)) / len(batches)
-            bounds[label, writers] = (writers * per_append * (1 / res[False]["records/s"])
-                                      / (res[True]["sync ms"] / 1e3))
-            print(f"{'':<22} {'':>7}  ratio group / per-record: {ratios[label, writers]:.1f}x "
-                  f"(structural bound {bounds[label, writers]:.1f}x)")
+            bounds[label, writers] = (
+                writers * per_append * (1 / res[False]["records/s"]) / (res[True]["sync ms"] / 1e3)
+            )
+            print(
+                f"{'':<22} {'':>7}  ratio group / per-record: {ratios[label, writers]:.1f}x "
+                f"(structural bound {bounds[label, writers]:.1f}x)"
+            )
 
     n = args.records
     path = root / "replay"
     print(f"\n== replay of a {n:,}-record log")
     built = build_replay_log(path, n)
     size = sum(p.stat().st_size for p in path.glob("*.seg"))
-    print(f"written in {built:.1f} s ({n / built:,.0f} records/s in 2,000-record appends), "
-          f"{size / 2**20:.0f} MiB, {size / n:.0f} bytes/record")
+    print(
+        f"written in {built:.1f} s ({n / built:,.0f} records/s in 2,000-record appends), "
+        f"{size / 2**20:.0f} MiB, {size / n:.0f} bytes/record"
+    )
 
     def open_only() -> FileLog:
         return FileLog(path, readonly=True)
@@ -274,14 +289,20 @@ def run(root: Path, args: argparse.Namespace) -> int:
     for (label, writers), ratio in ratios.items():
         if writers == 8:
             verdict = "met" if ratio >= GROUP_TARGET else "NOT met"
-            print(f"group commit / fsync-per-record, 8 writers, {label} per append: {ratio:.1f}x "
-                  f"(target {GROUP_TARGET:.0f}x, bound here {bounds[label, writers]:.1f}x) "
-                  f"{verdict}")
-    print(f"replay: {rate:,.0f} records/s (target {REPLAY_TARGET:,}) "
-          f"{'met' if rate >= REPLAY_TARGET else 'NOT met'}")
+            print(
+                f"group commit / fsync-per-record, 8 writers, {label} per append: {ratio:.1f}x "
+                f"(target {GROUP_TARGET:.0f}x, bound here {bounds[label, writers]:.1f}x) "
+                f"{verdict}"
+            )
+    print(
+        f"replay: {rate:,.0f} records/s (target {REPLAY_TARGET:,}) "
+        f"{'met' if rate >= REPLAY_TARGET else 'NOT met'}"
+    )
     t = restart["restart_100k_s"]
-    print(f"restart, 100k records: {t:.2f} s (target <= {RESTART_TARGET_S:.0f} s) "
-          f"{'met' if t <= RESTART_TARGET_S else 'NOT met'}")
+    print(
+        f"restart, 100k records: {t:.2f} s (target <= {RESTART_TARGET_S:.0f} s) "
+        f"{'met' if t <= RESTART_TARGET_S else 'NOT met'}"
+    )
     if args.json is not None:
         realistic_label = next(label for label, w in ratios if w == 8)
         figures = {

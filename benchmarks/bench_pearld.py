@@ -60,14 +60,29 @@ def free_port() -> int:
 def small_sets(workers: int, preemptible: int = 4) -> list[str]:
     """A cluster of ``workers`` reserved TP2 workers plus a few preemptible GPUs, no training."""
     n = 2 * workers
-    return ["cluster.training_gpus=", f"cluster.reserved_gpus=0-{n - 1}",
-            f"cluster.preemptible_gpus={n}-{n + preemptible - 1}", "daemon.borrow=never",
-            "engine.time_scale=0.0005", "daemon.heartbeat_s=0.5", "daemon.reconcile_grace_s=600"]
+    return [
+        "cluster.training_gpus=",
+        f"cluster.reserved_gpus=0-{n - 1}",
+        f"cluster.preemptible_gpus={n}-{n + preemptible - 1}",
+        "daemon.borrow=never",
+        "engine.time_scale=0.0005",
+        "daemon.heartbeat_s=0.5",
+        "daemon.reconcile_grace_s=600",
+    ]
 
 
 def pearld(state: Path, endpoint: str, sets: list[str]) -> subprocess.Popen[bytes]:
-    args = [sys.executable, "-m", "pearl.daemon", "--config", str(ROOT / "configs/sim-32.toml"),
-            "--state-dir", str(state), "--endpoint", endpoint]
+    args = [
+        sys.executable,
+        "-m",
+        "pearl.daemon",
+        "--config",
+        str(ROOT / "configs/sim-32.toml"),
+        "--state-dir",
+        str(state),
+        "--endpoint",
+        endpoint,
+    ]
     for s in sets:
         args += ["--set", s]
     return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
@@ -132,8 +147,10 @@ def bench_round_trip(tmp: Path, n: int) -> None:
     mb, mr = statistics.median(bare), statistics.median(rpc)
     q = lambda xs: statistics.quantiles(xs, n=100)[98]  # noqa: E731
     print(f"  bare echo   median {mb * 1e6:7.1f} us   p99 {q(bare) * 1e6:7.1f} us")
-    print(f"  pearld      median {mr * 1e6:7.1f} us   p99 {q(rpc) * 1e6:7.1f} us   "
-          f"ratio {mr / mb:.2f}x (target <= 3x)")
+    print(
+        f"  pearld      median {mr * 1e6:7.1f} us   p99 {q(rpc) * 1e6:7.1f} us   "
+        f"ratio {mr / mb:.2f}x (target <= 3x)"
+    )
 
 
 class Driver:
@@ -184,8 +201,10 @@ def bench_event_to_plan(tmp: Path, sizes: list[int], repeat: int) -> None:
             d.send(ev.GpusReclaimed((n, n + 1, n + 2, n + 3)))
             d.settle()
         d.log.close()
-        print(f"  {workers:>5} workers: median {statistics.median(times) * 1e3:7.2f} ms, "
-              f"max {max(times) * 1e3:7.2f} ms over {repeat} events")
+        print(
+            f"  {workers:>5} workers: median {statistics.median(times) * 1e3:7.2f} ms, "
+            f"max {max(times) * 1e3:7.2f} ms over {repeat} events"
+        )
 
 
 def build_log(cfg: config.Config, state: Path, records: int) -> int:

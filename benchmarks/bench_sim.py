@@ -34,10 +34,15 @@ def bench(sc: Scenario, segment: str) -> tuple[float, dict[str, float], int]:
 
 def main() -> int:
     quick = "--quick" in sys.argv
-    cases = [("qwen3-8b", "S2")] if quick else [
-        (m, s) for m in ("qwen3-8b", "qwen3-30b-a3b") for s in ("S1", "S2", "S3")]
-    print(f"{'model':<14} {'seg':<3} {'total s':>8} {'vs target':>9} {'sim s / wall s':>14} "
-          f"{'events':>8}  per policy (s)")
+    cases = (
+        [("qwen3-8b", "S2")]
+        if quick
+        else [(m, s) for m in ("qwen3-8b", "qwen3-30b-a3b") for s in ("S1", "S2", "S3")]
+    )
+    print(
+        f"{'model':<14} {'seg':<3} {'total s':>8} {'vs target':>9} {'sim s / wall s':>14} "
+        f"{'events':>8}  per policy (s)"
+    )
     worst = 0.0
     for model, seg in cases:
         sc = scenario(model)
@@ -45,19 +50,26 @@ def main() -> int:
         simulated = len(MAIN_POLICIES) * (7200 + sc.warmup_s)
         worst = max(worst, total)
         per = " ".join(f"{k}={v:.2f}" for k, v in walls.items())
-        print(f"{model:<14} {seg:<3} {total:>8.2f} {total / TARGET_S:>8.2f}x "
-              f"{simulated / total:>14.0f} {events:>8}  {per}")
+        print(
+            f"{model:<14} {seg:<3} {total:>8.2f} {total / TARGET_S:>8.2f}x "
+            f"{simulated / total:>14.0f} {events:>8}  {per}"
+        )
     if not quick:
         sc = scenario("qwen3-8b")
         k = sc.engine.time_scale  # the same deployment at roofline speed, training included
         sc1 = dataclasses.replace(
-            sc, engine=dataclasses.replace(sc.engine, time_scale=1.0),
-            training=dataclasses.replace(sc.training,
-                                         tokens_per_gpu_s=sc.training.tokens_per_gpu_s * k))
+            sc,
+            engine=dataclasses.replace(sc.engine, time_scale=1.0),
+            training=dataclasses.replace(
+                sc.training, tokens_per_gpu_s=sc.training.tokens_per_gpu_s * k
+            ),
+        )
         total, walls, events = bench(sc1, "S2")
-        print(f"{'8b, scale 1':<14} {'S2':<3} {total:>8.2f} {total / TARGET_S:>8.2f}x "
-              f"{len(MAIN_POLICIES) * (7200 + sc.warmup_s) / total:>14.0f} {events:>8}  "
-              + " ".join(f"{k}={v:.2f}" for k, v in walls.items()))
+        print(
+            f"{'8b, scale 1':<14} {'S2':<3} {total:>8.2f} {total / TARGET_S:>8.2f}x "
+            f"{len(MAIN_POLICIES) * (7200 + sc.warmup_s) / total:>14.0f} {events:>8}  "
+            + " ".join(f"{k}={v:.2f}" for k, v in walls.items())
+        )
     print(f"worst calibrated segment: {worst:.2f} s for all policies (target <= {TARGET_S:.0f} s)")
     return 0 if worst <= TARGET_S else 1
 

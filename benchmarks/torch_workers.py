@@ -42,8 +42,14 @@ from transports.bulk import bulk_recv, bulk_send, make_socket  # noqa: E402
 # -- worker process -------------------------------------------------------------------------------
 
 
-def worker_main(core: int, preset: str, token_budget: int, kv_budget: int,
-                device_share: float | None = None, slot: int | None = None) -> None:
+def worker_main(
+    core: int,
+    preset: str,
+    token_budget: int,
+    kv_budget: int,
+    device_share: float | None = None,
+    slot: int | None = None,
+) -> None:
     """One engine pinned to ``core``, driven over a ROUTER socket with msgpack messages.
 
     ``device_share``: the engine is a virtual device of that share of one core
@@ -61,12 +67,19 @@ def worker_main(core: int, preset: str, token_budget: int, kv_budget: int,
     done.bind(f"inproc://done-{slot}")
     local = threading.local()
     channel = ZmqKVChannel()
-    engine = TorchEngine(preset=preset, kv_channel=channel, threads=1, token_budget=token_budget,
-                         kv_budget_bytes=kv_budget, device_share=device_share)
+    engine = TorchEngine(
+        preset=preset,
+        kv_channel=channel,
+        threads=1,
+        token_budget=token_budget,
+        kv_budget_bytes=kv_budget,
+        device_share=device_share,
+    )
     engine.start()
     for i in range(3):  # warm-up: first iterations pay one-off allocation costs
-        engine.generate(GenerateRequest(f"warm{i}", tuple(range(1, 200)),
-                                        SamplingParams(max_new_tokens=16))).result()
+        engine.generate(
+            GenerateRequest(f"warm{i}", tuple(range(1, 200)), SamplingParams(max_new_tokens=16))
+        ).result()
     engine.telemetry()
     gc.freeze()  # the model's and libraries' objects leave the collector's full passes (pauses)
     print("READY", ctl.getsockopt_string(zmq.LAST_ENDPOINT), channel.address, flush=True)
@@ -110,15 +123,17 @@ def worker_main(core: int, preset: str, token_budget: int, kv_budget: int,
     channel.close()
 
 
-def _control(engine: Any, channel: Any, op: str, msg: dict[str, Any],
-             sink: dict[str, Any]) -> Any:
+def _control(engine: Any, channel: Any, op: str, msg: dict[str, Any], sink: dict[str, Any]) -> Any:
     if op == "kv_bytes_per_token":
         return engine._bytes_per_token()
     if op == "telemetry":
         t = engine.telemetry()
-        return {"iterations": [[i.t_start, i.duration_s, i.decode_batch, i.prefill_tokens]
-                               for i in t.iterations],
-                "transfers": [[x.bytes, x.duration_s, x.direction] for x in t.transfers]}
+        return {
+            "iterations": [
+                [i.t_start, i.duration_s, i.decode_batch, i.prefill_tokens] for i in t.iterations
+            ],
+            "transfers": [[x.bytes, x.duration_s, x.direction] for x in t.transfers],
+        }
     if op == "set_role":
         engine.set_role(Role(msg["role"]))
     elif op == "release":
@@ -174,11 +189,25 @@ def _control(engine: Any, channel: Any, op: str, msg: dict[str, Any],
 class Worker:
     """The driver's handle on one worker process."""
 
-    def __init__(self, core: int, args: argparse.Namespace, share: float | None = None,
-                 slot: int | None = None) -> None:
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", str(core),
-               "--preset", args.preset, "--token-budget", str(args.token_budget),
-               "--kv-budget-mib", str(args.kv_budget_mib)]
+    def __init__(
+        self,
+        core: int,
+        args: argparse.Namespace,
+        share: float | None = None,
+        slot: int | None = None,
+    ) -> None:
+        cmd = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--worker",
+            str(core),
+            "--preset",
+            args.preset,
+            "--token-budget",
+            str(args.token_budget),
+            "--kv-budget-mib",
+            str(args.kv_budget_mib),
+        ]
         if share is not None:
             cmd += ["--device-share", str(share), "--slot", str(core if slot is None else slot)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT)
@@ -216,7 +245,6 @@ class Run:
     cached_tokens: int = 0
     telemetry: list[dict[str, Any]] = field(default_factory=list)
 
-
     traj: dict[int, dict[str, int]] = field(default_factory=dict)  # per trajectory: counts
     active_s: float = 0.0  # integral over the run of (trajectories in an engine / unfinished)
 
@@ -245,8 +273,13 @@ def set_roles(workers: list[Worker], n_prefill: int) -> None:
         w.call("set_role", role=role.value)
 
 
-def play(name: str, workers: list[Worker], n_prefill: int, a: argparse.Namespace,
-         batch: int | None = None) -> Run:
+def play(
+    name: str,
+    workers: list[Worker],
+    n_prefill: int,
+    a: argparse.Namespace,
+    batch: int | None = None,
+) -> Run:
     """Run the whole multi-turn batch to completion on ``workers`` (roles already set, see
     :func:`set_roles`): colocated when ``n_prefill`` is 0, trajectory t on worker t % N; else
     prefill on worker t % N_P (its prefix stays there), decode on worker N_P + t % N_D.
@@ -257,8 +290,9 @@ def play(name: str, workers: list[Worker], n_prefill: int, a: argparse.Namespace
     sp = to_plain(SamplingParams(max_new_tokens=a.gen))
     contexts = {t: observation(t, 0, a.first_prompt) for t in range(B)}
     turns = dict.fromkeys(contexts, 0)
-    run.traj = {t: {"turns": 0, "new": a.first_prompt, "generated": 0, "prefilled": 0}
-                for t in contexts}
+    run.traj = {
+        t: {"turns": 0, "new": a.first_prompt, "generated": 0, "prefilled": 0} for t in contexts
+    }
     pending: dict[tuple[int, int], tuple[int, bool]] = {}  # (worker, id) -> (traj, is prefill)
     timers: list[tuple[float, int]] = []
     poller = zmq.Poller()
@@ -268,8 +302,15 @@ def play(name: str, workers: list[Worker], n_prefill: int, a: argparse.Namespace
 
     def submit(t: int) -> None:
         rid = f"{name}-{t}-{turns[t]}"
-        req = {"rid": rid, "input_ids": contexts[t], "sampling": sp, "trajectory": f"{name}-{t}",
-               "return_logprobs": True, "transfer_id": "", "kv_peer": ""}
+        req = {
+            "rid": rid,
+            "input_ids": contexts[t],
+            "sampling": sp,
+            "trajectory": f"{name}-{t}",
+            "return_logprobs": True,
+            "transfer_id": "",
+            "kv_peer": "",
+        }
         if n_prefill:
             req["transfer_id"] = rid
             dw, pw = n_prefill + t % n_d, t % n_prefill
@@ -314,8 +355,7 @@ def play(name: str, workers: list[Worker], n_prefill: int, a: argparse.Namespace
             if turns[t] == a.turns:
                 finished += 1
                 continue
-            contexts[t] = (contexts[t] + tuple(res["output_ids"])
-                           + observation(t, turns[t], a.obs))
+            contexts[t] = contexts[t] + tuple(res["output_ids"]) + observation(t, turns[t], a.obs)
             run.traj[t]["new"] += len(res["output_ids"]) + a.obs
             in_env += 1
             heapq.heappush(timers, (time.monotonic() + a.env_ms / 1000, t))
@@ -340,10 +380,17 @@ def kv_rates(run: Run, src: Worker, dst: Worker, dst_index: int) -> dict[str, fl
     (bytes / total span)."""
     recv = [x for x in run.telemetry[dst_index]["transfers"] if x[2] == "recv"]
     sizes = [int(x[0]) for x in recv]
-    out = {"bytes": float(sum(sizes)), "n": float(len(sizes)),
-           "run": float(np.median([n / max(d, 1e-9) for n, d, _ in recv]))}
-    for label, raw, gap in (("warm-up", True, 0.0), ("idle", False, 0.005), ("raw", True, 0.005),
-                            ("raw_stream", True, 0.0)):
+    out = {
+        "bytes": float(sum(sizes)),
+        "n": float(len(sizes)),
+        "run": float(np.median([n / max(d, 1e-9) for n, d, _ in recv])),
+    }
+    for label, raw, gap in (
+        ("warm-up", True, 0.0),
+        ("idle", False, 0.005),
+        ("raw", True, 0.005),
+        ("raw_stream", True, 0.0),
+    ):
         addr = dst.call("sink", n=len(sizes), raw=raw)
         src.call("send", addr=addr, sizes=sizes, gap_s=gap, raw=raw)
         got = dst.call("sink_result")

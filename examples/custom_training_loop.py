@@ -1,6 +1,6 @@
 """Embed PEARL in your own training loop (in process, or against a running pearld).
 
-    python examples/custom_training_loop.py [--steps 5] [--endpoint tcp://127.0.0.1:7440]
+python examples/custom_training_loop.py [--steps 5] [--endpoint tcp://127.0.0.1:7440]
 """
 
 import argparse
@@ -30,9 +30,11 @@ def main() -> None:
             with rt.training(step):  # returns once borrowed workers are back
                 metrics = trainer.step(batch)
                 rt.publish_weights(trainer.state_dict(), step)
-            print(f"step {step}: reward {statistics.mean(rewards):.3f}, loss "
-                  f"{metrics['loss']:+.4f}, {len(batch)} trajectories, borrowed GPUs back in "
-                  f"{rt.last_return_s * 1e3:.0f} ms, mode {rt.status()['mode']}")
+            print(
+                f"step {step}: reward {statistics.mean(rewards):.3f}, loss "
+                f"{metrics['loss']:+.4f}, {len(batch)} trajectories, borrowed GPUs back in "
+                f"{rt.last_return_s * 1e3:.0f} ms, mode {rt.status()['mode']}"
+            )
     finally:
         rt.stop()
 

@@ -35,10 +35,16 @@ PREEMPTIBLE = list(range(20, 32))  # configs/sim-32.toml
 def line(s: dict[str, Any], what: str) -> str:
     ratio = f"{s['N_C']}C" if s["mode"] == "colocated" else f"{s['N_P']}P{s['N_D']}D"
     routable = sum(w["activity"] == "active" and w["role"] != "training" for w in s["workers"])
-    plans = " ".join(f"plan {t['plan']} {t['cause']} {t['done']}/{t['steps']}"
-                     for t in s["transitions"]) or "steady"
-    return (f"seq {s['seq']:>5}  {what:<28} {s['mode']:<13} {ratio:<6} workers {routable:>2}  "
-            f"training {s['phase']:<8} {plans}")
+    plans = (
+        " ".join(
+            f"plan {t['plan']} {t['cause']} {t['done']}/{t['steps']}" for t in s["transitions"]
+        )
+        or "steady"
+    )
+    return (
+        f"seq {s['seq']:>5}  {what:<28} {s['mode']:<13} {ratio:<6} workers {routable:>2}  "
+        f"training {s['phase']:<8} {plans}"
+    )
 
 
 def main() -> int:
@@ -53,13 +59,28 @@ def main() -> int:
     scale = args.seconds / trace.duration_s
     tmp = Path(tempfile.mkdtemp(prefix="pearl-trace-"))
     endpoint = f"ipc://{tmp}/pearld.sock"
-    print(f"pearld on configs/sim-32.toml, state in {tmp}; segment {args.segment} "
-          f"({trace.duration_s / 60:.0f} trace minutes in {args.seconds:.0f} s)")
+    print(
+        f"pearld on configs/sim-32.toml, state in {tmp}; segment {args.segment} "
+        f"({trace.duration_s / 60:.0f} trace minutes in {args.seconds:.0f} s)"
+    )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pearl.daemon", "--config", str(ROOT / "configs/sim-32.toml"),
-         "--state-dir", str(tmp / "state"), "--endpoint", endpoint,
-         "--set", "engine.time_scale=0.01"],
-        stdout=subprocess.DEVNULL, stderr=open(tmp / "pearld.log", "wb"), cwd=ROOT)  # noqa: SIM115
+        [
+            sys.executable,
+            "-m",
+            "pearl.daemon",
+            "--config",
+            str(ROOT / "configs/sim-32.toml"),
+            "--state-dir",
+            str(tmp / "state"),
+            "--endpoint",
+            endpoint,
+            "--set",
+            "engine.time_scale=0.01",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp / "pearld.log", "wb"),  # noqa: SIM115 (the child owns it)
+        cwd=ROOT,
+    )
     client = Client(endpoint, timeout_s=5.0)
     returns: list[float] = []
     events = 0
@@ -84,8 +105,10 @@ def main() -> int:
                 while client.request(StatusRequest()).payload["training_may_proceed"] < step:
                     time.sleep(0.01)
                 returns.append(time.monotonic() - began)
-                print(line(client.request(StatusRequest()).payload,
-                           f"training step {step} runs"), flush=True)
+                print(
+                    line(client.request(StatusRequest()).payload, f"training step {step} runs"),
+                    flush=True,
+                )
                 time.sleep(args.train_s)
                 version += 1
                 client.request(Event.of(ev.TrainingFinished(step, version)))
@@ -110,9 +133,11 @@ def main() -> int:
         time.sleep(2.0)
         s = client.request(StatusRequest()).payload
         print(line(s, "end of segment"))
-        print(f"\n{events} GPU changes and {step} training steps replayed; borrowed GPUs were back "
-              f"{1e3 * sum(returns) / max(len(returns), 1):.0f} ms (mean) after Training Begin "
-              f"(max {1e3 * max(returns, default=0):.0f} ms, sim engines at 1/100 of real time).")
+        print(
+            f"\n{events} GPU changes and {step} training steps replayed; borrowed GPUs were back "
+            f"{1e3 * sum(returns) / max(len(returns), 1):.0f} ms (mean) after Training Begin "
+            f"(max {1e3 * max(returns, default=0):.0f} ms, sim engines at 1/100 of real time)."
+        )
         print(f"inspect: pearl log show {tmp / 'state'} | pearl log replay {tmp / 'state'}")
     finally:
         client.close()

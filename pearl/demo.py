@@ -134,8 +134,9 @@ def counts(status: dict[str, Any]) -> dict[str, int]:
         # Available workers by kind: on reserved GPUs, on preemptible ones (the trace's), and
         # borrowed from training (overlap, above).
         "reserved": sum(w["zone"] != "overlap" and set(w["gpus"]) <= reserved for w in active),
-        "preemptible": sum(w["zone"] != "overlap" and not set(w["gpus"]) <= reserved
-                           for w in active),
+        "preemptible": sum(
+            w["zone"] != "overlap" and not set(w["gpus"]) <= reserved for w in active
+        ),
     }
 
 
@@ -222,12 +223,19 @@ class LiveView(threading.Thread):
 
 def predict(status: dict[str, Any]) -> float | None:
     """The makespan eq. 1-3 predict for the current configuration from the current profile."""
-    return predict_for(status["profile"], status["mode"], status["N_P"], status["N_D"],
-                       status["N_C"])
+    return predict_for(
+        status["profile"], status["mode"], status["N_P"], status["N_D"], status["N_C"]
+    )
 
 
-def predict_for(profile: dict[str, Any], mode: str, N_P: float, N_D: float, N_C: float,
-                in_flight: float | None = None) -> float | None:
+def predict_for(
+    profile: dict[str, Any],
+    mode: str,
+    N_P: float,
+    N_D: float,
+    N_C: float,
+    in_flight: float | None = None,
+) -> float | None:
     """Eq. 1-3 on ``profile`` (a status' plain profile) for a configuration, with B_flight
     replaced by ``in_flight`` when given."""
     import msgspec
@@ -391,8 +399,12 @@ def run(
             if evals is not None and learn.eval_due(learning, step, first + steps - 1):
                 evals.submit(step, weights, step)
             latest = evals.latest() if evals is not None else None
-            state.update(step=step, throughput=records[-1].throughput_tok_s,
-                         reward=records[-1].reward, accuracy=latest and latest["accuracy"])
+            state.update(
+                step=step,
+                throughput=records[-1].throughput_tok_s,
+                reward=records[-1].reward,
+                accuracy=latest and latest["accuracy"],
+            )
     except KeyboardInterrupt:
         interrupted = True
         print("\ninterrupted: stopping and writing the report", flush=True)
@@ -410,10 +422,17 @@ def run(
         groups = pipeline_counts(rt)
         rt.stop()
         held_out = evals.results() if evals is not None else []
-    summary = write_report(out, cfg, records, timeline, interrupted, deaths,
-                           evals=held_out, learning={**prepared.warm_start,
-                                                     "settings": learn.describe(learning)},
-                           groups=groups)
+    summary = write_report(
+        out,
+        cfg,
+        records,
+        timeline,
+        interrupted,
+        deaths,
+        evals=held_out,
+        learning={**prepared.warm_start, "settings": learn.describe(learning)},
+        groups=groups,
+    )
     return summary
 
 

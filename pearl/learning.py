@@ -43,14 +43,25 @@ def seeded(overrides: tuple[str, ...], seed: int | None) -> tuple[str, ...]:
 def warm_start_config(cfg: Any, learning: Learning) -> Any:
     from pearl.rl.warmstart import WarmStartConfig
 
-    return WarmStartConfig(env=cfg.rl.env, preset=cfg.engine.preset, seed=cfg.rl.seed,
-                           train_tasks=cfg.rl.tasks, held_out=learning.eval_tasks,
-                           max_len=cfg.workload.max_trajectory_tokens,
-                           max_turns=cfg.rl.max_turns or 4, demos=learning.demos)
+    return WarmStartConfig(
+        env=cfg.rl.env,
+        preset=cfg.engine.preset,
+        seed=cfg.rl.seed,
+        train_tasks=cfg.rl.tasks,
+        held_out=learning.eval_tasks,
+        max_len=cfg.workload.max_trajectory_tokens,
+        max_turns=cfg.rl.max_turns or 4,
+        demos=learning.demos,
+    )
 
 
-def prepare(config: str | Path, overrides: tuple[str, ...], out: Path,
-            learning: Learning | None, quiet: bool = False) -> Prepared:
+def prepare(
+    config: str | Path,
+    overrides: tuple[str, ...],
+    out: Path,
+    learning: Learning | None,
+    quiet: bool = False,
+) -> Prepared:
     """The overrides the run starts from: the learning environment and, when ``learning`` asks,
     the warm-started model."""
     from pearl import config as config_mod
@@ -61,12 +72,16 @@ def prepare(config: str | Path, overrides: tuple[str, ...], out: Path,
     if learning is None or not learning.warm_start:
         return Prepared(overrides, cfg.engine.preset if "/" in cfg.engine.preset else "")
     if cfg.engine.kind != "torch" or "/" in cfg.engine.preset:
-        raise ConfigError(f"the warm start trains a preset for the torch engine; this config has "
-                          f"engine.kind = {cfg.engine.kind!r}, preset = {cfg.engine.preset!r}. "
-                          "Pass --no-warm-start")
+        raise ConfigError(
+            f"the warm start trains a preset for the torch engine; this config has "
+            f"engine.kind = {cfg.engine.kind!r}, preset = {cfg.engine.preset!r}. "
+            "Pass --no-warm-start"
+        )
     if cfg.rl.env != "tool_use_counts":
-        raise ConfigError(f"the warm start records demonstrations in the tool_use_counts "
-                          f"environment; rl.env = {cfg.rl.env!r}. Pass --no-warm-start")
+        raise ConfigError(
+            f"the warm start records demonstrations in the tool_use_counts "
+            f"environment; rl.env = {cfg.rl.env!r}. Pass --no-warm-start"
+        )
     import os
 
     from transformers.utils import logging as hf_logging
@@ -76,11 +91,20 @@ def prepare(config: str | Path, overrides: tuple[str, ...], out: Path,
     # Worker hosts (children) and this process load the model directory: no progress bars.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     hf_logging.disable_progress_bar()
-    ws = ensure(warm_start_config(cfg, learning), learning.cache_dir or out.parent / "warm-start",
-                show=not quiet)
-    info = {"path": str(ws.path), "cached": ws.cached, "seconds": ws.seconds,
-            **{k: ws.meta.get(k) for k in ("steps", "validation", "reached_target", "demo_s",
-                                            "train_s", "python_demos")}}
+    ws = ensure(
+        warm_start_config(cfg, learning),
+        learning.cache_dir or out.parent / "warm-start",
+        show=not quiet,
+    )
+    info = {
+        "path": str(ws.path),
+        "cached": ws.cached,
+        "seconds": ws.seconds,
+        **{
+            k: ws.meta.get(k)
+            for k in ("steps", "validation", "reached_target", "demo_s", "train_s", "python_demos")
+        },
+    }
     return Prepared((*overrides, f"engine.preset={ws.path}"), str(ws.path), info)
 
 
@@ -99,10 +123,18 @@ def start_eval(cfg: Any, prepared: Prepared, learning: Learning | None) -> Any:
 
     tasks = held_out_tasks(cfg.rl.env, learning.eval_tasks, cfg.rl.seed, cfg.rl.tasks)
     env_kwargs = {"max_turns": cfg.rl.max_turns} if cfg.rl.max_turns else {}
-    ev = BackgroundEval(HeldOutEval(
-        cfg.rl.env, tasks, model_path=prepared.model_dir, preset=cfg.engine.preset,
-        seed=cfg.engine.seed, max_len=cfg.workload.max_trajectory_tokens,
-        max_new_tokens=cfg.rl.max_new_tokens, env_kwargs=env_kwargs))
+    ev = BackgroundEval(
+        HeldOutEval(
+            cfg.rl.env,
+            tasks,
+            model_path=prepared.model_dir,
+            preset=cfg.engine.preset,
+            seed=cfg.engine.seed,
+            max_len=cfg.workload.max_trajectory_tokens,
+            max_new_tokens=cfg.rl.max_new_tokens,
+            env_kwargs=env_kwargs,
+        )
+    )
     ev.start()
     ev.submit(0, None, 0)
     return ev
@@ -110,14 +142,27 @@ def start_eval(cfg: Any, prepared: Prepared, learning: Learning | None) -> Any:
 
 def eval_due(learning: Learning | None, step: int, last: int) -> bool:
     """Evaluate after this step: every ``eval_every`` steps, and after the last one."""
-    return bool(learning and learning.eval_every > 0
-                and (step % learning.eval_every == 0 or step == last))
+    return bool(
+        learning and learning.eval_every > 0 and (step % learning.eval_every == 0 or step == last)
+    )
 
 
 def describe(learning: Learning | None) -> dict[str, Any] | None:
-    return None if learning is None else {k: (str(v) if isinstance(v, Path) else v)
-                                          for k, v in asdict(learning).items()}
+    return (
+        None
+        if learning is None
+        else {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(learning).items()}
+    )
 
 
-__all__ = ["Learning", "Prepared", "describe", "eval_due", "model_kwargs", "prepare", "seeded",
-           "start_eval", "warm_start_config"]
+__all__ = [
+    "Learning",
+    "Prepared",
+    "describe",
+    "eval_due",
+    "model_kwargs",
+    "prepare",
+    "seeded",
+    "start_eval",
+    "warm_start_config",
+]

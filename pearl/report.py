@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 
-def plots(out: Path, records: list[Any], timeline: Any,
-          evals: list[dict[str, Any]] | None = None) -> list[Path]:
+def plots(
+    out: Path, records: list[Any], timeline: Any, evals: list[dict[str, Any]] | None = None
+) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -94,12 +95,22 @@ def reward_plot(path: Path, records: list[Any], evals: list[dict[str, Any]]) -> 
 
     fig, ax = plt.subplots(figsize=(8, 3.5))
     steps = [r.step for r in records]
-    ax.plot(steps, [r.reward for r in records], "o-", color="#4477aa", ms=4,
-            label="training reward (mean of the step's batch)")
+    ax.plot(
+        steps,
+        [r.reward for r in records],
+        "o-",
+        color="#4477aa",
+        ms=4,
+        label="training reward (mean of the step's batch)",
+    )
     if evals:
-        ax.plot([e["step"] for e in evals], [e["accuracy"] for e in evals], "s--",
-                color="#ee6677", label=f"held-out accuracy ({evals[0].get('tasks', '?')} tasks, "
-                                       "greedy)")
+        ax.plot(
+            [e["step"] for e in evals],
+            [e["accuracy"] for e in evals],
+            "s--",
+            color="#ee6677",
+            label=f"held-out accuracy ({evals[0].get('tasks', '?')} tasks, greedy)",
+        )
     ax.set_ylim(-0.03, 1.03)
     ax.set_xlabel("training step (0: the starting policy)")
     ax.set_ylabel("reward / accuracy (0-1)")
@@ -109,29 +120,41 @@ def reward_plot(path: Path, records: list[Any], evals: list[dict[str, Any]]) -> 
     return _save(fig, path)
 
 
-def summary_plot(path: Path, records: list[Any], samples: list[dict[str, Any]],
-                 evals: list[dict[str, Any]]) -> Path:
+def summary_plot(
+    path: Path, records: list[Any], samples: list[dict[str, Any]], evals: list[dict[str, Any]]
+) -> Path:
     """Available workers by kind, roles, throughput and reward on one time axis."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(4, 1, figsize=(9, 8.5), sharex=True,
-                             gridspec_kw={"height_ratios": [1, 1, 1, 1.1]})
+    fig, axes = plt.subplots(
+        4, 1, figsize=(9, 8.5), sharex=True, gridspec_kw={"height_ratios": [1, 1, 1, 1.1]}
+    )
     t = [s["t"] for s in samples]
     ax = axes[0]
     if samples:
-        ax.stackplot(t, [s.get("reserved", 0) for s in samples],
-                     [s.get("preemptible", 0) for s in samples],
-                     [s["overlap"] for s in samples],
-                     labels=["reserved", "preemptible (trace)", "borrowed from training"],
-                     colors=["#4477aa", "#ccbb44", "#aa3377"], step="post")
+        ax.stackplot(
+            t,
+            [s.get("reserved", 0) for s in samples],
+            [s.get("preemptible", 0) for s in samples],
+            [s["overlap"] for s in samples],
+            labels=["reserved", "preemptible (trace)", "borrowed from training"],
+            colors=["#4477aa", "#ccbb44", "#aa3377"],
+            step="post",
+        )
     ax.set_ylabel("workers")
     ax.set_title("Available rollout workers by kind")
     ax.legend(loc="upper left", fontsize=7, ncol=3)
     ax = axes[1]
     if samples:
-        ax.stackplot(t, [s["prefill"] for s in samples], [s["decode"] for s in samples],
-                     [s["colocated"] for s in samples], labels=["prefill", "decode", "colocated"],
-                     colors=["#ddaa33", "#228833", "#66ccee"], step="post")
+        ax.stackplot(
+            t,
+            [s["prefill"] for s in samples],
+            [s["decode"] for s in samples],
+            [s["colocated"] for s in samples],
+            labels=["prefill", "decode", "colocated"],
+            colors=["#ddaa33", "#228833", "#66ccee"],
+            step="post",
+        )
         for s0, s1 in _spans(samples, "training"):
             for a in axes:
                 a.axvspan(s0, s1, color="grey", alpha=0.12, lw=0)
@@ -146,14 +169,20 @@ def summary_plot(path: Path, records: list[Any], samples: list[dict[str, Any]],
     ax.set_title("Throughput per step (generated + trained tokens)")
     ax = axes[3]
     if records:
-        ax.plot(ends, [r.reward for r in records], "o-", ms=4, color="#4477aa",
-                label="training reward")
+        ax.plot(
+            ends, [r.reward for r in records], "o-", ms=4, color="#4477aa", label="training reward"
+        )
     at = {r.step: r.end_s for r in records}
     points = [(at.get(e["step"], 0.0 if e["step"] == 0 else None), e["accuracy"]) for e in evals]
     points = [(x, a) for x, a in points if x is not None]
     if points:
-        ax.plot([x for x, _ in points], [a for _, a in points], "s--", color="#ee6677",
-                label="held-out accuracy")
+        ax.plot(
+            [x for x, _ in points],
+            [a for _, a in points],
+            "s--",
+            color="#ee6677",
+            label="held-out accuracy",
+        )
     ax.set_ylim(-0.03, 1.03)
     ax.set_ylabel("0-1")
     ax.set_title("Training reward and held-out accuracy")
@@ -180,17 +209,28 @@ def summary_table(report: dict[str, Any]) -> str:
     rows: list[tuple[str, str]] = [("steps", f"{len(recs)} in {report.get('elapsed_s', 0):.0f} s")]
     rewards = [r["reward"] for r in recs]
     if (qm := _quarter_means(rewards)) is not None:
-        rows.append(("training reward", f"{qm[0]:.2f} -> {qm[1]:.2f} (mean of the first -> last "
-                                        f"quarter of steps; step 1 {rewards[0]:.2f}, last "
-                                        f"{rewards[-1]:.2f})"))
+        rows.append(
+            (
+                "training reward",
+                f"{qm[0]:.2f} -> {qm[1]:.2f} (mean of the first -> last "
+                f"quarter of steps; step 1 {rewards[0]:.2f}, last "
+                f"{rewards[-1]:.2f})",
+            )
+        )
     evals = report.get("evals") or []
     if evals:
         a, b = evals[0], evals[-1]
-        rows.append(("held-out accuracy", f"{a['accuracy']:.2f} -> {b['accuracy']:.2f} (step "
-                                          f"{a['step']} -> {b['step']}; {b.get('tasks')} tasks, "
-                                          "greedy)"))
-    rows.append(("throughput", f"{report.get('throughput_tok_s', 0):.0f} tokens/s "
-                               "(generated + trained)"))
+        rows.append(
+            (
+                "held-out accuracy",
+                f"{a['accuracy']:.2f} -> {b['accuracy']:.2f} (step "
+                f"{a['step']} -> {b['step']}; {b.get('tasks')} tasks, "
+                "greedy)",
+            )
+        )
+    rows.append(
+        ("throughput", f"{report.get('throughput_tok_s', 0):.0f} tokens/s (generated + trained)")
+    )
     configs = [(r["mode"], r["N_P"], r["N_D"], r["N_C"]) for r in recs]
     modes = sum(a[0] != b[0] for a, b in zip(configs, configs[1:], strict=False))
     ratios = sum(a != b and a[0] == b[0] for a, b in zip(configs, configs[1:], strict=False))
@@ -200,32 +240,54 @@ def summary_table(report: dict[str, Any]) -> str:
         m = _TRACE.match(what)
         if m:
             n = int(m.group(2))
-            joined, reclaimed = (joined + n, reclaimed) if m.group(1) == "+" else (joined,
-                                                                                 reclaimed + n)
+            joined, reclaimed = (
+                (joined + n, reclaimed) if m.group(1) == "+" else (joined, reclaimed + n)
+            )
     bw = report.get("borrow") or {}
-    rows.append(("elastic events", f"preemptible workers joined {joined}, reclaimed {reclaimed} "
-                                   f"(trace); training slots lent in {bw.get('approved', 0)} of "
-                                   f"{bw.get('windows', 0)} idle windows (served in "
-                                   f"{bw.get('served', 0)})"))
+    rows.append(
+        (
+            "elastic events",
+            f"preemptible workers joined {joined}, reclaimed {reclaimed} "
+            f"(trace); training slots lent in {bw.get('approved', 0)} of "
+            f"{bw.get('windows', 0)} idle windows (served in "
+            f"{bw.get('served', 0)})",
+        )
+    )
     groups = report.get("groups") or {}
     if groups:
-        rows.append(("trajectories", f"{groups.get('failed_trajectories', 0)} lost; GRPO groups "
-                                     f"{groups.get('started', 0)} started, "
-                                     f"{groups.get('delivered', 0)} trained on, "
-                                     f"{groups.get('stale', 0)} dropped as too stale"))
-    errors = sorted(abs(r["predicted_makespan_s"] / r["measured_makespan_s"] - 1)
-                    for r in recs[2:] if r.get("predicted_makespan_s")
-                    and r.get("measured_makespan_s"))
+        rows.append(
+            (
+                "trajectories",
+                f"{groups.get('failed_trajectories', 0)} lost; GRPO groups "
+                f"{groups.get('started', 0)} started, "
+                f"{groups.get('delivered', 0)} trained on, "
+                f"{groups.get('stale', 0)} dropped as too stale",
+            )
+        )
+    errors = sorted(
+        abs(r["predicted_makespan_s"] / r["measured_makespan_s"] - 1)
+        for r in recs[2:]
+        if r.get("predicted_makespan_s") and r.get("measured_makespan_s")
+    )
     if errors:
         median = errors[len(errors) // 2]
-        rows.append(("makespan error", f"predicted vs measured: median {median:.0%}, max "
-                                       f"{errors[-1]:.0%} (steps 3-{len(recs)})"))
+        rows.append(
+            (
+                "makespan error",
+                f"predicted vs measured: median {median:.0%}, max "
+                f"{errors[-1]:.0%} (steps 3-{len(recs)})",
+            )
+        )
     ws = report.get("warm_start") or {}
     if ws.get("path"):
-        how = (f"cached ({ws['seconds']:.1f} s)" if ws.get("cached") else
-               f"trained now: {ws.get('steps')} steps in {ws['seconds']:.0f} s")
-        rows.append(("warm start", f"{how}; validation reproduced "
-                                   f"{(ws.get('validation') or 0):.0%}"))
+        how = (
+            f"cached ({ws['seconds']:.1f} s)"
+            if ws.get("cached")
+            else f"trained now: {ws.get('steps')} steps in {ws['seconds']:.0f} s"
+        )
+        rows.append(
+            ("warm start", f"{how}; validation reproduced {(ws.get('validation') or 0):.0%}")
+        )
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
 

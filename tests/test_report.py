@@ -11,44 +11,94 @@ from pearl.learning import Learning, eval_due, seeded
 from pearl.report import summary_table
 
 # Names other tools read from report.json (issue 14 keeps them).
-RECORD_FIELDS = ("step", "mode", "N_P", "N_D", "N_C", "predicted_makespan_s",
-                 "measured_makespan_s", "throughput_tok_s", "reward", "return_s", "borrow")
+RECORD_FIELDS = (
+    "step",
+    "mode",
+    "N_P",
+    "N_D",
+    "N_C",
+    "predicted_makespan_s",
+    "measured_makespan_s",
+    "throughput_tok_s",
+    "reward",
+    "return_s",
+    "borrow",
+)
 
 
 def record(step: int, reward: float) -> demo.StepRecord:
     mode = "colocated" if step < 3 else "disaggregated"
     return demo.StepRecord(
-        step=step, end_s=5.0 * step, duration_s=5.0, wait_batch_s=1.0, train_s=0.5,
-        return_s=0.05, generated_tokens=400, trained_tokens=3000, throughput_tok_s=680.0,
-        reward=reward, loss=0.1, version=step, mode=mode, N_P=0 if step < 3 else 1,
-        N_D=0 if step < 3 else 2, N_C=3 if step < 3 else 0, workers=3,
-        predicted_makespan_s=4.0, measured_makespan_s=5.0,
-        borrow=demo.borrow_record({"window_s": 1.0, "gate": "approved", "lent": 2,
-                                   "served_s": 0.5}))
+        step=step,
+        end_s=5.0 * step,
+        duration_s=5.0,
+        wait_batch_s=1.0,
+        train_s=0.5,
+        return_s=0.05,
+        generated_tokens=400,
+        trained_tokens=3000,
+        throughput_tok_s=680.0,
+        reward=reward,
+        loss=0.1,
+        version=step,
+        mode=mode,
+        N_P=0 if step < 3 else 1,
+        N_D=0 if step < 3 else 2,
+        N_C=3 if step < 3 else 0,
+        workers=3,
+        predicted_makespan_s=4.0,
+        measured_makespan_s=5.0,
+        borrow=demo.borrow_record(
+            {"window_s": 1.0, "gate": "approved", "lent": 2, "served_s": 0.5}
+        ),
+    )
 
 
 def test_the_report_holds_evals_records_and_both_new_plots(tmp_path: Path) -> None:
-    records = [record(s, r) for s, r in zip(range(1, 9), (0.1, 0.2, 0.2, 0.3, 0.6, 0.7, 0.8, 0.9),
-                                             strict=True)]
+    records = [
+        record(s, r)
+        for s, r in zip(range(1, 9), (0.1, 0.2, 0.2, 0.3, 0.6, 0.7, 0.8, 0.9), strict=True)
+    ]
     timeline = demo.Timeline(0.0)
     for i in range(40):
-        timeline.samples.append({"t": i, "prefill": 1 if i > 15 else 0,
-                                 "decode": 2 if i > 15 else 0, "colocated": 0 if i > 15 else 3,
-                                 "overlap": 1 if i % 10 == 5 else 0, "workers": 3,
-                                 "reserved": 1, "preemptible": 2 if i > 8 else 1,
-                                 "phase": "training" if i % 5 == 0 else "rollout"})
-    timeline.events += [(1.0, "+1 preemptible (trace 4/12)"), (9.0, "+1 preemptible (trace 6/12)"),
-                        (30.0, "-2 preemptible (trace 2/12)")]
-    evals = [{"step": s, "accuracy": a, "solved": int(a * 64), "tasks": 64}
-             for s, a in ((0, 0.05), (4, 0.5), (8, 0.9))]
-    cfg = types.SimpleNamespace(daemon=types.SimpleNamespace(pd="adaptive", borrow="gated"),
-                                engine=types.SimpleNamespace(device_share=0.3),
-                                rl=types.SimpleNamespace(seed=3))
-    summary = demo.write_report(tmp_path, cfg, records, timeline, False, {}, evals=evals,
-                                learning={"path": "/cache/x", "cached": True, "seconds": 0.2,
-                                          "validation": 0.95},
-                                groups={"started": 40, "delivered": 32, "stale": 4, "failed": 0,
-                                        "failed_trajectories": 0})
+        timeline.samples.append(
+            {
+                "t": i,
+                "prefill": 1 if i > 15 else 0,
+                "decode": 2 if i > 15 else 0,
+                "colocated": 0 if i > 15 else 3,
+                "overlap": 1 if i % 10 == 5 else 0,
+                "workers": 3,
+                "reserved": 1,
+                "preemptible": 2 if i > 8 else 1,
+                "phase": "training" if i % 5 == 0 else "rollout",
+            }
+        )
+    timeline.events += [
+        (1.0, "+1 preemptible (trace 4/12)"),
+        (9.0, "+1 preemptible (trace 6/12)"),
+        (30.0, "-2 preemptible (trace 2/12)"),
+    ]
+    evals = [
+        {"step": s, "accuracy": a, "solved": int(a * 64), "tasks": 64}
+        for s, a in ((0, 0.05), (4, 0.5), (8, 0.9))
+    ]
+    cfg = types.SimpleNamespace(
+        daemon=types.SimpleNamespace(pd="adaptive", borrow="gated"),
+        engine=types.SimpleNamespace(device_share=0.3),
+        rl=types.SimpleNamespace(seed=3),
+    )
+    summary = demo.write_report(
+        tmp_path,
+        cfg,
+        records,
+        timeline,
+        False,
+        {},
+        evals=evals,
+        learning={"path": "/cache/x", "cached": True, "seconds": 0.2, "validation": 0.95},
+        groups={"started": 40, "delivered": 32, "stale": 4, "failed": 0, "failed_trajectories": 0},
+    )
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["evals"] == evals and report["seed"] == 3
     assert all(0 <= e["accuracy"] <= 1 for e in report["evals"])

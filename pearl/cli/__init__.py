@@ -55,8 +55,11 @@ def commands(parser: argparse.ArgumentParser, path: str = "") -> list[tuple[str,
     subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     if not subs:
         return [(path, parser)]
-    return [leaf for name, p in subs[0].choices.items()
-            for leaf in commands(p, f"{path} {name}".strip())]
+    return [
+        leaf
+        for name, p in subs[0].choices.items()
+        for leaf in commands(p, f"{path} {name}".strip())
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -23,19 +23,37 @@ from pearl.core.schema import to_plain
 
 def register(sub: Any) -> None:
     p = sub.add_parser(
-        "decide", help="predict makespans and pick the PD mode and ratio for a GPU budget",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "decide",
+        help="predict makespans and pick the PD mode and ratio for a GPU budget",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--config", metavar="FILE", help="TOML config (default: built-in defaults)")
-    p.add_argument("--gpus", type=int, required=True, metavar="N",
-                   help="dedicated rollout GPUs available")
-    p.add_argument("--overlap-gpus", type=int, default=0, metavar="M",
-                   help="training GPUs borrowed for rollout (default 0)")
+    p.add_argument(
+        "--gpus", type=int, required=True, metavar="N", help="dedicated rollout GPUs available"
+    )
+    p.add_argument(
+        "--overlap-gpus",
+        type=int,
+        default=0,
+        metavar="M",
+        help="training GPUs borrowed for rollout (default 0)",
+    )
     p.add_argument("--batch", type=int, metavar="B", help="trajectories per rollout step")
-    p.add_argument("--remaining", type=int, metavar="R",
-                   help="unfinished trajectories for the borrowing gate (default: B)")
+    p.add_argument(
+        "--remaining",
+        type=int,
+        metavar="R",
+        help="unfinished trajectories for the borrowing gate (default: B)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override a config value (repeatable)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a config value (repeatable)",
+    )
     p.set_defaults(handler=run)
 
 
@@ -58,12 +76,20 @@ def run(args: argparse.Namespace) -> int:
     idle = args.gpus % tp + args.overlap_gpus % tp
     if args.json:
         out = d.to_json()
-        out.update({
-            "workers": {"dedicated": n_ded, "overlap": n_ov, "total": n_ded + n_ov},
-            "gpus": {"dedicated": args.gpus, "overlap": args.overlap_gpus, "idle": idle, "tp": tp},
-            "model": cfg.model.name, "gpu": cfg.cluster.gpu,
-            "profile": to_plain(profile),
-        })
+        out.update(
+            {
+                "workers": {"dedicated": n_ded, "overlap": n_ov, "total": n_ded + n_ov},
+                "gpus": {
+                    "dedicated": args.gpus,
+                    "overlap": args.overlap_gpus,
+                    "idle": idle,
+                    "tp": tp,
+                },
+                "model": cfg.model.name,
+                "gpu": cfg.cluster.gpu,
+                "profile": to_plain(profile),
+            }
+        )
         if gate is not None:  # no workers at all makes T_ded, T_full inf: JSON null
             g = {k: _finite(v) if isinstance(v, float) else v for k, v in to_plain(gate).items()}
             out["gate"] = {**g, "R": R, "B": profile.B}
@@ -81,12 +107,23 @@ def _seconds(x: float) -> str:
     return "-" if x == float("inf") else f"{x:.1f}"
 
 
-def _text(cfg: config.Config, args: argparse.Namespace, d: Decision, p: WorkloadProfile,
-          gate: GateResult | None, R: int, n_ded: int, n_ov: int, idle: int) -> str:
+def _text(
+    cfg: config.Config,
+    args: argparse.Namespace,
+    d: Decision,
+    p: WorkloadProfile,
+    gate: GateResult | None,
+    R: int,
+    n_ded: int,
+    n_ov: int,
+    idle: int,
+) -> str:
     tp = cfg.cluster.tp
     if args.overlap_gpus:
-        budget = (f"{args.gpus} dedicated + {args.overlap_gpus} overlap GPUs -> "
-                  f"{n_ded} + {n_ov} = {n_ded + n_ov} workers")
+        budget = (
+            f"{args.gpus} dedicated + {args.overlap_gpus} overlap GPUs -> "
+            f"{n_ded} + {n_ov} = {n_ded + n_ov} workers"
+        )
     else:
         budget = f"{args.gpus} GPUs -> {n_ded} workers"
     lines = [f"{cfg.model.name} on {cfg.cluster.gpu}, tp {tp}: {budget}, batch B = {p.B}"]
@@ -95,13 +132,17 @@ def _text(cfg: config.Config, args: argparse.Namespace, d: Decision, p: Workload
     lines.append(
         f"profile (priors): S={p.S:g} delta_L={p.delta_L:g} r={p.r:g} theta={p.theta:g} "
         f"A={p.A * 1e3:.2f} ms b={p.b * 1e3:.3f} ms t_prefill={p.t_prefill * 1e6:.1f} us "
-        f"T_env={p.T_env:g} s T_over={p.T_over:g} s")
+        f"T_env={p.T_env:g} s T_over={p.T_over:g} s"
+    )
     lines.append(
         f"                  K={p.K / 1024:.0f} KiB/token K_seq={p.K_seq / 1e9:.2f} GB "
-        f"H_max={p.H_max / 1e9:.1f} GB/worker BW={p.BW / 1e9:.0f} GB/s")
+        f"H_max={p.H_max / 1e9:.1f} GB/worker BW={p.BW / 1e9:.0f} GB/s"
+    )
     t = d.target
-    lines.append(f"decision: {t.mode.value} {t}, predicted makespan "
-                 f"{_seconds(d.predicted_makespan_s)} s ({d.reason})")
+    lines.append(
+        f"decision: {t.mode.value} {t}, predicted makespan "
+        f"{_seconds(d.predicted_makespan_s)} s ({d.reason})"
+    )
     lines.append("")
     lines.append(f"  {'config':<12} {'makespan_s':>11}  status")
     for a in d.alternatives:
@@ -115,5 +156,6 @@ def _text(cfg: config.Config, args: argparse.Namespace, d: Decision, p: Workload
         lines.append(
             f"borrowing gate (eq. 7): ({R}/{p.B}) x (T_ded {_seconds(gate.T_ded)} s - T_full "
             f"{_seconds(gate.T_full)} s) = {_seconds(gate.benefit_s)} s vs T_toggle "
-            f"{gate.T_toggle:g} s -> {state}")
+            f"{gate.T_toggle:g} s -> {state}"
+        )
     return "\n".join(lines)

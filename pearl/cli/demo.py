@@ -17,19 +17,35 @@ def register(subparsers: Any) -> None:
     p.add_argument("--trace-s", type=float, help="seconds the 2-hour segment is squeezed into")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--quiet", action="store_true", help="no live status line")
-    p.add_argument("--seed", type=int, help="fixes tasks, sampling and initial weights "
-                   "(rl.seed and engine.seed; default: the config's)")
-    p.add_argument("--no-warm-start", action="store_true",
-                   help="start GRPO from the preset's random weights (no supervised warm start)")
-    p.add_argument("--eval-every", type=int, default=4,
-                   help="held-out evaluation every N steps, and after the last (0: none; "
-                   "default: %(default)s)")
-    p.add_argument("--eval-tasks", type=int, default=64,
-                   help="held-out tasks (default: %(default)s)")
-    p.add_argument("--lr", type=float, default=1e-3,
-                   help="GRPO learning rate (default: %(default)s)")
-    p.add_argument("--cache-dir", type=Path,
-                   help="where warm starts are cached (default: warm-start/ beside the run)")
+    p.add_argument(
+        "--seed",
+        type=int,
+        help="fixes tasks, sampling and initial weights "
+        "(rl.seed and engine.seed; default: the config's)",
+    )
+    p.add_argument(
+        "--no-warm-start",
+        action="store_true",
+        help="start GRPO from the preset's random weights (no supervised warm start)",
+    )
+    p.add_argument(
+        "--eval-every",
+        type=int,
+        default=4,
+        help="held-out evaluation every N steps, and after the last (0: none; "
+        "default: %(default)s)",
+    )
+    p.add_argument(
+        "--eval-tasks", type=int, default=64, help="held-out tasks (default: %(default)s)"
+    )
+    p.add_argument(
+        "--lr", type=float, default=1e-3, help="GRPO learning rate (default: %(default)s)"
+    )
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        help="where warm starts are cached (default: warm-start/ beside the run)",
+    )
     p.set_defaults(handler=cmd_demo)
 
 
@@ -64,8 +80,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         quiet=args.quiet,
         seed=args.seed,
         lr=args.lr,
-        learning=Learning(warm_start=not args.no_warm_start, eval_every=args.eval_every,
-                          eval_tasks=args.eval_tasks, cache_dir=args.cache_dir),
+        learning=Learning(
+            warm_start=not args.no_warm_start,
+            eval_every=args.eval_every,
+            eval_tasks=args.eval_tasks,
+            cache_dir=args.cache_dir,
+        ),
     )
     print(
         f"{summary['steps']} steps in {summary['elapsed_s']:.0f} s: "

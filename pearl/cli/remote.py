@@ -30,11 +30,18 @@ def connection_options(p: argparse.ArgumentParser, top: bool = False) -> None:
     given after the command wins, so the subcommand's options default to nothing."""
     endpoint = os.environ.get("PEARL_ENDPOINT", DEFAULT_ENDPOINT) if top else argparse.SUPPRESS
     keys = os.environ.get("PEARL_KEYS", "") if top else argparse.SUPPRESS
-    p.add_argument("--endpoint", default=endpoint,
-                   help=f"pearld's API (default: $PEARL_ENDPOINT or {DEFAULT_ENDPOINT})")
-    p.add_argument("--keys-dir", default=keys, metavar="DIR",
-                   help="CURVE keys (client.key_secret, server.key) of a pearld started with "
-                        "--set daemon.keys_dir=DIR ($PEARL_KEYS)")
+    p.add_argument(
+        "--endpoint",
+        default=endpoint,
+        help=f"pearld's API (default: $PEARL_ENDPOINT or {DEFAULT_ENDPOINT})",
+    )
+    p.add_argument(
+        "--keys-dir",
+        default=keys,
+        metavar="DIR",
+        help="CURVE keys (client.key_secret, server.key) of a pearld started with "
+        "--set daemon.keys_dir=DIR ($PEARL_KEYS)",
+    )
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -43,11 +50,19 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _training_begin(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--no-wait", action="store_true",
-                   help="return on the event's acknowledgement, while borrowed workers may "
-                        "still be coming back")
-    p.add_argument("--return-timeout", type=float, default=RETURN_WAIT_S, metavar="S",
-                   help="seconds to wait until training may proceed (default %(default)s)")
+    p.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="return on the event's acknowledgement, while borrowed workers may "
+        "still be coming back",
+    )
+    p.add_argument(
+        "--return-timeout",
+        type=float,
+        default=RETURN_WAIT_S,
+        metavar="S",
+        help="seconds to wait until training may proceed (default %(default)s)",
+    )
 
 
 def register(subparsers: Any) -> None:
@@ -87,8 +102,14 @@ def client(args: argparse.Namespace) -> Any:
             keys = ClientKeys.load(args.keys_dir)
         except PearlError as e:
             raise PearlError(f"check --keys-dir: {e}") from None
-    return DiagnosingClient(args.endpoint, keys=keys, keys_dir=args.keys_dir,
-                            timeout_s=args.timeout, retries=1, name="pearl-cli")
+    return DiagnosingClient(
+        args.endpoint,
+        keys=keys,
+        keys_dir=args.keys_dir,
+        timeout_s=args.timeout,
+        retries=1,
+        name="pearl-cli",
+    )
 
 
 def fetch_status(c: Any) -> dict[str, Any]:
@@ -135,8 +156,10 @@ def await_return(c: Any, step: int, t0: float, timeout_s: float) -> str:
     first = fetch_status(c)  # read-your-writes: it includes the training-begin
     if first.get("training_may_proceed", 0) >= step:
         return "nothing was lent, no borrowed workers had to come back"
-    lent = sum(w["zone"] == "overlap" and w["role"] != "training" and w["activity"] != "inactive"
-               for w in first["workers"])
+    lent = sum(
+        w["zone"] == "overlap" and w["role"] != "training" and w["activity"] != "inactive"
+        for w in first["workers"]
+    )
     try:
         took = wait_training_may_proceed(lambda: fetch_status(c), step, timeout_s, since=t0)
     except TrainingTimeout:
@@ -176,8 +199,10 @@ def render(s: dict[str, Any]) -> str:
         )
     for t in s.get("transitions", []):
         state = f"aborting ({t['aborting']})" if t.get("aborting") else "in flight"
-        lines.append(f"plan {t['plan']} {t['cause']} -> {t['target']}: {t['done']}/{t['steps']} "
-                     f"steps, {state}")
+        lines.append(
+            f"plan {t['plan']} {t['cause']} -> {t['target']}: {t['done']}/{t['steps']} "
+            f"steps, {state}"
+        )
     lines.append(f"{'id':>4} {'gpus':<14} {'role':<10} {'activity':<13} zone")
     for w in s["workers"]:
         gpus = ",".join(map(str, w["gpus"]))
@@ -193,11 +218,18 @@ def _routable(w: dict[str, Any]) -> bool:
 
 def _line(seq: int, s: dict[str, Any]) -> str:
     ratio = f"{s['N_C']}C" if s["mode"] == "colocated" else f"{s['N_P']}P{s['N_D']}D"
-    plans = ", ".join(f"plan {t['plan']} {t['cause']} {t['done']}/{t['steps']}"
-                      for t in s.get("transitions", [])) or "steady"
-    return (f"{time.strftime('%H:%M:%S')} seq {s['seq']:>6} {s['mode']:<13} {ratio:<7} "
-            f"routable {sum(_routable(w) for w in s['workers'])}"
-            f"  training {s['phase']}  {plans}")
+    plans = (
+        ", ".join(
+            f"plan {t['plan']} {t['cause']} {t['done']}/{t['steps']}"
+            for t in s.get("transitions", [])
+        )
+        or "steady"
+    )
+    return (
+        f"{time.strftime('%H:%M:%S')} seq {s['seq']:>6} {s['mode']:<13} {ratio:<7} "
+        f"routable {sum(_routable(w) for w in s['workers'])}"
+        f"  training {s['phase']}  {plans}"
+    )
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
@@ -213,8 +245,14 @@ def cmd_watch(args: argparse.Namespace) -> int:
             print(json.dumps(payload) if args.json else _line(seq, payload), flush=True)
 
         pub = _reachable(status["pub_endpoint"], args.endpoint)
-        sub = Subscriber(pub, c, keys=c.keys, on_snapshot=show, on_change=show,
-                         on_gap=lambda g: print(f"# {g}", file=sys.stderr))
+        sub = Subscriber(
+            pub,
+            c,
+            keys=c.keys,
+            on_snapshot=show,
+            on_change=show,
+            on_gap=lambda g: print(f"# {g}", file=sys.stderr),
+        )
         try:
             sub.sync()
             if not sub.alive():  # no heartbeat: changes would never come; say why
@@ -223,8 +261,10 @@ def cmd_watch(args: argparse.Namespace) -> int:
                 from transports.diagnose import diagnose
 
                 why = diagnose(pub, c.keys, args.keys_dir, kind=zmq.SUB)
-                print(f"pearl watch: nothing heard from pearld's change stream: {why}",
-                      file=sys.stderr)
+                print(
+                    f"pearl watch: nothing heard from pearld's change stream: {why}",
+                    file=sys.stderr,
+                )
             while not args.count or seen < args.count:
                 sub.pump(0.5)
         finally:

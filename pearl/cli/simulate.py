@@ -31,21 +31,37 @@ EXPERIMENTS = ("ablation", "ratio", "sensitivity")
 
 def register(sub: Any) -> None:
     p = sub.add_parser(
-        "simulate", help="replay a GPU availability trace at paper scale and compare policies",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "simulate",
+        help="replay a GPU availability trace at paper scale and compare policies",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--model", default="qwen3-8b", help=f"one of {', '.join(MODELS)}")
-    p.add_argument("--trace", metavar="FILE",
-                   help="Bamboo event trace or t_s,gpus CSV (default with --segment: packaged)")
+    p.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="Bamboo event trace or t_s,gpus CSV (default with --segment: packaged)",
+    )
     p.add_argument("--segment", metavar="S", help="S1, S2 or S3 (paper §6.1, SEGMENTS.md)")
     p.add_argument("--start-min", type=float, metavar="M", help="start of the window (minutes)")
     p.add_argument("--minutes", type=float, metavar="N", help="length of the window (default 120)")
-    p.add_argument("--policy", default="all",
-                   help="pearl, roll, roll-large, rlboost+ or all (default all)")
+    p.add_argument(
+        "--policy", default="all", help="pearl, roll, roll-large, rlboost+ or all (default all)"
+    )
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
-    p.add_argument("--experiments", default="", metavar="LIST",
-                   help="comma list of ablation, ratio, sensitivity, or all")
-    p.add_argument("--workers", type=int, default=1, metavar="N",
-                   help="processes for independent runs (default 1)")
+    p.add_argument(
+        "--experiments",
+        default="",
+        metavar="LIST",
+        help="comma list of ablation, ratio, sensitivity, or all",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="processes for independent runs (default 1)",
+    )
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")
     p.add_argument("--plot", metavar="DIR", help="write PNG figures into DIR")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -109,8 +125,9 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--workers must be >= 1, got {args.workers}")
     names = _policies(args.policy)
     wanted = _experiments(args.experiments)
-    avail = av.load(args.trace, segment_name=args.segment, start_min=args.start_min,
-                    minutes=args.minutes)
+    avail = av.load(
+        args.trace, segment_name=args.segment, start_min=args.start_min, minutes=args.minutes
+    )
     plot_dir = Path(args.plot) if args.plot else None
     if plot_dir is not None:
         try:
@@ -121,8 +138,10 @@ def run(args: argparse.Namespace) -> int:
     bar = Bar(sys.stderr, not args.no_progress)
     runs = ex.compare(sc, avail, names, args.workers, bar.stage("policies"))
     where = args.segment or f"{Path(args.trace).name} from minute {args.start_min or 0:g}"
-    print(f"{args.model}, {where}: mean {4 + avail.mean():.1f} rollout GPUs, "
-          f"{len(avail.changes())} changes in {avail.duration_s / 60:.0f} min, seed {args.seed}")
+    print(
+        f"{args.model}, {where}: mean {4 + avail.mean():.1f} rollout GPUs, "
+        f"{len(avail.changes())} changes in {avail.duration_s / 60:.0f} min, seed {args.seed}"
+    )
     print(report.main_table(runs))
     extras: dict[str, Any] = {}
     if "ablation" in wanted:
@@ -130,13 +149,15 @@ def run(args: argparse.Namespace) -> int:
         print("\nAblation, throughput over ROLL (Figure 7):")
         print(report.ablation_table(extras["ablation"]))
     if "ratio" in wanted:
-        extras["ratio_selection"] = ex.ratio_selection(sc, workers=args.workers,
-                                                       progress=bar.stage("ratio selection"))
+        extras["ratio_selection"] = ex.ratio_selection(
+            sc, workers=args.workers, progress=bar.stage("ratio selection")
+        )
         print("\nPD ratio selection vs brute-force best (Table 2):")
         print(report.ratio_table(extras["ratio_selection"]))
     if "sensitivity" in wanted:
-        extras["sensitivity"] = ex.sensitivity(sc, workers=args.workers,
-                                               progress=bar.stage("sensitivity"))
+        extras["sensitivity"] = ex.sensitivity(
+            sc, workers=args.workers, progress=bar.stage("sensitivity")
+        )
         print("\nWorkload sensitivity, 8 dedicated GPUs (Figure 8):")
         print(report.sensitivity_table(extras["sensitivity"]))
     if args.json:

@@ -143,16 +143,52 @@ class ModelSpec(Value, frozen=True):
 
 # Values from each model's published config.json (Hugging Face Qwen/<name>).
 MODELS: dict[str, ModelSpec] = {
-    "qwen3-0.6b": ModelSpec("qwen3-0.6b", layers=28, hidden=1024, intermediate=3072, heads=16,
-                            kv_heads=8, head_dim=128, vocab=151936, tied_embeddings=True),
-    "qwen3-8b": ModelSpec("qwen3-8b", layers=36, hidden=4096, intermediate=12288, heads=32,
-                          kv_heads=8, head_dim=128, vocab=151936),
-    "qwen3-30b-a3b": ModelSpec("qwen3-30b-a3b", layers=48, hidden=2048, intermediate=6144,
-                               heads=32, kv_heads=4, head_dim=128, vocab=151936, experts=128,
-                               active_experts=8, moe_intermediate=768),
+    "qwen3-0.6b": ModelSpec(
+        "qwen3-0.6b",
+        layers=28,
+        hidden=1024,
+        intermediate=3072,
+        heads=16,
+        kv_heads=8,
+        head_dim=128,
+        vocab=151936,
+        tied_embeddings=True,
+    ),
+    "qwen3-8b": ModelSpec(
+        "qwen3-8b",
+        layers=36,
+        hidden=4096,
+        intermediate=12288,
+        heads=32,
+        kv_heads=8,
+        head_dim=128,
+        vocab=151936,
+    ),
+    "qwen3-30b-a3b": ModelSpec(
+        "qwen3-30b-a3b",
+        layers=48,
+        hidden=2048,
+        intermediate=6144,
+        heads=32,
+        kv_heads=4,
+        head_dim=128,
+        vocab=151936,
+        experts=128,
+        active_experts=8,
+        moe_intermediate=768,
+    ),
     # What the CPU test engine runs: a Qwen3-architecture model small enough for two cores.
-    "qwen3-tiny": ModelSpec("qwen3-tiny", layers=2, hidden=64, intermediate=128, heads=4,
-                            kv_heads=2, head_dim=16, vocab=512, tied_embeddings=True),
+    "qwen3-tiny": ModelSpec(
+        "qwen3-tiny",
+        layers=2,
+        hidden=64,
+        intermediate=128,
+        heads=4,
+        kv_heads=2,
+        head_dim=16,
+        vocab=512,
+        tied_embeddings=True,
+    ),
 }
 
 
@@ -231,11 +267,20 @@ def roofline(
     if H_max <= 0:
         raise InfeasibleConfiguration(
             f"{m.name} weights ({weight_bytes / GB:.1f} GB) do not fit in {tp} x {g.name} at "
-            f"mem_fraction {mem_fraction} ({usable / GB:.1f} GB); raise the tensor-parallel degree")
+            f"mem_fraction {mem_fraction} ({usable / GB:.1f} GB); raise the tensor-parallel degree"
+        )
     link = g.intra_node_Bps if same_node else g.inter_node_Bps
     BW = tp * link * LINK_EFFICIENCY
-    return Roofline(t_prefill=t_prefill, A=A, b=b, K=float(m.K), K_seq=float(m.K * seq_tokens),
-                    H_max=H_max, BW=BW, weight_bytes=weight_bytes)
+    return Roofline(
+        t_prefill=t_prefill,
+        A=A,
+        b=b,
+        K=float(m.K),
+        K_seq=float(m.K * seq_tokens),
+        H_max=H_max,
+        BW=BW,
+        weight_bytes=weight_bytes,
+    )
 
 
 __all__ = [

@@ -50,9 +50,15 @@ class Alternative(Value, frozen=True):
         return Target(self.mode, self.N_P, self.N_D, self.N_C)
 
     def to_json(self) -> dict[str, Any]:
-        return {"mode": self.mode.value, "N_P": self.N_P, "N_D": self.N_D, "N_C": self.N_C,
-                "predicted_makespan_s": _json_float(self.predicted_makespan_s),
-                "feasible": self.feasible, "excluded_by": self.excluded_by}
+        return {
+            "mode": self.mode.value,
+            "N_P": self.N_P,
+            "N_D": self.N_D,
+            "N_C": self.N_C,
+            "predicted_makespan_s": _json_float(self.predicted_makespan_s),
+            "feasible": self.feasible,
+            "excluded_by": self.excluded_by,
+        }
 
 
 class Alternatives(Sequence[Alternative]):
@@ -85,12 +91,20 @@ class Alternatives(Sequence[Alternative]):
         s = self._sweep
         if i == 0:
             ok = s.N >= 1
-            return Alternative(Mode.COLOCATED, 0, 0, max(s.N, 0), s.T_coloc, ok,
-                               None if ok else NO_WORKERS)
+            return Alternative(
+                Mode.COLOCATED, 0, 0, max(s.N, 0), s.T_coloc, ok, None if ok else NO_WORKERS
+            )
         n_p = int(s.N_P[i - 1])
         code = int(s.excluded[i - 1])
-        return Alternative(Mode.DISAGGREGATED, n_p, s.N - n_p, 0, float(s.T_dis[i - 1]),
-                           code == 0, EXCLUDED_BY[code])
+        return Alternative(
+            Mode.DISAGGREGATED,
+            n_p,
+            s.N - n_p,
+            0,
+            float(s.T_dis[i - 1]),
+            code == 0,
+            EXCLUDED_BY[code],
+        )
 
     def __iter__(self) -> Iterator[Alternative]:
         return (self[k] for k in range(len(self)))
@@ -114,10 +128,16 @@ class Decision:
 
     def to_json(self) -> dict[str, Any]:
         t = self.target
-        return {"mode": t.mode.value, "N_P": t.N_P, "N_D": t.N_D, "N_C": t.N_C,
-                "predicted_makespan_s": _json_float(self.predicted_makespan_s),
-                "reason": self.reason, "forced": self.forced,
-                "alternatives": [a.to_json() for a in self.alternatives]}
+        return {
+            "mode": t.mode.value,
+            "N_P": t.N_P,
+            "N_D": t.N_D,
+            "N_C": t.N_C,
+            "predicted_makespan_s": _json_float(self.predicted_makespan_s),
+            "reason": self.reason,
+            "forced": self.forced,
+            "alternatives": [a.to_json() for a in self.alternatives],
+        }
 
 
 def _json_float(x: float) -> float | None:
@@ -173,8 +193,9 @@ def _best(s: Sweep) -> tuple[Target, float]:
     return _coloc(max(s.N, 0)), s.T_coloc
 
 
-def decide(profile: WorkloadProfile, N: int, current: Target | None,
-           cfg: DecisionParams) -> Decision:
+def decide(
+    profile: WorkloadProfile, N: int, current: Target | None, cfg: DecisionParams
+) -> Decision:
     """PD Decision Engine (§4.3.2): the target configuration for N available workers."""
     if N < 0:
         raise ValueError(f"worker count must be >= 0, got {N}")
@@ -194,10 +215,20 @@ def decide(profile: WorkloadProfile, N: int, current: Target | None,
             tgt, t = same
             gain = _gain(t, t_best)
             if best.mode is current.mode or gain <= cfg.mode_switch_threshold:
-                return Decision(tgt, t, alts, f"budget {current.N} -> {N}: kept {tgt.mode} "
-                                f"mode as {tgt} (switch gain {_pct(gain)})")
-            return Decision(best, t_best, alts, f"budget {current.N} -> {N}: {best} over {tgt} "
-                            f"(gain {_pct(gain)} > {_pct(cfg.mode_switch_threshold)})")
+                return Decision(
+                    tgt,
+                    t,
+                    alts,
+                    f"budget {current.N} -> {N}: kept {tgt.mode} "
+                    f"mode as {tgt} (switch gain {_pct(gain)})",
+                )
+            return Decision(
+                best,
+                t_best,
+                alts,
+                f"budget {current.N} -> {N}: {best} over {tgt} "
+                f"(gain {_pct(gain)} > {_pct(cfg.mode_switch_threshold)})",
+            )
     if invalid is not None:
         return Decision(best, t_best, alts, f"forced: {invalid}", forced=True)
     if current == best:
@@ -208,21 +239,28 @@ def decide(profile: WorkloadProfile, N: int, current: Target | None,
     candidates: list[tuple[float, Target, float]] = []
     if current.mode is Mode.COLOCATED:
         if i is not None:
-            candidates.append((float(s.T_dis[i]), _split(N, int(s.N_P[i])),
-                               cfg.mode_switch_threshold))
+            candidates.append(
+                (float(s.T_dis[i]), _split(N, int(s.N_P[i])), cfg.mode_switch_threshold)
+            )
     else:
         candidates.append((s.T_coloc, _coloc(N), cfg.mode_switch_threshold))
         if i is not None and int(s.N_P[i]) != current.N_P:
-            candidates.append((float(s.T_dis[i]), _split(N, int(s.N_P[i])),
-                               cfg.ratio_change_threshold))
+            candidates.append(
+                (float(s.T_dis[i]), _split(N, int(s.N_P[i])), cfg.ratio_change_threshold)
+            )
     passing = [(t, tgt, thr) for t, tgt, thr in candidates if _gain(t_cur, t) > thr]
     if passing:
         t, tgt, thr = min(passing, key=lambda c: c[0])
-        return Decision(tgt, t, alts,
-                        f"best: {tgt} over {current} (gain {_pct(_gain(t_cur, t))} > {_pct(thr)})")
+        return Decision(
+            tgt, t, alts, f"best: {tgt} over {current} (gain {_pct(_gain(t_cur, t))} > {_pct(thr)})"
+        )
     t, tgt, thr = min(candidates, key=lambda c: c[0])
-    return Decision(current, t_cur, alts,
-                    f"hysteresis: kept {current} (gain {_pct(_gain(t_cur, t))} <= {_pct(thr)})")
+    return Decision(
+        current,
+        t_cur,
+        alts,
+        f"hysteresis: kept {current} (gain {_pct(_gain(t_cur, t))} <= {_pct(thr)})",
+    )
 
 
 def _gain(t_cur: float, t_new: float) -> float:

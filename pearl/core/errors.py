@@ -56,4 +56,3 @@ class EngineError(PearlError):
 
 class KVTimeout(EngineError):
     """A decode worker never received the KV cache of a request; the router should retry."""
-

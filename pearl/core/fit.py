@@ -80,9 +80,15 @@ def _slope_t(b: float, ssr: float, sxx: float, n: int) -> float:
     return b / math.sqrt(var)
 
 
-def fit_iterations(decode: Sequence[float], prefill: Sequence[float], seconds: Sequence[float],
-                   A: float, b: float, t_prefill: float,
-                   min_t: float = MIN_SLOPE_T) -> tuple[float, float, float]:
+def fit_iterations(
+    decode: Sequence[float],
+    prefill: Sequence[float],
+    seconds: Sequence[float],
+    A: float,
+    b: float,
+    t_prefill: float,
+    min_t: float = MIN_SLOPE_T,
+) -> tuple[float, float, float]:
     """(A, b, t_prefill) after one step's iterations: least squares of seconds = A + b decode +
     t_prefill prefill; a slope without spread in its samples or not significant keeps the given
     value; A < 0 refits the slopes through the origin. No samples: as given."""
@@ -99,8 +105,9 @@ def fit_iterations(decode: Sequence[float], prefill: Sequence[float], seconds: S
             (values[k] * columns[k] for k in columns if k not in free), np.zeros_like(y)
         )
         coef, t = _ols([np.ones_like(y), *(columns[k] for k in free)], target)
-        weak = [(t[i + 1], k) for i, k in enumerate(free)
-                if not (coef[i + 1] > 0 and t[i + 1] >= min_t)]
+        weak = [
+            (t[i + 1], k) for i, k in enumerate(free) if not (coef[i + 1] > 0 and t[i + 1] >= min_t)
+        ]
         if not weak:
             break
         free.remove(min(weak)[1])  # fix the least significant slope, refit the others
@@ -126,8 +133,7 @@ def _ols(columns: Sequence[np.ndarray], y: np.ndarray) -> tuple[np.ndarray, np.n
     resid = y - X @ coef
     var = float(resid @ resid) / dof * np.diag(np.linalg.pinv(X.T @ X))
     with np.errstate(divide="ignore", invalid="ignore"):
-        t = np.where(var > 0, coef / np.sqrt(np.maximum(var, 0.0)),
-                     np.where(coef > 0, np.inf, 0.0))
+        t = np.where(var > 0, coef / np.sqrt(np.maximum(var, 0.0)), np.where(coef > 0, np.inf, 0.0))
     return coef, t
 
 

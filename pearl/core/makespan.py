@@ -46,8 +46,7 @@ def T_coloc(p: WorkloadProfile, N: Count) -> Count:
     """Eq. 1: colocated makespan, S [B dP / N t_prefill + r (A + b B / N) + T_over] + T_env
     (B the concurrency in flight, dP the tokens prefilled per turn)."""
     per_worker = p.concurrency / N
-    turn = (per_worker * p.prefill_per_turn * p.t_prefill + p.r * (p.A + p.b * per_worker)
-            + p.T_over)
+    turn = per_worker * p.prefill_per_turn * p.t_prefill + p.r * (p.A + p.b * per_worker) + p.T_over
     return p.S * turn + p.T_env
 
 
@@ -90,8 +89,7 @@ def prefill_utilization(p: WorkloadProfile, N_P: Count, N_D: Count) -> Count:
     return lambda_P(p) * p.t_prefill / N_P / T_decode(p, N_D)
 
 
-def prefill_keeps_up(p: WorkloadProfile, N_P: Count, N_D: Count,
-                     max_util: float) -> Bools:
+def prefill_keeps_up(p: WorkloadProfile, N_P: Count, N_D: Count, max_util: float) -> Bools:
     """§4.2: prefill handles lambda_P without queueing, utilisation <= max_util."""
     return prefill_utilization(p, N_P, N_D) <= max_util
 

@@ -147,12 +147,30 @@ def prior_profile(cfg: ConfigLike, batch: int | None = None) -> WorkloadProfile:
     w = cfg.workload
     S, dL, r = w.turns, w.new_tokens_per_turn, w.generated_tokens_per_turn
     seq = context_tokens(S, dL, r, w.max_trajectory_tokens)
-    roof = catalog.roofline(cfg.model.name, cfg.cluster.gpu, cfg.cluster.tp, context=seq / 2,
-                            seq_tokens=seq, mem_fraction=cfg.cluster.mem_fraction)
+    roof = catalog.roofline(
+        cfg.model.name,
+        cfg.cluster.gpu,
+        cfg.cluster.tp,
+        context=seq / 2,
+        seq_tokens=seq,
+        mem_fraction=cfg.cluster.mem_fraction,
+    )
     return WorkloadProfile(
-        B=w.batch if batch is None else batch, S=S, delta_L=dL, r=r, theta=w.theta,
-        A=roof.A, b=roof.b, t_prefill=roof.t_prefill, T_env=w.env_s, T_over=w.turn_overhead_s,
-        K=roof.K, K_seq=roof.K_seq, H_max=roof.H_max, BW=roof.BW, T_toggle=cfg.gate.toggle_cost_s,
+        B=w.batch if batch is None else batch,
+        S=S,
+        delta_L=dL,
+        r=r,
+        theta=w.theta,
+        A=roof.A,
+        b=roof.b,
+        t_prefill=roof.t_prefill,
+        T_env=w.env_s,
+        T_over=w.turn_overhead_s,
+        K=roof.K,
+        K_seq=roof.K_seq,
+        H_max=roof.H_max,
+        BW=roof.BW,
+        T_toggle=cfg.gate.toggle_cost_s,
     )
 
 
@@ -198,27 +216,47 @@ class StepTelemetry(Value, frozen=True):
 
     def __post_init__(self) -> None:
         if len(self.decode_batch) != len(self.decode_s):
-            raise SchemaError(f"decode_batch has {len(self.decode_batch)} samples, "
-                              f"decode_s {len(self.decode_s)}; they must pair up")
+            raise SchemaError(
+                f"decode_batch has {len(self.decode_batch)} samples, "
+                f"decode_s {len(self.decode_s)}; they must pair up"
+            )
         if not len(self.mixed_batch) == len(self.mixed_tokens) == len(self.mixed_s):
-            raise SchemaError(f"mixed_batch, mixed_tokens and mixed_s have "
-                              f"{len(self.mixed_batch)}, {len(self.mixed_tokens)} and "
-                              f"{len(self.mixed_s)} samples; they must pair up")
+            raise SchemaError(
+                f"mixed_batch, mixed_tokens and mixed_s have "
+                f"{len(self.mixed_batch)}, {len(self.mixed_tokens)} and "
+                f"{len(self.mixed_s)} samples; they must pair up"
+            )
         if len(self.prefill_tokens) != len(self.prefill_s):
-            raise SchemaError(f"prefill_tokens has {len(self.prefill_tokens)} samples, "
-                              f"prefill_s {len(self.prefill_s)}; they must pair up")
+            raise SchemaError(
+                f"prefill_tokens has {len(self.prefill_tokens)} samples, "
+                f"prefill_s {len(self.prefill_s)}; they must pair up"
+            )
 
 
 def _check_samples(t: StepTelemetry) -> None:
     if not t.trajectories:
         raise SchemaError(f"step {t.step}: telemetry names no trajectory")
     for i, tr in enumerate(t.trajectories):
-        if (tr.turns < 1 or tr.new_tokens < 0 or tr.generated_tokens < 0 or not tr.env_s >= 0
-                or (tr.prefilled_tokens is not None and tr.prefilled_tokens < 0)):
-            raise SchemaError(f"step {t.step}: trajectory {i} has {tr}; expected turns >= 1 and "
-                              "non-negative tokens and env time")
-    for name in ("decode_batch", "decode_s", "prefill_tokens", "prefill_s", "mixed_batch",
-                 "mixed_tokens", "mixed_s"):
+        if (
+            tr.turns < 1
+            or tr.new_tokens < 0
+            or tr.generated_tokens < 0
+            or not tr.env_s >= 0
+            or (tr.prefilled_tokens is not None and tr.prefilled_tokens < 0)
+        ):
+            raise SchemaError(
+                f"step {t.step}: trajectory {i} has {tr}; expected turns >= 1 and "
+                "non-negative tokens and env time"
+            )
+    for name in (
+        "decode_batch",
+        "decode_s",
+        "prefill_tokens",
+        "prefill_s",
+        "mixed_batch",
+        "mixed_tokens",
+        "mixed_s",
+    ):
         v = np.asarray(getattr(t, name), dtype=float)
         if v.size and (not np.all(np.isfinite(v)) or v.min() < 0):
             raise SchemaError(f"step {t.step}: {name} must be finite and >= 0")
@@ -226,8 +264,9 @@ def _check_samples(t: StepTelemetry) -> None:
     if f.size and (not np.all(np.isfinite(f)) or f.min() < 0 or f.max() > 1):
         raise SchemaError(f"step {t.step}: active_fraction samples must lie in [0, 1]")
     if not (math.isfinite(t.in_flight) and t.in_flight >= 0):
-        raise SchemaError(f"step {t.step}: in_flight = {t.in_flight!r}, expected a finite "
-                          "value >= 0")
+        raise SchemaError(
+            f"step {t.step}: in_flight = {t.in_flight!r}, expected a finite value >= 0"
+        )
 
 
 # -- the tracker ----------------------------------------------------------------------------------
@@ -244,8 +283,9 @@ class RuntimeTracker:
     the same prior and fed the logged summaries in order ends with the same profile.
     """
 
-    def __init__(self, prior: WorkloadProfile, alpha: float, L_max: float,
-                 min_slope_t: float = MIN_SLOPE_T) -> None:
+    def __init__(
+        self, prior: WorkloadProfile, alpha: float, L_max: float, min_slope_t: float = MIN_SLOPE_T
+    ) -> None:
         if not 0.0 < alpha <= 1.0:
             raise ValueError(f"EMA alpha must be in (0, 1], got {alpha}")
         self._profile = prior
@@ -259,8 +299,9 @@ class RuntimeTracker:
         return self._profile
 
     @classmethod
-    def replay(cls, prior: WorkloadProfile, alpha: float, L_max: float,
-               summaries: Iterable[Telemetry]) -> RuntimeTracker:
+    def replay(
+        cls, prior: WorkloadProfile, alpha: float, L_max: float, summaries: Iterable[Telemetry]
+    ) -> RuntimeTracker:
         """Rebuild a tracker from logged summaries (state = fold(records))."""
         t = cls(prior, alpha, L_max)
         for s in summaries:
@@ -280,8 +321,11 @@ class RuntimeTracker:
         T_env = float(max(tr.env_s for tr in trs))
         delta_L = sum(tr.new_tokens for tr in trs) / turns
         prefilled = [tr.prefilled_tokens for tr in trs]
-        delta_P = (delta_L if any(n is None for n in prefilled)
-                   else sum(n for n in prefilled if n is not None) / turns)
+        delta_P = (
+            delta_L
+            if any(n is None for n in prefilled)
+            else sum(n for n in prefilled if n is not None) / turns
+        )
         r = sum(tr.generated_tokens for tr in trs) / turns
         theta = p.theta
         if t.active_fraction:
@@ -291,13 +335,26 @@ class RuntimeTracker:
             (*t.decode_batch, *(0 for _ in t.prefill_tokens), *t.mixed_batch),
             (*(0 for _ in t.decode_batch), *t.prefill_tokens, *t.mixed_tokens),
             (*t.decode_s, *t.prefill_s, *t.mixed_s),
-            p.A, p.b, p.t_prefill, self.min_slope_t,
+            p.A,
+            p.b,
+            p.t_prefill,
+            self.min_slope_t,
         )
         return Telemetry(
-            step=t.step, batch=len(trs), S=S, delta_L=delta_L, r=r, theta=theta, A=A, b=b,
-            t_prefill=t_prefill, T_env=T_env,
-            makespan_s=t.makespan_s, toggle_s=t.toggle_s,
-            B_flight=t.in_flight if t.in_flight > 0 else float(len(trs)), delta_P=delta_P,
+            step=t.step,
+            batch=len(trs),
+            S=S,
+            delta_L=delta_L,
+            r=r,
+            theta=theta,
+            A=A,
+            b=b,
+            t_prefill=t_prefill,
+            T_env=T_env,
+            makespan_s=t.makespan_s,
+            toggle_s=t.toggle_s,
+            B_flight=t.in_flight if t.in_flight > 0 else float(len(trs)),
+            delta_P=delta_P,
         )
 
     def observe(self, summary: Telemetry) -> WorkloadProfile:
@@ -312,11 +369,13 @@ class RuntimeTracker:
         for name in (*_EMA_FIELDS, "makespan_s"):
             v = getattr(summary, name)
             if not math.isfinite(v) or v < 0:
-                raise SchemaError(f"telemetry step {summary.step}: {name} = {v!r}, expected a "
-                                  "finite value >= 0")
+                raise SchemaError(
+                    f"telemetry step {summary.step}: {name} = {v!r}, expected a finite value >= 0"
+                )
         if summary.batch < 1:
-            raise SchemaError(f"telemetry step {summary.step}: batch = {summary.batch}, "
-                              "expected >= 1")
+            raise SchemaError(
+                f"telemetry step {summary.step}: batch = {summary.batch}, expected >= 1"
+            )
         for name in ("toggle_s", "toggle_min_s", "window_s", *_FLOW_FIELDS):
             v = getattr(summary, name)
             if v is not None and not (math.isfinite(v) and v >= 0):

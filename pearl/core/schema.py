@@ -37,8 +37,9 @@ class Value(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Base of nested value types decoded by msgspec (encoded as a mapping without kind)."""
 
 
-class WireStruct(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="kind",
-                 kw_only=True):
+class WireStruct(
+    msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="kind", kw_only=True
+):
     """Base of registered msgspec records: ``class X(WireStruct, tag="x")`` + ``REG.add(X)``.
 
     The tag is the kind; ``v`` (keyword-only, last) is the schema version every mapping carries.

@@ -41,8 +41,9 @@ class KVBlocks:
 
     def __init__(self, budget_bytes: int, bytes_per_token: int, page_size: int) -> None:
         if page_size < 1 or bytes_per_token < 1:
-            raise EngineError(f"page_size and bytes_per_token must be >= 1, got {page_size}, "
-                              f"{bytes_per_token}")
+            raise EngineError(
+                f"page_size and bytes_per_token must be >= 1, got {page_size}, {bytes_per_token}"
+            )
         self.page_size = page_size
         self.bytes_per_page = page_size * bytes_per_token
         self.n_pages = budget_bytes // self.bytes_per_page
@@ -50,7 +51,8 @@ class KVBlocks:
             raise EngineError(
                 f"KV budget of {budget_bytes} bytes holds {self.n_pages} pages of {page_size} "
                 f"tokens ({self.bytes_per_page} bytes each); give at least "
-                f"{2 * self.bytes_per_page} bytes")
+                f"{2 * self.bytes_per_page} bytes"
+            )
         self._free = list(range(self.n_pages - 1, -1, -1))
         self._cache: OrderedDict[str, CachedPrefix] = OrderedDict()
         self.evictions = 0
@@ -77,7 +79,7 @@ class KVBlocks:
             self._free.extend(victim.pages)
             self.evictions += 1
         out = self._free[-n:] if n else []
-        del self._free[len(self._free) - n:]
+        del self._free[len(self._free) - n :]
         return out
 
     def release(self, pages: Sequence[int]) -> None:

@@ -17,8 +17,9 @@ from pearl.core.state import Role
 from pearl.engines.base import Engine, KVChannel
 
 
-def sim_cost(model: str, gpu: str, tp: int, context: float = 8192.0, vocab: int = 0,
-             start_s: float = 60.0) -> Any:
+def sim_cost(
+    model: str, gpu: str, tp: int, context: float = 8192.0, vocab: int = 0, start_s: float = 60.0
+) -> Any:
     """SimCost of one worker from the catalog roofline (Table 3 hand-off costs stay as shipped)."""
     from pearl.engines.sim import SimCost
 

@@ -22,28 +22,44 @@ def _payload_bytes(meta: dict[str, Any], frames: list[Any]) -> int:
 
 
 class KVHandoff:
-    def __init__(self, channel: KVChannel, timeout_s: float,
-                 record: Callable[[KVTransferStat], None], now: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        channel: KVChannel,
+        timeout_s: float,
+        record: Callable[[KVTransferStat], None],
+        now: Callable[[], float],
+    ) -> None:
         self.channel, self.timeout_s = channel, timeout_s
         self._record, self._now = record, now
         self.waiting: list[Seq] = []  # decode role: requests whose K/V has not arrived
 
-    def ship(self, seq: Seq, export: Callable[[Seq], tuple[dict[str, Any], list[Any]]],
-             version: int) -> None:
+    def ship(
+        self, seq: Seq, export: Callable[[Seq], tuple[dict[str, Any], list[Any]]], version: int
+    ) -> None:
         """Prefill role: send ``seq``'s prompt K/V and first token to its ``kv_peer``."""
         t0 = self._now()
         try:
             meta, frames = export(seq)
-            meta.update(rid=seq.rid, prompt_tokens=seq.computed, first=seq.output[0],
-                        logprob=seq.logprobs[0], version=version)
+            meta.update(
+                rid=seq.rid,
+                prompt_tokens=seq.computed,
+                first=seq.output[0],
+                logprob=seq.logprobs[0],
+                version=version,
+            )
             self.channel.send(seq.req.kv_peer, seq.req.transfer_id, meta, frames)
         except EngineError:
             raise
         except Exception as e:
-            raise EngineError(f"prefill engine: shipping the KV of {seq.rid} to "
-                              f"{seq.req.kv_peer} failed: {type(e).__name__}: {e}") from e
-        self._record(KVTransferStat(seq.req.transfer_id, _payload_bytes(meta, frames),
-                                    self._now() - t0, "send"))
+            raise EngineError(
+                f"prefill engine: shipping the KV of {seq.rid} to "
+                f"{seq.req.kv_peer} failed: {type(e).__name__}: {e}"
+            ) from e
+        self._record(
+            KVTransferStat(
+                seq.req.transfer_id, _payload_bytes(meta, frames), self._now() - t0, "send"
+            )
+        )
 
     def expect(self, seq: Seq) -> None:
         """Decode role: wait for ``seq``'s transfer until the timeout."""
@@ -71,14 +87,23 @@ class KVHandoff:
             meta, frames = got
             n = len(seq.req.input_ids)
             if meta.get("prompt_tokens") != n:
-                failed.append((seq, EngineError(
-                    f"decode engine: transfer {seq.req.transfer_id!r} holds K/V of "
-                    f"{meta.get('prompt_tokens')} tokens, request {seq.rid} has {n}")))
+                failed.append(
+                    (
+                        seq,
+                        EngineError(
+                            f"decode engine: transfer {seq.req.transfer_id!r} holds K/V of "
+                            f"{meta.get('prompt_tokens')} tokens, request {seq.rid} has {n}"
+                        ),
+                    )
+                )
                 continue
             wire = meta.get("arrived_at", 0.0) - meta.get("sent_at", 0.0)
             took = float(meta.get("transfer_s", wire))  # the sim states its modelled time
-            self._record(KVTransferStat(seq.req.transfer_id, _payload_bytes(meta, frames),
-                                        max(took, 0.0), "recv"))
+            self._record(
+                KVTransferStat(
+                    seq.req.transfer_id, _payload_bytes(meta, frames), max(took, 0.0), "recv"
+                )
+            )
             seq.push(int(meta["first"]), float(meta["logprob"]))
             seq.kv = (meta, frames)
             arrived.append(seq)
@@ -88,7 +113,8 @@ class KVHandoff:
         return KVTimeout(
             f"decode engine: no KV for request {seq.rid} (transfer {seq.req.transfer_id!r}) "
             f"within {self.timeout_s:.3f}s at {getattr(self.channel, 'address', '?')}; the "
-            "prefill worker failed or never got the request: retry it on a prefill/decode pair")
+            "prefill worker failed or never got the request: retry it on a prefill/decode pair"
+        )
 
 
 __all__ = ["KVHandoff"]

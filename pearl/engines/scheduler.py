@@ -43,7 +43,7 @@ class Scheduler:
             self.waiting.remove(seq)
         if seq.pages:
             if keep_prefix and seq.req.trajectory and seq.computed > 0:
-                self.blocks.keep_prefix(seq.req.trajectory, seq.tokens[:seq.computed], seq.pages)
+                self.blocks.keep_prefix(seq.req.trajectory, seq.tokens[: seq.computed], seq.pages)
             else:
                 self.blocks.release(seq.pages)
             seq.pages = []
@@ -56,9 +56,15 @@ class Scheduler:
             seq = self.waiting[0]
             if pages_for(len(seq.tokens) + 1, ps) > self.blocks.n_pages:
                 self.waiting.popleft()
-                failed.append((seq, EngineError(
-                    f"request {seq.rid}: {len(seq.tokens)} tokens do not fit the KV pool of "
-                    f"{self.blocks.n_pages * ps} tokens; raise kv_budget_bytes")))
+                failed.append(
+                    (
+                        seq,
+                        EngineError(
+                            f"request {seq.rid}: {len(seq.tokens)} tokens do not fit the KV "
+                            f"pool of {self.blocks.n_pages * ps} tokens; raise kv_budget_bytes"
+                        ),
+                    )
+                )
                 continue
             if seq.kv is not None:  # decode role: the K/V arrived from a prefill worker
                 need = pages_for(len(seq.tokens) - 1, ps)

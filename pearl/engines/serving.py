@@ -63,8 +63,11 @@ class ServingEngine(Drainable, Engine, Backend):
         self._thread: threading.Thread | None = None
         self._life = Lifecycle(self.kind)
         self._pending_weights: tuple[int, Any] | None = None
-        self.handoff = KVHandoff(kv_channel, config.kv_timeout_s, self._record_transfer,
-                                 self._now) if kv_channel is not None else None
+        self.handoff = (
+            KVHandoff(kv_channel, config.kv_timeout_s, self._record_transfer, self._now)
+            if kv_channel is not None
+            else None
+        )
         self.sched: Scheduler | None = None  # None while released
         self.max_seq_len = 0
 
@@ -123,11 +126,15 @@ class ServingEngine(Drainable, Engine, Backend):
                 raise EngineError(f"request {request.rid} is already in flight on this engine")
             check_request(request, self.max_seq_len)
             if self._role is Role.PREFILL and not (request.transfer_id and request.kv_peer):
-                raise EngineError(f"prefill engine: request {request.rid} needs transfer_id and "
-                                  "kv_peer (the decode worker's KV inbox)")
+                raise EngineError(
+                    f"prefill engine: request {request.rid} needs transfer_id and "
+                    "kv_peer (the decode worker's KV inbox)"
+                )
             if self._role is Role.DECODE and not request.transfer_id:
-                raise EngineError(f"decode engine: request {request.rid} needs the transfer_id "
-                                  "its prefill worker ships the KV under")
+                raise EngineError(
+                    f"decode engine: request {request.rid} needs the transfer_id "
+                    "its prefill worker ships the KV under"
+                )
             seq = Seq(request, fut, list(request.input_ids))
             self._seqs[request.rid] = seq
             self._inbox.append(seq)
@@ -175,8 +182,10 @@ class ServingEngine(Drainable, Engine, Backend):
     def load_weights(self, version: int, source: Any) -> None:
         def load() -> None:
             if version < self._version:
-                raise EngineError(f"weights version {version} is older than the loaded version "
-                                  f"{self._version}; refusing to go back")
+                raise EngineError(
+                    f"weights version {version} is older than the loaded version "
+                    f"{self._version}; refusing to go back"
+                )
             if self._life.released:  # applied by resume_memory (lazy propagation)
                 self._pending_weights = (version, source)
             else:
@@ -192,8 +201,10 @@ class ServingEngine(Drainable, Engine, Backend):
 
         def switch() -> None:
             if self._seqs:
-                raise EngineError(f"set_role({role}) needs an idle engine; {len(self._seqs)} "
-                                  "requests are in flight: drain or abort them first")
+                raise EngineError(
+                    f"set_role({role}) needs an idle engine; {len(self._seqs)} "
+                    "requests are in flight: drain or abort them first"
+                )
             self._role = role
 
         self._call(switch)
@@ -209,19 +220,31 @@ class ServingEngine(Drainable, Engine, Backend):
         """Pages of the KV pool: total, free, held by resident prefixes, and evictions so far."""
         with self._cv:
             if self.sched is None:
-                return {"pages": 0, "free": 0, "cached": 0, "evictions": 0, "preemptions": 0,
-                        "bytes_per_page": 0}
+                return {
+                    "pages": 0,
+                    "free": 0,
+                    "cached": 0,
+                    "evictions": 0,
+                    "preemptions": 0,
+                    "bytes_per_page": 0,
+                }
             b = self.sched.blocks
-            return {"pages": b.n_pages, "free": b.free_pages, "cached": b.cached_pages,
-                    "evictions": b.evictions, "preemptions": self.sched.preemptions,
-                    "bytes_per_page": b.bytes_per_page}
+            return {
+                "pages": b.n_pages,
+                "free": b.free_pages,
+                "cached": b.cached_pages,
+                "evictions": b.evictions,
+                "preemptions": self.sched.preemptions,
+                "bytes_per_page": b.bytes_per_page,
+            }
 
     # -- helpers for the public side -----------------------------------------------------------
 
     def _check_role(self, role: Role) -> None:
         if role not in SERVING_ROLES:
-            raise EngineError(f"an engine serves as one of {[r.value for r in SERVING_ROLES]}, "
-                              f"not {role}")
+            raise EngineError(
+                f"an engine serves as one of {[r.value for r in SERVING_ROLES]}, not {role}"
+            )
         if role is not Role.COLOCATED and self.kv_channel is None:
             raise EngineError(f"role {role} moves KV caches: build the engine with a kv_channel")
 
@@ -229,8 +252,10 @@ class ServingEngine(Drainable, Engine, Backend):
         if not self._life.running:
             raise EngineError(f"{what}: the {self.kind} engine is not running (start() it)")
         if self._life.released:
-            raise EngineError(f"{what}: the {self.kind} engine released its memory; call "
-                              "resume_memory() before generating")
+            raise EngineError(
+                f"{what}: the {self.kind} engine released its memory; call "
+                "resume_memory() before generating"
+            )
 
     def _call(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the engine thread between iterations and return its result."""
@@ -247,7 +272,8 @@ class ServingEngine(Drainable, Engine, Backend):
             raise EngineError(
                 f"{what}: the {self.kind} engine thread did not run it within "
                 f"{self.cfg.call_timeout_s:g} s (ServingConfig.call_timeout_s); is a forward "
-                "step hung?") from None
+                "step hung?"
+            ) from None
 
     def _make_pool(self) -> None:
         blocks = KVBlocks(self.cfg.kv_budget_bytes, self._bytes_per_token(), self.cfg.page_size)
@@ -380,8 +406,9 @@ class ServingEngine(Drainable, Engine, Backend):
         if self.sched is not None:
             self.sched.drop(seq, keep_prefix=self._role is not Role.DECODE)
 
-    def _resolve(self, seq: Seq, result: GenerateResult | None = None,
-                 error: BaseException | None = None) -> None:
+    def _resolve(
+        self, seq: Seq, result: GenerateResult | None = None, error: BaseException | None = None
+    ) -> None:
         with self._cv:
             self._seqs.pop(seq.rid, None)
             self._cv.notify_all()

@@ -48,8 +48,16 @@ class SimCost:
     def from_roofline(cls, roof: Any, **overrides: Any) -> SimCost:
         """A, b, t_prefill, K and BW of a ``pearl.core.catalog.Roofline``; give the engine its
         ``H_max`` as ``kv_budget_bytes``."""
-        return cls(**{"A": roof.A, "b": roof.b, "t_prefill": roof.t_prefill,
-                      "kv_bytes_per_token": int(roof.K), "kv_bandwidth": roof.BW, **overrides})
+        return cls(
+            **{
+                "A": roof.A,
+                "b": roof.b,
+                "t_prefill": roof.t_prefill,
+                "kv_bytes_per_token": int(roof.K),
+                "kv_bandwidth": roof.BW,
+                **overrides,
+            }
+        )
 
     def iteration_s(self, decode_batch: int, prefill_tokens: int) -> float:
         """Model seconds of one iteration."""
@@ -133,8 +141,9 @@ class SimEngine(ServingEngine):
         seq.state = hashlib.blake2b(prompt + seed, digest_size=16).digest()
 
     def _token(self, seq: Seq, position: int) -> tuple[int, float]:
-        h = hashlib.blake2b(seq.state + struct.pack("<qq", self._version, position),
-                            digest_size=16).digest()
+        h = hashlib.blake2b(
+            seq.state + struct.pack("<qq", self._version, position), digest_size=16
+        ).digest()
         tok = int.from_bytes(h[:8], "little") % self.cost.vocab_size
         logprob = -(int.from_bytes(h[8:12], "little") % 4000) / 1000.0 - 1e-3
         return tok, logprob

@@ -274,8 +274,7 @@ class FileLog(EventLog):
             if first > until:
                 return
             buf = self._read_segment(path, size)
-            yield from reader.records(buf, path, first, start, until, size, self.max_record,
-                                      cache)
+            yield from reader.records(buf, path, first, start, until, size, self.max_record, cache)
 
     @staticmethod
     def _read_segment(path: Path, size: int) -> bytes:

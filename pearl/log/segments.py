@@ -180,8 +180,10 @@ def scan(path: Path, max_record: int = framing.MAX_RECORD) -> tuple[list[Segment
     for i, (first, p) in enumerate(files):
         if first != expected:
             if i == 0:
-                raise LogCorrupted(f"{p}: the first segment starts at seq {first}, but a log "
-                                   f"starts at seq 1 ({segment_name(1)} is missing)")
+                raise LogCorrupted(
+                    f"{p}: the first segment starts at seq {first}, but a log "
+                    f"starts at seq 1 ({segment_name(1)} is missing)"
+                )
             raise LogCorrupted(
                 f"{p}: segment starts at seq {first}, but {files[i - 1][1].name} ends at seq "
                 f"{expected - 1}; expected {segment_name(expected)} (a segment is missing, "

@@ -41,8 +41,13 @@ def verify(path: str | os.PathLike[str]) -> Verdict:
     with FileLog(path, readonly=True) as log:
         snaps = log.snapshots()
         nseg = len(log.segments)
-        problem = None if log.pending_repair is None else (
-            f"{log.pending_repair} (a writer would do this on open; nothing acknowledged is lost)"
+        problem = (
+            None
+            if log.pending_repair is None
+            else (
+                f"{log.pending_repair} "
+                "(a writer would do this on open; nothing acknowledged is lost)"
+            )
         )
         builder = ClusterState().thaw()
         todo = [s for s in snaps if s > 0]

@@ -31,8 +31,19 @@ if TYPE_CHECKING:
     from pearl.rl.weights import WeightStore, WeightStoreError
 
 _HOME = {
-    "pearl.rl.env": ["EnvError", "EnvSpec", "Environment", "StepOutcome", "Task", "TaskSet",
-                     "env_spec", "list_envs", "make_env", "make_tasks", "register_env"],
+    "pearl.rl.env": [
+        "EnvError",
+        "EnvSpec",
+        "Environment",
+        "StepOutcome",
+        "Task",
+        "TaskSet",
+        "env_spec",
+        "list_envs",
+        "make_env",
+        "make_tasks",
+        "register_env",
+    ],
     "pearl.rl.grpo": ["GRPOConfig", "GRPOTrainer", "TrainerError", "group_advantages"],
     "pearl.rl.prompt": ["ChatTemplate", "PromptBuilder"],
     "pearl.rl.rollout": ["GenerateFn", "engine_generate", "run_trajectory"],

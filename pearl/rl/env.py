@@ -118,8 +118,14 @@ _REGISTRY: dict[str, EnvSpec] = {}
 _BUILTINS_LOADED = False
 
 
-def register_env(name: str, factory: EnvFactory, *, tasks: TaskFactory | None = None,
-                 description: str = "", replace: bool = False) -> None:
+def register_env(
+    name: str,
+    factory: EnvFactory,
+    *,
+    tasks: TaskFactory | None = None,
+    description: str = "",
+    replace: bool = False,
+) -> None:
     """Make ``make_env(name, **kw)`` call ``factory(**kw)``; ``tasks(n=, seed=)`` makes tasks."""
     if not name or ":" in name:
         raise EnvError(f"environment name {name!r} must be non-empty and contain no ':'")
@@ -140,8 +146,10 @@ def env_spec(name: str) -> EnvSpec:
         except (ImportError, AttributeError) as e:
             raise EnvError(f"cannot import environment {name!r}: {e}") from None
         return EnvSpec(name, factory, getattr(factory, "tasks", None))
-    raise EnvError(f"unknown environment {name!r}; registered: {list_envs()} "
-                   "(or give 'package.module:Factory')")
+    raise EnvError(
+        f"unknown environment {name!r}; registered: {list_envs()} "
+        "(or give 'package.module:Factory')"
+    )
 
 
 def make_env(name: str, **kwargs: Any) -> Environment:
@@ -177,5 +185,18 @@ def _load_builtins() -> None:
         importlib.import_module("pearl.rl.envs")  # registers tool_use and swe_like
 
 
-__all__ = ["EnvError", "EnvFactory", "EnvSpec", "Environment", "StepOutcome", "Task", "TaskFactory",
-           "TaskSet", "env_spec", "list_envs", "make_env", "make_tasks", "register_env"]
+__all__ = [
+    "EnvError",
+    "EnvFactory",
+    "EnvSpec",
+    "Environment",
+    "StepOutcome",
+    "Task",
+    "TaskFactory",
+    "TaskSet",
+    "env_spec",
+    "list_envs",
+    "make_env",
+    "make_tasks",
+    "register_env",
+]

@@ -89,8 +89,9 @@ class GRPOTrainer:
         if cfg.kl_coef > 0:
             self.ref = M.build(self.hf_config, self._source, self.device, self.dtype).eval()
             self.ref.requires_grad_(False)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=cfg.betas,
-                                           weight_decay=cfg.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
+        )
         self.version = cfg.start_version
         self.virtual_device = None if cfg.device_share is None else VirtualDevice(cfg.device_share)
 
@@ -114,9 +115,14 @@ class GRPOTrainer:
             advs += [adv.get(t.id, 0.0)] * t.n_generated
         sel = mask[:, 1:]  # position p predicts token p + 1; the first token is never generated
         d = self.device
-        return {"ids": ids.to(d), "attn": attn.to(d), "sel": sel.to(d),
-                "target": ids[:, 1:][sel].to(d), "old": torch.tensor(old).to(d),
-                "adv": torch.tensor(advs).to(d)}
+        return {
+            "ids": ids.to(d),
+            "attn": attn.to(d),
+            "sel": sel.to(d),
+            "target": ids[:, 1:][sel].to(d),
+            "old": torch.tensor(old).to(d),
+            "adv": torch.tensor(advs).to(d),
+        }
 
     def _logits(self, model: Any, b: dict[str, torch.Tensor]) -> torch.Tensor:
         """Float32 logits [generated tokens, vocab]: the LM head runs only where a generated token
@@ -156,12 +162,13 @@ class GRPOTrainer:
         total = float(sum(t.n_generated for t in trajs))
         high = cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high
         lo, hi = 1.0 - cfg.clip_eps, 1.0 + high
-        sums = dict.fromkeys(("loss", "pg_loss", "kl", "entropy", "clip_frac", "ratio",
-                              "rollout_kl"), 0.0)
+        sums = dict.fromkeys(
+            ("loss", "pg_loss", "kl", "entropy", "clip_frac", "ratio", "rollout_kl"), 0.0
+        )
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         for s in range(0, len(trajs), max(1, cfg.micro_batch)):
-            b = self._pad(trajs[s:s + cfg.micro_batch], adv)
+            b = self._pad(trajs[s : s + cfg.micro_batch], adv)
             A, target = b["adv"], b["target"][:, None]
             logp_all = torch.log_softmax(self._logits(self.model, b), -1)
             logp = logp_all.gather(-1, target)[:, 0]
@@ -200,8 +207,13 @@ class GRPOTrainer:
             reward_mean=mean_r,
             reward_std=math.sqrt(sum((r - mean_r) ** 2 for r in rewards) / len(rewards)),
             adv_abs_mean=sum(abs(a) for a in adv.values()) / max(1, len(adv)),
-            tokens=total, trajectories=float(len(trajs)), groups=float(len(batch.groups())),
-            grad_norm=float(grad_norm), staleness=float(staleness), version=float(self.version))
+            tokens=total,
+            trajectories=float(len(trajs)),
+            groups=float(len(batch.groups())),
+            grad_norm=float(grad_norm),
+            staleness=float(staleness),
+            version=float(self.version),
+        )
         return metrics
 
     # -- weights ---------------------------------------------------------------------------------

@@ -44,8 +44,13 @@ class HeldOutEval:
 
         t0 = time.monotonic()
         if self._engine is None:
-            self._engine = TorchEngine(preset=self.preset, model_path=self.model_path,
-                                       seed=self.seed, threads=1, kv_budget_bytes=16 << 20)
+            self._engine = TorchEngine(
+                preset=self.preset,
+                model_path=self.model_path,
+                seed=self.seed,
+                threads=1,
+                kv_budget_bytes=16 << 20,
+            )
             self._engine.start()
         if weights is not None and version > self._engine.weights_version:
             self._engine.load_weights(version, weights)
@@ -59,17 +64,27 @@ class HeldOutEval:
             async def one(i: int, task: Task) -> float:
                 async with sem:
                     traj = await run_trajectory(
-                        make_env(self.env, **self.env_kwargs), task, generate, builder,
-                        trajectory_id=f"eval{version}.{i}", group_id=f"eval{version}",
-                        sampling=sampling)
+                        make_env(self.env, **self.env_kwargs),
+                        task,
+                        generate,
+                        builder,
+                        trajectory_id=f"eval{version}.{i}",
+                        group_id=f"eval{version}",
+                        sampling=sampling,
+                    )
                     return traj.reward
 
             return list(await asyncio.gather(*(one(i, t) for i, t in enumerate(self.tasks))))
 
         rewards = asyncio.run(all_tasks())
         solved = sum(r >= self.correct for r in rewards)
-        return {"accuracy": solved / len(rewards) if rewards else 0.0, "solved": solved,
-                "tasks": len(rewards), "version": version, "seconds": time.monotonic() - t0}
+        return {
+            "accuracy": solved / len(rewards) if rewards else 0.0,
+            "solved": solved,
+            "tasks": len(rewards),
+            "version": version,
+            "seconds": time.monotonic() - t0,
+        }
 
     def close(self) -> None:
         if self._engine is not None:

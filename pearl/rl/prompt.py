@@ -33,9 +33,14 @@ class ChatTemplate:
 class PromptBuilder:
     """Tokens each turn appends, for one tokenizer and one maximum trajectory length."""
 
-    def __init__(self, tokenizer: Tokenizer, max_len: int = 2048,
-                 template: ChatTemplate | None = None, min_new_tokens: int = 8,
-                 add_bos: bool = True) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        max_len: int = 2048,
+        template: ChatTemplate | None = None,
+        min_new_tokens: int = 8,
+        add_bos: bool = True,
+    ) -> None:
         self.tok = tokenizer
         self.max_len = max_len
         self.t = template or ChatTemplate()
@@ -59,15 +64,18 @@ class PromptBuilder:
             head += self.tok.encode(self.t.system_fmt.format(text=self.t.system))
         ids = self._user(tuple(head), observation, self.max_len - self.min_new_tokens)
         if ids is None:
-            raise ValueError(f"max_len={self.max_len} leaves no room for the first prompt's "
-                             "chat template; raise max_len")
+            raise ValueError(
+                f"max_len={self.max_len} leaves no room for the first prompt's "
+                "chat template; raise max_len"
+            )
         return ids
 
     def next(self, trajectory: Trajectory, observation: str) -> tuple[int, ...] | None:
         """Tokens to append for the next turn, or None when the trajectory must finish (full)."""
         last = trajectory.turns[-1] if trajectory.turns else None
-        ended = last is not None and last.output_ids[-1:] != () and \
-            last.output_ids[-1] in self.stop_ids
+        ended = (
+            last is not None and last.output_ids[-1:] != () and last.output_ids[-1] in self.stop_ids
+        )
         head = () if ended else self._close
         room = self.max_len - trajectory.n_tokens - self.min_new_tokens
         return self._user(head, observation, room)
@@ -107,7 +115,7 @@ class PromptBuilder:
             keep = room - fixed - len(self._elision)
             if keep < 2:
                 return None
-            body = body[:keep - keep // 2] + self._elision + body[len(body) - keep // 2:]
+            body = body[: keep - keep // 2] + self._elision + body[len(body) - keep // 2 :]
         return (*head, *self._user_pre, *body, *self._user_post)
 
 

@@ -29,18 +29,27 @@ def engine_generate(engine: Engine, prefix: str = "r") -> GenerateFn:
     """A GenerateFn over one engine (its futures awaited from asyncio)."""
     counter = itertools.count()
 
-    async def generate(ids: tuple[int, ...], sampling: SamplingParams,
-                       trajectory_id: str) -> GenerateResult:
+    async def generate(
+        ids: tuple[int, ...], sampling: SamplingParams, trajectory_id: str
+    ) -> GenerateResult:
         req = GenerateRequest(f"{prefix}-{next(counter)}", ids, sampling, trajectory=trajectory_id)
         return await asyncio.wrap_future(engine.generate(req))
 
     return generate
 
 
-async def run_trajectory(env: Environment, task: Task, generate: GenerateFn,
-                         builder: PromptBuilder, *, trajectory_id: str, group_id: str,
-                         sampling: SamplingParams | None = None, max_resumes: int = 8,
-                         clock: Callable[[], float] = time.monotonic) -> Trajectory:
+async def run_trajectory(
+    env: Environment,
+    task: Task,
+    generate: GenerateFn,
+    builder: PromptBuilder,
+    *,
+    trajectory_id: str,
+    group_id: str,
+    sampling: SamplingParams | None = None,
+    max_resumes: int = 8,
+    clock: Callable[[], float] = time.monotonic,
+) -> Trajectory:
     """Roll out ``task`` in ``env`` until done, the turn limit, or ``builder.max_len``.
 
     ``sampling.max_new_tokens`` bounds each turn; its stop ids default to the tokenizer's eos;
@@ -62,8 +71,9 @@ async def run_trajectory(env: Environment, task: Task, generate: GenerateFn,
             for _ in range(max_resumes + 1):  # an aborted generation resumes from its prefix
                 if budget <= 0:
                     return traj.finish(truncated=True)
-                turn_sp = msgspec.structs.replace(sp, max_new_tokens=budget,
-                                              seed=_turn_seed(sp.seed, trajectory_id, k))
+                turn_sp = msgspec.structs.replace(
+                    sp, max_new_tokens=budget, seed=_turn_seed(sp.seed, trajectory_id, k)
+                )
                 result = await generate(traj.tokens() + new, turn_sp, trajectory_id)
                 traj = traj.add_turn(Turn.of(new, result))
                 action_ids += result.output_ids

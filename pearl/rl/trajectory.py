@@ -36,14 +36,21 @@ class Turn(Value, frozen=True):
 
     def __post_init__(self) -> None:
         if len(self.logprobs) != len(self.output_ids):
-            raise SchemaError(f"Turn: {len(self.output_ids)} output tokens but "
-                              f"{len(self.logprobs)} logprobs; request return_logprobs=True")
+            raise SchemaError(
+                f"Turn: {len(self.output_ids)} output tokens but "
+                f"{len(self.logprobs)} logprobs; request return_logprobs=True"
+            )
 
     @classmethod
     def of(cls, prompt_ids: tuple[int, ...] | list[int], result: GenerateResult) -> Turn:
         """The turn an engine result describes."""
-        return cls(tuple(prompt_ids), tuple(result.output_ids), tuple(result.logprobs),
-                   int(result.weights_version), str(result.finish_reason.value))
+        return cls(
+            tuple(prompt_ids),
+            tuple(result.output_ids),
+            tuple(result.logprobs),
+            int(result.weights_version),
+            str(result.finish_reason.value),
+        )
 
 
 class Trajectory(Value, frozen=True):
@@ -69,10 +76,17 @@ class Trajectory(Value, frozen=True):
         """Record the environment step that followed the last turn."""
         if not self.turns:
             raise SchemaError(f"trajectory {self.id} has no turn to attach a step to")
-        last = msgspec.structs.replace(self.turns[-1], reward=self.turns[-1].reward + reward,
-                                   env_s=self.turns[-1].env_s + env_s)
-        return msgspec.structs.replace(self, turns=(*self.turns[:-1], last),
-                                   reward=self.reward + reward, env_s=self.env_s + env_s)
+        last = msgspec.structs.replace(
+            self.turns[-1],
+            reward=self.turns[-1].reward + reward,
+            env_s=self.turns[-1].env_s + env_s,
+        )
+        return msgspec.structs.replace(
+            self,
+            turns=(*self.turns[:-1], last),
+            reward=self.reward + reward,
+            env_s=self.env_s + env_s,
+        )
 
     def add_env_time(self, env_s: float) -> Trajectory:
         """Time spent in the environment outside a step (reset)."""
@@ -138,8 +152,11 @@ class Trajectory(Value, frozen=True):
     @property
     def n_turns(self) -> int:
         """Agent turns, not counting the continuations of aborted generations."""
-        return sum(1 for i, t in enumerate(self.turns)
-                   if i == 0 or self.turns[i - 1].finish_reason != "abort")
+        return sum(
+            1
+            for i, t in enumerate(self.turns)
+            if i == 0 or self.turns[i - 1].finish_reason != "abort"
+        )
 
 
 class Batch(Value, frozen=True):
@@ -173,12 +190,15 @@ class Batch(Value, frozen=True):
     def stats(self) -> dict[str, Any]:
         """Sizes and rewards, for logs."""
         n = max(1, len(self.trajectories))
-        return {"trajectories": len(self.trajectories), "groups": len(self.groups()),
-                "tokens": sum(t.n_tokens for t in self.trajectories),
-                "generated": sum(t.n_generated for t in self.trajectories),
-                "reward_mean": sum(t.reward for t in self.trajectories) / n,
-                "env_s": sum(t.env_s for t in self.trajectories),
-                "min_version": self.min_version}
+        return {
+            "trajectories": len(self.trajectories),
+            "groups": len(self.groups()),
+            "tokens": sum(t.n_tokens for t in self.trajectories),
+            "generated": sum(t.n_generated for t in self.trajectories),
+            "reward_mean": sum(t.reward for t in self.trajectories) / n,
+            "env_s": sum(t.env_s for t in self.trajectories),
+            "min_version": self.min_version,
+        }
 
 
 __all__ = ["Batch", "Trajectory", "Turn"]

@@ -108,8 +108,9 @@ def held_out_tasks(env: str, n: int, seed: int, train_tasks: int) -> list[Task]:
 # -- demonstrations ----------------------------------------------------------------------------
 
 
-async def demonstrate(env_name: str, task: Task, tool: str, builder: Any, max_turns: int,
-                      tries: int = 3) -> Trajectory:
+async def demonstrate(
+    env_name: str, task: Task, tool: str, builder: Any, max_turns: int, tries: int = 3
+) -> Trajectory:
     """One correct transcript of ``task`` recorded in the environment (both tools on): the
     expert's tool call, the sandbox's real result, the answer. A transcript whose tool did not
     return the answer (a sandbox timeout on a busy machine) is recorded again."""
@@ -136,12 +137,21 @@ async def demonstrate(env_name: str, task: Task, tool: str, builder: Any, max_tu
             await env.close()
         if traj.reward >= 1.0 and observations[0] == f"<result>{task.answer}</result>":
             return traj.finish()
-    raise WarmStartError(f"no correct demonstration of {task.id} in {tries} tries "
-                         f"(last observation {observations[0]!r})")
+    raise WarmStartError(
+        f"no correct demonstration of {task.id} in {tries} tries "
+        f"(last observation {observations[0]!r})"
+    )
 
 
-def demonstrations(env: str, tasks: Sequence[Task], builder: Any, max_turns: int,
-                   python_share: float, seed: int, concurrency: int = 4) -> list[Trajectory]:
+def demonstrations(
+    env: str,
+    tasks: Sequence[Task],
+    builder: Any,
+    max_turns: int,
+    python_share: float,
+    seed: int,
+    concurrency: int = 4,
+) -> list[Trajectory]:
     """Transcripts of ``tasks``; each calls Python with probability ``python_share``."""
 
     def tool(t: Task) -> str:
@@ -194,8 +204,12 @@ def reproduced(model: Any, trajs: Sequence[Trajectory], pad: int) -> float:
     return float(ok.all(-1).float().mean())
 
 
-def train(cfg: WarmStartConfig, demos: Sequence[Trajectory], validation: Sequence[Trajectory],
-          progress: Callable[[int, float, float | None], None] | None = None) -> tuple[Any, dict]:
+def train(
+    cfg: WarmStartConfig,
+    demos: Sequence[Trajectory],
+    validation: Sequence[Trajectory],
+    progress: Callable[[int, float, float | None], None] | None = None,
+) -> tuple[Any, dict]:
     """Cross-entropy on the demonstrations' generated tokens until ``cfg.target`` of the
     validation demonstrations are reproduced (or ``cfg.max_steps``), then ``cfg.cooldown_steps``
     with the learning rate decaying to 0, so that the policy's tool choice settles on the
@@ -243,16 +257,22 @@ def train(cfg: WarmStartConfig, demos: Sequence[Trajectory], validation: Sequenc
         if cooled or (reached is None and step >= cfg.max_steps):
             break
     model.eval()
-    return model, {"steps": step, "loss": loss_v, "validation": checks[-1][1] if checks else None,
-                   "reached_target": bool(checks and checks[-1][1] >= cfg.target),
-                   "target_at_step": reached, "checks": checks}
+    return model, {
+        "steps": step,
+        "loss": loss_v,
+        "validation": checks[-1][1] if checks else None,
+        "reached_target": bool(checks and checks[-1][1] >= cfg.target),
+        "target_at_step": reached,
+        "checks": checks,
+    }
 
 
 # -- the cache ---------------------------------------------------------------------------------
 
 
-def ensure(cfg: WarmStartConfig, cache_dir: str | Path, *, show: bool = True,
-           threads: int = 1) -> WarmStart:
+def ensure(
+    cfg: WarmStartConfig, cache_dir: str | Path, *, show: bool = True, threads: int = 1
+) -> WarmStart:
     """The warm-started model directory for ``cfg``: from ``cache_dir`` when present, else
     generated (demonstrations + training, with a progress bar on stderr) and cached."""
     t0 = time.monotonic()
@@ -266,18 +286,21 @@ def ensure(cfg: WarmStartConfig, cache_dir: str | Path, *, show: bool = True,
     from pearl.rl.prompt import PromptBuilder
 
     bar = Progress(cfg.max_steps + cfg.cooldown_steps, show)
-    bar.note(f"warm start (first run only; cached in {path}): recording {cfg.demos} "
-             f"demonstrations in the environment")
+    bar.note(
+        f"warm start (first run only; cached in {path}): recording {cfg.demos} "
+        f"demonstrations in the environment"
+    )
     builder = PromptBuilder(ByteTokenizer(), max_len=cfg.max_len)
     held = {t.prompt for t in held_out_tasks(cfg.env, cfg.held_out, cfg.seed, cfg.train_tasks)}
-    pool = make_tasks(cfg.env, n=4 * (cfg.demos + cfg.validation) + 64,
-                      seed=DEMO_SEED + cfg.seed)
+    pool = make_tasks(cfg.env, n=4 * (cfg.demos + cfg.validation) + 64, seed=DEMO_SEED + cfg.seed)
     chosen = distinct(pool, cfg.demos + cfg.validation, held, "demonstration")
     t_demo = time.monotonic()
-    demos = demonstrations(cfg.env, chosen[:cfg.demos], builder, cfg.max_turns,
-                           cfg.python_share, cfg.seed)
-    validation = demonstrations(cfg.env, chosen[cfg.demos:], builder, cfg.max_turns, 0.0,
-                                cfg.seed)  # the RL environment's tool: the calculator
+    demos = demonstrations(
+        cfg.env, chosen[: cfg.demos], builder, cfg.max_turns, cfg.python_share, cfg.seed
+    )
+    validation = demonstrations(
+        cfg.env, chosen[cfg.demos :], builder, cfg.max_turns, 0.0, cfg.seed
+    )  # the RL environment's tool: the calculator
     demo_s = time.monotonic() - t_demo
     before = torch.get_num_threads()
     torch.set_num_threads(threads)  # one: a second thread made a step 5x slower on 2 busy cores
@@ -294,9 +317,14 @@ def ensure(cfg: WarmStartConfig, cache_dir: str | Path, *, show: bool = True,
 
     hf_logging.disable_progress_bar()
     model.save_pretrained(str(tmp), safe_serialization=True)
-    meta = {"key": cfg.key(), "config": asdict(cfg), **facts, "demo_s": demo_s,
-            "train_s": train_s, "python_demos": sum(t.turns[0].output_ids[1] == ord("p")
-                                                    for t in demos)}
+    meta = {
+        "key": cfg.key(),
+        "config": asdict(cfg),
+        **facts,
+        "demo_s": demo_s,
+        "train_s": train_s,
+        "python_demos": sum(t.turns[0].output_ids[1] == ord("p") for t in demos),
+    }
     (tmp / "warm_start.json").write_text(json.dumps(meta, indent=1))
     try:
         os.replace(tmp, path)
@@ -324,19 +352,39 @@ class Progress:
             return
         filled = int(30 * step / self.total)
         val = "" if self.share is None else f", validation reproduced {self.share:.0%}"
-        line = (f"warm start [{'#' * filled}{'.' * (30 - filled)}] step {step}/<={self.total} "
-                f"loss {loss:.3f}{val} ({time.monotonic() - self.t0:.0f} s)")
-        print(("\r" + line) if self.tty else line, end="" if self.tty else "\n",
-              file=sys.stderr, flush=True)
+        line = (
+            f"warm start [{'#' * filled}{'.' * (30 - filled)}] step {step}/<={self.total} "
+            f"loss {loss:.3f}{val} ({time.monotonic() - self.t0:.0f} s)"
+        )
+        print(
+            ("\r" + line) if self.tty else line,
+            end="" if self.tty else "\n",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def done(self, facts: dict[str, Any]) -> None:
         if self.show:
             end = "\n" if self.tty else ""
             share = facts.get("validation")
             val = "n/a" if share is None else f"{share:.0%}"
-            print(f"{end}warm start: {facts['steps']} steps, validation reproduced {val} "
-                  f"({time.monotonic() - self.t0:.0f} s)", file=sys.stderr, flush=True)
+            print(
+                f"{end}warm start: {facts['steps']} steps, validation reproduced {val} "
+                f"({time.monotonic() - self.t0:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
-__all__ = ["WarmStart", "WarmStartConfig", "WarmStartError", "demonstrate", "demonstrations",
-           "distinct", "ensure", "held_out_tasks", "reproduced", "train"]
+__all__ = [
+    "WarmStart",
+    "WarmStartConfig",
+    "WarmStartError",
+    "demonstrate",
+    "demonstrations",
+    "distinct",
+    "ensure",
+    "held_out_tasks",
+    "reproduced",
+    "train",
+]

@@ -63,9 +63,11 @@ class WeightStore:
         found = self._scan()
         if version not in found:
             have = sorted(found)
-            raise WeightStoreError(f"weights version {version} is not in {self.root} (have "
-                                   f"{have}); it was never published or was pruned — load "
-                                   "latest() instead")
+            raise WeightStoreError(
+                f"weights version {version} is not in {self.root} (have "
+                f"{have}); it was never published or was pruned — load "
+                "latest() instead"
+            )
         return found[version]
 
     def latest_path(self) -> tuple[int, Path] | None:
@@ -79,16 +81,19 @@ class WeightStore:
         with self._lock:
             latest = self.latest()
             if latest is not None and version <= latest:
-                raise WeightStoreError(f"weights version {version} is not newer than the latest "
-                                       f"published version {latest}; versions only go forward")
+                raise WeightStoreError(
+                    f"weights version {version} is not newer than the latest "
+                    f"published version {latest}; versions only go forward"
+                )
             if isinstance(weights, str | Path):
                 final = self._publish_path(version, Path(weights))
             elif isinstance(weights, Mapping):
                 final = self.root / f"v{version:08d}.safetensors"
                 self._write(final, lambda tmp: _save_state(weights, tmp, version))
             else:
-                raise WeightStoreError(f"publish takes a state dict or a path, got "
-                                       f"{type(weights).__name__}")
+                raise WeightStoreError(
+                    f"publish takes a state dict or a path, got {type(weights).__name__}"
+                )
             self._prune()
             return final
 
@@ -133,7 +138,7 @@ class WeightStore:
         return _snapshots(self.root)
 
     def _prune(self) -> None:
-        for v in self.versions()[:-self.keep]:
+        for v in self.versions()[: -self.keep]:
             _remove(self.path(v))
         _fsync_dir(self.root)
 
@@ -170,10 +175,14 @@ def _save_state(state: Mapping[str, torch.Tensor], path: Path, version: int) -> 
     out: dict[str, torch.Tensor] = {}
     for name, t in state.items():
         if not isinstance(t, torch.Tensor):
-            raise WeightStoreError(f"state dict entry {name!r} is a {type(t).__name__}, "
-                                   "not a tensor")
-        key = ((t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
-               if t.numel() else (id(t),))
+            raise WeightStoreError(
+                f"state dict entry {name!r} is a {type(t).__name__}, not a tensor"
+            )
+        key = (
+            (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+            if t.numel()
+            else (id(t),)
+        )
         if key in seen:
             continue  # tied to an earlier entry: load_state_dict fills it through the tie
         seen.add(key)

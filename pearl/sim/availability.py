@@ -178,14 +178,17 @@ def map_per_gpu(n: int, peak: int) -> int:
     return round(MAX_PREEMPTIBLE * n / peak)
 
 
-def from_instances(trace: InstanceTrace, start_min: int, minutes: int,
-                   even: bool = True) -> Availability:
+def from_instances(
+    trace: InstanceTrace, start_min: int, minutes: int, even: bool = True
+) -> Availability:
     """Sample each minute, map to 0-12 preemptible GPUs, keep ``minutes`` from ``start_min``."""
     if start_min < 0 or minutes <= 0:
         raise ConfigError(f"bad window: start minute {start_min}, {minutes} minutes")
     if start_min >= trace.minutes:
-        raise ConfigError(f"{trace.source}: start minute {start_min} is past the end of the trace "
-                          f"({trace.minutes} minutes)")
+        raise ConfigError(
+            f"{trace.source}: start minute {start_min} is past the end of the trace "
+            f"({trace.minutes} minutes)"
+        )
     mapper = map_even if even else map_per_gpu
     samples = [mapper(n, trace.peak) for n in trace.per_minute(start_min, minutes)]
     times, gpus = [0.0], [samples[0]]
@@ -254,9 +257,14 @@ def segment(name: str) -> Segment:
     return SEGMENTS[key]
 
 
-def load(path: str | Path | None = None, *, segment_name: str | None = None,
-         start_min: float | None = None, minutes: float | None = None,
-         even: bool = True) -> Availability:
+def load(
+    path: str | Path | None = None,
+    *,
+    segment_name: str | None = None,
+    start_min: float | None = None,
+    minutes: float | None = None,
+    even: bool = True,
+) -> Availability:
     """The availability window a simulation replays.
 
     ``segment_name`` picks S1-S3 (its trace file when ``path`` is None, its start minute);
@@ -275,8 +283,10 @@ def load(path: str | Path | None = None, *, segment_name: str | None = None,
         raise ConfigError(f"--minutes must be > 0, got {minutes}")
     if is_count_csv(text):
         if seg is not None:
-            raise ConfigError("segments S1-S3 are defined on Bamboo event traces, not count CSVs; "
-                              "use --start-min/--minutes")
+            raise ConfigError(
+                "segments S1-S3 are defined on Bamboo event traces, not count CSVs; "
+                "use --start-min/--minutes"
+            )
         avail = parse_counts(text, str(path))
         start = 60.0 * (start_min or 0.0)
         if start < 0:

@@ -56,8 +56,14 @@ TARGETS = (
 )
 
 
-def _mean_makespan(model: str, cfg: tuple[int, int, int], wl: WorkloadParams,
-                   eng: EngineParams, seeds: Iterable[int], batches: int) -> tuple[float, Any]:
+def _mean_makespan(
+    model: str,
+    cfg: tuple[int, int, int],
+    wl: WorkloadParams,
+    eng: EngineParams,
+    seeds: Iterable[int],
+    batches: int,
+) -> tuple[float, Any]:
     spans: list[float] = []
     last = None
     for s in seeds:
@@ -74,15 +80,30 @@ def _job(args: tuple[Any, ...]) -> tuple[tuple[Any, ...], float, Any]:
     return key, span, (shares, tokens)
 
 
-def evaluate(wl: WorkloadParams, eng: EngineParams, *, seeds: tuple[int, ...] = (0, 1, 2),
-             batches: int = 3, tokens_per_gpu_s: float | None = None,
-             workers: int = 2) -> dict[str, Any]:
+def evaluate(
+    wl: WorkloadParams,
+    eng: EngineParams,
+    *,
+    seeds: tuple[int, ...] = (0, 1, 2),
+    batches: int = 3,
+    tokens_per_gpu_s: float | None = None,
+    workers: int = 2,
+) -> dict[str, Any]:
     """Every target's reached value for these parameters (static runs, in parallel)."""
     jobs: list[tuple[Any, ...]] = []
     for n in (8, 12, 16):
         jobs.append((("scale", n), "qwen3-8b", (n, 0, 0), wl, eng, seeds, batches))
-    jobs.append((("split", 8), "qwen3-30b-a3b", (8, 0, 0),
-                 dataclasses.replace(wl, batch=64), eng, seeds, batches))
+    jobs.append(
+        (
+            ("split", 8),
+            "qwen3-30b-a3b",
+            (8, 0, 0),
+            dataclasses.replace(wl, batch=64),
+            eng,
+            seeds,
+            batches,
+        )
+    )
     for B in PD_BATCHES:
         wb = dataclasses.replace(wl, batch=B)
         jobs.append((("pd", B, 0), "qwen3-30b-a3b", (8, 0, 0), wb, eng, seeds, batches))
@@ -98,8 +119,11 @@ def evaluate(wl: WorkloadParams, eng: EngineParams, *, seeds: tuple[int, ...] = 
     T8, T12, T16 = span[("scale", 8)], span[("scale", 12)], span[("scale", 16)]
     tokens = extra[("scale", 8)][1]
     out: dict[str, Any] = {
-        "rollout_16gpu_s": T8, "rollout_24gpu_s": T12, "rollout_32gpu_s": T16,
-        "cut_24": 100 * (1 - T12 / T8), "cut_32": 100 * (T12 - T16) / T8,
+        "rollout_16gpu_s": T8,
+        "rollout_24gpu_s": T12,
+        "rollout_32gpu_s": T16,
+        "cut_24": 100 * (1 - T12 / T8),
+        "cut_32": 100 * (T12 - T16) / T8,
         "tokens_per_batch": tokens,
     }
     # Training throughput that puts 16-GPU rollout at the paper's 5.7x (one parameter).

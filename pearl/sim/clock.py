@@ -31,8 +31,7 @@ class Clock:
 
     def at(self, t: float, kind: int, obj: Any = None, version: int = 0) -> None:
         self._seq += 1
-        heapq.heappush(self._heap, (t if t > self.now else self.now, self._seq, kind, obj,
-                                    version))
+        heapq.heappush(self._heap, (t if t > self.now else self.now, self._seq, kind, obj, version))
 
     def pop(self) -> tuple[float, int, Any, int] | None:
         if not self._heap:
@@ -45,5 +44,17 @@ class Clock:
         return len(self._heap)
 
 
-__all__ = ["AVAIL", "END", "ENV", "PAUSE", "STEP", "TICK", "TRAIN", "UNPAUSE", "UNSTALL", "WORKER",
-           "XFER", "Clock"]
+__all__ = [
+    "AVAIL",
+    "END",
+    "ENV",
+    "PAUSE",
+    "STEP",
+    "TICK",
+    "TRAIN",
+    "UNPAUSE",
+    "UNSTALL",
+    "WORKER",
+    "XFER",
+    "Clock",
+]

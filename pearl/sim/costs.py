@@ -109,10 +109,11 @@ def worker_costs(model: str, params: EngineParams | None = None) -> WorkerCosts:
     k = p.time_scale  # dilates every GPU time: slower FLOPs, HBM and links alike
     flops = p.tp * g.flops / k
     hbm = p.tp * g.hbm_Bps * p.hbm_efficiency / k
-    floor = k * (m.layers * catalog.LAUNCH_S_PER_LAYER + (
-        2 * m.layers * catalog.ALLREDUCE_S if p.tp > 1 else 0.0))
-    A_table = tuple(
-        (m.weights_read(max(n, 1)) / hbm + floor) for n in range(MAX_BATCH + 1))
+    floor = k * (
+        m.layers * catalog.LAUNCH_S_PER_LAYER
+        + (2 * m.layers * catalog.ALLREDUCE_S if p.tp > 1 else 0.0)
+    )
+    A_table = tuple((m.weights_read(max(n, 1)) / hbm + floor) for n in range(MAX_BATCH + 1))
     attn_per_ctx = m.attention_flops(1.0)
     weights = m.total_params * catalog.BYTES_PER_PARAM
     kv_bytes = p.tp * g.hbm_bytes * p.mem_fraction - weights

@@ -34,15 +34,21 @@ def _run(job: tuple[Scenario, PolicySpec, Availability]) -> RunResult:
     return Simulation(sc, spec, avail).run()
 
 
-def run_many(jobs: Sequence[tuple[Scenario, PolicySpec, Availability]], workers: int = 1,
-             progress: Progress | None = None, label: str = "") -> list[RunResult]:
+def run_many(
+    jobs: Sequence[tuple[Scenario, PolicySpec, Availability]],
+    workers: int = 1,
+    progress: Progress | None = None,
+    label: str = "",
+) -> list[RunResult]:
     """Run simulations, in a process pool when ``workers`` > 1; results keep the jobs' order."""
     report = progress or (lambda f, s: None)
     if workers <= 1 or len(jobs) <= 1:
         out = []
         for i, (sc, spec, avail) in enumerate(jobs):
+
             def sub(f: float, i: int = i, name: str = spec.name) -> None:
                 report((i + f) / len(jobs), f"{label}{name}")
+
             out.append(Simulation(sc, spec, avail, sub).run())
         return out
     results: list[RunResult | None] = [None] * len(jobs)
@@ -54,8 +60,13 @@ def run_many(jobs: Sequence[tuple[Scenario, PolicySpec, Availability]], workers:
     return [r for r in results if r is not None]
 
 
-def compare(sc: Scenario, avail: Availability, names: Sequence[str], workers: int = 1,
-            progress: Progress | None = None) -> dict[str, RunResult]:
+def compare(
+    sc: Scenario,
+    avail: Availability,
+    names: Sequence[str],
+    workers: int = 1,
+    progress: Progress | None = None,
+) -> dict[str, RunResult]:
     """Figures 5-6: every named policy on the same window."""
     runs = run_many([(sc, POLICIES[n], avail) for n in names], workers, progress)
     return dict(zip(names, runs, strict=True))
@@ -65,8 +76,13 @@ def _fixed(spec: PolicySpec, gpus: int) -> PolicySpec:
     return dataclasses.replace(spec, elastic=False, reserved_gpus=gpus)
 
 
-def ablation(sc: Scenario, gpus: Sequence[int] = (4, 8, 12, 16), duration_s: float = 7200.0,
-             workers: int = 1, progress: Progress | None = None) -> dict[int, dict[str, float]]:
+def ablation(
+    sc: Scenario,
+    gpus: Sequence[int] = (4, 8, 12, 16),
+    duration_s: float = 7200.0,
+    workers: int = 1,
+    progress: Progress | None = None,
+) -> dict[int, dict[str, float]]:
     """Figure 7: throughput of each ablation step over ROLL on the same fixed GPUs."""
     avail = Availability.constant(0, duration_s)
     jobs, keys = [], []
@@ -78,16 +94,29 @@ def ablation(sc: Scenario, gpus: Sequence[int] = (4, 8, 12, 16), duration_s: flo
     out: dict[int, dict[str, float]] = {}
     for (g, label), r in zip(keys, runs, strict=True):
         out.setdefault(g, {})[label] = r.throughput
-    return {g: {k: v / row["roll"] if row["roll"] else 0.0 for k, v in row.items()}
-            | {"roll_tok_s": row["roll"]} for g, row in out.items()}
+    return {
+        g: {k: v / row["roll"] if row["roll"] else 0.0 for k, v in row.items()}
+        | {"roll_tok_s": row["roll"]}
+        for g, row in out.items()
+    }
 
 
-def _split_makespan(sc: Scenario, n_p: int, n_d: int, n_c: int, seeds: Sequence[int],
-                    batches: int) -> float:
+def _split_makespan(
+    sc: Scenario, n_p: int, n_d: int, n_c: int, seeds: Sequence[int], batches: int
+) -> float:
     spans: list[float] = []
     for s in seeds:
-        spans += run_static(sc.model, n_c, n_p, n_d, workload=sc.workload, engine=sc.engine,
-                            seed=s, batches=batches, balance=sc.balance).makespans
+        spans += run_static(
+            sc.model,
+            n_c,
+            n_p,
+            n_d,
+            workload=sc.workload,
+            engine=sc.engine,
+            seed=s,
+            batches=batches,
+            balance=sc.balance,
+        ).makespans
     return sum(spans) / len(spans)
 
 
@@ -111,16 +140,30 @@ def _ratio_job(args: tuple[Scenario, int, int, tuple[int, ...], int]) -> dict[st
         key = "coloc" if a.mode is Mode.COLOCATED else str(a.target)
         predicted[key] = a.predicted_makespan_s
         excluded[key] = a.excluded_by
-    return {"dedicated_gpus": ded, "overlap": bool(ov), "workers": N, "selected": sel,
-            "empirical_best": best, "match": sel == best,
-            "selected_vs_best": spans[best] / spans[sel] if sel in spans else None,
-            "makespans_s": spans, "predicted_s": predicted, "excluded_by": excluded,
-            "error": {k: predicted[k] / v - 1 for k, v in spans.items() if k in predicted}}
+    return {
+        "dedicated_gpus": ded,
+        "overlap": bool(ov),
+        "workers": N,
+        "selected": sel,
+        "empirical_best": best,
+        "match": sel == best,
+        "selected_vs_best": spans[best] / spans[sel] if sel in spans else None,
+        "makespans_s": spans,
+        "predicted_s": predicted,
+        "excluded_by": excluded,
+        "error": {k: predicted[k] / v - 1 for k, v in spans.items() if k in predicted},
+    }
 
 
-def ratio_selection(sc: Scenario, dedicated: Sequence[int] = (10, 12, 16), overlap_gpus: int = 16,
-                    seeds: Sequence[int] = (0, 1), batches: int = 3, workers: int = 1,
-                    progress: Progress | None = None) -> list[dict[str, Any]]:
+def ratio_selection(
+    sc: Scenario,
+    dedicated: Sequence[int] = (10, 12, 16),
+    overlap_gpus: int = 16,
+    seeds: Sequence[int] = (0, 1),
+    batches: int = 3,
+    workers: int = 1,
+    progress: Progress | None = None,
+) -> list[dict[str, Any]]:
     """Table 2: the decision engine's ratio vs the best of every split run in the simulator."""
     jobs = [(sc, d, ov, tuple(seeds), batches) for d in dedicated for ov in (0, overlap_gpus)]
     report = progress or (lambda f, s: None)
@@ -136,9 +179,15 @@ def ratio_selection(sc: Scenario, dedicated: Sequence[int] = (10, 12, 16), overl
     return res
 
 
-def sensitivity(sc: Scenario, dedicated: int = 8, batches: Sequence[int] = (32, 64, 96, 128),
-                lengths: Sequence[int] = (8192, 16384, 24576, 32768), duration_s: float = 7200.0,
-                workers: int = 1, progress: Progress | None = None) -> dict[str, Any]:
+def sensitivity(
+    sc: Scenario,
+    dedicated: int = 8,
+    batches: Sequence[int] = (32, 64, 96, 128),
+    lengths: Sequence[int] = (8192, 16384, 24576, 32768),
+    duration_s: float = 7200.0,
+    workers: int = 1,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
     """Figure 8: PEARL over RLBoost+ on fixed dedicated GPUs as the workload changes."""
     avail = Availability.constant(0, duration_s)
     variants = [("batch", b, dataclasses.replace(sc.workload, batch=b)) for b in batches]
@@ -146,8 +195,9 @@ def sensitivity(sc: Scenario, dedicated: int = 8, batches: Sequence[int] = (32, 
     jobs, keys = [], []
     for kind, value, wl in variants:
         for name in ("pearl", "rlboost+"):
-            jobs.append((dataclasses.replace(sc, workload=wl),
-                         _fixed(POLICIES[name], dedicated), avail))
+            jobs.append(
+                (dataclasses.replace(sc, workload=wl), _fixed(POLICIES[name], dedicated), avail)
+            )
             keys.append((kind, value, name))
     runs = run_many(jobs, workers, progress, "sensitivity ")
     out: dict[str, Any] = {"batch": {}, "length": {}}

@@ -20,8 +20,9 @@ from pearl.sim.clock import Clock
 class _Flow:
     __slots__ = ("tr", "src", "dst", "left", "rate", "links")
 
-    def __init__(self, tr: Any, src: Any, dst: Any, left: float,
-                 links: tuple[tuple[str, int], ...]) -> None:
+    def __init__(
+        self, tr: Any, src: Any, dst: Any, left: float, links: tuple[tuple[str, int], ...]
+    ) -> None:
         self.tr, self.src, self.dst, self.left, self.rate = tr, src, dst, left, 0.0
         self.links = links
 
@@ -29,8 +30,14 @@ class _Flow:
 class Link:
     """Processor-sharing transfers; calls ``done(tr)`` when a trajectory's KV has arrived."""
 
-    def __init__(self, clock: Clock, link_Bps: float, nvlink_Bps: float,
-                 done: Callable[[Any], None], latency_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        link_Bps: float,
+        nvlink_Bps: float,
+        done: Callable[[Any], None],
+        latency_s: float = 0.0,
+    ) -> None:
         self.clock = clock
         self.Bps = link_Bps
         self.nv_Bps = nvlink_Bps
@@ -89,8 +96,9 @@ class Link:
                 users[link] = users.get(link, 0) + 1
         t = float("inf")
         for f in self.flows.values():
-            f.rate = min((self.nv_Bps if link[0] == "nv" else self.Bps) / users[link]
-                         for link in f.links)
+            f.rate = min(
+                (self.nv_Bps if link[0] == "nv" else self.Bps) / users[link] for link in f.links
+            )
             t = min(t, f.left / f.rate)
         self.clock.at(self.clock.now + max(t, 0.0), ck.XFER, self, self.version)
 

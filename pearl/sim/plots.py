@@ -9,8 +9,7 @@ from typing import Any
 from pearl.sim.availability import RESERVED_ROLLOUT_GPUS
 from pearl.sim.result import RunResult
 
-COLORS = {"pearl": "tab:red", "rlboost+": "tab:blue", "roll": "tab:gray",
-          "roll-large": "tab:green"}
+COLORS = {"pearl": "tab:red", "rlboost+": "tab:blue", "roll": "tab:gray", "roll-large": "tab:green"}
 
 
 def _plt() -> Any:
@@ -33,16 +32,23 @@ def per_step(runs: Mapping[str, RunResult], path: Path, title: str = "") -> Path
     ded = [RESERVED_ROLLOUT_GPUS + g for g in avail.gpus] + [RESERVED_ROLLOUT_GPUS + avail.gpus[-1]]
     m = [t / 60 for t in times]
     ax2.fill_between(m, 0, 16, step="post", color="0.92", label="training GPUs (16)")
-    ax2.fill_between(m, 16, [16 + d for d in ded], step="post", color="0.82",
-                     label="dedicated rollout GPUs")
+    ax2.fill_between(
+        m, 16, [16 + d for d in ded], step="post", color="0.82", label="dedicated rollout GPUs"
+    )
     ax2.set_ylim(0, 34)
     ax2.set_ylabel("GPUs")
     ax.set_zorder(ax2.get_zorder() + 1)
     ax.patch.set_visible(False)
     for name, r in runs.items():
         w = r.window()
-        ax.plot([s.t_done / 60 for s in w], [s.throughput for s in w], marker="o", ms=3,
-                color=COLORS.get(name), label=f"{name} ({r.throughput:.0f} tok/s)")
+        ax.plot(
+            [s.t_done / 60 for s in w],
+            [s.throughput for s in w],
+            marker="o",
+            ms=3,
+            color=COLORS.get(name),
+            label=f"{name} ({r.throughput:.0f} tok/s)",
+        )
     ax.set_xlabel("time (min)")
     ax.set_ylabel("per-step throughput (tok/s)")
     ax.set_xlim(0, avail.duration_s / 60)
@@ -83,15 +89,19 @@ def ratio_selection(rows: list[Mapping[str, Any]], path: Path, title: str = "") 
     for ax, r in zip(axes[0], rows, strict=True):
         names = list(r["makespans_s"])
         vals = [r["makespans_s"][n] for n in names]
-        colors = ["tab:red" if n == r["selected"] else "tab:blue" if n == r["empirical_best"]
-                  else "0.7" for n in names]
+        colors = [
+            "tab:red" if n == r["selected"] else "tab:blue" if n == r["empirical_best"] else "0.7"
+            for n in names
+        ]
         ax.bar(range(len(names)), vals, color=colors)
         ax.set_xticks(range(len(names)), names, rotation=90, fontsize=6)
-        ax.set_title(f"{r['dedicated_gpus']} GPUs{' + overlap' if r['overlap'] else ''}\n"
-                     f"sel {r['selected']} / best {r['empirical_best']}", fontsize=8)
+        ax.set_title(
+            f"{r['dedicated_gpus']} GPUs{' + overlap' if r['overlap'] else ''}\n"
+            f"sel {r['selected']} / best {r['empirical_best']}",
+            fontsize=8,
+        )
         ax.set_ylabel("rollout makespan (s)", fontsize=7)
-    fig.suptitle(title or "PD ratio: selected (red) vs empirical best (blue) (Table 2)",
-                 fontsize=9)
+    fig.suptitle(title or "PD ratio: selected (red) vs empirical best (blue) (Table 2)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -102,12 +112,15 @@ def sensitivity(sens: Mapping[str, Any], path: Path, title: str = "") -> Path:
     """Figure 8: PEARL and RLBoost+ throughput across batch sizes and length limits."""
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
-    for ax, kind, label in ((axes[0], "batch", "rollout batch size"),
-                            (axes[1], "length", "max trajectory length (tokens)")):
+    for ax, kind, label in (
+        (axes[0], "batch", "rollout batch size"),
+        (axes[1], "length", "max trajectory length (tokens)"),
+    ):
         xs = list(sens[kind])
         for name in ("pearl", "rlboost+"):
-            ax.plot(xs, [sens[kind][x][name] for x in xs], marker="o", color=COLORS[name],
-                    label=name)
+            ax.plot(
+                xs, [sens[kind][x][name] for x in xs], marker="o", color=COLORS[name], label=name
+            )
         ax.set_xlabel(label)
         ax.set_ylabel("throughput (tok/s)")
         ax.set_ylim(bottom=0)

@@ -32,8 +32,10 @@ def _mean(xs: list[float]) -> float:
 
 def main_table(runs: Mapping[str, RunResult]) -> str:
     rel = ratios(runs)
-    lines = [f"{'policy':<11} {'tok/s':>10} {'vs ROLL':>8} {'steps':>5} {'step s':>7} "
-             f"{'rollout s':>9} {'train s':>7} {'viol':>4} {'late':>4} {'wall s':>6}"]
+    lines = [
+        f"{'policy':<11} {'tok/s':>10} {'vs ROLL':>8} {'steps':>5} {'step s':>7} "
+        f"{'rollout s':>9} {'train s':>7} {'viol':>4} {'late':>4} {'wall s':>6}"
+    ]
     for name, r in runs.items():
         w = r.window()
         n = len(w)
@@ -42,7 +44,8 @@ def main_table(runs: Mapping[str, RunResult]) -> str:
             f"{name:<11} {r.throughput:>10.0f} {ratio:>8} {n:>5} "
             f"{_mean([s.duration_s for s in w]):>7.0f} {_mean([s.rollout_s for s in w]):>9.0f} "
             f"{_mean([s.train_s for s in w]):>7.0f} {r.invariant_violations:>4} "
-            f"{r.late_returns:>4} {r.wall_s:>6.1f}")
+            f"{r.late_returns:>4} {r.wall_s:>6.1f}"
+        )
     if "pearl" in runs and "rlboost+" in runs and runs["rlboost+"].throughput > 0:
         gain = runs["pearl"].throughput / runs["rlboost+"].throughput - 1
         lines.append(f"PEARL over RLBoost+: {100 * gain:+.1f}%")
@@ -60,9 +63,14 @@ def trace_summary(avail: Availability) -> dict[str, Any]:
     }
 
 
-def document(model: str, avail: Availability, runs: Mapping[str, RunResult],
-             extras: Mapping[str, Any] | None = None, seed: int = 0,
-             segment: str | None = None) -> dict[str, Any]:
+def document(
+    model: str,
+    avail: Availability,
+    runs: Mapping[str, RunResult],
+    extras: Mapping[str, Any] | None = None,
+    seed: int = 0,
+    segment: str | None = None,
+) -> dict[str, Any]:
     """The ``--json`` document: {"policies": {NAME: {...}}, ...}."""
     rel = ratios(runs)
     doc: dict[str, Any] = {
@@ -75,8 +83,10 @@ def document(model: str, avail: Availability, runs: Mapping[str, RunResult],
     if "pearl" in runs and "rlboost+" in runs and runs["rlboost+"].throughput > 0:
         doc["pearl_over_rlboost"] = runs["pearl"].throughput / runs["rlboost+"].throughput - 1
     if model in PAPER_VS_ROLL:
-        doc["paper"] = {"pearl_vs_roll_range": PAPER_VS_ROLL[model],
-                        "pearl_over_rlboost": PAPER_VS_RLBOOST[model].get(segment or "")}
+        doc["paper"] = {
+            "pearl_vs_roll_range": PAPER_VS_ROLL[model],
+            "pearl_over_rlboost": PAPER_VS_RLBOOST[model].get(segment or ""),
+        }
     for key, value in (extras or {}).items():
         doc[key] = value
     return doc
@@ -94,9 +104,11 @@ def ratio_table(rows: list[Mapping[str, Any]]) -> str:
     lines = [f"{'dedicated':>9} {'overlap':>7} {'selected':>9} {'best':>9} {'sel/best':>8}"]
     for r in rows:
         q = r["selected_vs_best"]
-        lines.append(f"{r['dedicated_gpus']:>9} {'yes' if r['overlap'] else 'no':>7} "
-                     f"{r['selected']:>9} {r['empirical_best']:>9} "
-                     f"{'-' if q is None else f'{q:.3f}':>8}")
+        lines.append(
+            f"{r['dedicated_gpus']:>9} {'yes' if r['overlap'] else 'no':>7} "
+            f"{r['selected']:>9} {r['empirical_best']:>9} "
+            f"{'-' if q is None else f'{q:.3f}':>8}"
+        )
     return "\n".join(lines)
 
 
@@ -105,9 +117,11 @@ def sensitivity_table(sens: Mapping[str, Any]) -> str:
     for kind in ("batch", "length"):
         for value, row in sens[kind].items():
             gain = row.get("gain")
-            lines.append(f"{kind:>6} {value:>6}: PEARL {row['pearl']:>9.0f} tok/s, RLBoost+ "
-                         f"{row['rlboost+']:>9.0f} tok/s, "
-                         f"gain {'-' if gain is None else f'{100 * gain:+.1f}%'}")
+            lines.append(
+                f"{kind:>6} {value:>6}: PEARL {row['pearl']:>9.0f} tok/s, RLBoost+ "
+                f"{row['rlboost+']:>9.0f} tok/s, "
+                f"gain {'-' if gain is None else f'{100 * gain:+.1f}%'}"
+            )
     return "\n".join(lines)
 
 

@@ -71,19 +71,25 @@ class RunResult:
             "late_returns": self.late_returns,
             "reserved_gpus": self.reserved_gpus,
             "mean_step_s": round(sum(s.duration_s for s in steps) / len(steps), 3)
-            if steps else None,
+            if steps
+            else None,
             "mean_rollout_s": round(sum(s.rollout_s for s in steps) / len(steps), 3)
-            if steps else None,
-            "mean_train_s": round(sum(s.train_s for s in steps) / len(steps), 3)
-            if steps else None,
+            if steps
+            else None,
+            "mean_train_s": round(sum(s.train_s for s in steps) / len(steps), 3) if steps else None,
             "max_return_wait_s": round(max(self.return_waits, default=0.0), 3),
             "plans": len([p for p in self.plans if p[0] >= 0]),
             "operations": dict(sorted(self.ops.items())),
             "per_step": [
-                {"step": s.step, "t_done_s": round(s.t_done, 3),
-                 "duration_s": round(s.duration_s, 3), "generated": s.generated,
-                 "trained": s.trained, "rollout_s": round(s.rollout_s, 3),
-                 "throughput_tok_s": round(s.throughput, 3)}
+                {
+                    "step": s.step,
+                    "t_done_s": round(s.t_done, 3),
+                    "duration_s": round(s.duration_s, 3),
+                    "generated": s.generated,
+                    "trained": s.trained,
+                    "rollout_s": round(s.rollout_s, 3),
+                    "throughput_tok_s": round(s.throughput, 3),
+                }
                 for s in steps
             ],
             "errors": self.errors[:20],

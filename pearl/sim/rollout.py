@@ -32,16 +32,18 @@ from pearl.sim.workload import TrajectorySpec
 class Rollout:
     """Workers, routing and trajectory lifecycles; the runner owns time and the controller."""
 
-    def __init__(self, clock: Clock, costs: WorkerCosts, balance: int = 2,
-                 env_scale: float = 1.0) -> None:
+    def __init__(
+        self, clock: Clock, costs: WorkerCosts, balance: int = 2, env_scale: float = 1.0
+    ) -> None:
         self.clock = clock
         self.costs = costs
         self.balance = balance
         self.env_scale = env_scale  # the time dilation of the engine applies to tools too
         self.workers: dict[int, SimWorker] = {}
         self.stats = StepStats()
-        self.link = Link(clock, costs.link_Bps, costs.nvlink_Bps, self._transferred,
-                         costs.xfer_latency_s)
+        self.link = Link(
+            clock, costs.link_Bps, costs.nvlink_Bps, self._transferred, costs.xfer_latency_s
+        )
         self.router_q: deque[Traj] = deque()
         self.paused_until = float("-inf")
         self.active: list[Traj] = []
@@ -394,8 +396,12 @@ class Rollout:
         slot never goes to a request that is itself being withdrawn)."""
         gone.advance(self.clock.now)
         generated = {tr: gone.generated(tr) for _, _, tr in gone.dec}
-        victims = [tr for tr in self.active if tr.phase in INFLIGHT and (
-            tr.w is gone or tr.d is gone or (tr.owner is gone and tr.phase == QUEUED))]
+        victims = [
+            tr
+            for tr in self.active
+            if tr.phase in INFLIGHT
+            and (tr.w is gone or tr.d is gone or (tr.owner is gone and tr.phase == QUEUED))
+        ]
         for tr in victims:
             self.link.cancel(tr)
         gone.clear()

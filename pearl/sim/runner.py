@@ -45,16 +45,25 @@ from pearl.sim.workload import generate_batch
 HISTORY_BATCH = 1_000_000  # batch indices of the job's history, disjoint from the run's
 
 
-def history_profile(sc: Scenario, reserved: int, workers: int = 4, batches: int = 6
-                    ) -> WorkloadProfile:
+def history_profile(
+    sc: Scenario, reserved: int, workers: int = 4, batches: int = 6
+) -> WorkloadProfile:
     """The profile a running job's tracker holds when the window starts: the catalog priors
     folded with the telemetry of ``batches`` earlier steps (colocated, ``workers`` workers).
 
     The segments are windows of a long job, so the controller starts with history rather than
     raw priors (which know nothing of the deployment's speed or the workload's shape)."""
     prior = sc.prior(reserved)
-    res = run_static(sc.model, workers, workload=sc.workload, engine=sc.engine, seed=sc.seed,
-                     batches=batches, first_batch=HISTORY_BATCH, balance=sc.balance)
+    res = run_static(
+        sc.model,
+        workers,
+        workload=sc.workload,
+        engine=sc.engine,
+        seed=sc.seed,
+        batches=batches,
+        first_batch=HISTORY_BATCH,
+        balance=sc.balance,
+    )
     tracker = RuntimeTracker(prior, sc.decision.ema_alpha, float(sc.workload.max_tokens))
     for raw in res.telemetry:
         tracker.observe(tracker.summarize(raw))
@@ -83,8 +92,13 @@ def roll_large_gpus(avail: Availability, reserved: int = 4) -> int:
 class Simulation:
     """Run one policy over one availability window; :meth:`run` returns a :class:`RunResult`."""
 
-    def __init__(self, sc: Scenario, spec: PolicySpec, avail: Availability,
-                 progress: Callable[[float], None] | None = None) -> None:
+    def __init__(
+        self,
+        sc: Scenario,
+        spec: PolicySpec,
+        avail: Availability,
+        progress: Callable[[float], None] | None = None,
+    ) -> None:
         self.sc, self.spec, self.avail = sc, spec, avail
         self.progress = progress or (lambda f: None)
         self.reserved = spec.reserved_gpus or roll_large_gpus(avail)
@@ -92,8 +106,9 @@ class Simulation:
         self.policy = sc.policy(spec)
         self.ctl = Controller(self.policy)
         self.clock = Clock(-sc.warmup_s)
-        self.rollout = Rollout(self.clock, worker_costs(sc.model, sc.engine), sc.balance,
-                               sc.engine.time_scale)
+        self.rollout = Rollout(
+            self.clock, worker_costs(sc.model, sc.engine), sc.balance, sc.engine.time_scale
+        )
         self.rollout.on_traj_done = self._notify
         self.execs = Executors(self.clock, self.rollout, sc.costs, -sc.warmup_s)
         c = cfg.cluster
@@ -157,7 +172,8 @@ class Simulation:
             overlap = sum(1 for w in table.routable() if w.zone is Zone.OVERLAP)
             counts = table.role_counts()
             self.result.timeline.append(
-                (self.clock.now, len(routable) - overlap, overlap, str(counts)))
+                (self.clock.now, len(routable) - overlap, overlap, str(counts))
+            )
 
     # -- availability ----------------------------------------------------------------------------
 
@@ -167,8 +183,11 @@ class Simulation:
         present = sorted(t.present_gpus)
         n = self._avail_target
         if len(present) < n:
-            free = [g for g in sorted(t.preemptible_gpus)
-                    if g not in t.present_gpus and g not in t.reclaiming_gpus]
+            free = [
+                g
+                for g in sorted(t.preemptible_gpus)
+                if g not in t.present_gpus and g not in t.reclaiming_gpus
+            ]
             if free[: n - len(present)]:
                 self._handle(ev.GpusAdded(tuple(free[: n - len(present)])))
         elif len(present) > n:
@@ -245,8 +264,9 @@ class Simulation:
         self.rollout.stall(self.rollout.costs.weight_sync_s())
         self._handle(ev.TrainingFinished(k, k))
         span, gen, tok, t_roll = self.completed.pop(k)
-        self.result.steps.append(StepRecord(k, now, now - self.last_done, gen, tok, span,
-                                            seconds, wait))
+        self.result.steps.append(
+            StepRecord(k, now, now - self.last_done, gen, tok, span, seconds, wait)
+        )
         self.last_done = now
         self.trained = k
         self.training = None

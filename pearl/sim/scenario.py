@@ -64,8 +64,9 @@ class Calibration:
 # insert_s with §3.3's batch points as targets, with SGLang's PD decode holding no prefix cache
 # (the whole context's KV crosses the link every turn) and the paper's 800 Gb/s link.
 _WORKLOAD = WorkloadParams(env_s=0.1, gen_tokens=40.0)
-_ENGINE = EngineParams(insert_s=0.02, iter_overhead_s=0.004, decode_keeps_prefix=False,
-                       time_scale=37.30)
+_ENGINE = EngineParams(
+    insert_s=0.02, iter_overhead_s=0.004, decode_keeps_prefix=False, time_scale=37.30
+)
 _TRAINING = TrainingParams(tokens_per_gpu_s=1103.0)
 CALIBRATED: dict[str, Calibration] = {
     "qwen3-8b": Calibration(_WORKLOAD, _ENGINE, _TRAINING),
@@ -132,17 +133,25 @@ class Scenario:
         return dataclasses.replace(
             base,
             cluster=dataclasses.replace(
-                base.cluster, gpu=self.engine.gpu, tp=self.tp,
-                training_gpus=tuple(range(t)), reserved_gpus=tuple(range(t, t + r)),
+                base.cluster,
+                gpu=self.engine.gpu,
+                tp=self.tp,
+                training_gpus=tuple(range(t)),
+                reserved_gpus=tuple(range(t, t + r)),
                 preemptible_gpus=tuple(range(t + r, t + r + p)),
-                mem_fraction=self.engine.mem_fraction),
+                mem_fraction=self.engine.mem_fraction,
+            ),
             model=pconfig.ModelConfig(self.model),
             workload=dataclasses.replace(
-                PRIORS, batch=self.workload.batch, group_size=self.workload.group_size,
-                max_trajectory_tokens=self.workload.max_tokens, staleness=self.staleness,
+                PRIORS,
+                batch=self.workload.batch,
+                group_size=self.workload.group_size,
+                max_trajectory_tokens=self.workload.max_tokens,
+                staleness=self.staleness,
                 # T_over is never refit from telemetry: the operator sets it to the engine's
                 # measured cost of switching a colocated worker from decode to prefill.
-                turn_overhead_s=self.engine.insert_s * self.engine.time_scale),
+                turn_overhead_s=self.engine.insert_s * self.engine.time_scale,
+            ),
             decision=self.decision,
             gate=pconfig.GateConfig(toggle_cost_s=self.costs.activate_s + self.costs.deactivate_s),
         )
@@ -151,14 +160,25 @@ class Scenario:
         return prior_profile(self.config(reserved_gpus))
 
     def policy(self, spec: PolicySpec) -> Policy:
-        return Policy(self.decision, pd=spec.pd, borrow=spec.borrow,
-                      alpha=self.decision.ema_alpha, L_max=float(self.workload.max_tokens))
+        return Policy(
+            self.decision,
+            pd=spec.pd,
+            borrow=spec.borrow,
+            alpha=self.decision.ema_alpha,
+            L_max=float(self.workload.max_tokens),
+        )
 
 
 # The decision engine's priors before telemetry: configs/sim-32.toml's [workload] values, not the
 # simulator's workload (the controller must learn it, as it would in a deployment).
-PRIORS = pconfig.WorkloadConfig(turns=15, new_tokens_per_turn=2000, generated_tokens_per_turn=150,
-                                env_s=60.0, theta=0.5, turn_overhead_s=0.5)
+PRIORS = pconfig.WorkloadConfig(
+    turns=15,
+    new_tokens_per_turn=2000,
+    generated_tokens_per_turn=150,
+    env_s=60.0,
+    theta=0.5,
+    turn_overhead_s=0.5,
+)
 
 
 def scenario(model: str = "qwen3-8b", **changes: object) -> Scenario:
@@ -166,8 +186,13 @@ def scenario(model: str = "qwen3-8b", **changes: object) -> Scenario:
     if model not in CALIBRATED:
         raise ConfigError(f"unknown model {model!r} (simulated: {', '.join(MODELS)})")
     cal = CALIBRATED[model]
-    base = Scenario(model=model, workload=cal.workload, engine=cal.engine,
-                    training=cal.training, costs=TABLE3[model])
+    base = Scenario(
+        model=model,
+        workload=cal.workload,
+        engine=cal.engine,
+        training=cal.training,
+        costs=TABLE3[model],
+    )
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 

@@ -41,8 +41,14 @@ class StaticResult:
         return pt / max(pt + dt, 1e-9), ps / max(ps + ds, 1e-9)
 
 
-def telemetry_of(step: int, trs: list[Traj], stats: StepStats, f_active: float,
-                 makespan: float, in_flight: float = 0.0) -> StepTelemetry:
+def telemetry_of(
+    step: int,
+    trs: list[Traj],
+    stats: StepStats,
+    f_active: float,
+    makespan: float,
+    in_flight: float = 0.0,
+) -> StepTelemetry:
     """The raw telemetry a real deployment would record for one rollout step: per trajectory
     also the prompt tokens really prefilled (prefix reuse, recomputation after a move or an
     abort), and ``in_flight``, the mean number of the batch's trajectories not yet finished over
@@ -51,9 +57,11 @@ def telemetry_of(step: int, trs: list[Traj], stats: StepStats, f_active: float,
     return StepTelemetry(
         step=step,
         trajectories=tuple(
-            TrajectoryStats(tr.spec.turns, sum(tr.spec.new), sum(tr.spec.gen), sum(tr.spec.env),
-                            tr.prefilled)
-            for tr in trs),
+            TrajectoryStats(
+                tr.spec.turns, sum(tr.spec.new), sum(tr.spec.gen), sum(tr.spec.env), tr.prefilled
+            )
+            for tr in trs
+        ),
         decode_batch=tuple(n for n, _ in dec),
         decode_s=tuple(s / it for _, (s, it) in dec),
         prefill_tokens=(int(stats.prefill_tokens),) if stats.prefill_tokens else (),
@@ -64,10 +72,19 @@ def telemetry_of(step: int, trs: list[Traj], stats: StepStats, f_active: float,
     )
 
 
-def run_static(model: str, n_c: int = 0, n_p: int = 0, n_d: int = 0, *,
-               workload: WorkloadParams | None = None, engine: EngineParams | None = None,
-               seed: int = 0, batches: int = 3, first_batch: int = 0,
-               balance: int = 2) -> StaticResult:
+def run_static(
+    model: str,
+    n_c: int = 0,
+    n_p: int = 0,
+    n_d: int = 0,
+    *,
+    workload: WorkloadParams | None = None,
+    engine: EngineParams | None = None,
+    seed: int = 0,
+    batches: int = 3,
+    first_batch: int = 0,
+    balance: int = 2,
+) -> StaticResult:
     """Run ``batches`` rollout batches on n_c colocated or n_p prefill + n_d decode workers."""
     wl = workload or WorkloadParams()
     clock = Clock()
@@ -102,8 +119,9 @@ def run_static(model: str, n_c: int = 0, n_p: int = 0, n_d: int = 0, *,
         f = 1.0 - (ro.int_env - env0) / unf if unf > 0 else 1.0
         out.makespans.append(span)
         out.stats.append(ro.stats)
-        out.telemetry.append(telemetry_of(k + 1, trs, ro.stats, f, span,
-                                          unf / span if span > 0 else 0.0))
+        out.telemetry.append(
+            telemetry_of(k + 1, trs, ro.stats, f, span, unf / span if span > 0 else 0.0)
+        )
         out.generated.append(sum(tr.spec.gen[i] for tr in trs for i in range(tr.spec.turns)))
         out.tokens.append(sum(tr.spec.tokens for tr in trs))
     return out

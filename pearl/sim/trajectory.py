@@ -11,6 +11,7 @@ from pearl.sim.workload import TrajectorySpec
 if TYPE_CHECKING:
     from pearl.sim.worker import SimWorker
 
+
 class Phase(IntEnum):
     """Where a trajectory is: at the router, on a worker, in its environment, or done."""
 
@@ -40,9 +41,32 @@ NEXT: dict[Phase, frozenset[Phase]] = {
 class Traj:
     """A trajectory in flight (mutable, hot path)."""
 
-    __slots__ = ("tid", "spec", "k", "ctx", "req_new", "req_gen", "phase", "w", "d", "owner",
-                 "pf_rem", "pf_tokens", "t_tok", "V_start", "home", "home_tokens", "phome",
-                 "phome_tokens", "kv_res", "pkv_res", "need", "t_end", "generated", "prefilled")
+    __slots__ = (
+        "tid",
+        "spec",
+        "k",
+        "ctx",
+        "req_new",
+        "req_gen",
+        "phase",
+        "w",
+        "d",
+        "owner",
+        "pf_rem",
+        "pf_tokens",
+        "t_tok",
+        "V_start",
+        "home",
+        "home_tokens",
+        "phome",
+        "phome_tokens",
+        "kv_res",
+        "pkv_res",
+        "need",
+        "t_end",
+        "generated",
+        "prefilled",
+    )
 
     def __init__(self, tid: int, spec: TrajectorySpec) -> None:
         self.tid = tid
@@ -72,13 +96,26 @@ class Traj:
 
     def to(self, phase: Phase) -> None:
         if phase not in NEXT[self.phase]:
-            raise InvariantViolation(f"trajectory {self.tid}: {self.phase.name} -> {phase.name} "
-                                     "is not a phase transition")
+            raise InvariantViolation(
+                f"trajectory {self.tid}: {self.phase.name} -> {phase.name} "
+                "is not a phase transition"
+            )
         self.phase = phase
 
     def __hash__(self) -> int:
         return self.tid
 
 
-__all__ = ["DECODING", "DONE", "ENV", "INFLIGHT", "NEXT", "PREFILLING", "QUEUED", "WAIT", "XFER",
-           "Phase", "Traj"]
+__all__ = [
+    "DECODING",
+    "DONE",
+    "ENV",
+    "INFLIGHT",
+    "NEXT",
+    "PREFILLING",
+    "QUEUED",
+    "WAIT",
+    "XFER",
+    "Phase",
+    "Traj",
+]

@@ -31,8 +31,14 @@ COLOCATED, PREFILL, DECODE = Role.COLOCATED, Role.PREFILL, Role.DECODE
 class StepStats:
     """What the workers measured during one rollout step (telemetry and §3.2 shares)."""
 
-    __slots__ = ("decode", "prefill_tokens", "prefill_s", "decode_tokens", "prefill_time",
-                 "decode_time")
+    __slots__ = (
+        "decode",
+        "prefill_tokens",
+        "prefill_s",
+        "decode_tokens",
+        "prefill_time",
+        "decode_time",
+    )
 
     def __init__(self) -> None:
         self.decode: dict[int, list[float]] = {}  # batch size -> [seconds, iterations]
@@ -46,12 +52,36 @@ class StepStats:
 class SimWorker:
     """A rollout worker (TP GPUs) serving one role."""
 
-    __slots__ = ("wid", "role", "costs", "accepting", "t_last", "V", "tau", "tau_dec", "n",
-                 "ctx_off", "dec", "pq", "kv_cap", "kv_used", "idle", "admit_q", "load",
-                 "version", "stats", "_seq", "busy_s", "alive", "node", "stalled_until")
+    __slots__ = (
+        "wid",
+        "role",
+        "costs",
+        "accepting",
+        "t_last",
+        "V",
+        "tau",
+        "tau_dec",
+        "n",
+        "ctx_off",
+        "dec",
+        "pq",
+        "kv_cap",
+        "kv_used",
+        "idle",
+        "admit_q",
+        "load",
+        "version",
+        "stats",
+        "_seq",
+        "busy_s",
+        "alive",
+        "node",
+        "stalled_until",
+    )
 
-    def __init__(self, wid: int, role: Role, costs: WorkerCosts, now: float,
-                 stats: StepStats) -> None:
+    def __init__(
+        self, wid: int, role: Role, costs: WorkerCosts, now: float, stats: StepStats
+    ) -> None:
         self.wid = wid
         self.role = role
         self.costs = costs

@@ -66,8 +66,9 @@ class TrajectorySpec:
         return sum(self.new) + sum(self.gen)
 
 
-def _lognormal(rng: np.random.Generator, mean: float, cv: float, size: int | None = None
-               ) -> np.ndarray:
+def _lognormal(
+    rng: np.random.Generator, mean: float, cv: float, size: int | None = None
+) -> np.ndarray:
     if cv <= 0:
         return np.full(size or 1, float(mean))
     s2 = math.log1p(cv * cv)
@@ -83,8 +84,11 @@ def generate_batch(p: WorkloadParams, seed: int, index: int) -> list[TrajectoryS
         prompt = max(16, int(_lognormal(rng, p.prompt_tokens, p.prompt_cv)[0]))
         difficulty = float(rng.lognormal(0.0, p.task_sigma)) if p.task_sigma > 0 else 1.0
         for _ in range(min(p.group_size, p.batch - len(out))):
-            turns = int(np.clip(np.rint(_lognormal(rng, p.turns * difficulty, p.turns_cv)[0]),
-                                1, p.max_turns))
+            turns = int(
+                np.clip(
+                    np.rint(_lognormal(rng, p.turns * difficulty, p.turns_cv)[0]), 1, p.max_turns
+                )
+            )
             obs = np.maximum(1, np.rint(_lognormal(rng, p.obs_tokens, p.obs_cv, turns))).astype(int)
             gen = np.maximum(1, np.rint(_lognormal(rng, p.gen_tokens, p.gen_cv, turns))).astype(int)
             env = _lognormal(rng, p.env_s, p.env_cv, turns)
@@ -92,8 +96,9 @@ def generate_batch(p: WorkloadParams, seed: int, index: int) -> list[TrajectoryS
     return out
 
 
-def _truncate(group: int, prompt: int, obs: np.ndarray, gen: np.ndarray, env: np.ndarray,
-              limit: int) -> TrajectorySpec:
+def _truncate(
+    group: int, prompt: int, obs: np.ndarray, gen: np.ndarray, env: np.ndarray, limit: int
+) -> TrajectorySpec:
     new_l, gen_l, env_l = [], [], []
     ctx = 0
     for k in range(len(gen)):

@@ -81,9 +81,7 @@ def cluster() -> Iterator[tuple[Directory, list[Any], list[int]]]:
 
 
 def view(d: Directory, rows: list[tuple[int, str, str]], seq: int = 1) -> None:
-    workers = tuple(
-        Worker(w, (w,), Role(r), Activity(a), Zone.DEDICATED, 1) for w, r, a in rows
-    )
+    workers = tuple(Worker(w, (w,), Role(r), Activity(a), Zone.DEDICATED, 1) for w, r, a in rows)
     d.tell("router", StateChanged(ClusterView(TableSnapshot(seq=seq, workers=workers))))
 
 

@@ -19,8 +19,9 @@ from pearl.core import commands as cmd
 from pearl.core.state import Role, Zone
 from tests.actors.test_heart import DummyRef, FakeLauncher, Now, Recorder
 
-CFG = load(None, ["daemon.heartbeat_s=0.5", "daemon.restart_budget=2",
-                  "daemon.restart_backoff_s=1.0"])
+CFG = load(
+    None, ["daemon.heartbeat_s=0.5", "daemon.restart_budget=2", "daemon.restart_backoff_s=1.0"]
+)
 
 
 class CountingLauncher(FakeLauncher):
@@ -38,8 +39,9 @@ class CountingLauncher(FakeLauncher):
         return self.next_pid
 
 
-def supervisor(launcher: FakeLauncher, clock: list[float], monkeypatch: pytest.MonkeyPatch
-               ) -> tuple[RoleSupervisor, list[Any]]:
+def supervisor(
+    launcher: FakeLauncher, clock: list[float], monkeypatch: pytest.MonkeyPatch
+) -> tuple[RoleSupervisor, list[Any]]:
     monkeypatch.setattr("actors.supervisor.time.monotonic", lambda: clock[0])
     d = Directory()
     got: list[Any] = []
@@ -51,7 +53,8 @@ def supervisor(launcher: FakeLauncher, clock: list[float], monkeypatch: pytest.M
 
 
 def test_a_crashed_host_is_restarted_with_back_off_until_its_budget_is_spent(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     launcher, clock = CountingLauncher(), [1000.0]
     sup, got = supervisor(launcher, clock, monkeypatch)
     sup.hosts[3] = Host(3, 12, (6, 7), pid=101, ref=DummyRef())  # type: ignore[arg-type]
@@ -80,7 +83,8 @@ def test_a_crashed_host_is_restarted_with_back_off_until_its_budget_is_spent(
 
 
 def test_a_host_that_cannot_be_launched_is_retried_then_lost(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     launcher, clock = CountingLauncher(fail=True), [1000.0]
     sup, got = supervisor(launcher, clock, monkeypatch)
     sup.spawn(Spawn(cmd.StartWorker(3, 12, (6, 7), Role.COLOCATED, Zone.DEDICATED, 0, 1, 0)))
@@ -96,8 +100,19 @@ def test_a_host_that_cannot_be_launched_is_retried_then_lost(
 def test_the_local_launcher_says_which_host_could_not_start(tmp_path: Path) -> None:
     blocker = tmp_path / "logs"
     blocker.write_text("a file where the log directory should be")
-    spec = WorkerSpec(3, 12, (6, 7), "tcp://127.0.0.1:1", CFG.engine, CFG.model.name,
-                      CFG.cluster.gpu, CFG.cluster.tp, 0.5, 5.0, str(tmp_path))
+    spec = WorkerSpec(
+        3,
+        12,
+        (6, 7),
+        "tcp://127.0.0.1:1",
+        CFG.engine,
+        CFG.model.name,
+        CFG.cluster.gpu,
+        CFG.cluster.tp,
+        0.5,
+        5.0,
+        str(tmp_path),
+    )
     launcher = LocalProcessLauncher(blocker)
     with pytest.raises(LaunchError, match="worker host 3 .incarnation 12. could not be started"):
         launcher.launch(spec)

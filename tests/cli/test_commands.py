@@ -28,14 +28,19 @@ def test_every_command_has_an_example_in_its_help(capsys: pytest.CaptureFixture[
         (["status"], DEFAULT_ENDPOINT),
         (["--endpoint", "ipc:///tmp/a.sock", "status"], "ipc:///tmp/a.sock"),
         (["status", "--endpoint", "ipc:///tmp/b.sock"], "ipc:///tmp/b.sock"),
-        (["--endpoint", "ipc:///tmp/a.sock", "status", "--endpoint", "ipc:///tmp/b.sock"],
-         "ipc:///tmp/b.sock"),  # the one nearest the command wins
-        (["--endpoint", "ipc:///tmp/a.sock", "event", "gpus-added", "--gpus", "8"],
-         "ipc:///tmp/a.sock"),
+        (
+            ["--endpoint", "ipc:///tmp/a.sock", "status", "--endpoint", "ipc:///tmp/b.sock"],
+            "ipc:///tmp/b.sock",
+        ),  # the one nearest the command wins
+        (
+            ["--endpoint", "ipc:///tmp/a.sock", "event", "gpus-added", "--gpus", "8"],
+            "ipc:///tmp/a.sock",
+        ),
     ],
 )
 def test_the_endpoint_goes_before_or_after_the_command(
-        argv: list[str], endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    argv: list[str], endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("PEARL_ENDPOINT", raising=False)
     args = build_parser().parse_args(argv)
     assert args.endpoint == endpoint and args.keys_dir == ""

@@ -36,8 +36,15 @@ def test_json_has_the_documented_shape(capsys: pytest.CaptureFixture[str]) -> No
     assert j["N_P"] + j["N_D"] + j["N_C"] == 8  # 16 GPUs at tp 2
     assert len(j["alternatives"]) == 8
     for a in j["alternatives"]:
-        assert set(a) == {"mode", "N_P", "N_D", "N_C", "predicted_makespan_s", "feasible",
-                          "excluded_by"}
+        assert set(a) == {
+            "mode",
+            "N_P",
+            "N_D",
+            "N_C",
+            "predicted_makespan_s",
+            "feasible",
+            "excluded_by",
+        }
         assert (a["excluded_by"] is None) == a["feasible"]
 
 
@@ -64,7 +71,8 @@ def test_sim32_picks_the_papers_ratios(capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_text_lists_every_configuration_and_why_it_was_excluded(
-        capsys: pytest.CaptureFixture[str]) -> None:
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     code, out, err = run(capsys, "--gpus", "16")
     assert code == 0 and err == ""
     assert "decision: disaggregated 3P5D" in out
@@ -93,19 +101,36 @@ def test_workers_are_gpus_over_tp(capsys: pytest.CaptureFixture[str]) -> None:
     assert j["N_C"] == 0 and j["predicted_makespan_s"] is None
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (("--gpus", "-2"), "--gpus must be >= 0"),
-    (("--gpus", "8", "--overlap-gpus", "-1"), "--overlap-gpus must be >= 0"),
-    (("--gpus", "8", "--set", "model.name=qwen3-9b"), "did you mean 'qwen3-8b'"),
-    (("--gpus", "8", "--set", "cluster.gpu=H900"), "unknown GPU 'H900'"),
-    (("--gpus", "8", "--set", "decision.treshold=1"), "unknown key decision.treshold"),
-    (("--gpus", "8", "--remaining", "65"), "--remaining must lie in [0, 64]"),
-    (("--gpus", "8", "--batch", "0"), "workload.batch must be >= 1"),
-    (("--gpus", "8", "--set", "cluster.gpu=A100", "--set", "cluster.tp=1",
-      "--set", "model.name=qwen3-30b-a3b", "--set", "cluster.mem_fraction=0.5"), "do not fit"),
-])
-def test_bad_input_is_one_clear_line(capsys: pytest.CaptureFixture[str], argv: tuple[str, ...],
-                                     message: str) -> None:
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--gpus", "-2"), "--gpus must be >= 0"),
+        (("--gpus", "8", "--overlap-gpus", "-1"), "--overlap-gpus must be >= 0"),
+        (("--gpus", "8", "--set", "model.name=qwen3-9b"), "did you mean 'qwen3-8b'"),
+        (("--gpus", "8", "--set", "cluster.gpu=H900"), "unknown GPU 'H900'"),
+        (("--gpus", "8", "--set", "decision.treshold=1"), "unknown key decision.treshold"),
+        (("--gpus", "8", "--remaining", "65"), "--remaining must lie in [0, 64]"),
+        (("--gpus", "8", "--batch", "0"), "workload.batch must be >= 1"),
+        (
+            (
+                "--gpus",
+                "8",
+                "--set",
+                "cluster.gpu=A100",
+                "--set",
+                "cluster.tp=1",
+                "--set",
+                "model.name=qwen3-30b-a3b",
+                "--set",
+                "cluster.mem_fraction=0.5",
+            ),
+            "do not fit",
+        ),
+    ],
+)
+def test_bad_input_is_one_clear_line(
+    capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], message: str
+) -> None:
     code, out, err = run(capsys, *argv)
     assert code != 0 and out == ""
     assert err.count("\n") == 1 and err.startswith("pearl decide: ") and message in err
@@ -120,8 +145,11 @@ def test_json_is_strict_even_without_workers(capsys: pytest.CaptureFixture[str])
     def no_constants(name: str) -> None:
         raise AssertionError(f"{name} is not JSON")
 
-    for argv in (("--gpus", "0"), ("--gpus", "0", "--overlap-gpus", "1"),
-                 ("--gpus", "0", "--overlap-gpus", "4")):
+    for argv in (
+        ("--gpus", "0"),
+        ("--gpus", "0", "--overlap-gpus", "1"),
+        ("--gpus", "0", "--overlap-gpus", "4"),
+    ):
         code, out, _ = run(capsys, *argv, "--json")
         assert code == 0
         j = json.loads(out, parse_constant=no_constants)

@@ -67,7 +67,10 @@ def test_verify_ok(capsys, logdir: Path) -> None:
 def test_verify_empty_log(capsys, tmp_path: Path) -> None:
     FileLog(tmp_path / "empty").close()
     assert run(capsys, "verify", str(tmp_path / "empty")) == (
-        0, "ok: 0 records, 1 segment, no snapshot\n", "")
+        0,
+        "ok: 0 records, 1 segment, no snapshot\n",
+        "",
+    )
 
 
 def test_verify_reports_a_torn_tail_without_repairing_it(capsys, logdir: Path) -> None:
@@ -94,9 +97,24 @@ def test_verify_names_the_corrupt_file_and_offset(capsys, logdir: Path) -> None:
 
 
 def test_verify_catches_a_snapshot_that_disagrees_with_the_log(capsys, logdir: Path) -> None:
-    wrong = replay(RECORDS[:5] + [ev.Telemetry(step=0, batch=1, S=1.0, delta_L=1.0, r=1.0,
-                                               theta=0.0, A=0.0, b=0.0, t_prefill=0.0, T_env=0.0,
-                                               makespan_s=1.0)])
+    wrong = replay(
+        RECORDS[:5]
+        + [
+            ev.Telemetry(
+                step=0,
+                batch=1,
+                S=1.0,
+                delta_L=1.0,
+                r=1.0,
+                theta=0.0,
+                A=0.0,
+                b=0.0,
+                t_prefill=0.0,
+                T_env=0.0,
+                makespan_s=1.0,
+            )
+        ]
+    )
     with FileLog(logdir) as log:
         log.write_snapshot(wrong)
     code, _, err = run(capsys, "verify", str(logdir))
@@ -117,8 +135,10 @@ def test_show_json(capsys, logdir: Path) -> None:
     code, out, _ = run(capsys, "show", str(logdir), "--json", "--from", "9")
     objs = [json.loads(line) for line in out.splitlines()]
     assert code == 0
-    assert objs == [{"seq": 9, "kind": "gpus-reclaimed", "gpus": [4]},
-                    {"seq": 10, "kind": "worker-removed", "worker": 2, "reason": "reclaimed"}]
+    assert objs == [
+        {"seq": 9, "kind": "gpus-reclaimed", "gpus": [4]},
+        {"seq": 10, "kind": "worker-removed", "worker": 2, "reason": "reclaimed"},
+    ]
     code, out, _ = run(capsys, "show", str(logdir), "--json")
     assert [json.loads(line)["seq"] for line in out.splitlines()] == list(range(1, 11))
 
@@ -134,8 +154,14 @@ def test_replay_json_is_the_table_as_of_a_seq(capsys, logdir: Path) -> None:
         assert obj == json.loads(json.dumps(replay(RECORDS[:n]).to_json()))
         assert list(obj)[:2] == ["seq", "workers"] and obj["seq"] == n
     w = json.loads(run(capsys, "replay", str(logdir), "--json", "--until", "5")[1])["workers"][2]
-    assert w == {"id": 2, "gpus": [4], "role": "decode", "activity": "transitioning",
-                 "zone": "dedicated", "incarnation": 3}
+    assert w == {
+        "id": 2,
+        "gpus": [4],
+        "role": "decode",
+        "activity": "transitioning",
+        "zone": "dedicated",
+        "incarnation": 3,
+    }
 
 
 def test_replay_table(capsys, logdir: Path) -> None:
@@ -143,8 +169,10 @@ def test_replay_table(capsys, logdir: Path) -> None:
     assert code == 0
     assert out.splitlines()[0].startswith("seq 6  tp 1  mode disaggregated  P/D/C 1/1/0")
     rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["1"], ["2"])]
-    assert rows == [["1", "prefill", "active", "dedicated", "2"],
-                    ["2", "decode", "active", "dedicated", "4"]]
+    assert rows == [
+        ["1", "prefill", "active", "dedicated", "2"],
+        ["2", "decode", "active", "dedicated", "4"],
+    ]
     code, _, err = run(capsys, "replay", str(logdir), "--until", "11")
     assert code == 1 and "holds seq 1..10" in one_error_line(err)
 
@@ -153,8 +181,12 @@ def test_bad_directories_give_one_line(capsys, tmp_path: Path, logdir: Path) -> 
     (tmp_path / "plain").mkdir()
     (tmp_path / "file").write_text("x")
     (logdir / "0000000000000011.seg").mkdir()  # the next segment, unreadable
-    cases = {"missing": "no such directory", "plain": "not a PEARL event log",
-             "file": "not a directory", "log": "cannot open the log"}
+    cases = {
+        "missing": "no such directory",
+        "plain": "not a PEARL event log",
+        "file": "not a directory",
+        "log": "cannot open the log",
+    }
     for name, message in cases.items():
         for cmd in ("verify", "show", "replay"):
             code, out, err = run(capsys, cmd, str(tmp_path / name))
@@ -165,16 +197,23 @@ def test_bad_directories_give_one_line(capsys, tmp_path: Path, logdir: Path) -> 
 def test_as_a_real_command(logdir: Path) -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     cmd = [sys.executable, "-m", "pearl", "log"]
-    ok = subprocess.run([*cmd, "verify", str(logdir)], capture_output=True, text=True, env=env,
-                        timeout=60)
+    ok = subprocess.run(
+        [*cmd, "verify", str(logdir)], capture_output=True, text=True, env=env, timeout=60
+    )
     assert ok.returncode == 0 and ok.stdout.startswith("ok: 10 records"), ok.stderr
-    bad = subprocess.run([*cmd, "replay", str(logdir.parent / "nope"), "--json"],
-                         capture_output=True, text=True, env=env, timeout=60)
+    bad = subprocess.run(
+        [*cmd, "replay", str(logdir.parent / "nope"), "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert bad.returncode == 1 and bad.stdout == ""
     assert bad.stderr.count("\n") == 1 and "no such directory" in bad.stderr
     # a reader that stops early (| head) ends the command quietly
-    proc = subprocess.Popen([*cmd, "show", str(logdir)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(
+        [*cmd, "show", str(logdir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
     assert proc.stdout is not None and proc.stdout.readline().split()[0] == b"1"
     proc.stdout.close()
     _, err = proc.communicate(timeout=60)

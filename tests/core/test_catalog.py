@@ -30,12 +30,15 @@ def test_moe_active_parameters_are_about_3b() -> None:
     assert m.active_params + m.embedding_params == pytest.approx(3.3e9, rel=0.03)
 
 
-@pytest.mark.parametrize(("name", "K"), [
-    ("qwen3-8b", 2 * 36 * 8 * 128 * 2),
-    ("qwen3-30b-a3b", 2 * 48 * 4 * 128 * 2),
-    ("qwen3-0.6b", 2 * 28 * 8 * 128 * 2),
-    ("qwen3-tiny", 2 * 2 * 2 * 16 * 2),
-])
+@pytest.mark.parametrize(
+    ("name", "K"),
+    [
+        ("qwen3-8b", 2 * 36 * 8 * 128 * 2),
+        ("qwen3-30b-a3b", 2 * 48 * 4 * 128 * 2),
+        ("qwen3-0.6b", 2 * 28 * 8 * 128 * 2),
+        ("qwen3-tiny", 2 * 2 * 2 * 16 * 2),
+    ],
+)
 def test_kv_bytes_per_token(name: str, K: int) -> None:
     assert model_spec(name).K == K
 

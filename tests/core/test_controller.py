@@ -633,7 +633,8 @@ def test_a_worker_that_failed_before_a_restart_serves_again_when_its_host_is_bac
 
 
 def test_a_controller_that_never_settles_says_so_instead_of_stopping_silently(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from pearl.core import controller as ctl
 
     h = Harness()

@@ -19,9 +19,23 @@ from pearl.core.state import Mode, Target
 
 # The hand-checked profile of test_makespan: for N = 8, colocation 78 s, 3P5D 82.8 s, 4P4D 86 s;
 # N_P = 1, 2 fail prefill throughput, N_P >= 5 fail decode HBM.
-P = WorkloadProfile(B=64, S=10.0, delta_L=1000.0, r=100.0, theta=1.0, A=0.01, b=0.001,
-                    t_prefill=1e-4, T_env=50.0, T_over=0.2, K=1e5, K_seq=2e9, H_max=2e10,
-                    BW=1e10, T_toggle=5.0)
+P = WorkloadProfile(
+    B=64,
+    S=10.0,
+    delta_L=1000.0,
+    r=100.0,
+    theta=1.0,
+    A=0.01,
+    b=0.001,
+    t_prefill=1e-4,
+    T_env=50.0,
+    T_over=0.2,
+    K=1e5,
+    K_seq=2e9,
+    H_max=2e10,
+    BW=1e10,
+    T_toggle=5.0,
+)
 CFG = DecisionConfig()  # 10% to switch mode, 3% to change the ratio
 NO_HYSTERESIS = DecisionConfig(mode_switch_threshold=0.0, ratio_change_threshold=0.0)
 
@@ -55,7 +69,8 @@ def test_alternatives_list_colocation_and_every_split() -> None:
     assert [a.N_P for a in alts[1:]] == list(range(1, 8))
     assert all(a.N_P + a.N_D + a.N_C == 8 for a in alts)
     assert [a.excluded_by for a in alts[1:]] == [ms.PREFILL_THROUGHPUT] * 2 + [None] * 2 + [
-        ms.DECODE_HBM] * 3
+        ms.DECODE_HBM
+    ] * 3
     assert [a.feasible for a in alts[1:]] == [False, False, True, True, False, False, False]
     assert alts[3].predicted_makespan_s == pytest.approx(82.8)
     assert d.alternatives[-1] == alts[-1] and d.alternatives[1:3] == alts[1:3]
@@ -65,8 +80,15 @@ def test_alternatives_list_colocation_and_every_split() -> None:
 def test_json_view() -> None:
     j = decide(with_(P, T_over=2.0), 8, None, CFG).to_json()
     assert (j["mode"], j["N_P"], j["N_D"], j["N_C"]) == ("disaggregated", 3, 5, 0)
-    assert set(j["alternatives"][0]) == {"mode", "N_P", "N_D", "N_C", "predicted_makespan_s",
-                                         "feasible", "excluded_by"}
+    assert set(j["alternatives"][0]) == {
+        "mode",
+        "N_P",
+        "N_D",
+        "N_C",
+        "predicted_makespan_s",
+        "feasible",
+        "excluded_by",
+    }
     assert j["alternatives"][1]["excluded_by"] == "prefill-throughput"
 
 
@@ -116,14 +138,17 @@ def test_ratio_change_allowed_while_a_mode_switch_is_held_back() -> None:
     assert d.target == split(3, 5)
 
 
-@pytest.mark.parametrize(("current", "why"), [
-    (split(8, 0), "not a full split"),
-    (split(0, 8), "not a full split"),
-    (Target(Mode.COLOCATED, 2, 0, 6), "colocated target"),
-    (Target(Mode.DISAGGREGATED, 3, 4, 1), "not a full split"),
-    (split(6, 2), "violates decode-hbm"),
-    (split(1, 7), "violates prefill-throughput"),
-])
+@pytest.mark.parametrize(
+    ("current", "why"),
+    [
+        (split(8, 0), "not a full split"),
+        (split(0, 8), "not a full split"),
+        (Target(Mode.COLOCATED, 2, 0, 6), "colocated target"),
+        (Target(Mode.DISAGGREGATED, 3, 4, 1), "not a full split"),
+        (split(6, 2), "violates decode-hbm"),
+        (split(1, 7), "violates prefill-throughput"),
+    ],
+)
 def test_forced_switches_are_never_blocked(current: Target, why: str) -> None:
     p = with_(P, T_over=0.7)  # colocation 83 vs 3P5D 82.8: far below any threshold
     d = decide(p, 8, current, CFG)
@@ -157,8 +182,7 @@ def test_hysteresis_suppresses_flapping_on_noisy_profiles_and_lets_real_changes_
         current = decide(base, 8, None, cfg).target
         switches = 0
         for _ in range(200):
-            p = with_(base, **{f: getattr(base, f) * (1 + rng.uniform(-0.02, 0.02))
-                               for f in noisy})
+            p = with_(base, **{f: getattr(base, f) * (1 + rng.uniform(-0.02, 0.02)) for f in noisy})
             d = decide(p, 8, current, cfg)
             switches += d.target != current
             current = d.target
@@ -183,8 +207,9 @@ def test_decision_is_frozen() -> None:
 
 
 def test_accepts_any_object_with_the_thresholds() -> None:
-    knobs = SimpleNamespace(mode_switch_threshold=0.5, ratio_change_threshold=0.5,
-                            prefill_max_utilization=0.9)
+    knobs = SimpleNamespace(
+        mode_switch_threshold=0.5, ratio_change_threshold=0.5, prefill_max_utilization=0.9
+    )
     assert decide(with_(P, T_over=2.0), 8, coloc(8), knobs).target == coloc(8)  # type: ignore[arg-type]
 
 
@@ -204,11 +229,18 @@ positive = st.floats(min_value=1e-3, max_value=1e3, allow_nan=False)
     k_seq=st.floats(1e6, 1e11),
     n_p=st.integers(0, 64),
 )
-def test_properties(N: int, scale: tuple[float, ...], theta: float, k_seq: float,
-                    n_p: int) -> None:
+def test_properties(N: int, scale: tuple[float, ...], theta: float, k_seq: float, n_p: int) -> None:
     a, b, t, dl, over = scale
-    p = with_(P, A=1e-3 * a, b=1e-5 * b, t_prefill=1e-6 * t, delta_L=dl, T_over=over / 10,
-              theta=theta, K_seq=k_seq)
+    p = with_(
+        P,
+        A=1e-3 * a,
+        b=1e-5 * b,
+        t_prefill=1e-6 * t,
+        delta_L=dl,
+        T_over=over / 10,
+        theta=theta,
+        K_seq=k_seq,
+    )
     fresh = decide(p, N, None, CFG)
     target, best = best_makespan(p, N, CFG.prefill_max_utilization)
     assert fresh.target == target and fresh.predicted_makespan_s == best
@@ -226,8 +258,11 @@ def test_properties(N: int, scale: tuple[float, ...], theta: float, k_seq: float
         assert not d.forced
         assert d.predicted_makespan_s <= cur.predicted_makespan_s
         if d.target != current:
-            thr = (CFG.mode_switch_threshold if d.target.mode is not current.mode
-                   else CFG.ratio_change_threshold)
+            thr = (
+                CFG.mode_switch_threshold
+                if d.target.mode is not current.mode
+                else CFG.ratio_change_threshold
+            )
             gain = (cur.predicted_makespan_s - d.predicted_makespan_s) / cur.predicted_makespan_s
             assert gain > thr
     elif N > 0:

@@ -43,8 +43,20 @@ EXAMPLES: list[Any] = [
     ev.StepDone(plan=9, step=0),
     ev.PlanCommit(plan=9),
     ev.PlanAbort(plan=9, reason="worker 4 failed to start"),
-    ev.Telemetry(step=1, batch=64, S=12.0, delta_L=300.0, r=120.5, theta=0.2, A=0.01, b=2e-5,
-                 t_prefill=1e-5, T_env=1.5, makespan_s=88.0, toggle_s=2.5),
+    ev.Telemetry(
+        step=1,
+        batch=64,
+        S=12.0,
+        delta_L=300.0,
+        r=120.5,
+        theta=0.2,
+        A=0.01,
+        b=2e-5,
+        t_prefill=1e-5,
+        T_env=1.5,
+        makespan_s=88.0,
+        toggle_s=2.5,
+    ),
 ]
 
 
@@ -122,9 +134,14 @@ def test_malformed_records_raise_schema_errors(mapping: Any, message: str) -> No
 # msgspec.msgpack decoder (bytes, one tagged union). They must agree on every input, valid or not.
 
 _values = st.one_of(
-    st.none(), st.booleans(), st.integers(-3, 9), st.floats(allow_nan=False), st.text(max_size=3),
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 9),
+    st.floats(allow_nan=False),
+    st.text(max_size=3),
     st.sampled_from(["active", "decode", "dedicated", "add", "colocated"]),
-    st.lists(st.integers(0, 9), max_size=3), st.lists(st.text(max_size=2), max_size=2),
+    st.lists(st.integers(0, 9), max_size=3),
+    st.lists(st.text(max_size=2), max_size=2),
 )
 
 

@@ -15,9 +15,23 @@ from pearl.core.profile import RuntimeTracker, WorkloadProfile
 # For 4 dedicated workers only colocation fits (splits need 4 decode workers):
 #   T_ded  = 10 * (1.6 + 100 * (0.01 + 0.001 * 16) + 0.2) + 50 = 94 s;
 # with 4 overlap workers the best of 8 is colocation at 78 s. Saving 16 s.
-P = WorkloadProfile(B=64, S=10.0, delta_L=1000.0, r=100.0, theta=1.0, A=0.01, b=0.001,
-                    t_prefill=1e-4, T_env=50.0, T_over=0.2, K=1e5, K_seq=1e9, H_max=2e10,
-                    BW=1e10, T_toggle=5.0)
+P = WorkloadProfile(
+    B=64,
+    S=10.0,
+    delta_L=1000.0,
+    r=100.0,
+    theta=1.0,
+    A=0.01,
+    b=0.001,
+    t_prefill=1e-4,
+    T_env=50.0,
+    T_over=0.2,
+    K=1e5,
+    K_seq=1e9,
+    H_max=2e10,
+    BW=1e10,
+    T_toggle=5.0,
+)
 CFG = DecisionConfig()
 
 
@@ -59,15 +73,28 @@ def test_no_dedicated_workers_makes_borrowing_worth_it() -> None:
 def test_measured_toggle_costs_close_the_gate() -> None:
     tracker = RuntimeTracker(msgspec.structs.replace(P, T_toggle=5.0), alpha=0.5, L_max=1e9)
     assert borrow_gate(tracker.profile, 4, 4, 32, CFG).enabled
-    s = events.Telemetry(step=1, batch=64, S=10.0, delta_L=1000.0, r=100.0, theta=1.0, A=0.01,
-                         b=0.001, t_prefill=1e-4, T_env=50.0, makespan_s=90.0, toggle_s=15.0)
+    s = events.Telemetry(
+        step=1,
+        batch=64,
+        S=10.0,
+        delta_L=1000.0,
+        r=100.0,
+        theta=1.0,
+        A=0.01,
+        b=0.001,
+        t_prefill=1e-4,
+        T_env=50.0,
+        makespan_s=90.0,
+        toggle_s=15.0,
+    )
     tracker.observe(s)  # T_toggle -> 10 s > 8 s benefit
     g = borrow_gate(tracker.profile, 4, 4, 32, CFG)
     assert g.T_toggle == pytest.approx(10.0) and not g.enabled
 
 
-@pytest.mark.parametrize(("N_ded", "N_overlap", "R"), [(-1, 4, 1), (4, -1, 1), (4, 4, 65),
-                                                        (4, 4, -1)])
+@pytest.mark.parametrize(
+    ("N_ded", "N_overlap", "R"), [(-1, 4, 1), (4, -1, 1), (4, 4, 65), (4, 4, -1)]
+)
 def test_bad_arguments(N_ded: int, N_overlap: int, R: int) -> None:
     with pytest.raises(ValueError):
         borrow_gate(P, N_ded, N_overlap, R, CFG)

@@ -10,9 +10,23 @@ from pearl.core import makespan as ms
 from pearl.core.profile import WorkloadProfile
 
 # Round numbers so every expected value below can be checked by hand.
-P = WorkloadProfile(B=64, S=10.0, delta_L=1000.0, r=100.0, theta=1.0, A=0.01, b=0.001,
-                    t_prefill=1e-4, T_env=50.0, T_over=0.2, K=1e5, K_seq=2e9, H_max=2e10,
-                    BW=1e10, T_toggle=5.0)
+P = WorkloadProfile(
+    B=64,
+    S=10.0,
+    delta_L=1000.0,
+    r=100.0,
+    theta=1.0,
+    A=0.01,
+    b=0.001,
+    t_prefill=1e-4,
+    T_env=50.0,
+    T_over=0.2,
+    K=1e5,
+    K_seq=2e9,
+    H_max=2e10,
+    BW=1e10,
+    T_toggle=5.0,
+)
 
 
 def test_eq1_colocation() -> None:
@@ -90,8 +104,15 @@ def test_sweep_excludes_exactly_the_violating_splits() -> None:
     s = ms.sweep(P, 8, 0.9)
     got = [ms.EXCLUDED_BY[c] for c in s.excluded]
     # N_P = 1, 2: prefill cannot keep up; N_P = 5..7 leave fewer than 4 decode workers.
-    assert got == [ms.PREFILL_THROUGHPUT, ms.PREFILL_THROUGHPUT, None, None,
-                   ms.DECODE_HBM, ms.DECODE_HBM, ms.DECODE_HBM]
+    assert got == [
+        ms.PREFILL_THROUGHPUT,
+        ms.PREFILL_THROUGHPUT,
+        None,
+        None,
+        ms.DECODE_HBM,
+        ms.DECODE_HBM,
+        ms.DECODE_HBM,
+    ]
     # N_P = 3: decode 1000 * (0.01 + 0.0064) * 2 = 32.8 > prefill 10 * (6.4 / 3 + 0.64) = 27.7.
     assert s.best_split() == 2
     assert s.T_dis[2] == pytest.approx(82.8)
@@ -106,8 +127,9 @@ def test_sweep_matches_the_scalar_equations() -> None:
         for i, n_p in enumerate(s.N_P):
             n_p = int(n_p)
             assert s.T_dis[i] == pytest.approx(ms.T_dis(P, n_p, N - n_p), rel=1e-12)
-            ok = bool(ms.decode_hbm_ok(P, N - n_p)) and bool(ms.prefill_keeps_up(P, n_p, N - n_p,
-                                                                                   0.9))
+            ok = bool(ms.decode_hbm_ok(P, N - n_p)) and bool(
+                ms.prefill_keeps_up(P, n_p, N - n_p, 0.9)
+            )
             assert bool(s.feasible[i]) == ok
 
 

@@ -27,18 +27,39 @@ TRUE_T_PREFILL = 2.5e-5
 
 
 def _profile(**kw: float) -> WorkloadProfile:
-    base = dict(B=64, S=30.0, delta_L=600.0, r=250.0, theta=0.5, A=5e-3, b=3e-4, t_prefill=2e-5,
-                T_env=60.0, T_over=0.5, K=147456.0, K_seq=147456.0 * 25_500, H_max=1.2e11,
-                BW=8e10, T_toggle=9.44)
+    base = dict(
+        B=64,
+        S=30.0,
+        delta_L=600.0,
+        r=250.0,
+        theta=0.5,
+        A=5e-3,
+        b=3e-4,
+        t_prefill=2e-5,
+        T_env=60.0,
+        T_over=0.5,
+        K=147456.0,
+        K_seq=147456.0 * 25_500,
+        H_max=1.2e11,
+        BW=8e10,
+        T_toggle=9.44,
+    )
     base.update(kw)
     return WorkloadProfile(**base)  # type: ignore[arg-type]
 
 
-def _synthetic_step(rng: np.random.Generator, step: int = 1, noise: float = 0.03,
-                    toggle_s: float | None = None) -> StepTelemetry:
-    trs = tuple(TrajectoryStats(turns=int(t), new_tokens=int(t) * 500,
-                                generated_tokens=int(t) * 200, env_s=float(t) * 2.0)
-                for t in rng.integers(5, 21, size=64))
+def _synthetic_step(
+    rng: np.random.Generator, step: int = 1, noise: float = 0.03, toggle_s: float | None = None
+) -> StepTelemetry:
+    trs = tuple(
+        TrajectoryStats(
+            turns=int(t),
+            new_tokens=int(t) * 500,
+            generated_tokens=int(t) * 200,
+            env_s=float(t) * 2.0,
+        )
+        for t in rng.integers(5, 21, size=64)
+    )
     n = rng.integers(1, 33, size=3000)
     d = (TRUE_A + TRUE_B * n) * (1 + noise * rng.standard_normal(n.size))
     # Every iteration pays the fixed cost A; chunked prefill rides on decode iterations.
@@ -46,25 +67,46 @@ def _synthetic_step(rng: np.random.Generator, step: int = 1, noise: float = 0.03
     m_n, m_p = rng.integers(1, 33, size=300), rng.integers(16, 512, size=300)
     m_d = (TRUE_A + TRUE_B * m_n + TRUE_T_PREFILL * m_p) * (1 + noise * rng.standard_normal(300))
     return StepTelemetry(
-        step=step, trajectories=trs, decode_batch=tuple(int(x) for x in n),
-        decode_s=tuple(float(x) for x in d), prefill_tokens=tuple(int(x) for x in toks),
+        step=step,
+        trajectories=trs,
+        decode_batch=tuple(int(x) for x in n),
+        decode_s=tuple(float(x) for x in d),
+        prefill_tokens=tuple(int(x) for x in toks),
         prefill_s=tuple(TRUE_A + float(x) * TRUE_T_PREFILL for x in toks),
-        mixed_batch=tuple(int(x) for x in m_n), mixed_tokens=tuple(int(x) for x in m_p),
+        mixed_batch=tuple(int(x) for x in m_n),
+        mixed_tokens=tuple(int(x) for x in m_p),
         mixed_s=tuple(float(x) for x in m_d),
-        active_fraction=tuple(float(x) for x in np.clip(TRUE_F + 0.05 * rng.standard_normal(200),
-                                                         0.01, 1)),
-        makespan_s=500.0, toggle_s=toggle_s)
+        active_fraction=tuple(
+            float(x) for x in np.clip(TRUE_F + 0.05 * rng.standard_normal(200), 0.01, 1)
+        ),
+        makespan_s=500.0,
+        toggle_s=toggle_s,
+    )
 
 
 def test_prior_profile_combines_catalog_and_workload_config() -> None:
-    cfg = config.load(None, ["workload.turns=10", "workload.new_tokens_per_turn=1000",
-                             "workload.generated_tokens_per_turn=200", "gate.toggle_cost_s=5"])
+    cfg = config.load(
+        None,
+        [
+            "workload.turns=10",
+            "workload.new_tokens_per_turn=1000",
+            "workload.generated_tokens_per_turn=200",
+            "gate.toggle_cost_s=5",
+        ],
+    )
     p = prior_profile(cfg)
     seq = 10 * 1200
     r = catalog.roofline("qwen3-8b", "H800", 2, context=seq / 2, seq_tokens=seq)
     assert (p.B, p.S, p.delta_L, p.r, p.T_toggle) == (64, 10, 1000, 200, 5)
     assert (p.A, p.b, p.t_prefill, p.K, p.K_seq, p.H_max, p.BW) == (
-        r.A, r.b, r.t_prefill, r.K, r.K_seq, r.H_max, r.BW)
+        r.A,
+        r.b,
+        r.t_prefill,
+        r.K,
+        r.K_seq,
+        r.H_max,
+        r.BW,
+    )
     assert prior_profile(cfg, batch=96).B == 96
 
 
@@ -107,8 +149,12 @@ def test_decode_fit_is_used_only_when_its_slope_is_significant() -> None:
     fit = fit_decode(n, d)
     assert fit is not None and not fit.significant()
     p = _profile()
-    step = StepTelemetry(step=1, trajectories=(TrajectoryStats(4, 400, 100, 3.0),),
-                         decode_batch=tuple(int(x) for x in n), decode_s=tuple(float(x) for x in d))
+    step = StepTelemetry(
+        step=1,
+        trajectories=(TrajectoryStats(4, 400, 100, 3.0),),
+        decode_batch=tuple(int(x) for x in n),
+        decode_s=tuple(float(x) for x in d),
+    )
     s = RuntimeTracker(p, alpha=0.5, L_max=32768).summarize(step)
     assert s.b == p.b
     assert s.A + s.b * n.mean() == pytest.approx(d.mean())
@@ -118,10 +164,13 @@ def test_decode_fit_is_used_only_when_its_slope_is_significant() -> None:
 
 
 def test_summarize_measures_concurrency_and_prefilled_tokens() -> None:
-    trs = (TrajectoryStats(4, 400, 100, 1.0, prefilled_tokens=600),
-           TrajectoryStats(2, 200, 50, 1.0, prefilled_tokens=300))
+    trs = (
+        TrajectoryStats(4, 400, 100, 1.0, prefilled_tokens=600),
+        TrajectoryStats(2, 200, 50, 1.0, prefilled_tokens=300),
+    )
     s = RuntimeTracker(_profile(), 0.3, 32768).summarize(
-        StepTelemetry(step=1, trajectories=trs, in_flight=12.5))
+        StepTelemetry(step=1, trajectories=trs, in_flight=12.5)
+    )
     assert (s.B_flight, s.delta_L, s.delta_P) == pytest.approx((12.5, 100.0, 150.0))
     # Not measured: the batch in flight alone, each turn prefilling only its new tokens.
     trs = (TrajectoryStats(4, 400, 100, 1.0), TrajectoryStats(2, 200, 50, 1.0, 300))
@@ -191,12 +240,15 @@ def test_summarize_keeps_what_the_step_did_not_measure() -> None:
     assert (s.S, s.delta_L, s.r, s.T_env) == (4, 100, 25, 3.0)
 
 
-@pytest.mark.parametrize("bad", [
-    dict(trajectories=()),
-    dict(trajectories=(TrajectoryStats(0, 1, 1, 1.0),)),
-    dict(decode_batch=(1, 2), decode_s=(0.1, -0.1)),
-    dict(active_fraction=(1.5,)),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(trajectories=()),
+        dict(trajectories=(TrajectoryStats(0, 1, 1, 1.0),)),
+        dict(decode_batch=(1, 2), decode_s=(0.1, -0.1)),
+        dict(active_fraction=(1.5,)),
+    ],
+)
 def test_bad_telemetry_is_rejected(bad: dict[str, object]) -> None:
     kw: dict[str, object] = dict(step=1, trajectories=(TrajectoryStats(2, 10, 10, 1.0),))
     kw.update(bad)
@@ -212,8 +264,19 @@ def test_unpaired_samples_are_rejected() -> None:
 def test_observe_is_an_ema_whose_first_observations_replace_the_prior() -> None:
     p = _profile()
     t = RuntimeTracker(p, alpha=0.25, L_max=1e9)
-    s = events.Telemetry(step=1, batch=32, S=10.0, delta_L=1000.0, r=100.0, theta=1.0, A=1e-2,
-                         b=1e-3, t_prefill=4e-5, T_env=20.0, makespan_s=300.0)
+    s = events.Telemetry(
+        step=1,
+        batch=32,
+        S=10.0,
+        delta_L=1000.0,
+        r=100.0,
+        theta=1.0,
+        A=1e-2,
+        b=1e-3,
+        t_prefill=4e-5,
+        T_env=20.0,
+        makespan_s=300.0,
+    )
     q = t.observe(s)
     assert q is t.profile
     assert (q.B, q.observed) == (32, 1)
@@ -238,8 +301,19 @@ def test_observe_is_an_ema_whose_first_observations_replace_the_prior() -> None:
 def test_concurrency_and_prefilled_tokens_follow_the_summaries() -> None:
     t = RuntimeTracker(_profile(), alpha=0.5, L_max=1e9)
     assert (t.profile.concurrency, t.profile.prefill_per_turn) == (64, 600.0)  # B, delta_L
-    s = events.Telemetry(step=1, batch=32, S=10.0, delta_L=1000.0, r=100.0, theta=1.0, A=1e-2,
-                         b=1e-3, t_prefill=4e-5, T_env=20.0, makespan_s=300.0)
+    s = events.Telemetry(
+        step=1,
+        batch=32,
+        S=10.0,
+        delta_L=1000.0,
+        r=100.0,
+        theta=1.0,
+        A=1e-2,
+        b=1e-3,
+        t_prefill=4e-5,
+        T_env=20.0,
+        makespan_s=300.0,
+    )
     q = t.observe(s)  # a summary that predates them: B and delta_L
     assert (q.B_flight, q.delta_P) == (32.0, 1000.0)
     q = t.observe(msgspec.structs.replace(s, step=2, B_flight=64.0, delta_P=200.0))
@@ -248,23 +322,56 @@ def test_concurrency_and_prefilled_tokens_follow_the_summaries() -> None:
 
 def test_toggle_cost_moves_only_on_steps_that_borrowed() -> None:
     t = RuntimeTracker(_profile(T_toggle=10.0), alpha=0.5, L_max=32768)
-    s = events.Telemetry(step=1, batch=64, S=30.0, delta_L=600.0, r=250.0, theta=0.5, A=5e-3,
-                         b=3e-4, t_prefill=2e-5, T_env=60.0, makespan_s=1.0)
+    s = events.Telemetry(
+        step=1,
+        batch=64,
+        S=30.0,
+        delta_L=600.0,
+        r=250.0,
+        theta=0.5,
+        A=5e-3,
+        b=3e-4,
+        t_prefill=2e-5,
+        T_env=60.0,
+        makespan_s=1.0,
+    )
     assert t.observe(s).T_toggle == 10.0
     assert t.observe(msgspec.structs.replace(s, toggle_s=4.0)).T_toggle == pytest.approx(7.0)
 
 
 def test_kv_per_trajectory_stays_under_the_length_limit() -> None:
     t = RuntimeTracker(_profile(), alpha=1.0, L_max=32768)
-    s = events.Telemetry(step=1, batch=64, S=100.0, delta_L=600.0, r=250.0, theta=0.5, A=5e-3,
-                         b=3e-4, t_prefill=2e-5, T_env=60.0, makespan_s=1.0)
+    s = events.Telemetry(
+        step=1,
+        batch=64,
+        S=100.0,
+        delta_L=600.0,
+        r=250.0,
+        theta=0.5,
+        A=5e-3,
+        b=3e-4,
+        t_prefill=2e-5,
+        T_env=60.0,
+        makespan_s=1.0,
+    )
     assert t.observe(s).K_seq == pytest.approx(147456.0 * 32768)
 
 
 def test_bad_summary_changes_nothing() -> None:
     t = RuntimeTracker(_profile(), alpha=0.5, L_max=32768)
-    s = events.Telemetry(step=1, batch=64, S=math.nan, delta_L=600.0, r=250.0, theta=0.5, A=5e-3,
-                         b=3e-4, t_prefill=2e-5, T_env=60.0, makespan_s=1.0)
+    s = events.Telemetry(
+        step=1,
+        batch=64,
+        S=math.nan,
+        delta_L=600.0,
+        r=250.0,
+        theta=0.5,
+        A=5e-3,
+        b=3e-4,
+        t_prefill=2e-5,
+        T_env=60.0,
+        makespan_s=1.0,
+    )
     with pytest.raises(SchemaError, match="S"):
         t.observe(s)
     with pytest.raises(SchemaError, match="batch"):
@@ -274,8 +381,7 @@ def test_bad_summary_changes_nothing() -> None:
 
 def test_tracker_converges_to_the_truth_from_a_wrong_prior() -> None:
     rng = np.random.default_rng(11)
-    t = RuntimeTracker(_profile(A=2e-2, b=1e-5, theta=3.0, t_prefill=1e-4), alpha=0.3,
-                       L_max=32768)
+    t = RuntimeTracker(_profile(A=2e-2, b=1e-5, theta=3.0, t_prefill=1e-4), alpha=0.3, L_max=32768)
     for k in range(25):
         t.observe(t.summarize(_synthetic_step(rng, step=k + 1)))
     p = t.profile

@@ -12,8 +12,24 @@ import pearl.core
 
 ROOT = Path(pearl.core.__file__).parent
 MODULES = sorted(p.stem for p in ROOT.glob("*.py"))
-IMPURE = {"threading", "socket", "time", "os", "subprocess", "asyncio", "io", "pathlib",
-          "shutil", "tempfile", "signal", "multiprocessing", "zmq", "pykka", "select", "random"}
+IMPURE = {
+    "threading",
+    "socket",
+    "time",
+    "os",
+    "subprocess",
+    "asyncio",
+    "io",
+    "pathlib",
+    "shutil",
+    "tempfile",
+    "signal",
+    "multiprocessing",
+    "zmq",
+    "pykka",
+    "select",
+    "random",
+}
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -26,8 +26,9 @@ from pearl.core.state import (
 )
 
 TRAINING, RESERVED, PREEMPTIBLE = (0, 1), (2, 3, 4, 5), (6, 7, 8, 9)
-INIT = ev.ClusterInit(tp=1, training_gpus=TRAINING, reserved_gpus=RESERVED,
-                      preemptible_gpus=PREEMPTIBLE)
+INIT = ev.ClusterInit(
+    tp=1, training_gpus=TRAINING, reserved_gpus=RESERVED, preemptible_gpus=PREEMPTIBLE
+)
 A, I, T = Activity.ACTIVE, Activity.INACTIVE, Activity.TRANSITIONING
 
 
@@ -51,16 +52,24 @@ def dedicated(wid: int, gpu: int, role: Role = Role.DECODE) -> list[Any]:
     return [ev.WorkerAdded(wid, (gpu,), role, Zone.DEDICATED), ev.ActivityChanged(wid, A)]
 
 
-LENT = [ev.ActivityChanged(0, I), ev.WorkerAdded(5, (0,), Role.DECODE, Zone.OVERLAP),
-        ev.ActivityChanged(5, A)]
+LENT = [
+    ev.ActivityChanged(0, I),
+    ev.WorkerAdded(5, (0,), Role.DECODE, Zone.OVERLAP),
+    ev.ActivityChanged(5, A),
+]
 
 
 def test_cluster_init_sets_up_the_training_worker() -> None:
     s = table()
     assert s.seq == 1 and s.tp == 1 and s.phase is TrainingPhase.IDLE
     (w,) = s.workers.values()
-    assert (w.id, w.gpus, w.role, w.activity, w.zone) == (0, TRAINING, Role.TRAINING, A,
-                                                          Zone.OVERLAP)
+    assert (w.id, w.gpus, w.role, w.activity, w.zone) == (
+        0,
+        TRAINING,
+        Role.TRAINING,
+        A,
+        Zone.OVERLAP,
+    )
     validate(s)
 
 
@@ -89,8 +98,9 @@ def test_no_gpu_is_bound_to_two_rollout_workers() -> None:
     rejects(s, ev.WorkerAdded(2, (3,), Role.TRAINING, Zone.DEDICATED), "fixed at cluster-init")
     s2 = apply(s, ev.WorkerAdded(2, (3,), Role.PREFILL, Zone.DEDICATED))
     validate(s2)
-    bad = dataclasses.replace(s2, workers={**s2.workers, 3: msgspec.structs.replace(s2.workers[2],
-                                                                                id=3)})
+    bad = dataclasses.replace(
+        s2, workers={**s2.workers, 3: msgspec.structs.replace(s2.workers[2], id=3)}
+    )
     with pytest.raises(InvariantViolation, match="GPU 3 is bound to rollout workers"):
         validate(bad)
 
@@ -185,14 +195,34 @@ def test_plans_are_transactions() -> None:
 
 def test_telemetry_changes_only_the_seq() -> None:
     s = table()
-    t = apply(s, ev.Telemetry(step=0, batch=1, S=1.0, delta_L=1.0, r=1.0, theta=0.0, A=0.0,
-                              b=0.0, t_prefill=0.0, T_env=0.0, makespan_s=1.0))
+    t = apply(
+        s,
+        ev.Telemetry(
+            step=0,
+            batch=1,
+            S=1.0,
+            delta_L=1.0,
+            r=1.0,
+            theta=0.0,
+            A=0.0,
+            b=0.0,
+            t_prefill=0.0,
+            T_env=0.0,
+            makespan_s=1.0,
+        ),
+    )
     assert dataclasses.replace(t, seq=s.seq) == s
 
 
 def test_json_view_lists_workers_first() -> None:
     j = table(*LENT).to_json()
     assert list(j)[:2] == ["seq", "workers"]
-    assert j["workers"][1] == {"id": 5, "gpus": [0], "role": "decode", "activity": "active",
-                               "zone": "overlap", "incarnation": 2}
+    assert j["workers"][1] == {
+        "id": 5,
+        "gpus": [0],
+        "role": "decode",
+        "activity": "active",
+        "zone": "overlap",
+        "incarnation": 2,
+    }
     assert (j["mode"], j["N_D"], j["phase"]) == ("disaggregated", 1, "idle")

@@ -42,15 +42,20 @@ def returned_before_training(d: Pearld) -> None:
     s = d.status()
     if s["phase"] == "training":
         try:
-            wait_until(lambda: (x := d.status())["training_may_proceed"] >= x["training_step"],
-                       30, "borrowed GPUs to be returned after a restart")
+            wait_until(
+                lambda: (x := d.status())["training_may_proceed"] >= x["training_step"],
+                30,
+                "borrowed GPUs to be returned after a restart",
+            )
         except AssertionError as e:
             raise AssertionError(f"{e}\nstatus: {d.status()}\npearld: {d.log_tail()}") from None
         s = d.status()
         trainer = [w for w in s["workers"] if w["role"] == "training"]
         assert all(w["activity"] == "active" for w in trainer)
-        assert not any(w["zone"] == "overlap" and w["role"] != "training"
-                       and w["activity"] != "inactive" for w in s["workers"])
+        assert not any(
+            w["zone"] == "overlap" and w["role"] != "training" and w["activity"] != "inactive"
+            for w in s["workers"]
+        )
 
 
 def test_kill_minus_nine_soak(pearld_factory: Any) -> None:

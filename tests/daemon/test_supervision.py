@@ -31,7 +31,8 @@ class Crashy(base.PearlActor):
 
 
 def test_a_dead_actor_is_restarted_and_one_that_keeps_dying_stops_pearld(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     real = Daemon._factories
 
     def factories(self: Daemon, recovered: Any) -> dict[str, Any]:
@@ -46,8 +47,15 @@ def test_a_dead_actor_is_restarted_and_one_that_keeps_dying_stops_pearld(
         for k in range(1, 6):  # five restarts within 5 minutes are allowed
             first = daemon.directory.get("crashy")
             first.tell(Crash())
-            wait_until(lambda f=first: (r := daemon.directory.find("crashy")) is not None
-                       and r is not f and r.ref.is_alive(), 10, f"restart {k}")
+            wait_until(
+                lambda f=first: (
+                    (r := daemon.directory.find("crashy")) is not None
+                    and r is not f
+                    and r.ref.is_alive()
+                ),
+                10,
+                f"restart {k}",
+            )
             assert not daemon.failed.is_set()
         assert daemon.directory.get("orchestrator").ref.is_alive()  # the others were left alone
         daemon.directory.get("crashy").tell(Crash())  # the sixth failure

@@ -12,8 +12,9 @@ from transports.bulk import ZmqKVChannel
 
 # Sim costs scaled so one decode iteration takes ~0.6 ms of wall time (abort can land mid-way),
 # and memory operations stay short.
-SIM_COST = SimCost(start_s=0.2, activation_s=0.2, release_s=0.2, load_s=0.2, context_limit=8192,
-                   vocab_size=4096)
+SIM_COST = SimCost(
+    start_s=0.2, activation_s=0.2, release_s=0.2, load_s=0.2, context_limit=8192, vocab_size=4096
+)
 SIM_SCALE = 0.05
 
 
@@ -72,8 +73,9 @@ class Engines:
             ch.close()
 
 
-def run(engine: Engine, prompt: tuple[int, ...], rid: str = "r", timeout: float = 60.0,
-        **sampling: Any) -> GenerateResult:
+def run(
+    engine: Engine, prompt: tuple[int, ...], rid: str = "r", timeout: float = 60.0, **sampling: Any
+) -> GenerateResult:
     """Generate one request to completion."""
     sp = SamplingParams(**sampling)
     return engine.generate(GenerateRequest(rid, prompt, sp)).result(timeout)

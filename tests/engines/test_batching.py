@@ -14,9 +14,14 @@ from .helpers import Engines, prompt_of, run
 
 def mixed_requests(n: int, seed: int = 0) -> list[GenerateRequest]:
     rng = random.Random(seed)
-    return [GenerateRequest(f"q{i}", prompt_of(rng.randint(1, 160), i),
-                            SamplingParams(max_new_tokens=rng.randint(1, 24)))
-            for i in range(n)]
+    return [
+        GenerateRequest(
+            f"q{i}",
+            prompt_of(rng.randint(1, 160), i),
+            SamplingParams(max_new_tokens=rng.randint(1, 24)),
+        )
+        for i in range(n)
+    ]
 
 
 def test_many_concurrent_requests_complete_and_match_unbatched(engines: Engines) -> None:
@@ -52,8 +57,10 @@ def test_chunked_prefill_interleaves_with_decode(engines: Engines) -> None:
 
 
 def test_preemption_under_memory_pressure_loses_nothing(engines: Engines) -> None:
-    reqs = [GenerateRequest(f"p{i}", prompt_of(40, i), SamplingParams(max_new_tokens=40))
-            for i in range(8)]
+    reqs = [
+        GenerateRequest(f"p{i}", prompt_of(40, i), SamplingParams(max_new_tokens=40))
+        for i in range(8)
+    ]
     ref = engines.make()
     want = {r.rid: ref.generate(r).result(60).output_ids for r in reqs}
     per_page = ref.kv_usage()["bytes_per_page"]  # type: ignore[attr-defined]

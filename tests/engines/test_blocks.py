@@ -31,8 +31,14 @@ def test_prefix_is_claimed_once_and_keeps_at_least_one_token_to_prefill() -> Non
     assert reuse == 5 and len(got) == 2 and b.free_pages == 8
 
 
-ops = st.lists(st.tuples(st.sampled_from(["alloc", "free", "keep", "take", "clear"]),
-                         st.integers(0, 5), st.integers(0, 40)), max_size=60)
+ops = st.lists(
+    st.tuples(
+        st.sampled_from(["alloc", "free", "keep", "take", "clear"]),
+        st.integers(0, 5),
+        st.integers(0, 40),
+    ),
+    max_size=60,
+)
 
 
 @settings(max_examples=150, deadline=None)

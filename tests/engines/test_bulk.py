@@ -111,8 +111,9 @@ def test_raw_bulk_send_and_recv() -> None:
         tid, m, f = bulk_recv(pull, 2)
         back = from_frames(m, f)
         assert tid == "weights-v3" and back.keys() == state.keys()
-        assert all(torch.equal(back[k], state[k]) and back[k].dtype == state[k].dtype
-                   for k in state)
+        assert all(
+            torch.equal(back[k], state[k]) and back[k].dtype == state[k].dtype for k in state
+        )
         with pytest.raises(KVTimeout):
             bulk_recv(pull, 0.05)
     finally:

@@ -46,7 +46,7 @@ def test_stop_ids_end_generation_at_the_first_stop(engines: Engines) -> None:
     stop = full[5]
     r = run(e, prompt_of(30, 1), rid="s", max_new_tokens=16, stop_ids=(stop,))
     assert r.finish_reason is FinishReason.STOP
-    assert r.output_ids == full[:full.index(stop) + 1]
+    assert r.output_ids == full[: full.index(stop) + 1]
 
 
 def test_logprobs_can_be_left_out(engines: Engines) -> None:
@@ -58,8 +58,10 @@ def test_logprobs_can_be_left_out(engines: Engines) -> None:
 
 def test_seeded_sampling_is_reproducible(engines: Engines) -> None:
     e = engines.make()
-    outs = [run(e, prompt_of(12), rid=f"s{i}", max_new_tokens=24, temperature=1.0, seed=seed)
-            .output_ids for i, seed in enumerate((1, 1, 2))]
+    outs = [
+        run(e, prompt_of(12), rid=f"s{i}", max_new_tokens=24, temperature=1.0, seed=seed).output_ids
+        for i, seed in enumerate((1, 1, 2))
+    ]
     assert outs[0] == outs[1] != outs[2]
 
 
@@ -134,8 +136,9 @@ def test_disaggregated_generation_matches_colocated(engines: Engines) -> None:
         want = run(coloc, prompt, rid=f"c{i}", max_new_tokens=10)
         sp = SamplingParams(max_new_tokens=10)
         fd = decode.generate(GenerateRequest(f"r{i}", prompt, sp, transfer_id=f"t{i}"))
-        rp = prefill.generate(GenerateRequest(f"r{i}", prompt, sp, transfer_id=f"t{i}",
-                                              kv_peer=peer)).result(30)
+        rp = prefill.generate(
+            GenerateRequest(f"r{i}", prompt, sp, transfer_id=f"t{i}", kv_peer=peer)
+        ).result(30)
         assert rp.finish_reason is FinishReason.PREFILLED
         assert rp.output_ids == want.output_ids[:1]
         rd = fd.result(30)

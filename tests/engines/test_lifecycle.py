@@ -20,7 +20,8 @@ S = EngineState
 @pytest.mark.parametrize("src", list(S))
 @pytest.mark.parametrize("dst", list(S))
 def test_every_pair_of_states_is_allowed_or_refused_as_the_table_says(
-        src: EngineState, dst: EngineState) -> None:
+    src: EngineState, dst: EngineState
+) -> None:
     life = Lifecycle("sim")
     life.state = src
     if dst in TRANSITIONS[src]:
@@ -80,6 +81,7 @@ def test_a_call_the_engine_thread_never_runs_is_an_error_that_names_it() -> None
     e = SimEngine(cost=SIM_COST, time_scale=SIM_SCALE, call_timeout_s=0.2)
     e.start()
     try:
+
         def busy() -> None:  # the engine thread is busy for a second; this call times out too
             with pytest.raises(EngineError, match="within"):
                 e._call(lambda: time.sleep(1.0))

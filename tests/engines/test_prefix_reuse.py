@@ -7,8 +7,9 @@ from pearl.engines.base import Engine, GenerateRequest, GenerateResult, Sampling
 from .helpers import Engines, prompt_of
 
 
-def turn(engine: Engine, rid: str, prompt: tuple[int, ...], trajectory: str,
-         new: int = 6) -> GenerateResult:
+def turn(
+    engine: Engine, rid: str, prompt: tuple[int, ...], trajectory: str, new: int = 6
+) -> GenerateResult:
     req = GenerateRequest(rid, prompt, SamplingParams(max_new_tokens=new), trajectory=trajectory)
     return engine.generate(req).result(60)
 

@@ -14,8 +14,17 @@ from transports.bulk import LocalKVHub
 
 from .helpers import prompt_of
 
-COST = SimCost(A=0.02, b=0.001, t_prefill=1e-4, kv_bytes_per_token=1000, kv_bandwidth=1e6,
-               start_s=1.0, activation_s=2.0, release_s=1.0, load_s=3.0)
+COST = SimCost(
+    A=0.02,
+    b=0.001,
+    t_prefill=1e-4,
+    kv_bytes_per_token=1000,
+    kv_bandwidth=1e6,
+    start_s=1.0,
+    activation_s=2.0,
+    release_s=1.0,
+    load_s=3.0,
+)
 
 
 def engine(scale: float = 0.01, **kw: object) -> SimEngine:
@@ -26,9 +35,14 @@ def engine(scale: float = 0.01, **kw: object) -> SimEngine:
 
 def test_a_tracker_fits_back_the_cost_model() -> None:
     e = engine(0.001)
-    futs = [e.generate(GenerateRequest(f"r{i}", prompt_of(10 + 7 * i),
-                                       SamplingParams(max_new_tokens=5 + 3 * i)))
-            for i in range(12)]
+    futs = [
+        e.generate(
+            GenerateRequest(
+                f"r{i}", prompt_of(10 + 7 * i), SamplingParams(max_new_tokens=5 + 3 * i)
+            )
+        )
+        for i in range(12)
+    ]
     [f.result(30) for f in futs]
     e.stop()
     its = e.telemetry().iterations
@@ -45,8 +59,11 @@ def test_generation_and_memory_operations_take_scaled_model_time() -> None:
     took = time.monotonic() - t0
     model_s = COST.iteration_s(0, 100) + 49 * COST.iteration_s(1, 0)  # 1.05 s of model time
     assert 0.9 * model_s * 0.01 < took < 0.5 + 3 * model_s * 0.01  # slack: a shared 2-core VM
-    for op, cost in ((e.release_memory, COST.release_s), (e.resume_memory, COST.activation_s),
-                     (lambda: e.load_weights(1, None), COST.load_s)):
+    for op, cost in (
+        (e.release_memory, COST.release_s),
+        (e.resume_memory, COST.activation_s),
+        (lambda: e.load_weights(1, None), COST.load_s),
+    ):
         t0 = time.monotonic()
         op()
         assert 0.9 * cost * 0.01 < time.monotonic() - t0 < 0.5 + cost * 0.01
@@ -78,6 +95,10 @@ def test_cost_comes_from_the_catalog_roofline() -> None:
 
     roof = roofline("qwen3-8b", "H800", 2, context=8000, seq_tokens=16000)
     cost = SimCost.from_roofline(roof, start_s=5.0)
-    assert (cost.A, cost.b, cost.t_prefill, cost.kv_bandwidth) == (roof.A, roof.b, roof.t_prefill,
-                                                                   roof.BW)
+    assert (cost.A, cost.b, cost.t_prefill, cost.kv_bandwidth) == (
+        roof.A,
+        roof.b,
+        roof.t_prefill,
+        roof.BW,
+    )
     assert cost.kv_bytes_per_token == roof.K and cost.start_s == 5.0

@@ -23,8 +23,9 @@ def engine() -> TorchEngine:
     e.stop()
 
 
-def hf_greedy(model: Qwen3ForCausalLM, prompt: tuple[int, ...],
-              n: int) -> tuple[list[int], list[float]]:
+def hf_greedy(
+    model: Qwen3ForCausalLM, prompt: tuple[int, ...], n: int
+) -> tuple[list[int], list[float]]:
     ids, lps = list(prompt), []
     with torch.inference_mode():
         for _ in range(n):
@@ -32,7 +33,7 @@ def hf_greedy(model: Qwen3ForCausalLM, prompt: tuple[int, ...],
             tok = int(logits.argmax())
             lps.append(float(torch.log_softmax(logits, -1)[tok]))
             ids.append(tok)
-    return ids[len(prompt):], lps
+    return ids[len(prompt) :], lps
 
 
 def test_paged_chunked_forward_matches_the_hugging_face_model(engine: TorchEngine) -> None:
@@ -46,8 +47,9 @@ def test_paged_chunked_forward_matches_the_hugging_face_model(engine: TorchEngin
 def test_weights_load_from_safetensors_and_torch_files(engine: TorchEngine, tmp_path: Path) -> None:
     from safetensors.torch import save_file
 
-    other = M.build(M.preset_config("tiny"), M.WeightSource("seed", 7), torch.device("cpu"),
-                    torch.float32)
+    other = M.build(
+        M.preset_config("tiny"), M.WeightSource("seed", 7), torch.device("cpu"), torch.float32
+    )
     state = {k: v.clone() for k, v in other.state_dict().items() if k != "lm_head.weight"}
     save_file(state, str(tmp_path / "w.safetensors"))
     torch.save(state, tmp_path / "w.pt")
@@ -67,8 +69,9 @@ def test_weights_load_from_safetensors_and_torch_files(engine: TorchEngine, tmp_
 
 
 def test_a_local_model_directory_loads(tmp_path: Path) -> None:
-    model = M.build(M.preset_config("tiny"), M.WeightSource("seed", 3), torch.device("cpu"),
-                    torch.float32)
+    model = M.build(
+        M.preset_config("tiny"), M.WeightSource("seed", 3), torch.device("cpu"), torch.float32
+    )
     model.save_pretrained(tmp_path)
     want, _ = hf_greedy(model, prompt_of(10), 5)
     e = TorchEngine(model_path=str(tmp_path))
@@ -87,8 +90,15 @@ def test_release_frees_the_weights_and_a_cpu_copy_can_be_kept() -> None:
     for keep in (False, True):
         e = TorchEngine(preset="tiny", keep_cpu_copy=keep)
         e.start()
-        e.load_weights(1, M.build(M.preset_config("tiny"), M.WeightSource("seed", 9),
-                                  torch.device("cpu"), torch.float32).state_dict())
+        e.load_weights(
+            1,
+            M.build(
+                M.preset_config("tiny"),
+                M.WeightSource("seed", 9),
+                torch.device("cpu"),
+                torch.float32,
+            ).state_dict(),
+        )
         before = run(e, prompt_of(12), max_new_tokens=6).output_ids
         e.release_memory()
         assert e.model is None and e.runner is None and e.kv_usage()["pages"] == 0
@@ -133,8 +143,9 @@ def test_a_released_worker_resumes_on_its_pending_version_when_its_own_was_prune
 
     cfg = M.preset_config("tiny")
     store = WeightStore(tmp_path / "store", keep=1)
-    v1 = store.publish(1, M.build(cfg, M.WeightSource("seed", 11), torch.device("cpu"),
-                                  torch.float32).state_dict())
+    v1 = store.publish(
+        1, M.build(cfg, M.WeightSource("seed", 11), torch.device("cpu"), torch.float32).state_dict()
+    )
     newer = M.build(cfg, M.WeightSource("seed", 12), torch.device("cpu"), torch.float32)
     want, _ = hf_greedy(newer, prompt_of(12), 6)
     e = TorchEngine(preset="tiny")
@@ -156,8 +167,10 @@ def test_top_p_near_zero_is_greedy_and_sampling_varies(engine: TorchEngine) -> N
     greedy = run(engine, prompt_of(9), max_new_tokens=10).output_ids
     nucleus = run(engine, prompt_of(9), rid="p", max_new_tokens=10, temperature=1.0, top_p=1e-6)
     assert nucleus.output_ids == greedy
-    hot = {run(engine, prompt_of(9), rid=f"h{i}", max_new_tokens=10, temperature=1.5).output_ids
-           for i in range(3)}
+    hot = {
+        run(engine, prompt_of(9), rid=f"h{i}", max_new_tokens=10, temperature=1.5).output_ids
+        for i in range(3)
+    }
     assert len(hot) > 1  # unseeded sampling draws fresh entropy
 
 

@@ -56,13 +56,32 @@ def _step(draw: st.DrawFn, b: TableBuilder) -> Step:
 @st.composite
 def candidate(draw: st.DrawFn, b: TableBuilder) -> Any:
     """One record that may or may not fit the table ``b`` describes."""
-    kind = draw(st.sampled_from([
-        "gpus-added", "gpus-reclaimed", "worker-added", "worker-added", "worker-added",
-        "worker-removed", "role-changed", "activity-changed", "activity-changed",
-        "training-begin", "training-finished", "weights-published", "worker-failed",
-        "plan-begin", "step-done", "step-done", "plan-commit", "plan-abort", "telemetry",
-        "cluster-init",
-    ]))
+    kind = draw(
+        st.sampled_from(
+            [
+                "gpus-added",
+                "gpus-reclaimed",
+                "worker-added",
+                "worker-added",
+                "worker-added",
+                "worker-removed",
+                "role-changed",
+                "activity-changed",
+                "activity-changed",
+                "training-begin",
+                "training-finished",
+                "weights-published",
+                "worker-failed",
+                "plan-begin",
+                "step-done",
+                "step-done",
+                "plan-commit",
+                "plan-abort",
+                "telemetry",
+                "cluster-init",
+            ]
+        )
+    )
     present, absent = sorted(b.present_gpus), sorted(set(PREEMPTIBLE) - b.present_gpus)
     bound = {g for w in b.workers.values() if w.role is not Role.TRAINING for g in w.gpus}
     plan = b.plan
@@ -98,15 +117,28 @@ def candidate(draw: st.DrawFn, b: TableBuilder) -> Any:
     plan_id = plan.plan if plan is not None and draw(st.integers(0, 4)) else draw(st.integers(0, 4))
     if kind == "step-done":
         n = len(plan.steps) if plan is not None else 1
-        return ev.StepDone(plan_id, draw(st.integers(0, n - 1) if n and draw(st.integers(0, 3))
-                                         else st.integers(-1, n)))
+        return ev.StepDone(
+            plan_id,
+            draw(st.integers(0, n - 1) if n and draw(st.integers(0, 3)) else st.integers(-1, n)),
+        )
     if kind == "plan-commit":
         return ev.PlanCommit(plan_id)
     if kind == "plan-abort":
         return ev.PlanAbort(plan_id, "test")
     if kind == "telemetry":
-        return ev.Telemetry(step=b.training_step, batch=8, S=1.0, delta_L=2.0, r=3.0, theta=0.1,
-                            A=0.0, b=0.0, t_prefill=0.0, T_env=0.0, makespan_s=1.0)
+        return ev.Telemetry(
+            step=b.training_step,
+            batch=8,
+            S=1.0,
+            delta_L=2.0,
+            r=3.0,
+            theta=0.1,
+            A=0.0,
+            b=0.0,
+            t_prefill=0.0,
+            T_env=0.0,
+            makespan_s=1.0,
+        )
     return cluster_init(draw(st.integers(1, 2)))
 
 

@@ -154,9 +154,22 @@ def test_closed_log_refuses_calls(store: Store) -> None:
 def test_concurrent_appends_get_unique_contiguous_seqs(store: Store) -> None:
     log = store.open()
     log.append(RECORDS[:1])
-    payload = [ev.Telemetry(step=i, batch=1, S=1.0, delta_L=1.0, r=1.0, theta=0.0, A=0.0,
-                            b=0.0, t_prefill=0.0, T_env=0.0, makespan_s=float(i))
-               for i in range(400)]
+    payload = [
+        ev.Telemetry(
+            step=i,
+            batch=1,
+            S=1.0,
+            delta_L=1.0,
+            r=1.0,
+            theta=0.0,
+            A=0.0,
+            b=0.0,
+            t_prefill=0.0,
+            T_env=0.0,
+            makespan_s=float(i),
+        )
+        for i in range(400)
+    ]
     got: dict[int, object] = {}
     lock = threading.Lock()
 

@@ -29,7 +29,11 @@ def run_child(path: Path, point: str | None, n: int) -> subprocess.CompletedProc
         env[failpoints.ENV] = f"{point}:{n}"
     return subprocess.run(
         [sys.executable, "-m", "tests.log.crash_child", str(path), str(BATCHES)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 

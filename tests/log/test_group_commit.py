@@ -30,8 +30,19 @@ class SlowSync:
 
 
 def telemetry(i: int) -> ev.Telemetry:
-    return ev.Telemetry(step=i, batch=1, S=1.0, delta_L=1.0, r=1.0, theta=0.0, A=0.0, b=0.0,
-                        t_prefill=0.0, T_env=0.0, makespan_s=1.0)
+    return ev.Telemetry(
+        step=i,
+        batch=1,
+        S=1.0,
+        delta_L=1.0,
+        r=1.0,
+        theta=0.0,
+        A=0.0,
+        b=0.0,
+        t_prefill=0.0,
+        T_env=0.0,
+        makespan_s=1.0,
+    )
 
 
 def frame_ends(path: Path) -> dict[int, int]:

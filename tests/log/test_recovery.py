@@ -137,8 +137,10 @@ def test_flipped_bit_refusal_is_stable(template: Path) -> None:
 def test_sequence_break_refuses(tmp_path: Path) -> None:
     path = tmp_path / "log"
     write_log(path, RECORDS[:3])
-    frames = [framing.frame(s, framing.pack(r)) for s, r in ((1, RECORDS[0]), (2, RECORDS[1]),
-                                                             (4, RECORDS[2]))]
+    frames = [
+        framing.frame(s, framing.pack(r))
+        for s, r in ((1, RECORDS[0]), (2, RECORDS[1]), (4, RECORDS[2]))
+    ]
     (path / SEG).write_bytes(b"".join(frames))
     with pytest.raises(LogCorrupted, match="sequence 4 where 3 was expected"):
         FileLog(path)
@@ -154,7 +156,10 @@ def test_segments_rotate_and_must_chain(tmp_path: Path) -> None:
         assert all(a.last_seq + 1 == b.first_seq for a, b in zip(segs, segs[1:], strict=False))
         assert log.load().state == replay(RECORDS)
         assert [s for s, _ in log.read(segs[1].first_seq - 1, segs[1].first_seq + 1)] == [
-            segs[1].first_seq - 1, segs[1].first_seq, segs[1].first_seq + 1]
+            segs[1].first_seq - 1,
+            segs[1].first_seq,
+            segs[1].first_seq + 1,
+        ]
     middle = segs[1].path
     data = middle.read_bytes()
     middle.write_bytes(data[:-3])  # damage at the end of a segment that is not the last
@@ -177,8 +182,10 @@ def test_one_writer_at_a_time(tmp_path: Path, open_file_log) -> None:
         assert ro.last_seq == 2
         with pytest.raises(LogError, match="read-only"):
             ro.append(RECORDS[2:3])
-    code = (f"from pearl.log import FileLog, LogLocked\ntry:\n FileLog({str(tmp_path / 'log')!r})\n"
-            "except LogLocked as e:\n print('locked:', e); raise SystemExit(3)")
+    code = (
+        f"from pearl.log import FileLog, LogLocked\ntry:\n FileLog({str(tmp_path / 'log')!r})\n"
+        "except LogLocked as e:\n print('locked:', e); raise SystemExit(3)"
+    )
     child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert child.returncode == 3, child.stderr
     log.close()

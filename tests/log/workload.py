@@ -102,23 +102,44 @@ class Workload:
         steps = []
         for wid, pair in zip(self._free_slots(len(pairs)), pairs, strict=True):
             role = Role.DECODE if self.rng.random() < 0.6 else Role.PREFILL
-            steps.append((Step(StepOp.ADD, wid, role, pair, Zone.DEDICATED),
-                          [ev.WorkerAdded(wid, pair, role, Zone.DEDICATED),
-                           ev.ActivityChanged(wid, Activity.ACTIVE)]))
+            steps.append(
+                (
+                    Step(StepOp.ADD, wid, role, pair, Zone.DEDICATED),
+                    [
+                        ev.WorkerAdded(wid, pair, role, Zone.DEDICATED),
+                        ev.ActivityChanged(wid, Activity.ACTIVE),
+                    ],
+                )
+            )
         if steps:
             yield from self._run_plan(cause, steps)
 
     def _train_step(self) -> Iterator[list[Any]]:
         b, rng = self.b, self.rng
-        yield self._emit([ev.Telemetry(
-            step=self.step, batch=512, S=rng.uniform(5, 30), delta_L=rng.uniform(100, 900),
-            r=rng.uniform(50, 600), theta=rng.uniform(0, 0.4), A=rng.uniform(0.01, 0.03),
-            b=rng.uniform(1e-5, 1e-4), t_prefill=rng.uniform(1e-5, 5e-5), T_env=rng.uniform(0.5, 4),
-            makespan_s=rng.uniform(60, 600), toggle_s=rng.choice([None, rng.uniform(1, 5)]))])
+        yield self._emit(
+            [
+                ev.Telemetry(
+                    step=self.step,
+                    batch=512,
+                    S=rng.uniform(5, 30),
+                    delta_L=rng.uniform(100, 900),
+                    r=rng.uniform(50, 600),
+                    theta=rng.uniform(0, 0.4),
+                    A=rng.uniform(0.01, 0.03),
+                    b=rng.uniform(1e-5, 1e-4),
+                    t_prefill=rng.uniform(1e-5, 5e-5),
+                    T_env=rng.uniform(0.5, 4),
+                    makespan_s=rng.uniform(60, 600),
+                    toggle_s=rng.choice([None, rng.uniform(1, 5)]),
+                )
+            ]
+        )
         yield self._emit([ev.TrainingBegin(self.step)])
         overlap = [w for w in b.workers.values() if w.zone is Zone.OVERLAP and w.is_rollout]
-        steps = [(Step(StepOp.DEACTIVATE, w.id), [ev.ActivityChanged(w.id, Activity.INACTIVE)])
-                 for w in overlap]
+        steps = [
+            (Step(StepOp.DEACTIVATE, w.id), [ev.ActivityChanged(w.id, Activity.INACTIVE)])
+            for w in overlap
+        ]
         steps.append((Step(StepOp.RECLAIM, 0), [ev.ActivityChanged(0, Activity.ACTIVE)]))
         yield from self._run_plan("training-begin", steps)
         yield self._emit([ev.TrainingFinished(self.step, self.step)])
@@ -127,12 +148,20 @@ class Workload:
             for k in range(self.overlap):
                 gpus = TRAINING[k * TP : (k + 1) * TP]
                 wid = 100 + k
-                steps.append((Step(StepOp.ADD, wid, Role.DECODE, gpus, Zone.OVERLAP),
-                              [ev.WorkerAdded(wid, gpus, Role.DECODE, Zone.OVERLAP),
-                               ev.ActivityChanged(wid, Activity.ACTIVE)]))
+                steps.append(
+                    (
+                        Step(StepOp.ADD, wid, Role.DECODE, gpus, Zone.OVERLAP),
+                        [
+                            ev.WorkerAdded(wid, gpus, Role.DECODE, Zone.OVERLAP),
+                            ev.ActivityChanged(wid, Activity.ACTIVE),
+                        ],
+                    )
+                )
         else:
-            steps += [(Step(StepOp.ACTIVATE, w.id), [ev.ActivityChanged(w.id, Activity.ACTIVE)])
-                      for w in overlap]
+            steps += [
+                (Step(StepOp.ACTIVATE, w.id), [ev.ActivityChanged(w.id, Activity.ACTIVE)])
+                for w in overlap
+            ]
         yield from self._run_plan("training-finished", steps)
         assert b.phase is TrainingPhase.IDLE
 
@@ -144,14 +173,26 @@ class Workload:
         yield self._emit([ev.GpusAdded(tuple(absent[:k]))])
         yield from self._grow(tuple(absent[:k]), "gpus-added")
         # rebalance: switch one decode worker to prefill (drain, change role, resume)
-        decode = [w for w in self.b.workers.values() if w.role is Role.DECODE
-                  and w.zone is Zone.DEDICATED and w.activity is Activity.ACTIVE]
+        decode = [
+            w
+            for w in self.b.workers.values()
+            if w.role is Role.DECODE and w.zone is Zone.DEDICATED and w.activity is Activity.ACTIVE
+        ]
         if decode:
             w = self.rng.choice(decode)
-            yield from self._run_plan("ratio", [(Step(StepOp.SET_ROLE, w.id, Role.PREFILL), [
-                ev.ActivityChanged(w.id, Activity.TRANSITIONING),
-                ev.RoleChanged(w.id, Role.PREFILL),
-                ev.ActivityChanged(w.id, Activity.ACTIVE)])])
+            yield from self._run_plan(
+                "ratio",
+                [
+                    (
+                        Step(StepOp.SET_ROLE, w.id, Role.PREFILL),
+                        [
+                            ev.ActivityChanged(w.id, Activity.TRANSITIONING),
+                            ev.RoleChanged(w.id, Role.PREFILL),
+                            ev.ActivityChanged(w.id, Activity.ACTIVE),
+                        ],
+                    )
+                ],
+            )
 
     def _gpus_leave(self) -> Iterator[list[Any]]:
         present = sorted(self.b.present_gpus)
@@ -170,8 +211,9 @@ class Workload:
             return
         w = self.rng.choice(dedicated)
         yield self._emit([ev.WorkerFailed(w.id, "heartbeat lost", w.incarnation)])
-        yield from self._run_plan("worker-failed", [
-            (Step(StepOp.REMOVE, w.id), [ev.WorkerRemoved(w.id, "failed")])])
+        yield from self._run_plan(
+            "worker-failed", [(Step(StepOp.REMOVE, w.id), [ev.WorkerRemoved(w.id, "failed")])]
+        )
 
 
 def realistic(n: int, seed: int = 0) -> list[Any]:

@@ -103,7 +103,9 @@ def test_the_package_api_is_lazy_and_complete() -> None:
     assert sorted(pearl.rl.__all__) == sorted(pearl.rl._WHERE)
     for name in pearl.rl.__all__:
         assert getattr(pearl.rl, name) is not None
-    code = ("import sys, pearl.rl; from pearl.rl import make_env, Trajectory, WeightStore; "
-            "make_env('tool_use'); print('torch' in sys.modules)")
+    code = (
+        "import sys, pearl.rl; from pearl.rl import make_env, Trajectory, WeightStore; "
+        "make_env('tool_use'); print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"  # environments and records do not load torch

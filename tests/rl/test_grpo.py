@@ -19,8 +19,16 @@ def sampled(engine: TorchEngine, n: int = 8, group: int = 4) -> list[Trajectory]
     for i in range(n):
         sp = SamplingParams(max_new_tokens=20, temperature=1.0, seed=i)
         r = engine.generate(GenerateRequest(f"s{i}", prompt, sp)).result(60)
-        out.append(Trajectory(f"t{i}", f"g{i // group}", "task", (Turn.of(prompt, r),),
-                              reward=float(i % 2), done=True))
+        out.append(
+            Trajectory(
+                f"t{i}",
+                f"g{i // group}",
+                "task",
+                (Turn.of(prompt, r),),
+                reward=float(i % 2),
+                done=True,
+            )
+        )
     return out
 
 
@@ -33,7 +41,7 @@ def test_trainer_version_0_is_the_engines_version_0(engine: TorchEngine) -> None
     assert trainer.logprobs([traj])[0] == pytest.approx(list(r.logprobs), abs=1e-4)
     with torch.no_grad():  # greedy under the trainer's model: the same tokens
         logits = trainer.model(torch.tensor([traj.tokens()])).logits[0]
-    greedy = logits[len(prompt) - 1:-1].argmax(-1).tolist()
+    greedy = logits[len(prompt) - 1 : -1].argmax(-1).tolist()
     assert greedy == list(r.output_ids)
     other = GRPOTrainer(device="cpu", seed=1)  # a different seed is a different model
     assert other.logprobs([traj])[0] != pytest.approx(list(r.logprobs), abs=1e-2)
@@ -62,17 +70,29 @@ def test_steps_are_deterministic(engine: TorchEngine) -> None:
     batch = Batch(0, tuple(sampled(engine)))
     a, b = GRPOTrainer(device="cpu", lr=1e-3), GRPOTrainer(device="cpu", lr=1e-3)
     ma, mb = a.step(batch), b.step(batch)
-    assert {k: v for k, v in ma.items() if k != "seconds"} == \
-        {k: v for k, v in mb.items() if k != "seconds"}
+    assert {k: v for k, v in ma.items() if k != "seconds"} == {
+        k: v for k, v in mb.items() if k != "seconds"
+    }
     sa, sb = a.state_dict(), b.state_dict()
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
 def test_off_policy_tokens_are_clipped(engine: TorchEngine) -> None:
     trajs = sampled(engine)
-    stale = [Trajectory(t.id, t.group_id, t.task_id, tuple(
-        Turn(u.prompt_ids, u.output_ids, tuple(x - 1.0 for x in u.logprobs), 0, "length")
-        for u in t.turns), t.reward, True) for t in trajs]  # the rollout policy was e-times less
+    stale = [
+        Trajectory(
+            t.id,
+            t.group_id,
+            t.task_id,
+            tuple(
+                Turn(u.prompt_ids, u.output_ids, tuple(x - 1.0 for x in u.logprobs), 0, "length")
+                for u in t.turns
+            ),
+            t.reward,
+            True,
+        )
+        for t in trajs
+    ]  # the rollout policy was e-times less
     m = GRPOTrainer(device="cpu").step(Batch(0, tuple(stale)))
     assert m["ratio"] == pytest.approx(2.718, rel=0.01) and m["clip_frac"] > 0.3
 
@@ -82,16 +102,30 @@ def test_tokens_outside_the_trust_region_give_no_gradient(engine: TorchEngine) -
     with every token so, the step has nothing to follow."""
     trajs = sampled(engine, n=2, group=2)  # t0 reward 0 (A < 0), t1 reward 1 (A > 0)
     shift = {0: +1.0, 1: -1.0}  # ratio = exp(logp - old): 1/e for t0, e for t1
-    moved = tuple(Trajectory(t.id, t.group_id, t.task_id, tuple(
-        Turn(u.prompt_ids, u.output_ids, tuple(x + shift[i] for x in u.logprobs), 0, "length")
-        for u in t.turns), t.reward, True) for i, t in enumerate(trajs))
+    moved = tuple(
+        Trajectory(
+            t.id,
+            t.group_id,
+            t.task_id,
+            tuple(
+                Turn(
+                    u.prompt_ids, u.output_ids, tuple(x + shift[i] for x in u.logprobs), 0, "length"
+                )
+                for u in t.turns
+            ),
+            t.reward,
+            True,
+        )
+        for i, t in enumerate(trajs)
+    )
     trainer = GRPOTrainer(device="cpu", lr=1e-3)
     before = {k: v.clone() for k, v in trainer.state_dict().items()}
     m = trainer.step(Batch(0, moved))
     assert m["clip_frac"] == 1.0 and m["grad_norm"] == 0.0
     assert all(torch.equal(v, before[k]) for k, v in trainer.state_dict().items())
     wide = GRPOTrainer(device="cpu", lr=1e-3, clip_eps=0.9, clip_eps_high=5.0).step(
-        Batch(0, moved))  # the same tokens inside a wider region do move the policy
+        Batch(0, moved)
+    )  # the same tokens inside a wider region do move the policy
     assert wide["clip_frac"] == 0.0 and wide["grad_norm"] > 0
 
 
@@ -99,8 +133,9 @@ def test_group_advantages() -> None:
     def t(i: int, g: str, r: float) -> Trajectory:
         return Trajectory(f"t{i}", g, "x", (Turn((1,), (2,), (-1.0,), 0, "stop"),), r)
 
-    adv = group_advantages(Batch(0, (t(0, "a", 1.0), t(1, "a", 0.0), t(2, "b", 0.3),
-                                     t(3, "b", 0.3), t(4, "a", 0.5))))
+    adv = group_advantages(
+        Batch(0, (t(0, "a", 1.0), t(1, "a", 0.0), t(2, "b", 0.3), t(3, "b", 0.3), t(4, "a", 0.5)))
+    )
     assert adv["t0"] == pytest.approx(1.2247, abs=1e-3)
     assert adv["t1"] == pytest.approx(-1.2247, abs=1e-3) and adv["t4"] == pytest.approx(0.0)
     assert adv["t2"] == adv["t3"] == 0.0  # equal rewards: nothing to learn from that group

@@ -8,14 +8,15 @@ from pearl.rl.pipeline import Pipeline, PipelineConfig, _Group
 
 
 def group(gid: str, version: int, size: int = 2) -> _Group:
-    trajs = [Trajectory(f"{gid}.{k}", gid, "task", (Turn((1,), (2,), (-1.0,), version, "stop"),),
-                        1.0) for k in range(size)]
+    trajs = [
+        Trajectory(f"{gid}.{k}", gid, "task", (Turn((1,), (2,), (-1.0,), version, "stop"),), 1.0)
+        for k in range(size)
+    ]
     return _Group(gid, trajs, 0.0, 1.0)
 
 
 def test_a_stale_group_behind_a_fresh_one_is_dropped_not_handed_out() -> None:
-    p = Pipeline(PipelineConfig(batch=4, group_size=2, staleness=1),
-                 PromptBuilder(ByteTokenizer()))  # type: ignore[arg-type]
+    p = Pipeline(PipelineConfig(batch=4, group_size=2, staleness=1), PromptBuilder(ByteTokenizer()))  # type: ignore[arg-type]
     # g2 started on v0 and finished after g1 (on v2): they land out of version order.
     p._ready.extend([group("g1", 2), group("g2", 0), group("g3", 2)])
     p.set_version(2)
@@ -32,8 +33,7 @@ def test_a_batch_reports_its_concurrency_workers_and_prefilled_tokens() -> None:
 
     from pearl.engines.base import FinishReason, GenerateResult, SamplingParams
 
-    p = Pipeline(PipelineConfig(batch=4, group_size=2, staleness=1),
-                 PromptBuilder(ByteTokenizer()))  # type: ignore[arg-type]
+    p = Pipeline(PipelineConfig(batch=4, group_size=2, staleness=1), PromptBuilder(ByteTokenizer()))  # type: ignore[arg-type]
 
     async def generate(ids: tuple[int, ...], sp: SamplingParams, tid: str) -> GenerateResult:
         # The worker reused 60 of the 100 prompt tokens from the trajectory's resident prefix.

@@ -42,8 +42,9 @@ FAST = (
 )
 
 
-def check_batch(batch: Batch, B: int, group_size: int, trainer_version: int,
-                staleness: int) -> None:
+def check_batch(
+    batch: Batch, B: int, group_size: int, trainer_version: int, staleness: int
+) -> None:
     assert len(batch) == B
     groups = batch.groups()
     assert all(len(g) == group_size for g in groups.values())
@@ -64,7 +65,8 @@ def returned(status: dict[str, Any]) -> bool:
     trainer = [w for w in status["workers"] if w["role"] == "training"]
     overlap = [w for w in status["workers"] if w["zone"] == "overlap" and w["role"] != "training"]
     return all(w["activity"] == "active" for w in trainer) and all(
-        w["activity"] == "inactive" for w in overlap)
+        w["activity"] == "inactive" for w in overlap
+    )
 
 
 def test_rl_run_with_elastic_events(tmp_path: Path) -> None:
@@ -137,12 +139,21 @@ def test_embedding_api_against_a_pearld_subprocess(tmp_path: Path) -> None:
     from pearl.rl.grpo import GRPOTrainer
 
     endpoint = f"ipc://{tmp_path}/pearld.sock"
-    args = [sys.executable, "-m", "pearl.daemon", "--config", str(CONFIG), "--state-dir",
-            str(tmp_path / "state"), "--endpoint", endpoint]
+    args = [
+        sys.executable,
+        "-m",
+        "pearl.daemon",
+        "--config",
+        str(CONFIG),
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--endpoint",
+        endpoint,
+    ]
     for s in FAST:
         args += ["--set", s]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL,
-                            stderr=open(tmp_path / "pearld.log", "wb"), cwd=ROOT)  # noqa: SIM115
+    stderr_file = open(tmp_path / "pearld.log", "wb")  # noqa: SIM115 (the child owns it)
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=stderr_file, cwd=ROOT)
     try:
         deadline = time.monotonic() + 60
         rt = None

@@ -40,17 +40,30 @@ class Recorder(Environment):
         return StepOutcome(f"obs {len(self.actions)}", 1.0, len(self.actions) >= self.turns)
 
 
-def rollouts(engine: TorchEngine, n: int, builder: PromptBuilder,
-             seed: int = 0) -> list[Trajectory]:
+def rollouts(
+    engine: TorchEngine, n: int, builder: PromptBuilder, seed: int = 0
+) -> list[Trajectory]:
     tasks = make_tasks("tool_use", n=2, seed=0)
     gen = engine_generate(engine)
     sp = SamplingParams(max_new_tokens=16, temperature=1.0, seed=seed)
 
     async def go() -> list[Trajectory]:
-        return list(await asyncio.gather(*[
-            run_trajectory(make_env("tool_use", max_turns=3, latency_s=0.01), tasks[i % 2], gen,
-                           builder, trajectory_id=f"t{i}", group_id=f"g{i % 2}", sampling=sp)
-            for i in range(n)]))
+        return list(
+            await asyncio.gather(
+                *[
+                    run_trajectory(
+                        make_env("tool_use", max_turns=3, latency_s=0.01),
+                        tasks[i % 2],
+                        gen,
+                        builder,
+                        trajectory_id=f"t{i}",
+                        group_id=f"g{i % 2}",
+                        sampling=sp,
+                    )
+                    for i in range(n)
+                ]
+            )
+        )
 
     return asyncio.run(go())
 
@@ -65,15 +78,24 @@ def test_trajectories_from_a_real_engine_are_consistent(engine: TorchEngine) -> 
 
     env = Recorder(turns=3)
     b = PromptBuilder(engine.tokenizer, max_len=1024)
-    traj = asyncio.run(run_trajectory(env, Task("k", "hello"), spy, b, trajectory_id="t",
-                                      group_id="g", sampling=SamplingParams(max_new_tokens=8)))
+    traj = asyncio.run(
+        run_trajectory(
+            env,
+            Task("k", "hello"),
+            spy,
+            b,
+            trajectory_id="t",
+            group_id="g",
+            sampling=SamplingParams(max_new_tokens=8),
+        )
+    )
     assert traj.done and not traj.truncated and len(traj.turns) == 3 and traj.reward == 3.0
     for k, turn in enumerate(traj.turns):  # each turn's prompt is the whole history so far
         prefix = Trajectory("t", "g", "k", traj.turns[:k]).tokens() + turn.prompt_ids
         assert seen[k] == prefix
         assert env.actions[k] == b.decode(turn.output_ids)
         assert turn.weights_version == 0 and len(turn.logprobs) == len(turn.output_ids)
-    assert traj.tokens()[:len(b.first("hello"))] == b.first("hello")
+    assert traj.tokens()[: len(b.first("hello"))] == b.first("hello")
     assert traj.env_s > 0
 
 
@@ -90,8 +112,17 @@ def test_an_aborted_generation_resumes_from_its_prefix() -> None:
 
     env = Recorder(turns=1)
     b = PromptBuilder(ByteTokenizer(), max_len=512)
-    traj = asyncio.run(run_trajectory(env, Task("k", "hi"), flaky, b, trajectory_id="t",
-                                      group_id="g", sampling=SamplingParams(max_new_tokens=10)))
+    traj = asyncio.run(
+        run_trajectory(
+            env,
+            Task("k", "hi"),
+            flaky,
+            b,
+            trajectory_id="t",
+            group_id="g",
+            sampling=SamplingParams(max_new_tokens=10),
+        )
+    )
     assert env.actions == ["ABCDE"]  # the environment saw one whole action
     assert calls[1] == (calls[0][0] + (65, 66, 67), 7)  # resumed: prefix in, 7 tokens left
     assert [t.finish_reason for t in traj.turns] == ["abort", "length"]
@@ -102,9 +133,17 @@ def test_an_aborted_generation_resumes_from_its_prefix() -> None:
 def test_the_length_limit_truncates(engine: TorchEngine) -> None:
     b = PromptBuilder(engine.tokenizer, max_len=300, min_new_tokens=4)
     env = Recorder(turns=100)
-    traj = asyncio.run(run_trajectory(env, Task("k", "x" * 10), engine_generate(engine), b,
-                                      trajectory_id="t", group_id="g",
-                                      sampling=SamplingParams(max_new_tokens=30)))
+    traj = asyncio.run(
+        run_trajectory(
+            env,
+            Task("k", "x" * 10),
+            engine_generate(engine),
+            b,
+            trajectory_id="t",
+            group_id="g",
+            sampling=SamplingParams(max_new_tokens=30),
+        )
+    )
     assert traj.done and traj.truncated and traj.n_tokens <= 300 and len(env.actions) >= 2
 
 

@@ -14,8 +14,7 @@ from pearl.rl import EnvError, StepOutcome, Task, make_env, make_tasks
 from pearl.rl.envs.swe_like import Dist, SWEConfig, SWELikeEnv, classify
 
 
-def play(env: SWELikeEnv, task: Task,
-         action: str = "look around") -> tuple[str, list[StepOutcome]]:
+def play(env: SWELikeEnv, task: Task, action: str = "look around") -> tuple[str, list[StepOutcome]]:
     async def go() -> tuple[str, list[StepOutcome]]:
         first = await env.reset(task)
         outs: list[StepOutcome] = []
@@ -33,7 +32,11 @@ def test_turns_sizes_and_latencies_follow_the_configured_distributions() -> None
         file_bytes={"kind": "lognormal", "median": 500, "sigma": 0.5},
         log_bytes={"kind": "exponential", "mean": 300, "lo": 50},
         read_latency_s={"kind": "uniform", "low": 0.0, "high": 0.2},
-        test_latency_s=0.1, edit_latency_s=0.0, mix=(0.5, 0.5, 0.0), time_scale=0.0)
+        test_latency_s=0.1,
+        edit_latency_s=0.0,
+        mix=(0.5, 0.5, 0.0),
+        time_scale=0.0,
+    )
     tasks = make_tasks("swe_like", n=50, seed=1)
     turns: list[int] = []
     prompts: list[int] = []
@@ -65,8 +68,7 @@ def test_turns_sizes_and_latencies_follow_the_configured_distributions() -> None
 
 
 def test_latencies_are_awaited_for_real() -> None:
-    env = SWELikeEnv(seed=0, turns=3, read_latency_s=0.05, test_latency_s=0.05,
-                     edit_latency_s=0.05)
+    env = SWELikeEnv(seed=0, turns=3, read_latency_s=0.05, test_latency_s=0.05, edit_latency_s=0.05)
     t0 = time.monotonic()
     _, outs = play(env, make_tasks("swe_like", n=1)[0])
     assert len(outs) == 3 and time.monotonic() - t0 >= 0.15
@@ -95,10 +97,17 @@ def test_the_reward_is_the_fraction_of_hidden_tests_the_actions_fix() -> None:
 
 
 def test_keywords_choose_the_action_kind_and_submit_ends_early() -> None:
-    assert [classify(a) for a in ("run pytest", "edit foo", "please submit", "read x")] == \
-        ["test", "edit", "submit", None]
-    _, outs = play(SWELikeEnv(seed=0, turns=10, time_scale=0),
-                   Task("s", "p", "z", {"needles": "z"}), "submit z")
+    assert [classify(a) for a in ("run pytest", "edit foo", "please submit", "read x")] == [
+        "test",
+        "edit",
+        "submit",
+        None,
+    ]
+    _, outs = play(
+        SWELikeEnv(seed=0, turns=10, time_scale=0),
+        Task("s", "p", "z", {"needles": "z"}),
+        "submit z",
+    )
     assert len(outs) == 1 and outs[0].reward == 1.0 and outs[0].info["final_action"] == "submit"
 
 

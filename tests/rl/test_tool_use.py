@@ -37,17 +37,21 @@ def episode(env: ToolUseEnv, actions: list[str], task: Task = TASK) -> list:
     return asyncio.run(go())
 
 
-@pytest.mark.parametrize("text, kind, body, closed", [
-    ("<calc>2*(3+4)</calc>", "calc", "2*(3+4)", True),
-    ("think first. <CALC> 1+1 </Calc> then <answer>2</answer>", "calc", "1+1", True),
-    ("<answer>42</answer><calc>1</calc>", "answer", "42", True),
-    ("I will run <py>sum(range(4))", "py", "sum(range(4))", False),
-    ("<py>x</calc>", "py", "x</calc>", False),
-    ("no tags here <calc", "none", "", False),
-    ("", "none", "", False),
-])
-def test_actions_parse_to_the_first_tool_call_or_answer(text: str, kind: str, body: str,
-                                                        closed: bool) -> None:
+@pytest.mark.parametrize(
+    "text, kind, body, closed",
+    [
+        ("<calc>2*(3+4)</calc>", "calc", "2*(3+4)", True),
+        ("think first. <CALC> 1+1 </Calc> then <answer>2</answer>", "calc", "1+1", True),
+        ("<answer>42</answer><calc>1</calc>", "answer", "42", True),
+        ("I will run <py>sum(range(4))", "py", "sum(range(4))", False),
+        ("<py>x</calc>", "py", "x</calc>", False),
+        ("no tags here <calc", "none", "", False),
+        ("", "none", "", False),
+    ],
+)
+def test_actions_parse_to_the_first_tool_call_or_answer(
+    text: str, kind: str, body: str, closed: bool
+) -> None:
     a = parse_action(text)
     assert (a.kind, a.body, a.closed) == (kind, body, closed)
 
@@ -61,14 +65,20 @@ def test_answers_compare_as_numbers() -> None:
 
 def test_calculator_and_python_tools_run_in_the_sandbox(no_leaks: None) -> None:
     async def go() -> list:
-        return list(await asyncio.gather(
-            run_tool("calc", "2*(3+4) - 10/4"), run_tool("calc", "sqrt(16) + 2**10"),
-            run_tool("py", "sorted([3, 1, 2])[::-1]"), run_tool("calc", "__import__('os')"),
-            run_tool("calc", "1/0"), run_tool("py", "open('/etc/hostname').read()"),
-            run_tool("py", "().__class__.__bases__"),
-            run_tool("py", "[g.gi_frame for g in [(x for x in [1])]]"),
-            run_tool("calc", "9**9**9"), run_tool("py", "'x' * 10_000"),
-        ))
+        return list(
+            await asyncio.gather(
+                run_tool("calc", "2*(3+4) - 10/4"),
+                run_tool("calc", "sqrt(16) + 2**10"),
+                run_tool("py", "sorted([3, 1, 2])[::-1]"),
+                run_tool("calc", "__import__('os')"),
+                run_tool("calc", "1/0"),
+                run_tool("py", "open('/etc/hostname').read()"),
+                run_tool("py", "().__class__.__bases__"),
+                run_tool("py", "[g.gi_frame for g in [(x for x in [1])]]"),
+                run_tool("calc", "9**9**9"),
+                run_tool("py", "'x' * 10_000"),
+            )
+        )
 
     r = asyncio.run(go())
     assert [x.ok for x in r] == [True, True, True, False, False, False, False, False, False, True]
@@ -100,8 +110,11 @@ def test_a_runaway_loop_is_killed_by_pid_on_the_wall_clock_timeout(no_leaks: Non
 
 def test_a_huge_allocation_hits_the_memory_limit(no_leaks: None) -> None:
     async def go() -> list:
-        return [await run_tool("py", "[0] * 10**9"), await run_tool("py", "'x' * 10**10"),
-                await run_tool("py", "len('x' * 300 * 2**20)")]
+        return [
+            await run_tool("py", "[0] * 10**9"),
+            await run_tool("py", "'x' * 10**10"),
+            await run_tool("py", "len('x' * 300 * 2**20)"),
+        ]
 
     for r in asyncio.run(go()):
         assert not r.ok and "MemoryError" in r.output
@@ -111,8 +124,9 @@ def test_a_huge_allocation_hits_the_memory_limit(no_leaks: None) -> None:
 
 def test_a_cancelled_tool_call_leaves_no_process(no_leaks: None) -> None:
     async def go() -> None:
-        task = asyncio.ensure_future(run_tool("py", "sum(range(10**13))",
-                                              SandboxLimits(cpu_s=30, timeout_s=30)))
+        task = asyncio.ensure_future(
+            run_tool("py", "sum(range(10**13))", SandboxLimits(cpu_s=30, timeout_s=30))
+        )
         for _ in range(100):
             await asyncio.sleep(0.02)
             if sandbox_children():

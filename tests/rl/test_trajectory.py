@@ -14,10 +14,14 @@ from pearl.engines.torch import ByteTokenizer
 from pearl.rl import Batch, ChatTemplate, PromptBuilder, Trajectory, Turn
 
 
-def result(out: list[int], version: int, reason: FinishReason = FinishReason.LENGTH,
-           ) -> GenerateResult:
-    return GenerateResult("r", tuple(out), tuple(-0.5 - i for i in range(len(out))), reason,
-                          version, 0)
+def result(
+    out: list[int],
+    version: int,
+    reason: FinishReason = FinishReason.LENGTH,
+) -> GenerateResult:
+    return GenerateResult(
+        "r", tuple(out), tuple(-0.5 - i for i in range(len(out))), reason, version, 0
+    )
 
 
 def three_turns() -> Trajectory:
@@ -65,7 +69,9 @@ def test_batches_group_by_group_id_and_know_their_staleness() -> None:
     groups = b.groups()
     assert list(groups) == ["a", "b"]
     assert [t.id for t in groups["a"]] == ["t0", "t2"] and [t.id for t in groups["b"]] == [
-        "t1", "t3"]
+        "t1",
+        "t3",
+    ]
     assert b.min_version == 4 and b.staleness(6) == 2 and len(b) == 4
     assert b.stats()["reward_mean"] == pytest.approx(1.5)
 
@@ -78,13 +84,19 @@ def test_incremental_prompts_equal_the_whole_history_rendered() -> None:
     b = builder(max_len=1000, template=ChatTemplate(system="be brief"))
     tok = ByteTokenizer()
     first = b.first("2+2?")
-    t = Trajectory("t", "g", "x").add_turn(Turn.of(first, result(tok.encode("<calc>2+2</calc>"),
-                                                                   0)))
+    t = Trajectory("t", "g", "x").add_turn(
+        Turn.of(first, result(tok.encode("<calc>2+2</calc>"), 0))
+    )
     nxt = b.next(t, "<result>4</result>")
     assert nxt is not None
     t = t.add_turn(Turn.of(nxt, result(tok.encode("<answer>4</answer>"), 0)))
-    history = [("system", "be brief"), ("user", "2+2?"), ("assistant", "<calc>2+2</calc>"),
-               ("user", "<result>4</result>"), ("assistant", "<answer>4</answer>")]
+    history = [
+        ("system", "be brief"),
+        ("user", "2+2?"),
+        ("assistant", "<calc>2+2</calc>"),
+        ("user", "<result>4</result>"),
+        ("assistant", "<answer>4</answer>"),
+    ]
     assert t.tokens() + b._close == b.render(history)
     assert first[0] == tok.bos_id
     assert b.decode(t.turns[1].output_ids) == "<answer>4</answer>"
@@ -93,16 +105,19 @@ def test_incremental_prompts_equal_the_whole_history_rendered() -> None:
 def test_a_turn_that_stopped_on_eos_is_not_closed_again() -> None:
     b, tok = builder(), ByteTokenizer()
     t = Trajectory("t", "g", "x").add_turn(
-        Turn.of(b.first("hi"), result([*tok.encode("ok"), tok.eos_id], 0, FinishReason.STOP)))
+        Turn.of(b.first("hi"), result([*tok.encode("ok"), tok.eos_id], 0, FinishReason.STOP))
+    )
     nxt = b.next(t, "more")
     assert nxt is not None and tok.decode(nxt).startswith("<|im_start|>user\nmore")
     assert b.stop_ids == (tok.eos_id,)
 
 
 @settings(max_examples=60, deadline=None)
-@given(obs=st.lists(st.text(max_size=300), min_size=1, max_size=6),
-       gen=st.lists(st.integers(0, 60), min_size=6, max_size=6),
-       max_len=st.integers(120, 600))
+@given(
+    obs=st.lists(st.text(max_size=300), min_size=1, max_size=6),
+    gen=st.lists(st.integers(0, 60), min_size=6, max_size=6),
+    max_len=st.integers(120, 600),
+)
 def test_a_trajectory_never_exceeds_max_len(obs: list[str], gen: list[int], max_len: int) -> None:
     b = builder(max_len=max_len, min_new_tokens=4)
     t = Trajectory("t", "g", "x")
@@ -116,7 +131,8 @@ def test_a_trajectory_never_exceeds_max_len(obs: list[str], gen: list[int], max_
         new = b.next(t, obs[(k + 1) % len(obs)])
         if new is None:
             assert max_len - t.n_tokens - 4 < len(b._user_pre) + len(b._user_post) + 2 + len(
-                b._close) + len(b._elision)
+                b._close
+            ) + len(b._elision)
             break
 
 

@@ -43,8 +43,14 @@ def warm(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     return ensure(CFG, cache, show=False)
 
 
-def rollout(engine: TorchEngine, tasks: list, group: int, seed: int, temperature: float = 1.0,
-            version: int = 0) -> list:
+def rollout(
+    engine: TorchEngine,
+    tasks: list,
+    group: int,
+    seed: int,
+    temperature: float = 1.0,
+    version: int = 0,
+) -> list:
     """``group`` trajectories per task in the RL environment (Python tool off), seeded."""
     builder = PromptBuilder(ByteTokenizer(), max_len=CFG.max_len)
     generate = engine_generate(engine, prefix=f"r{version}-{seed}")
@@ -55,12 +61,19 @@ def rollout(engine: TorchEngine, tasks: list, group: int, seed: int, temperature
 
         async def one(i: int, k: int):
             async with sem:
-                return await run_trajectory(make_env(ENV), tasks[i], generate, builder,
-                                            trajectory_id=f"v{version}s{seed}g{i}.{k}",
-                                            group_id=f"g{i}", sampling=sp)
+                return await run_trajectory(
+                    make_env(ENV),
+                    tasks[i],
+                    generate,
+                    builder,
+                    trajectory_id=f"v{version}s{seed}g{i}.{k}",
+                    group_id=f"g{i}",
+                    sampling=sp,
+                )
 
-        return list(await asyncio.gather(*(one(i, k) for i in range(len(tasks))
-                                           for k in range(group))))
+        return list(
+            await asyncio.gather(*(one(i, k) for i in range(len(tasks)) for k in range(group)))
+        )
 
     return asyncio.run(go())
 
@@ -83,9 +96,12 @@ def test_demonstrations_are_correct_tool_call_transcripts_outside_the_held_out_s
 
 
 def test_the_cache_key_follows_preset_task_set_and_seed() -> None:
-    keys = {CFG.key(), dataclasses.replace(CFG, seed=1).key(),
-            dataclasses.replace(CFG, preset="small").key(),
-            dataclasses.replace(CFG, train_tasks=128).key()}
+    keys = {
+        CFG.key(),
+        dataclasses.replace(CFG, seed=1).key(),
+        dataclasses.replace(CFG, preset="small").key(),
+        dataclasses.replace(CFG, train_tasks=128).key(),
+    }
     assert len(keys) == 4 and CFG.key() == WarmStartConfig(**dataclasses.asdict(CFG)).key()
 
 
@@ -104,7 +120,7 @@ def test_warm_start_solves_some_tasks_but_not_most_at_step_0(warm: WarmStart) ->
     rewards = [t.reward for t in trajs]
     mean = sum(rewards) / len(rewards)
     assert 0.05 <= mean <= 0.8, rewards  # some, not most: GRPO has a signal
-    spread = [len({t.reward for t in trajs[i:i + 4]}) > 1 for i in range(0, len(trajs), 4)]
+    spread = [len({t.reward for t in trajs[i : i + 4]}) > 1 for i in range(0, len(trajs), 4)]
     assert sum(spread) >= 3, rewards  # groups whose members disagree
     # The same seed and weights give the same trajectories (the in-process path).
     assert [t.tokens() for t in again_trajs] == [t.tokens() for t in trajs]
@@ -122,8 +138,9 @@ def test_grpo_on_the_warm_started_policy_raises_held_out_accuracy(warm: WarmStar
         stream = make_tasks(ENV, n=CFG.train_tasks, seed=CFG.seed).stream(CFG.seed)
         rewards = []
         for step in range(1, 9):
-            trajs = rollout(engine, [next(stream) for _ in range(4)], group=4, seed=step,
-                            version=step - 1)
+            trajs = rollout(
+                engine, [next(stream) for _ in range(4)], group=4, seed=step, version=step - 1
+            )
             metrics = trainer.step(Batch(step, tuple(trajs)))
             rewards.append(metrics["reward_mean"])
             engine.load_weights(step, trainer.state_dict())

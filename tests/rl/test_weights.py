@@ -30,8 +30,7 @@ def trained(trainer: GRPOTrainer, engine: TorchEngine) -> None:
     trainer.step(Batch(0, tuple(trajs)))
 
 
-def test_a_published_version_loads_into_a_real_engine(engine: TorchEngine,
-                                                        tmp_path: Path) -> None:
+def test_a_published_version_loads_into_a_real_engine(engine: TorchEngine, tmp_path: Path) -> None:
     store = WeightStore(tmp_path / "w")
     trainer = GRPOTrainer(device="cpu", lr=3e-3)
     assert store.latest() is None and store.latest_path() is None
@@ -44,9 +43,20 @@ def test_a_published_version_loads_into_a_real_engine(engine: TorchEngine,
     engine.load_weights(1, store.path(1))
     tokens1, lps1 = greedy(engine, "b")
     assert (tokens1, lps1) != (tokens0, lps0) and engine.weights_version == 1
-    traj = Trajectory("t", "g", "x", (Turn(tuple(engine.tokenizer.encode("hello there",
-                                                                          add_bos=True)),
-                                           tokens1, lps1, 1, "length"),))
+    traj = Trajectory(
+        "t",
+        "g",
+        "x",
+        (
+            Turn(
+                tuple(engine.tokenizer.encode("hello there", add_bos=True)),
+                tokens1,
+                lps1,
+                1,
+                "length",
+            ),
+        ),
+    )
     assert trainer.logprobs([traj])[0] == pytest.approx(list(lps1), abs=1e-4)
     with pytest.raises(EngineError, match="older"):
         engine.load_weights(0, store.path(0))
@@ -73,8 +83,9 @@ def test_versions_only_go_forward_and_the_newest_k_are_kept(tmp_path: Path) -> N
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp")]
 
 
-def test_files_and_directories_are_published_as_they_are(tmp_path: Path,
-                                                         engine: TorchEngine) -> None:
+def test_files_and_directories_are_published_as_they_are(
+    tmp_path: Path, engine: TorchEngine
+) -> None:
     store = WeightStore(tmp_path / "s")
     other = GRPOTrainer(device="cpu", seed=5)
     pt = tmp_path / "w.bin"

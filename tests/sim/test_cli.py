@@ -13,8 +13,20 @@ from pearl.cli import main
 @pytest.mark.slow
 def test_json_shape_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "r.json"
-    rc = main(["simulate", "--segment", "S3", "--minutes", "60", "--no-progress",
-               "--json", str(out), "--plot", str(tmp_path / "png")])
+    rc = main(
+        [
+            "simulate",
+            "--segment",
+            "S3",
+            "--minutes",
+            "60",
+            "--no-progress",
+            "--json",
+            str(out),
+            "--plot",
+            str(tmp_path / "png"),
+        ]
+    )
     assert rc == 0
     doc = json.loads(out.read_text())
     assert set(doc["policies"]) == {"pearl", "roll", "roll-large", "rlboost+"}
@@ -33,8 +45,23 @@ def test_one_policy_from_a_count_csv(tmp_path: Path) -> None:
     trace = tmp_path / "t.csv"
     trace.write_text("t_s,gpus\n0,4\n1200,8\n")
     out = tmp_path / "r.json"
-    assert main(["simulate", "--trace", str(trace), "--minutes", "45", "--policy", "rlboost+",
-                 "--no-progress", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "--trace",
+                str(trace),
+                "--minutes",
+                "45",
+                "--policy",
+                "rlboost+",
+                "--no-progress",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert list(json.loads(out.read_text())["policies"]) == ["rlboost+"]
 
 
@@ -48,8 +75,9 @@ def test_one_policy_from_a_count_csv(tmp_path: Path) -> None:
         ([], "no trace"),
     ],
 )
-def test_bad_input_is_one_clear_line(argv: list[str], message: str,
-                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_input_is_one_clear_line(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     rc = main(["simulate", "--no-progress", *argv])
     err = capsys.readouterr().err.strip()
     assert rc != 0

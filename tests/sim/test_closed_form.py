@@ -33,8 +33,10 @@ def test_decision_engine_prediction_error_is_reported_per_configuration(capsys) 
     with capsys.disabled():
         print("\ndecision engine vs simulator (calibrated Qwen3-8B workload):")
         for r in rows:
-            print(f"  {r['config']:>5}: simulated {r['simulated_s']:7.0f} s, predicted "
-                  f"{r['predicted_s']:7.0f} s, error {100 * r['error']:+6.1f}%")
+            print(
+                f"  {r['config']:>5}: simulated {r['simulated_s']:7.0f} s, predicted "
+                f"{r['predicted_s']:7.0f} s, error {100 * r['error']:+6.1f}%"
+            )
     for r in rows:
         assert r["simulated_s"] > 0 and r["predicted_s"] > 0
     # Colocation with enough workers is where eq. 1 is meant to be accurate.

@@ -26,8 +26,9 @@ def _drive(ro: Rollout, clock: Clock, done: list[Traj], n: int, until: float = 1
         ro.dispatch(kind, obj, ver)
 
 
-def _cluster(roles: list[str], eng: EngineParams | None = None) -> tuple[Rollout, Clock,
-                                                                         list[Traj]]:
+def _cluster(
+    roles: list[str], eng: EngineParams | None = None
+) -> tuple[Rollout, Clock, list[Traj]]:
     clock = Clock()
     ro = Rollout(clock, worker_costs("qwen3-8b", eng or EngineParams()))
     for i, r in enumerate(roles):
@@ -120,8 +121,7 @@ def test_disaggregated_path_transfers_kv_and_decodes() -> None:
 def test_decode_that_keeps_prefixes_moves_only_new_tokens() -> None:
     moved = {}
     for keep in (False, True):
-        ro, clock, done = _cluster([PREFILL, DECODE],
-                                   EngineParams(decode_keeps_prefix=keep))
+        ro, clock, done = _cluster([PREFILL, DECODE], EngineParams(decode_keeps_prefix=keep))
         ro.start([TrajectorySpec(0, (3000, 800), (60, 60), (0.5, 0.0))])
         _drive(ro, clock, done, 1)
         moved[keep] = ro.link.bytes_moved / ro.costs.K
@@ -134,8 +134,13 @@ def test_decode_that_keeps_prefixes_moves_only_new_tokens() -> None:
 def test_time_scale_dilates_everything() -> None:
     wl = uniform(turns=4, batch=8)
     base = run_static("qwen3-8b", 2, workload=wl, batches=1).makespans[0]
-    slow = run_static("qwen3-8b", 2, workload=wl, batches=1,
-                      engine=dataclasses.replace(EngineParams(), time_scale=10.0)).makespans[0]
+    slow = run_static(
+        "qwen3-8b",
+        2,
+        workload=wl,
+        batches=1,
+        engine=dataclasses.replace(EngineParams(), time_scale=10.0),
+    ).makespans[0]
     assert slow == pytest.approx(10 * base, rel=1e-6)
 
 
@@ -179,8 +184,7 @@ def test_prefill_routing_without_affinity_recomputes_the_context() -> None:
     spec = TrajectorySpec(0, (3000, 800), (60, 60), (0.5, 0.0))
     tokens = {}
     for aff in (True, False):
-        ro, clock, done = _cluster([PREFILL, PREFILL, DECODE],
-                                   EngineParams(pd_affinity=aff))
+        ro, clock, done = _cluster([PREFILL, PREFILL, DECODE], EngineParams(pd_affinity=aff))
         ro.start([spec])
         _drive(ro, clock, done, 1)
         tokens[aff] = ro.stats.prefill_tokens

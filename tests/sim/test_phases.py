@@ -27,7 +27,8 @@ def test_a_transition_outside_the_table_is_refused() -> None:
 
 @pytest.mark.parametrize("workers", [(2, 0, 0), (0, 1, 1)], ids=["colocated", "1P1D"])
 def test_simulated_runs_take_only_allowed_transitions(
-        workers: tuple[int, int, int], monkeypatch: pytest.MonkeyPatch) -> None:
+    workers: tuple[int, int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
     taken: set[tuple[Phase, Phase]] = set()
     to = Traj.to
 
@@ -39,8 +40,12 @@ def test_simulated_runs_take_only_allowed_transitions(
     wl: Any = WorkloadParams(batch=8, group_size=4, turns=4.0)
     run_static("qwen3-8b", *workers, workload=wl, batches=1)
     assert all(b in NEXT[a] for a, b in taken)
-    expected = {(Phase.WAIT, Phase.QUEUED), (Phase.QUEUED, Phase.PREFILLING),
-                (Phase.DECODING, Phase.DONE)}
-    expected.add((Phase.PREFILLING, Phase.XFER) if workers[1] else (Phase.PREFILLING,
-                                                                    Phase.DECODING))
+    expected = {
+        (Phase.WAIT, Phase.QUEUED),
+        (Phase.QUEUED, Phase.PREFILLING),
+        (Phase.DECODING, Phase.DONE),
+    }
+    expected.add(
+        (Phase.PREFILLING, Phase.XFER) if workers[1] else (Phase.PREFILLING, Phase.DECODING)
+    )
     assert expected <= taken

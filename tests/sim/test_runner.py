@@ -48,8 +48,9 @@ def test_pearl_borrows_and_returns_on_time() -> None:
 def test_late_returns_are_counted() -> None:
     """Make deactivation slower than the bound: every borrowed return is late."""
     slow = dataclasses.replace(SC.costs, deactivate_s=SC.return_bound_s + 5)
-    r = Simulation(dataclasses.replace(SC, costs=slow), POLICIES["pearl"],
-                   Availability.constant(0, 5400)).run()
+    r = Simulation(
+        dataclasses.replace(SC, costs=slow), POLICIES["pearl"], Availability.constant(0, 5400)
+    ).run()
     assert r.late_returns > 0
 
 

@@ -27,12 +27,17 @@ class HTTPError(EngineError):
         self.status, self.body = status, body
 
 
-def request(url: str, method: str = "GET", payload: Any = None, timeout_s: float = 30.0,
-            ) -> tuple[int, Any]:
+def request(
+    url: str,
+    method: str = "GET",
+    payload: Any = None,
+    timeout_s: float = 30.0,
+) -> tuple[int, Any]:
     """One HTTP call; JSON in and (when the answer is JSON) out. Connection errors raise."""
     parts = urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80,
-                                      timeout=timeout_s)
+    conn = http.client.HTTPConnection(
+        parts.hostname or "127.0.0.1", parts.port or 80, timeout=timeout_s
+    )
     path = parts.path or "/"
     if parts.query:
         path += "?" + parts.query
@@ -89,8 +94,9 @@ class SGLangClient:
         return call(self._url(path), "GET", None, timeout_s or self.timeout_s)
 
     def post(self, path: str, payload: Any = None, timeout_s: float | None = None) -> Any:
-        return call(self._url(path), "POST", {} if payload is None else payload,
-                    timeout_s or self.timeout_s)
+        return call(
+            self._url(path), "POST", {} if payload is None else payload, timeout_s or self.timeout_s
+        )
 
     # -- liveness and identity -----------------------------------------------------------------
 
@@ -126,8 +132,11 @@ class SGLangClient:
             raw = raw if isinstance(raw, dict) else {}
             version = str(raw.get("version", "0"))
             mode = str(raw.get("disaggregation_mode", "null"))
-            switch = (P.supports_role_switch(version) and bool(raw.get("enable_pd_role_switch"))
-                      and mode != "null")
+            switch = (
+                P.supports_role_switch(version)
+                and bool(raw.get("enable_pd_role_switch"))
+                and mode != "null"
+            )
             self.info = ServerInfo(version, endpoints, mode, switch, raw)
             return self.info
 
@@ -169,27 +178,57 @@ class SGLangClient:
         self.post("/resume_memory_occupation", {"tags": list(tags)}, 600.0)
 
     def update_weights_from_disk(self, model_path: str, version: int) -> dict[str, Any]:
-        out = self.post("/update_weights_from_disk",
-                        {"model_path": model_path, "weight_version": str(version)}, 3600.0)
+        out = self.post(
+            "/update_weights_from_disk",
+            {"model_path": model_path, "weight_version": str(version)},
+            3600.0,
+        )
         return _checked(out, "update_weights_from_disk")
 
-    def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int,
-                                  world_size: int, group_name: str = "weight_update_group",
-                                  backend: str = "nccl") -> dict[str, Any]:
-        out = self.post("/init_weights_update_group", {
-            "master_address": master_address, "master_port": master_port,
-            "rank_offset": rank_offset, "world_size": world_size, "group_name": group_name,
-            "backend": backend}, 600.0)
+    def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str = "weight_update_group",
+        backend: str = "nccl",
+    ) -> dict[str, Any]:
+        out = self.post(
+            "/init_weights_update_group",
+            {
+                "master_address": master_address,
+                "master_port": master_port,
+                "rank_offset": rank_offset,
+                "world_size": world_size,
+                "group_name": group_name,
+                "backend": backend,
+            },
+            600.0,
+        )
         return _checked(out, "init_weights_update_group")
 
-    def update_weights_from_distributed(self, names: list[str], dtypes: list[str],
-                                        shapes: list[list[int]], version: int,
-                                        group_name: str = "weight_update_group",
-                                        ) -> dict[str, Any]:
+    def update_weights_from_distributed(
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        version: int,
+        group_name: str = "weight_update_group",
+    ) -> dict[str, Any]:
         """Receive a broadcast of ``names`` from rank 0 of the group (the trainer sends them)."""
-        out = self.post("/update_weights_from_distributed", {
-            "names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group_name,
-            "flush_cache": True, "weight_version": str(version)}, 3600.0)
+        out = self.post(
+            "/update_weights_from_distributed",
+            {
+                "names": names,
+                "dtypes": dtypes,
+                "shapes": shapes,
+                "group_name": group_name,
+                "flush_cache": True,
+                "weight_version": str(version),
+            },
+            3600.0,
+        )
         return _checked(out, "update_weights_from_distributed")
 
     def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> None:
@@ -200,8 +239,9 @@ class SGLangClient:
         try:
             out = self.post("/pd_role_switch", {"new_role": new_role}, 600.0)
         except HTTPError as e:
-            raise EngineError(f"{self.base} refused /pd_role_switch to {new_role}: "
-                              f"{_message(e.body)}") from None
+            raise EngineError(
+                f"{self.base} refused /pd_role_switch to {new_role}: {_message(e.body)}"
+            ) from None
         self.forget()
         return _checked(out, "pd_role_switch")
 
@@ -228,9 +268,14 @@ def _checked(out: Any, what: str) -> dict[str, Any]:
     return dict(out) if isinstance(out, dict) else {}
 
 
-def generate_pd(prefill: SGLangClient, decode: SGLangClient, body: dict[str, Any],
-                bootstrap_host: str, bootstrap_port: int, timeout_s: float = 3600.0,
-                ) -> dict[str, Any]:
+def generate_pd(
+    prefill: SGLangClient,
+    decode: SGLangClient,
+    body: dict[str, Any],
+    bootstrap_host: str,
+    bootstrap_port: int,
+    timeout_s: float = 3600.0,
+) -> dict[str, Any]:
     """Disaggregated generation: the same body, with a fresh bootstrap room, to both servers at
     once; the decode server's answer is the result (a prefill failure is raised too)."""
     full = dict(body, **P.Bootstrap.fresh(bootstrap_host, bootstrap_port).fields())

@@ -72,8 +72,13 @@ class SGLangEngineConfig:
 class SGLangEngine(Drainable, Engine):
     kind = "sglang"
 
-    def __init__(self, config: SGLangEngineConfig, *, role: Role = Role.COLOCATED,
-                 kv_channel: KVChannel | None = None) -> None:
+    def __init__(
+        self,
+        config: SGLangEngineConfig,
+        *,
+        role: Role = Role.COLOCATED,
+        kv_channel: KVChannel | None = None,
+    ) -> None:
         self.cfg = config
         self.kv_channel = kv_channel
         self._check_role(role)
@@ -124,8 +129,9 @@ class SGLangEngine(Drainable, Engine):
             self._life.to(EngineState.SERVING)
         self._launch()
         if self.server is not None:
-            self._watchdog = Watchdog(lambda: self.server is None or self.server.alive(),
-                                      self._relaunch, self._give_up)
+            self._watchdog = Watchdog(
+                lambda: self.server is None or self.server.alive(), self._relaunch, self._give_up
+            )
 
     def _relaunch(self) -> None:
         """Watchdog: the server died. Same role, weights re-applied, memory released again."""
@@ -150,8 +156,9 @@ class SGLangEngine(Drainable, Engine):
 
     def _launch(self) -> None:
         if not self.cfg.url:
-            self.server = ServerProcess(launch_command(self.spec), self.cfg.log_path or None,
-                                        self.cfg.env)
+            self.server = ServerProcess(
+                launch_command(self.spec), self.cfg.log_path or None, self.cfg.env
+            )
         alive = self.server.alive if self.server is not None else None
         try:
             self.client.wait_healthy(self.cfg.startup_timeout_s, alive)
@@ -163,8 +170,10 @@ class SGLangEngine(Drainable, Engine):
         self.client.forget()
         info = self.client.detect()
         if info.mode != P.MODES[self._role]:
-            raise EngineError(f"server {self.client.base} runs disaggregation mode {info.mode!r}, "
-                              f"this engine's role {self._role} needs {P.MODES[self._role]!r}")
+            raise EngineError(
+                f"server {self.client.base} runs disaggregation mode {info.mode!r}, "
+                f"this engine's role {self._role} needs {P.MODES[self._role]!r}"
+            )
         self._metrics.reset(self.client.metrics())
 
     def stop(self) -> None:
@@ -201,8 +210,10 @@ class SGLangEngine(Drainable, Engine):
             if not self._life.running:
                 raise EngineError("generate: the sglang engine is not running (start() it)")
             if self._life.released:
-                raise EngineError("generate: the sglang engine released its memory; call "
-                                  "resume_memory() before generating")
+                raise EngineError(
+                    "generate: the sglang engine released its memory; call "
+                    "resume_memory() before generating"
+                )
             if self._life.draining or self._blocked:
                 why = self._blocked or "the sglang engine is draining"
                 raise EngineError(f"{why}; route {rid} elsewhere")
@@ -213,11 +224,15 @@ class SGLangEngine(Drainable, Engine):
             if request.sampling.max_new_tokens < 1:
                 raise EngineError(f"request {rid}: max_new_tokens must be >= 1")
             if self._role is Role.PREFILL and not (request.transfer_id and request.kv_peer):
-                raise EngineError(f"prefill engine: request {rid} needs transfer_id and kv_peer "
-                                  "(the decode worker's KV inbox)")
+                raise EngineError(
+                    f"prefill engine: request {rid} needs transfer_id and kv_peer "
+                    "(the decode worker's KV inbox)"
+                )
             if self._role is Role.DECODE and not request.transfer_id:
-                raise EngineError(f"decode engine: request {rid} needs the transfer_id its "
-                                  "prefill worker ships the bootstrap room under")
+                raise EngineError(
+                    f"decode engine: request {rid} needs the transfer_id its "
+                    "prefill worker ships the bootstrap room under"
+                )
             call = self._calls[rid] = Call(Future())
         self._pool.submit(self._run, request, call, self._role)
         return call.future
@@ -230,11 +245,17 @@ class SGLangEngine(Drainable, Engine):
                 return
             out = self.client.generate(P.generate_body(req, boot), self.cfg.request_timeout_s)
             result = P.result_of(req.rid, out, role, self._version)
-            if (role is Role.DECODE and result.finish_reason is FinishReason.ABORT
-                    and not result.output_ids and not call.aborted):
+            if (
+                role is Role.DECODE
+                and result.finish_reason is FinishReason.ABORT
+                and not result.output_ids
+                and not call.aborted
+            ):
                 reason = (out.get("meta_info") or {}).get("finish_reason")
-                raise KVTimeout(f"decode server dropped {req.rid} before its first token "
-                                f"(KV transfer failed: {reason}); retry on a prefill/decode pair")
+                raise KVTimeout(
+                    f"decode server dropped {req.rid} before its first token "
+                    f"(KV transfer failed: {reason}); retry on a prefill/decode pair"
+                )
             resolve(call.future, result)
         except BaseException as e:
             resolve(call.future, error=e)
@@ -258,8 +279,9 @@ class SGLangEngine(Drainable, Engine):
             if call is None:
                 return
             call.aborted = True
-        threading.Thread(target=self._abort_until_done, args=(rid, call), daemon=True,
-                         name=f"abort-{rid}").start()
+        threading.Thread(
+            target=self._abort_until_done, args=(rid, call), daemon=True, name=f"abort-{rid}"
+        ).start()
 
     def _abort_until_done(self, rid: str, call: Call) -> None:
         """Repeat the abort briefly: one sent before the server registered the rid is lost."""
@@ -286,8 +308,10 @@ class SGLangEngine(Drainable, Engine):
         """Abort everything in flight and wait until the server is idle (SGLang requires it)."""
         self.abort_all()
         if not self.drain(self.cfg.idle_timeout_s):
-            raise EngineError(f"{what}: {len(self.in_flight())} requests still running after "
-                              f"{self.cfg.idle_timeout_s:.0f}s of aborting; the server is stuck")
+            raise EngineError(
+                f"{what}: {len(self.in_flight())} requests still running after "
+                f"{self.cfg.idle_timeout_s:.0f}s of aborting; the server is stuck"
+            )
 
     # -- memory, weights, roles ----------------------------------------------------------------
 
@@ -322,8 +346,10 @@ class SGLangEngine(Drainable, Engine):
     def load_weights(self, version: int, source: Any) -> None:
         self._need_started("load_weights")
         if version < self._version:
-            raise EngineError(f"weights version {version} is older than the loaded version "
-                              f"{self._version}; refusing to go back")
+            raise EngineError(
+                f"weights version {version} is older than the loaded version "
+                f"{self._version}; refusing to go back"
+            )
         if self._life.released:  # applied by resume_memory (lazy propagation)
             check_source(source)
             self._pending = (version, source)
@@ -335,8 +361,12 @@ class SGLangEngine(Drainable, Engine):
         check_source(source)
         if isinstance(source, DistributedWeights):
             self.client.update_weights_from_distributed(
-                list(source.names), list(source.dtypes), [list(s) for s in source.shapes],
-                version, source.group_name)
+                list(source.names),
+                list(source.dtypes),
+                [list(s) for s in source.shapes],
+                version,
+                source.group_name,
+            )
         else:
             path = Path(source)
             if path.is_file():
@@ -349,8 +379,10 @@ class SGLangEngine(Drainable, Engine):
         self._need_started("set_role")
         with self._cv:
             if self._calls:
-                raise EngineError(f"set_role({role}) needs an idle engine; {len(self._calls)} "
-                                  "requests are in flight: drain or abort them first")
+                raise EngineError(
+                    f"set_role({role}) needs an idle engine; {len(self._calls)} "
+                    "requests are in flight: drain or abort them first"
+                )
         if role is self._role:
             return
         info = self.client.detect()
@@ -364,8 +396,10 @@ class SGLangEngine(Drainable, Engine):
     def _restart(self, role: Role) -> None:
         """A new server in the new mode (same port), back at the current weights and memory."""
         if self.cfg.url:
-            raise EngineError(f"role change {self._role} -> {role} needs a server restart, but "
-                              f"the server at {self.cfg.url} was not launched by PEARL")
+            raise EngineError(
+                f"role change {self._role} -> {role} needs a server restart, but "
+                f"the server at {self.cfg.url} was not launched by PEARL"
+            )
         if self._watchdog is not None:
             self._watchdog.pause()
         if self.server is not None:
@@ -398,11 +432,13 @@ class SGLangEngine(Drainable, Engine):
 
     def _check_role(self, role: Role) -> None:
         if role not in P.MODES:
-            raise EngineError(f"an engine serves as one of {[r.value for r in P.MODES]}, "
-                              f"not {role}")
+            raise EngineError(
+                f"an engine serves as one of {[r.value for r in P.MODES]}, not {role}"
+            )
         if role is not Role.COLOCATED and self.kv_channel is None:
-            raise EngineError(f"role {role} hands bootstrap rooms over: build the engine with a "
-                              "kv_channel")
+            raise EngineError(
+                f"role {role} hands bootstrap rooms over: build the engine with a kv_channel"
+            )
 
     def _need_started(self, what: str) -> None:
         if not self._life.running:

@@ -32,20 +32,26 @@ def offer_room(channel: KVChannel, req: GenerateRequest, host: str, port: int) -
     return boot
 
 
-def await_room(channel: KVChannel, req: GenerateRequest, aborted: Callable[[], bool],
-               timeout_s: float) -> Bootstrap | None:
+def await_room(
+    channel: KVChannel, req: GenerateRequest, aborted: Callable[[], bool], timeout_s: float
+) -> Bootstrap | None:
     """Decode side: the room the prefill side offered; None when aborted while waiting."""
     deadline = time.monotonic() + timeout_s
     while not aborted():
         got = channel.poll(req.transfer_id)
         if got is not None:
             meta = got[0]
-            return Bootstrap(str(meta["bootstrap_host"]), int(meta["bootstrap_port"]),
-                             int(meta["bootstrap_room"]))
+            return Bootstrap(
+                str(meta["bootstrap_host"]),
+                int(meta["bootstrap_port"]),
+                int(meta["bootstrap_room"]),
+            )
         if time.monotonic() > deadline:
-            raise KVTimeout(f"decode engine: no bootstrap room for {req.rid} (transfer "
-                            f"{req.transfer_id!r}) within {timeout_s:.3f}s; the prefill worker "
-                            "failed or never got the request: retry it")
+            raise KVTimeout(
+                f"decode engine: no bootstrap room for {req.rid} (transfer "
+                f"{req.transfer_id!r}) within {timeout_s:.3f}s; the prefill worker "
+                "failed or never got the request: retry it"
+            )
         time.sleep(0.002)
     return None
 
@@ -55,8 +61,11 @@ def aborted_result(rid: str, version: int, prompt_tokens: int = 0) -> GenerateRe
     return GenerateResult(rid, (), (), FinishReason.ABORT, version, prompt_tokens)
 
 
-def resolve(fut: Future[GenerateResult], result: GenerateResult | None = None,
-            error: BaseException | None = None) -> None:
+def resolve(
+    fut: Future[GenerateResult],
+    result: GenerateResult | None = None,
+    error: BaseException | None = None,
+) -> None:
     """Settle ``fut`` once (later settlements are ignored)."""
     if fut.done():
         return

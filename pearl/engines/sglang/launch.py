@@ -71,18 +71,33 @@ def launch_command(spec: ServerSpec) -> list[str]:
     switch to prefill in place); ``--enable-pd-role-switch`` only where it can apply (PD roles).
     """
     if spec.role not in MODES:
-        raise EngineError(f"an SGLang server serves as one of {[r.value for r in MODES]}, "
-                          f"not {spec.role}")
+        raise EngineError(
+            f"an SGLang server serves as one of {[r.value for r in MODES]}, not {spec.role}"
+        )
     if spec.tp < 1:
         raise EngineError(f"tp must be >= 1, got {spec.tp}")
     if not spec.model_path:
         raise EngineError("an SGLang server needs a model path (engine.sglang_model_path)")
     if spec.transfer_backend not in TRANSFER_BACKENDS:
-        raise EngineError(f"transfer backend {spec.transfer_backend!r} is not one of "
-                          f"{', '.join(TRANSFER_BACKENDS)}")
-    argv = [spec.python, "-m", spec.module, "--model-path", spec.model_path,
-            "--tp", str(spec.tp), "--host", spec.host, "--port", str(spec.port),
-            "--disaggregation-mode", MODES[spec.role]]
+        raise EngineError(
+            f"transfer backend {spec.transfer_backend!r} is not one of "
+            f"{', '.join(TRANSFER_BACKENDS)}"
+        )
+    argv = [
+        spec.python,
+        "-m",
+        spec.module,
+        "--model-path",
+        spec.model_path,
+        "--tp",
+        str(spec.tp),
+        "--host",
+        spec.host,
+        "--port",
+        str(spec.port),
+        "--disaggregation-mode",
+        MODES[spec.role],
+    ]
     pd = spec.role is not Role.COLOCATED
     if pd:
         argv += ["--disaggregation-transfer-backend", spec.transfer_backend]
@@ -137,15 +152,24 @@ def role_switch_wanted(setting: str, module: str) -> bool:
 def spec_from_config(cfg: Any, tp: int, first_gpu: int) -> ServerSpec:
     """The ServerSpec of one worker from the ``[engine]`` section (an EngineConfig)."""
     if not cfg.sglang_model_path:
-        raise ConfigError("engine.kind = 'sglang' needs engine.sglang_model_path: the model "
-                          "directory (or hub id) the SGLang servers load")
+        raise ConfigError(
+            "engine.kind = 'sglang' needs engine.sglang_model_path: the model "
+            "directory (or hub id) the SGLang servers load"
+        )
     port, boot = worker_ports(cfg, first_gpu)
     return ServerSpec(
-        model_path=cfg.sglang_model_path, tp=tp, host=cfg.sglang_host, port=port,
-        bootstrap_port=boot, transfer_backend=cfg.sglang_transfer_backend,
-        memory_saver=cfg.sglang_memory_saver, weights_cpu_backup=cfg.sglang_weights_cpu_backup,
+        model_path=cfg.sglang_model_path,
+        tp=tp,
+        host=cfg.sglang_host,
+        port=port,
+        bootstrap_port=boot,
+        transfer_backend=cfg.sglang_transfer_backend,
+        memory_saver=cfg.sglang_memory_saver,
+        weights_cpu_backup=cfg.sglang_weights_cpu_backup,
         role_switch=role_switch_wanted(cfg.sglang_role_switch, cfg.sglang_module),
-        module=cfg.sglang_module, extra_args=split_args(cfg.sglang_extra_args))
+        module=cfg.sglang_module,
+        extra_args=split_args(cfg.sglang_extra_args),
+    )
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
@@ -186,8 +210,9 @@ _SPAWNER = _Spawner()
 class ServerProcess:
     """One running server: started from its argv, stopped by pid, output in ``log_path``."""
 
-    def __init__(self, argv: list[str], log_path: str | None = None,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, argv: list[str], log_path: str | None = None, env: dict[str, str] | None = None
+    ) -> None:
         self.argv = argv
         fd, default = tempfile.mkstemp(prefix="pearl-sglang-", suffix=".log")
         os.close(fd)
@@ -195,8 +220,11 @@ class ServerProcess:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         preexec = _die_with_parent if sys.platform.startswith("linux") else None
         try:
-            self.proc = _SPAWNER.run(lambda: subprocess.Popen(
-                argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, preexec_fn=preexec))
+            self.proc = _SPAWNER.run(
+                lambda: subprocess.Popen(
+                    argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, preexec_fn=preexec
+                )
+            )
         except OSError as e:
             self._log.close()
             raise EngineError(f"cannot start {shlex.join(argv)}: {e}") from None
@@ -228,6 +256,17 @@ class ServerProcess:
             self._log.close()
 
 
-__all__ = ["FACADE_MODULE", "SGLANG_MODULE", "TRANSFER_BACKENDS", "ServerProcess", "ServerSpec",
-           "first_gpu", "installed_sglang", "launch_command", "role_switch_wanted",
-           "spec_from_config", "split_args", "worker_ports"]
+__all__ = [
+    "FACADE_MODULE",
+    "SGLANG_MODULE",
+    "TRANSFER_BACKENDS",
+    "ServerProcess",
+    "ServerSpec",
+    "first_gpu",
+    "installed_sglang",
+    "launch_command",
+    "role_switch_wanted",
+    "spec_from_config",
+    "split_args",
+    "worker_ports",
+]

@@ -85,8 +85,11 @@ class Bootstrap:
         return cls(host, port, new_room())
 
     def fields(self) -> dict[str, Any]:
-        return {"bootstrap_host": self.host, "bootstrap_port": self.port,
-                "bootstrap_room": self.room}
+        return {
+            "bootstrap_host": self.host,
+            "bootstrap_port": self.port,
+            "bootstrap_room": self.room,
+        }
 
 
 def new_room() -> int:
@@ -97,15 +100,22 @@ def new_room() -> int:
 def generate_body(req: GenerateRequest, bootstrap: Bootstrap | None = None) -> dict[str, Any]:
     """The ``/generate`` body of one request (token ids in, token ids out, never streamed)."""
     s = req.sampling
-    sampling: dict[str, Any] = {"max_new_tokens": s.max_new_tokens, "temperature": s.temperature,
-                                "top_p": s.top_p}
+    sampling: dict[str, Any] = {
+        "max_new_tokens": s.max_new_tokens,
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+    }
     if s.stop_ids:
         sampling["stop_token_ids"] = list(s.stop_ids)
     if s.seed is not None:
         sampling["sampling_seed"] = s.seed
-    body: dict[str, Any] = {"rid": wire_rid(req.rid), "input_ids": list(req.input_ids),
-                            "sampling_params": sampling, "return_logprob": req.return_logprobs,
-                            "stream": False}
+    body: dict[str, Any] = {
+        "rid": wire_rid(req.rid),
+        "input_ids": list(req.input_ids),
+        "sampling_params": sampling,
+        "return_logprob": req.return_logprobs,
+        "stream": False,
+    }
     if bootstrap is not None:
         body.update(bootstrap.fields())
     return body
@@ -119,18 +129,24 @@ def request_of(body: dict[str, Any]) -> tuple[GenerateRequest, Bootstrap | None]
             raise TypeError("input_ids must be a list of ints")
         sp = dict(body.get("sampling_params") or {})
         seed = sp.get("sampling_seed")
-        sampling = Sampling(max_new_tokens=int(sp.get("max_new_tokens", 128)),
-                            temperature=float(sp.get("temperature", 1.0)),
-                            top_p=float(sp.get("top_p", 1.0)),
-                            stop_ids=tuple(int(t) for t in sp.get("stop_token_ids") or ()),
-                            seed=None if seed is None else int(seed))
+        sampling = Sampling(
+            max_new_tokens=int(sp.get("max_new_tokens", 128)),
+            temperature=float(sp.get("temperature", 1.0)),
+            top_p=float(sp.get("top_p", 1.0)),
+            stop_ids=tuple(int(t) for t in sp.get("stop_token_ids") or ()),
+            seed=None if seed is None else int(seed),
+        )
         rid = str(body.get("rid") or f"req-{secrets.token_hex(6)}")
-        req = GenerateRequest(rid, tuple(ids), sampling,
-                              return_logprobs=bool(body.get("return_logprob", False)))
+        req = GenerateRequest(
+            rid, tuple(ids), sampling, return_logprobs=bool(body.get("return_logprob", False))
+        )
         boot = None
         if body.get("bootstrap_room") is not None:
-            boot = Bootstrap(str(body.get("bootstrap_host") or "127.0.0.1"),
-                             int(body["bootstrap_port"]), int(body["bootstrap_room"]))
+            boot = Bootstrap(
+                str(body.get("bootstrap_host") or "127.0.0.1"),
+                int(body["bootstrap_port"]),
+                int(body["bootstrap_room"]),
+            )
     except (KeyError, TypeError, ValueError) as e:
         raise EngineError(f"bad /generate body: {type(e).__name__}: {e}") from None
     return req, boot
@@ -148,13 +164,18 @@ def finish_of(reason: FinishReason, n_out: int, message: str = "") -> dict[str, 
 def response_body(result: GenerateResult, version: str, e2e_s: float = 0.0) -> dict[str, Any]:
     """The ``/generate`` answer for one finished request (the facade's side)."""
     meta: dict[str, Any] = {
-        "id": result.rid, "finish_reason": finish_of(result.finish_reason, len(result.output_ids)),
-        "prompt_tokens": result.prompt_tokens, "completion_tokens": len(result.output_ids),
-        "cached_tokens": result.cached_tokens, "weight_version": version, "e2e_latency": e2e_s,
+        "id": result.rid,
+        "finish_reason": finish_of(result.finish_reason, len(result.output_ids)),
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": len(result.output_ids),
+        "cached_tokens": result.cached_tokens,
+        "weight_version": version,
+        "e2e_latency": e2e_s,
     }
     if result.logprobs:
-        meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in
-                                         zip(result.logprobs, result.output_ids, strict=True)]
+        meta["output_token_logprobs"] = [
+            [lp, tok, None] for lp, tok in zip(result.logprobs, result.output_ids, strict=True)
+        ]
     return {"text": "", "output_ids": list(result.output_ids), "meta_info": meta}
 
 
@@ -173,10 +194,15 @@ def result_of(rid: str, body: dict[str, Any], role: Role, version: int) -> Gener
     lps = meta.get("output_token_logprobs") or ()
     logprobs = tuple(float(x[0]) for x in lps)[: len(out)]
     wv = str(meta.get("weight_version", ""))
-    return GenerateResult(rid=rid, output_ids=out, logprobs=logprobs, finish_reason=reason,
-                          weights_version=int(wv) if wv.isdigit() else version,
-                          prompt_tokens=int(meta.get("prompt_tokens", 0)),
-                          cached_tokens=int(meta.get("cached_tokens", 0)))
+    return GenerateResult(
+        rid=rid,
+        output_ids=out,
+        logprobs=logprobs,
+        finish_reason=reason,
+        weights_version=int(wv) if wv.isdigit() else version,
+        prompt_tokens=int(meta.get("prompt_tokens", 0)),
+        cached_tokens=int(meta.get("cached_tokens", 0)),
+    )
 
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
@@ -202,7 +228,24 @@ def render_metrics(values: dict[str, float], labels: str = "") -> str:
     return "".join(f"{name}{lab} {value}\n" for name, value in sorted(values.items()))
 
 
-__all__ = ["MEMORY_TAGS", "MODES", "RID_END", "ROLES", "ROLE_SWITCH_SINCE", "Bootstrap",
-           "Endpoints", "finish_of", "generate_body", "new_room", "parse_metrics",
-           "parse_version", "plain_rid", "render_metrics", "request_of", "response_body",
-           "result_of", "supports_role_switch", "wire_rid"]
+__all__ = [
+    "MEMORY_TAGS",
+    "MODES",
+    "RID_END",
+    "ROLES",
+    "ROLE_SWITCH_SINCE",
+    "Bootstrap",
+    "Endpoints",
+    "finish_of",
+    "generate_body",
+    "new_room",
+    "parse_metrics",
+    "parse_version",
+    "plain_rid",
+    "render_metrics",
+    "request_of",
+    "response_body",
+    "result_of",
+    "supports_role_switch",
+    "wire_rid",
+]

@@ -85,9 +85,17 @@ class RouterClient:
 class SGLangRouterLink:
     """Registration and dispatch through a regular and a PD sglang-router (see module doc)."""
 
-    def __init__(self, regular_url: str, pd_url: str, cfg: Any, *,
-                 on_change: Callable[[], None] | None = None, request_timeout_s: float = 3600.0,
-                 admit_timeout_s: float = 30.0, processes: tuple[ServerProcess, ...] = ()) -> None:
+    def __init__(
+        self,
+        regular_url: str,
+        pd_url: str,
+        cfg: Any,
+        *,
+        on_change: Callable[[], None] | None = None,
+        request_timeout_s: float = 3600.0,
+        admit_timeout_s: float = 30.0,
+        processes: tuple[ServerProcess, ...] = (),
+    ) -> None:
         self.routers = {"regular": RouterClient(regular_url), "pd": RouterClient(pd_url)}
         self.cfg, self.on_change = cfg, on_change
         self.request_timeout_s, self.admit_timeout_s = request_timeout_s, admit_timeout_s
@@ -146,8 +154,9 @@ class SGLangRouterLink:
         if joining:
             sick = [e.url for e in joining if not SGLangClient(e.url).health(2.0)]
             if sick:  # all-or-nothing admission of the group
-                log.info("sglang-router: waiting for %s before admitting %d workers", sick,
-                         len(joining))
+                log.info(
+                    "sglang-router: waiting for %s before admitting %d workers", sick, len(joining)
+                )
                 self._notify(changed)
                 return False
             for e in joining:
@@ -166,13 +175,19 @@ class SGLangRouterLink:
         deadline = time.monotonic() + self.admit_timeout_s
         want = {e.url for e in joining}
         while time.monotonic() < deadline:
-            healthy = {w["url"] for r in self.routers.values() for w in r.workers()
-                       if w.get("is_healthy", True)}
+            healthy = {
+                w["url"]
+                for r in self.routers.values()
+                for w in r.workers()
+                if w.get("is_healthy", True)
+            }
             if want <= healthy:
                 return
             time.sleep(0.05)
-        raise EngineError(f"sglang-router did not report {sorted(want)} healthy within "
-                          f"{self.admit_timeout_s:.0f}s")
+        raise EngineError(
+            f"sglang-router did not report {sorted(want)} healthy within "
+            f"{self.admit_timeout_s:.0f}s"
+        )
 
     def _notify(self, changed: bool) -> None:
         if changed and self.on_change is not None:
@@ -234,9 +249,20 @@ def launch_routers(host: str, port: int, python: str = "") -> tuple[ServerProces
 
     procs = []
     for i, extra in enumerate(([], ["--pd-disaggregation"])):
-        argv = [python or sys.executable, "-m", "sglang_router.launch_router", "--host", host,
-                "--port", str(port + i), "--prometheus-port", str(port + 10 + i),
-                "--log-level", "warn", *extra]
+        argv = [
+            python or sys.executable,
+            "-m",
+            "sglang_router.launch_router",
+            "--host",
+            host,
+            "--port",
+            str(port + i),
+            "--prometheus-port",
+            str(port + 10 + i),
+            "--log-level",
+            "warn",
+            *extra,
+        ]
         procs.append(ServerProcess(argv))
     deadline = time.monotonic() + 60.0
     for i, p in enumerate(procs):
@@ -248,14 +274,17 @@ def launch_routers(host: str, port: int, python: str = "") -> tuple[ServerProces
                 if not p.alive() or time.monotonic() > deadline:
                     for q in procs:
                         q.stop()
-                    raise EngineError(f"sglang-router on port {port + i} did not start:\n"
-                                      f"{p.tail()}") from None
+                    raise EngineError(
+                        f"sglang-router on port {port + i} did not start:\n{p.tail()}"
+                    ) from None
                 time.sleep(0.1)
     return tuple(procs)
 
 
-def link_from_config(cfg: Any, on_change: Callable[[], None] | None = None,
-                     ) -> SGLangRouterLink | None:
+def link_from_config(
+    cfg: Any,
+    on_change: Callable[[], None] | None = None,
+) -> SGLangRouterLink | None:
     """The link for ``engine.router = 'sglang-router'`` (launching both routers unless
     ``engine.sglang_router_urls`` names running ones); None for PEARL's own Router."""
     if cfg.router != "sglang-router":
@@ -265,10 +294,20 @@ def link_from_config(cfg: Any, on_change: Callable[[], None] | None = None,
         return SGLangRouterLink(regular, pd, cfg, on_change=on_change)
     procs = launch_routers(cfg.sglang_host, cfg.sglang_router_port)
     base = f"http://{cfg.sglang_host}:"
-    return SGLangRouterLink(base + str(cfg.sglang_router_port),
-                            base + str(cfg.sglang_router_port + 1), cfg, on_change=on_change,
-                            processes=procs)
+    return SGLangRouterLink(
+        base + str(cfg.sglang_router_port),
+        base + str(cfg.sglang_router_port + 1),
+        cfg,
+        on_change=on_change,
+        processes=procs,
+    )
 
 
-__all__ = ["RouterClient", "SGLangRouterLink", "WorkerEndpoint", "endpoints_of",
-           "launch_routers", "link_from_config"]
+__all__ = [
+    "RouterClient",
+    "SGLangRouterLink",
+    "WorkerEndpoint",
+    "endpoints_of",
+    "launch_routers",
+    "link_from_config",
+]

@@ -17,8 +17,14 @@ class Watchdog:
     """Polls ``alive()`` every ``every_s``; on a death calls ``relaunch()`` (at most ``budget``
     times, then ``give_up(reason)``). ``pause()``/``resume()`` bracket deliberate restarts."""
 
-    def __init__(self, alive: Callable[[], bool], relaunch: Callable[[], None],
-                 give_up: Callable[[str], None], budget: int = 3, every_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        alive: Callable[[], bool],
+        relaunch: Callable[[], None],
+        give_up: Callable[[str], None],
+        budget: int = 3,
+        every_s: float = 1.0,
+    ) -> None:
         self.alive, self.relaunch, self.give_up = alive, relaunch, give_up
         self.budget, self.every_s = budget, every_s
         self.restarts = 0

@@ -59,15 +59,19 @@ class MetricsDelta:
         prompt = d("sglang:prompt_tokens_total")
         if ttft > 0 and prompt > 0 and role is not Role.DECODE:
             queued, _ = mean(QUEUE)
-            iters.append(IterationStat(now, max(ttft - queued, 1e-6), 0,
-                                       max(1, round(prompt / n_first))))
+            iters.append(
+                IterationStat(now, max(ttft - queued, 1e-6), 0, max(1, round(prompt / n_first)))
+            )
         transfers: list[KVTransferStat] = []
         lat_ms, n_xfer = mean(KV_LAT)
         if n_xfer and role is not Role.COLOCATED:
             speed, _ = mean(KV_SPEED)
             direction = "send" if role is Role.PREFILL else "recv"
-            transfers.append(KVTransferStat("sglang-metrics", int(speed * 1e9 * lat_ms / 1e3),
-                                            lat_ms / 1e3, direction))
+            transfers.append(
+                KVTransferStat(
+                    "sglang-metrics", int(speed * 1e9 * lat_ms / 1e3), lat_ms / 1e3, direction
+                )
+            )
         return EngineTelemetry(tuple(iters), tuple(transfers))
 
 

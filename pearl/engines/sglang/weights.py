@@ -32,8 +32,10 @@ def check_source(source: Any) -> None:
     if isinstance(source, DistributedWeights):
         return
     if not isinstance(source, str | Path) or not Path(source).exists():
-        raise EngineError(f"sglang loads weights from a directory, a safetensors file or a "
-                          f"DistributedWeights broadcast; got {type(source).__name__} {source!r}")
+        raise EngineError(
+            f"sglang loads weights from a directory, a safetensors file or a "
+            f"DistributedWeights broadcast; got {type(source).__name__} {source!r}"
+        )
 
 
 def overlay_model_dir(base: str, weights_file: Path) -> Path:

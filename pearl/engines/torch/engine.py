@@ -91,8 +91,9 @@ class TorchEngine(ServingEngine):
 
     def _free_device(self) -> None:
         if self.tcfg.keep_cpu_copy and self.model is not None:
-            self._cpu_copy = {k: v.detach().to("cpu", copy=True)
-                              for k, v in self.model.state_dict().items()}
+            self._cpu_copy = {
+                k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()
+            }
         self.model = self.runner = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -148,11 +149,15 @@ class TorchEngine(ServingEngine):
         want = (seq.computed, r.kv_heads, r.head_dim)
         if len(tensors) != 2 * r.n_layers or any(tuple(t.shape) != want for t in tensors):
             got = [tuple(t.shape) for t in tensors[:1]]
-            raise EngineError(f"KV of {seq.rid} does not fit this model: {len(tensors)} tensors "
-                              f"of {got}, expected {2 * r.n_layers} of {want}")
+            raise EngineError(
+                f"KV of {seq.rid} does not fit this model: {len(tensors)} tensors "
+                f"of {got}, expected {2 * r.n_layers} of {want}"
+            )
         if tensors[0].dtype != self.dtype:
-            raise EngineError(f"KV of {seq.rid} is {tensors[0].dtype}, this engine runs "
-                              f"{self.dtype}; run prefill and decode with one dtype")
+            raise EngineError(
+                f"KV of {seq.rid} is {tensors[0].dtype}, this engine runs "
+                f"{self.dtype}; run prefill and decode with one dtype"
+            )
         r.write(seq, tensors)
 
 

@@ -41,12 +41,21 @@ class Counters:
     """SGLang's metric names, accumulated from the torch engine's telemetry."""
 
     def __init__(self) -> None:
-        self.v: dict[str, float] = {name: 0.0 for name in (
-            "sglang:prompt_tokens_total", "sglang:generation_tokens_total",
-            "sglang:inter_token_latency_seconds_sum", "sglang:inter_token_latency_seconds_count",
-            "sglang:time_to_first_token_seconds_sum", "sglang:time_to_first_token_seconds_count",
-            "sglang:kv_transfer_latency_ms_sum", "sglang:kv_transfer_latency_ms_count",
-            "sglang:kv_transfer_speed_gb_s_sum", "sglang:kv_transfer_speed_gb_s_count")}
+        self.v: dict[str, float] = {
+            name: 0.0
+            for name in (
+                "sglang:prompt_tokens_total",
+                "sglang:generation_tokens_total",
+                "sglang:inter_token_latency_seconds_sum",
+                "sglang:inter_token_latency_seconds_count",
+                "sglang:time_to_first_token_seconds_sum",
+                "sglang:time_to_first_token_seconds_count",
+                "sglang:kv_transfer_latency_ms_sum",
+                "sglang:kv_transfer_latency_ms_count",
+                "sglang:kv_transfer_speed_gb_s_sum",
+                "sglang:kv_transfer_speed_gb_s_count",
+            )
+        }
         self._lock = threading.Lock()
 
     def add(self, t: EngineTelemetry) -> None:

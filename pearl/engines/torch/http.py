@@ -51,13 +51,20 @@ class Facade:
         self.version = a.pretend_version
         self.mode = a.disaggregation_mode
         self.kv = ZmqKVChannel()
-        preset, path = (a.model_path, "") if not Path(a.model_path).is_dir() else ("tiny",
-                                                                                a.model_path)
-        self.engine = TorchEngine(role=P.ROLES[self.mode], kv_channel=self.kv, preset=preset,
-                                  model_path=path, threads=a.threads, seed=a.seed,
-                                  kv_budget_bytes=int(a.kv_budget_mb * (1 << 20)),
-                                  kv_timeout_s=a.kv_timeout_s,
-                                  keep_cpu_copy=a.enable_weights_cpu_backup)
+        preset, path = (
+            (a.model_path, "") if not Path(a.model_path).is_dir() else ("tiny", a.model_path)
+        )
+        self.engine = TorchEngine(
+            role=P.ROLES[self.mode],
+            kv_channel=self.kv,
+            preset=preset,
+            model_path=path,
+            threads=a.threads,
+            seed=a.seed,
+            kv_budget_bytes=int(a.kv_budget_mb * (1 << 20)),
+            kv_timeout_s=a.kv_timeout_s,
+            keep_cpu_copy=a.enable_weights_cpu_backup,
+        )
         self.weight_version = "0"
         self.rooms = Rooms()
         self.counters = Counters()
@@ -65,20 +72,26 @@ class Facade:
         self.group: Any = None  # torch.distributed group of a weight broadcast
         self.routes: dict[tuple[str, str], Callable[[dict[str, Any]], Reply]] = {}
         new = P.parse_version(self.version) >= NEW_INFO_SINCE
-        info, model = ("/server_info", "/model_info") if new else ("/get_server_info",
-                                                                   "/get_model_info")
+        info, model = (
+            ("/server_info", "/model_info") if new else ("/get_server_info", "/get_model_info")
+        )
         for method, path, fn in [
-            ("GET", "/health", self.health), ("GET", "/health_generate", self.health),
-            ("GET", info, self.server_info), ("GET", model, self.model_info),
-            ("POST", "/generate", self.generate), ("POST", "/abort_request", self.abort),
+            ("GET", "/health", self.health),
+            ("GET", "/health_generate", self.health),
+            ("GET", info, self.server_info),
+            ("GET", model, self.model_info),
+            ("POST", "/generate", self.generate),
+            ("POST", "/abort_request", self.abort),
             ("POST", "/release_memory_occupation", self.release),
             ("POST", "/resume_memory_occupation", self.resume),
             ("POST", "/update_weights_from_disk", self.update_from_disk),
             ("POST", "/init_weights_update_group", self.init_group),
             ("POST", "/update_weights_from_distributed", self.update_from_distributed),
             ("POST", "/destroy_weights_update_group", self.destroy_group),
-            ("GET", "/flush_cache", self.health), ("POST", "/flush_cache", self.health),
-            ("GET", "/metrics", self.metrics)]:
+            ("GET", "/flush_cache", self.health),
+            ("POST", "/flush_cache", self.health),
+            ("GET", "/metrics", self.metrics),
+        ]:
             self.routes[(method, path)] = fn
         if P.supports_role_switch(self.version):
             self.routes[("POST", "/pd_role_switch")] = self.role_switch
@@ -90,19 +103,30 @@ class Facade:
 
     def server_info(self, _: dict[str, Any]) -> Reply:
         a = self.a
-        return 200, {"version": self.version, "model_path": a.model_path, "tp_size": a.tp,
-                     "host": a.host, "port": a.port, "disaggregation_mode": self.mode,
-                     "disaggregation_bootstrap_port": a.disaggregation_bootstrap_port,
-                     "disaggregation_transfer_backend": a.disaggregation_transfer_backend,
-                     "enable_memory_saver": a.enable_memory_saver,
-                     "enable_weights_cpu_backup": a.enable_weights_cpu_backup,
-                     "enable_pd_role_switch": a.enable_pd_role_switch,
-                     "enable_metrics": a.enable_metrics, "weight_version": self.weight_version,
-                     "internal_states": [self.engine.kv_usage()]}
+        return 200, {
+            "version": self.version,
+            "model_path": a.model_path,
+            "tp_size": a.tp,
+            "host": a.host,
+            "port": a.port,
+            "disaggregation_mode": self.mode,
+            "disaggregation_bootstrap_port": a.disaggregation_bootstrap_port,
+            "disaggregation_transfer_backend": a.disaggregation_transfer_backend,
+            "enable_memory_saver": a.enable_memory_saver,
+            "enable_weights_cpu_backup": a.enable_weights_cpu_backup,
+            "enable_pd_role_switch": a.enable_pd_role_switch,
+            "enable_metrics": a.enable_metrics,
+            "weight_version": self.weight_version,
+            "internal_states": [self.engine.kv_usage()],
+        }
 
     def model_info(self, _: dict[str, Any]) -> Reply:
-        return 200, {"model_path": self.a.model_path, "tokenizer_path": None,
-                     "is_generation": True, "weight_version": self.weight_version}
+        return 200, {
+            "model_path": self.a.model_path,
+            "tokenizer_path": None,
+            "is_generation": True,
+            "weight_version": self.weight_version,
+        }
 
     # -- generation ----------------------------------------------------------------------------
 
@@ -111,14 +135,18 @@ class Facade:
         req, boot = P.request_of(body)
         if self.mode != "null":
             if boot is None:
-                raise EngineError(f"a {self.mode} server needs bootstrap_host, bootstrap_port "
-                                  "and bootstrap_room")
+                raise EngineError(
+                    f"a {self.mode} server needs bootstrap_host, bootstrap_port and bootstrap_room"
+                )
             tid = f"room-{boot.room}"
             if self.mode == "prefill":
                 peer = self.rooms.wait(boot.room, self.a.kv_timeout_s)
                 if peer is None:
-                    return 200, _abort_body(req.rid, f"no decode server joined bootstrap room "
-                                            f"{boot.room} within {self.a.kv_timeout_s}s")
+                    return 200, _abort_body(
+                        req.rid,
+                        f"no decode server joined bootstrap room "
+                        f"{boot.room} within {self.a.kv_timeout_s}s",
+                    )
                 req = msgspec.structs.replace(req, transfer_id=tid, kv_peer=peer)
             else:
                 self._join_room(boot)
@@ -158,8 +186,10 @@ class Facade:
         if not self.a.enable_memory_saver:
             return 400, _err("release_memory_occupation needs --enable-memory-saver")
         if self.engine.in_flight():
-            return 400, _err(f"release_memory_occupation needs an idle server; "
-                             f"{len(self.engine.in_flight())} requests are running")
+            return 400, _err(
+                f"release_memory_occupation needs an idle server; "
+                f"{len(self.engine.in_flight())} requests are running"
+            )
         self.engine.release_memory()
         return 200, None
 
@@ -182,16 +212,22 @@ class Facade:
         except EngineError as e:
             return 400, {"success": False, "message": str(e), "num_paused_requests": 0}
         self.weight_version = str(body.get("weight_version") or version)
-        return 200, {"success": True, "message": f"loaded {path} as version {version}",
-                     "num_paused_requests": 0}
+        return 200, {
+            "success": True,
+            "message": f"loaded {path} as version {version}",
+            "num_paused_requests": 0,
+        }
 
     def init_group(self, body: dict[str, Any]) -> Reply:
         import torch.distributed as dist
 
         # gloo: the facade computes on CPU; SGLang would use the requested backend (nccl).
-        dist.init_process_group("gloo", init_method=f"tcp://{body['master_address']}:"
-                                f"{body['master_port']}", world_size=int(body["world_size"]),
-                                rank=int(body["rank_offset"]))
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://{body['master_address']}:{body['master_port']}",
+            world_size=int(body["world_size"]),
+            rank=int(body["rank_offset"]),
+        )
         self.group = body.get("group_name", "weight_update_group")
         return 200, {"success": True, "message": "joined the weight update group"}
 
@@ -199,8 +235,11 @@ class Facade:
         import torch.distributed as dist
 
         if self.group is None or self.engine.model is None:
-            return 400, {"success": False, "message": "no weight update group, or memory "
-                         "released: init_weights_update_group / resume first"}
+            return 400, {
+                "success": False,
+                "message": "no weight update group, or memory "
+                "released: init_weights_update_group / resume first",
+            }
         state = {k: v.detach().clone() for k, v in self.engine.model.state_dict().items()}
         for name, dtype, shape in zip(body["names"], body["dtypes"], body["shapes"], strict=True):
             t = torch.empty([int(s) for s in shape], dtype=getattr(torch, dtype))
@@ -234,8 +273,12 @@ class Facade:
         if old == "null":
             return refuse("not running in PD mode (--disaggregation-mode null)")
         if new == old:
-            return 200, {"success": True, "message": "already in target role", "old_role": old,
-                         "new_role": new}
+            return 200, {
+                "success": True,
+                "message": "already in target role",
+                "old_role": old,
+                "new_role": new,
+            }
         if self.engine.in_flight():
             return refuse(f"server is not idle: {len(self.engine.in_flight())} requests")
         self.engine.set_role(Role(new))
@@ -266,8 +309,11 @@ class Facade:
         self.boot_server = serve(self.a.host, port, {("POST", "/bootstrap/register"): register})
 
 
-def serve(host: str, port: int, routes: dict[tuple[str, str], Callable[[dict[str, Any]], Reply]],
-          ) -> ThreadingHTTPServer:
+def serve(
+    host: str,
+    port: int,
+    routes: dict[tuple[str, str], Callable[[dict[str, Any]], Reply]],
+) -> ThreadingHTTPServer:
     """A threading HTTP server dispatching JSON bodies to ``routes``; serves in a thread."""
 
     class Handler(BaseHTTPRequestHandler):
@@ -310,9 +356,17 @@ def _err(message: str) -> dict[str, Any]:
 
 
 def _abort_body(rid: str, message: str) -> dict[str, Any]:
-    return {"text": "", "output_ids": [], "meta_info": {
-        "id": rid, "finish_reason": {"type": "abort", "message": message},
-        "prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0}}
+    return {
+        "text": "",
+        "output_ids": [],
+        "meta_info": {
+            "id": rid,
+            "finish_reason": {"type": "abort", "message": message},
+            "prompt_tokens": 0,
+            "completion_tokens": 0,
+            "cached_tokens": 0,
+        },
+    }
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -324,8 +378,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--disaggregation-mode", choices=sorted(P.ROLES), default="null")
     p.add_argument("--disaggregation-transfer-backend", default="mooncake")
     p.add_argument("--disaggregation-bootstrap-port", type=int, default=8998)
-    for flag in ("--enable-memory-saver", "--enable-weights-cpu-backup",
-                 "--enable-pd-role-switch", "--enable-metrics"):
+    for flag in (
+        "--enable-memory-saver",
+        "--enable-weights-cpu-backup",
+        "--enable-pd-role-switch",
+        "--enable-metrics",
+    ):
         p.add_argument(flag, action="store_true")
     p.add_argument("--pretend-version", default="0.5.21", help="SGLang version to behave as")
     p.add_argument("--kv-timeout-s", type=float, default=30.0)
@@ -349,8 +407,14 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    log.info("serving %s as SGLang %s (%s) on %s:%d", a.model_path, facade.version,
-             a.disaggregation_mode, a.host, a.port)
+    log.info(
+        "serving %s as SGLang %s (%s) on %s:%d",
+        a.model_path,
+        facade.version,
+        a.disaggregation_mode,
+        a.host,
+        a.port,
+    )
     while not stop.wait(0.5):
         pass
     server.shutdown()

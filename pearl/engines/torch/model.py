@@ -19,15 +19,39 @@ from pearl.engines.base import EngineError
 # Shapes only; weights are random (seeded) unless loaded. ``tiny`` is for tests, ``small`` for
 # CPU benchmarks, ``qwen3-0.6b`` is the real model's shape (151,936-token vocabulary).
 PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                 max_position_embeddings=4096, initializer_range=0.25),
-    "small": dict(vocab_size=2048, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
-                  num_attention_heads=8, num_key_value_heads=4, head_dim=32,
-                  max_position_embeddings=8192, initializer_range=0.1),
-    "qwen3-0.6b": dict(vocab_size=151_936, hidden_size=1024, intermediate_size=3072,
-                       num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
-                       head_dim=128, max_position_embeddings=40_960, initializer_range=0.02),
+    "tiny": dict(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=192,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=4096,
+        initializer_range=0.25,
+    ),
+    "small": dict(
+        vocab_size=2048,
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=32,
+        max_position_embeddings=8192,
+        initializer_range=0.1,
+    ),
+    "qwen3-0.6b": dict(
+        vocab_size=151_936,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=40_960,
+        initializer_range=0.02,
+    ),
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -35,9 +59,15 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def preset_config(name: str) -> Qwen3Config:
     if name not in PRESETS:
         raise EngineError(f"unknown model preset {name!r}; presets: {sorted(PRESETS)}")
-    return Qwen3Config(**PRESETS[name], tie_word_embeddings=True, rms_norm_eps=1e-6,
-                       rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
-                       bos_token_id=256, eos_token_id=257, pad_token_id=258)
+    return Qwen3Config(
+        **PRESETS[name],
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+        bos_token_id=256,
+        eos_token_id=257,
+        pad_token_id=258,
+    )
 
 
 def dir_config(path: str) -> Qwen3Config:
@@ -81,8 +111,9 @@ class WeightSource:
     value: Any
 
 
-def build(config: Qwen3Config, source: WeightSource, device: torch.device,
-          dtype: torch.dtype) -> Any:
+def build(
+    config: Qwen3Config, source: WeightSource, device: torch.device, dtype: torch.dtype
+) -> Any:
     """A model in eval mode on ``device`` holding the weights ``source`` names."""
     if source.kind == "seed":
         with torch.random.fork_rng(devices=[]):
@@ -91,8 +122,9 @@ def build(config: Qwen3Config, source: WeightSource, device: torch.device,
         return model.to(device=device, dtype=dtype).eval()
     if source.kind == "dir":
         try:
-            model = Qwen3ForCausalLM.from_pretrained(source.value, local_files_only=True,
-                                                     dtype=dtype)
+            model = Qwen3ForCausalLM.from_pretrained(
+                source.value, local_files_only=True, dtype=dtype
+            )
         except Exception as e:
             raise EngineError(f"cannot load a Qwen3 model from {source.value}: {e}") from None
         return model.to(device=device).eval()
@@ -138,8 +170,10 @@ def load_into(model: Any, source: WeightSource) -> None:
     if model.config.tie_word_embeddings and model.lm_head.weight is model.model.embed_tokens.weight:
         missing = [k for k in missing if k != "lm_head.weight"]
     if missing or unexpected:
-        raise EngineError(f"weights do not match the model: missing {missing[:5]}, unexpected "
-                          f"{list(unexpected)[:5]}")
+        raise EngineError(
+            f"weights do not match the model: missing {missing[:5]}, unexpected "
+            f"{list(unexpected)[:5]}"
+        )
 
 
 def source_of(version_source: Any) -> WeightSource:
@@ -149,8 +183,9 @@ def source_of(version_source: Any) -> WeightSource:
     if isinstance(version_source, str | Path):
         p = Path(version_source)
         return WeightSource("dir" if p.is_dir() else "file", str(p))
-    raise EngineError(f"weights source must be a path or a state dict, got "
-                      f"{type(version_source).__name__}")
+    raise EngineError(
+        f"weights source must be a path or a state dict, got {type(version_source).__name__}"
+    )
 
 
 def kv_bytes_per_token(config: Qwen3Config, dtype: torch.dtype) -> int:
@@ -160,6 +195,18 @@ def kv_bytes_per_token(config: Qwen3Config, dtype: torch.dtype) -> int:
     return 2 * int(c.num_hidden_layers) * int(c.num_key_value_heads) * int(c.head_dim) * elem
 
 
-__all__ = ["DTYPES", "PRESETS", "WeightSource", "build", "dir_config", "kv_bytes_per_token",
-           "load_into", "model_of", "preset_config", "read_state", "resolve_device",
-           "resolve_dtype", "source_of"]
+__all__ = [
+    "DTYPES",
+    "PRESETS",
+    "WeightSource",
+    "build",
+    "dir_config",
+    "kv_bytes_per_token",
+    "load_into",
+    "model_of",
+    "preset_config",
+    "read_state",
+    "resolve_device",
+    "resolve_dtype",
+    "source_of",
+]

@@ -23,8 +23,7 @@ from pearl.engines.sequence import Segment, Seq
 class PagedRunner:
     """Holds the K/V pool and runs one iteration; every method runs on the engine thread."""
 
-    def __init__(self, model: Any, n_pages: int, page_size: int,
-                 max_seq_len: int) -> None:
+    def __init__(self, model: Any, n_pages: int, page_size: int, max_seq_len: int) -> None:
         cfg = model.config
         p = next(model.parameters())
         self.model, self.device, self.dtype = model, p.device, p.dtype
@@ -33,8 +32,9 @@ class PagedRunner:
         self.heads, self.head_dim = int(cfg.num_attention_heads), int(cfg.head_dim)
         slots = n_pages * page_size
         shape = (slots, self.kv_heads, self.head_dim)
-        self.k = [torch.zeros(shape, dtype=self.dtype, device=self.device)
-                  for _ in range(self.n_layers)]
+        self.k = [
+            torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.n_layers)
+        ]
         self.v = [torch.zeros_like(t) for t in self.k]
         # RoPE table in float32 from a fresh rotary module (its buffers never see a dtype cast).
         rope = Qwen3RotaryEmbedding(cfg)
@@ -49,9 +49,9 @@ class PagedRunner:
         """KV slots of positions [start, end) of ``seq``."""
         ps = self.page_size
         first, last = start // ps, (end - 1) // ps
-        pages = torch.tensor(seq.pages[first:last + 1], device=self.device)
+        pages = torch.tensor(seq.pages[first : last + 1], device=self.device)
         flat = (pages[:, None] * ps + self._offsets[None]).reshape(-1)
-        return flat[start - first * ps:end - first * ps]
+        return flat[start - first * ps : end - first * ps]
 
     def _key_table(self, seqs: list[Seq], lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Padded KV slots [B, Lmax] of the first ``lengths[i]`` positions, and the valid mask."""
@@ -76,7 +76,7 @@ class PagedRunner:
         positions: list[torch.Tensor] = []
         slot_list: list[torch.Tensor] = []
         for g in segments:
-            tokens.extend(g.seq.tokens[g.start:g.end])
+            tokens.extend(g.seq.tokens[g.start : g.end])
             positions.append(torch.arange(g.start, g.end))
             slot_list.append(self.slots(g.seq, g.start, g.end))
         ids = torch.tensor(tokens, device=self.device)
@@ -89,10 +89,16 @@ class PagedRunner:
         for g in segments:
             offsets.append(offsets[-1] + g.end - g.start)
         one_rows = torch.tensor([offsets[i] for i in ones], device=self.device)
-        one_keys = self._key_table([segments[i].seq for i in ones],
-                                   [segments[i].end for i in ones]) if ones else None
-        chunks = [(offsets[i], g, self.slots(g.seq, 0, g.end))
-                  for i, g in enumerate(segments) if g.end - g.start > 1]
+        one_keys = (
+            self._key_table([segments[i].seq for i in ones], [segments[i].end for i in ones])
+            if ones
+            else None
+        )
+        chunks = [
+            (offsets[i], g, self.slots(g.seq, 0, g.end))
+            for i, g in enumerate(segments)
+            if g.end - g.start > 1
+        ]
 
         x = self.model.model.embed_tokens(ids)  # [T, hidden]
         for li, layer in enumerate(self.model.model.layers):
@@ -102,10 +108,18 @@ class PagedRunner:
         h = self.model.model.norm(x[rows])
         return self.model.lm_head(h).float()
 
-    def _attention(self, li: int, layer: Any, x: torch.Tensor, cos: torch.Tensor,
-                   sin: torch.Tensor, slots: torch.Tensor, one_rows: torch.Tensor,
-                   one_keys: tuple[torch.Tensor, torch.Tensor] | None,
-                   chunks: list[tuple[int, Segment, torch.Tensor]]) -> torch.Tensor:
+    def _attention(
+        self,
+        li: int,
+        layer: Any,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        slots: torch.Tensor,
+        one_rows: torch.Tensor,
+        one_keys: tuple[torch.Tensor, torch.Tensor] | None,
+        chunks: list[tuple[int, Segment, torch.Tensor]],
+    ) -> torch.Tensor:
         attn = layer.self_attn
         t = x.shape[0]
         h = layer.input_layernorm(x)
@@ -123,18 +137,19 @@ class PagedRunner:
             qd = q[one_rows][:, :, None]  # [B, H, 1, D]
             kd = _gather(kc, key_slots).transpose(1, 2)  # [B, KVH, L, D]
             vd = _gather(vc, key_slots).transpose(1, 2)
-            o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=valid[:, None, None],
-                                               enable_gqa=True)
+            o = F.scaled_dot_product_attention(
+                qd, kd, vd, attn_mask=valid[:, None, None], enable_gqa=True
+            )
             out[one_rows] = o[:, :, 0]
         for row, g, key_slots in chunks:
             n = g.end - g.start
-            qp = q[row:row + n].transpose(0, 1)[None]  # [1, H, n, D]
+            qp = q[row : row + n].transpose(0, 1)[None]  # [1, H, n, D]
             kp = _gather(kc, key_slots).transpose(0, 1)[None]  # [1, KVH, end, D]
             vp = _gather(vc, key_slots).transpose(0, 1)[None]
             qpos = torch.arange(g.start, g.end, device=self.device)[:, None]
             causal = torch.arange(g.end, device=self.device)[None] <= qpos  # [n, end]
             o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=causal, enable_gqa=True)
-            out[row:row + n] = o[0].transpose(0, 1)
+            out[row : row + n] = o[0].transpose(0, 1)
         return attn.o_proj(out.view(t, self.heads * self.head_dim))
 
     # -- moving K/V between engines -----------------------------------------------------------

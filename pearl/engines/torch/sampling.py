@@ -23,8 +23,9 @@ def generator_for(params: SamplingParams) -> torch.Generator | None:
     return g
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams],
-           generators: list[torch.Generator | None]) -> list[tuple[int, float]]:
+def sample(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+) -> list[tuple[int, float]]:
     """One (token, logprob) per row of ``logits`` [n, vocab]."""
     logits = logits.float()
     logprobs = torch.log_softmax(logits, dim=-1)

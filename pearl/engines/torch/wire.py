@@ -13,9 +13,20 @@ import torch
 
 from pearl.engines.base import EngineError
 
-_DTYPES = {str(d).removeprefix("torch."): d for d in
-           (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
-            torch.int8, torch.uint8, torch.bool)}
+_DTYPES = {
+    str(d).removeprefix("torch."): d
+    for d in (
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.float64,
+        torch.int64,
+        torch.int32,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+    )
+}
 
 
 def to_frames(named: dict[str, torch.Tensor]) -> tuple[dict[str, Any], list[Any]]:
@@ -35,8 +46,10 @@ def from_frames(meta: dict[str, Any], frames: list[Any]) -> dict[str, torch.Tens
     """Inverse of :func:`to_frames`; tensors share the received buffers (read-only views)."""
     specs = meta.get("tensors")
     if not isinstance(specs, list) or len(specs) != len(frames):
-        raise EngineError(f"bulk meta describes {len(specs) if isinstance(specs, list) else '?'} "
-                          f"tensors but {len(frames)} frames came")
+        raise EngineError(
+            f"bulk meta describes {len(specs) if isinstance(specs, list) else '?'} "
+            f"tensors but {len(frames)} frames came"
+        )
     out = {}
     for (name, dtype, shape), buf in zip(specs, frames, strict=True):
         if dtype not in _DTYPES:

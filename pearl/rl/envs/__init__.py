@@ -4,12 +4,36 @@ from pearl.rl.env import register_env
 from pearl.rl.envs.swe_like import Dist, SWEConfig, SWELikeEnv, swe_tasks
 from pearl.rl.envs.tool_use import Shaping, ToolUseEnv, arithmetic_tasks, count_tasks, counts_env
 
-register_env("tool_use", ToolUseEnv, tasks=arithmetic_tasks, replace=True,
-             description="arithmetic word problems with a sandboxed calculator and Python tool")
-register_env("tool_use_counts", counts_env, tasks=count_tasks, replace=True,
-             description="one-digit counting problems, calculator only, reward 1 for the answer")
-register_env("swe_like", SWELikeEnv, tasks=swe_tasks, replace=True,
-             description="synthetic repository repair with SWE-bench-shaped turns and latencies")
+register_env(
+    "tool_use",
+    ToolUseEnv,
+    tasks=arithmetic_tasks,
+    replace=True,
+    description="arithmetic word problems with a sandboxed calculator and Python tool",
+)
+register_env(
+    "tool_use_counts",
+    counts_env,
+    tasks=count_tasks,
+    replace=True,
+    description="one-digit counting problems, calculator only, reward 1 for the answer",
+)
+register_env(
+    "swe_like",
+    SWELikeEnv,
+    tasks=swe_tasks,
+    replace=True,
+    description="synthetic repository repair with SWE-bench-shaped turns and latencies",
+)
 
-__all__ = ["Dist", "SWEConfig", "SWELikeEnv", "Shaping", "ToolUseEnv", "arithmetic_tasks",
-           "count_tasks", "counts_env", "swe_tasks"]
+__all__ = [
+    "Dist",
+    "SWEConfig",
+    "SWELikeEnv",
+    "Shaping",
+    "ToolUseEnv",
+    "arithmetic_tasks",
+    "count_tasks",
+    "counts_env",
+    "swe_tasks",
+]

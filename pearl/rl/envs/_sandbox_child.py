@@ -17,17 +17,61 @@ import sys
 from typing import Any
 
 _BIN: dict[type, Any] = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-    ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
-    ast.Pow: operator.pow}
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
 _UNARY: dict[type, Any] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
-_FUNCS: dict[str, Any] = {"abs": abs, "round": round, "min": min, "max": max,
-                          "sqrt": math.sqrt, "floor": math.floor, "ceil": math.ceil}
-_SAFE_BUILTINS = {name: getattr(builtins, name)
-                  for name in ("abs", "all", "any", "bin", "bool", "chr", "dict", "divmod",
-                               "enumerate", "filter", "float", "hex", "int", "isinstance", "len",
-                               "list", "map", "max", "min", "oct", "ord", "pow", "range", "repr",
-                               "reversed", "round", "set", "sorted", "str", "sum", "tuple", "zip")}
+_FUNCS: dict[str, Any] = {
+    "abs": abs,
+    "round": round,
+    "min": min,
+    "max": max,
+    "sqrt": math.sqrt,
+    "floor": math.floor,
+    "ceil": math.ceil,
+}
+_SAFE_BUILTINS = {
+    name: getattr(builtins, name)
+    for name in (
+        "abs",
+        "all",
+        "any",
+        "bin",
+        "bool",
+        "chr",
+        "dict",
+        "divmod",
+        "enumerate",
+        "filter",
+        "float",
+        "hex",
+        "int",
+        "isinstance",
+        "len",
+        "list",
+        "map",
+        "max",
+        "min",
+        "oct",
+        "ord",
+        "pow",
+        "range",
+        "repr",
+        "reversed",
+        "round",
+        "set",
+        "sorted",
+        "str",
+        "sum",
+        "tuple",
+        "zip",
+    )
+}
 
 # Frame, code and traceback attributes lead back to real globals; format strings reach attributes.
 _BANNED_PREFIXES = ("_", "gi_", "cr_", "ag_", "f_", "co_", "tb_")
@@ -57,8 +101,12 @@ def calc(node: ast.AST) -> Any:
         return _BIN[type(node.op)](left, right)
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
         return _UNARY[type(node.op)](calc(node.operand))
-    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-            and node.func.id in _FUNCS and not node.keywords):
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in _FUNCS
+        and not node.keywords
+    ):
         return _FUNCS[node.func.id](*[calc(a) for a in node.args])
     raise ValueError(f"not allowed in the calculator: {type(node).__name__}")
 

@@ -50,18 +50,34 @@ async def run_tool(mode: str, code: str, limits: SandboxLimits = SandboxLimits()
         raise ValueError(f"tool mode {mode!r} is not one of {MODES}")
     t0 = time.monotonic()
     if len(code) > limits.max_code_chars:
-        return ToolRun(False, f"error: the tool call has {len(code)} characters, the limit is "
-                              f"{limits.max_code_chars}", 0.0)
+        return ToolRun(
+            False,
+            f"error: the tool call has {len(code)} characters, the limit is "
+            f"{limits.max_code_chars}",
+            0.0,
+        )
     mem = limits.memory_mb << 20
     try:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-I", "-S", CHILD, mode, str(limits.cpu_s), str(mem),
+            sys.executable,
+            "-I",
+            "-S",
+            CHILD,
+            mode,
+            str(limits.cpu_s),
+            str(mem),
             str(limits.max_output_chars),
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, env={}, cwd="/", start_new_session=True)
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env={},
+            cwd="/",
+            start_new_session=True,
+        )
     except OSError as e:  # out of processes or descriptors: the agent sees it, the run goes on
-        return ToolRun(False, f"error: the sandbox could not start ({e.strerror or e})",
-                       time.monotonic() - t0)
+        return ToolRun(
+            False, f"error: the sandbox could not start ({e.strerror or e})", time.monotonic() - t0
+        )
     timed_out, out, err = False, b"", b""
     try:
         out, err = await asyncio.wait_for(proc.communicate(code.encode()), limits.timeout_s)
@@ -72,8 +88,13 @@ async def run_tool(mode: str, code: str, limits: SandboxLimits = SandboxLimits()
             _kill(proc.pid)
             await asyncio.shield(proc.wait())
     if timed_out:
-        return ToolRun(False, f"error: the tool ran past its {limits.timeout_s:g} s time limit "
-                              "and was killed", time.monotonic() - t0, proc.pid, "timeout")
+        return ToolRun(
+            False,
+            f"error: the tool ran past its {limits.timeout_s:g} s time limit and was killed",
+            time.monotonic() - t0,
+            proc.pid,
+            "timeout",
+        )
     return _result(proc.returncode, out, err, time.monotonic() - t0, proc.pid)
 
 
@@ -81,10 +102,16 @@ def _result(rc: int | None, out: bytes, err: bytes, seconds: float, pid: int) ->
     if rc is not None and rc < 0:
         sig = -rc
         if sig == signal.SIGXCPU:
-            return ToolRun(False, "error: the tool used up its CPU time limit and was killed",
-                           seconds, pid, "cpu")
-        return ToolRun(False, f"error: the tool was killed by signal {sig}", seconds, pid,
-                       f"signal {sig}")
+            return ToolRun(
+                False,
+                "error: the tool used up its CPU time limit and was killed",
+                seconds,
+                pid,
+                "cpu",
+            )
+        return ToolRun(
+            False, f"error: the tool was killed by signal {sig}", seconds, pid, f"signal {sig}"
+        )
     try:
         reply = json.loads(out.decode("utf-8", "replace").strip().splitlines()[-1])
         return ToolRun(bool(reply["ok"]), str(reply["out"]), seconds, pid)

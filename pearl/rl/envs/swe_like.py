@@ -41,8 +41,13 @@ class Dist:
     hi: float = math.inf
 
     KINDS = ("const", "uniform", "randint", "lognormal", "exponential")
-    _PARAMS = {"const": ("value",), "uniform": ("low", "high"), "randint": ("low", "high"),
-               "lognormal": ("median", "sigma"), "exponential": ("mean",)}
+    _PARAMS = {
+        "const": ("value",),
+        "uniform": ("low", "high"),
+        "randint": ("low", "high"),
+        "lognormal": ("median", "sigma"),
+        "exponential": ("mean",),
+    }
 
     def __post_init__(self) -> None:
         if self.kind not in self.KINDS:
@@ -81,16 +86,22 @@ class Dist:
         if isinstance(spec, int | float):
             return cls("const", float(spec))
         if not isinstance(spec, Mapping) or spec.get("kind") not in cls._PARAMS:
-            raise EnvError(f"a distribution is a number or a mapping with kind in {cls.KINDS}, "
-                           f"got {spec!r}")
+            raise EnvError(
+                f"a distribution is a number or a mapping with kind in {cls.KINDS}, got {spec!r}"
+            )
         kind = spec["kind"]
         names = cls._PARAMS[kind]
         extra = set(spec) - {"kind", "lo", "hi", *names}
         if extra or any(n not in spec for n in names):
             raise EnvError(f"{kind} takes {list(names)} (and lo, hi), got {sorted(spec)}")
         vals = [float(spec[n]) for n in names] + [0.0]
-        return cls(kind, vals[0], vals[1], float(spec.get("lo", -math.inf)),
-                   float(spec.get("hi", math.inf)))
+        return cls(
+            kind,
+            vals[0],
+            vals[1],
+            float(spec.get("lo", -math.inf)),
+            float(spec.get("hi", math.inf)),
+        )
 
 
 def _ln(median: float, sigma: float, lo: float = -math.inf, hi: float = math.inf) -> Dist:
@@ -116,22 +127,28 @@ class SWEConfig:
         known = {f.name for f in fields(cls)}
         if bad := sorted(set(overrides) - known):
             raise EnvError(f"unknown swe_like option(s) {bad}; known: {sorted(known)}")
-        conv: dict[str, Any] = {k: (Dist.from_spec(v) if k not in ("mix", "time_scale") else v)
-                                for k, v in overrides.items()}
+        conv: dict[str, Any] = {
+            k: (Dist.from_spec(v) if k not in ("mix", "time_scale") else v)
+            for k, v in overrides.items()
+        }
         if "mix" in conv:
             mix = tuple(float(x) for x in conv["mix"])
             if len(mix) != 3 or min(mix) < 0 or sum(mix) <= 0:
-                raise EnvError(f"mix is three non-negative weights (read, test, edit), got "
-                               f"{overrides['mix']!r}")
+                raise EnvError(
+                    f"mix is three non-negative weights (read, test, edit), got "
+                    f"{overrides['mix']!r}"
+                )
             conv["mix"] = mix
         if "time_scale" in conv:
             conv["time_scale"] = float(conv["time_scale"])
         return replace(base or cls(), **conv)
 
 
-_KEYWORDS = (("submit", re.compile(r"submit", re.I)),
-             ("test", re.compile(r"pytest|\btest", re.I)),
-             ("edit", re.compile(r"edit|patch|diff", re.I)))
+_KEYWORDS = (
+    ("submit", re.compile(r"submit", re.I)),
+    ("test", re.compile(r"pytest|\btest", re.I)),
+    ("edit", re.compile(r"edit|patch|diff", re.I)),
+)
 
 
 def classify(action: str) -> str | None:
@@ -154,8 +171,9 @@ class _Episode:
 class SWELikeEnv(Environment):
     """Synthetic repository repair; one instance per trajectory, seeded."""
 
-    def __init__(self, seed: int | None = None, config: SWEConfig | None = None,
-                 **overrides: Any) -> None:
+    def __init__(
+        self, seed: int | None = None, config: SWEConfig | None = None, **overrides: Any
+    ) -> None:
         self.cfg = SWEConfig.build(config, **overrides)
         self.seed = seed
         self.ep: _Episode | None = None
@@ -182,17 +200,26 @@ class SWELikeEnv(Environment):
         if kind == "submit" or ep.turn >= ep.turns:
             ep.turn = ep.turns
             return await self._finish(kind)
-        size_d, lat_d, line = {"read": (c.file_bytes, c.read_latency_s, _code_line),
-                               "test": (c.log_bytes, c.test_latency_s, _log_line),
-                               "edit": (c.edit_bytes, c.edit_latency_s, _code_line)}[kind]
+        size_d, lat_d, line = {
+            "read": (c.file_bytes, c.read_latency_s, _code_line),
+            "test": (c.log_bytes, c.test_latency_s, _log_line),
+            "edit": (c.edit_bytes, c.edit_latency_s, _code_line),
+        }[kind]
         latency = lat_d.sample(rng) * c.time_scale
         await asyncio.sleep(latency)
         n = int(size_d.sample(rng))
-        head = {"read": f"$ cat src/mod_{rng.randrange(20)}.py\n", "test": "$ pytest -x\n",
-                "edit": "Applied the patch.\n"}[kind]
+        head = {
+            "read": f"$ cat src/mod_{rng.randrange(20)}.py\n",
+            "test": "$ pytest -x\n",
+            "edit": "Applied the patch.\n",
+        }[kind]
         obs = _fill(head, n, rng, line)
-        return StepOutcome(obs, 0.0, False, {"kind": kind, "obs_bytes": len(obs.encode()),
-                                             "latency_s": latency, "turn": ep.turn})
+        return StepOutcome(
+            obs,
+            0.0,
+            False,
+            {"kind": kind, "obs_bytes": len(obs.encode()), "latency_s": latency, "turn": ep.turn},
+        )
 
     async def _finish(self, kind: str) -> StepOutcome:
         """Run the hidden tests: reward = fraction passing."""
@@ -204,15 +231,32 @@ class SWELikeEnv(Environment):
         needles = str(ep.task.meta.get("needles", ep.task.answer))
         text = "\n".join(ep.actions)
         passed = [ch in text for ch in needles]
-        summary = "".join(f"tests/test_hidden.py::test_{i} {'PASSED' if ok else 'FAILED'}\n"
-                          for i, ok in enumerate(passed))
-        obs = _fill(f"$ pytest tests/test_hidden.py\n{summary}", int(c.log_bytes.sample(rng)),
-                    rng, _log_line)
+        summary = "".join(
+            f"tests/test_hidden.py::test_{i} {'PASSED' if ok else 'FAILED'}\n"
+            for i, ok in enumerate(passed)
+        )
+        obs = _fill(
+            f"$ pytest tests/test_hidden.py\n{summary}",
+            int(c.log_bytes.sample(rng)),
+            rng,
+            _log_line,
+        )
         reward = sum(passed) / len(passed) if passed else 0.0
-        return StepOutcome(obs, reward, True, {
-            "kind": "final", "final_action": kind, "passed": sum(passed), "tests": len(passed),
-            "resolved": bool(passed) and all(passed), "obs_bytes": len(obs.encode()),
-            "latency_s": latency, "turn": ep.turn})
+        return StepOutcome(
+            obs,
+            reward,
+            True,
+            {
+                "kind": "final",
+                "final_action": kind,
+                "passed": sum(passed),
+                "tests": len(passed),
+                "resolved": bool(passed) and all(passed),
+                "obs_bytes": len(obs.encode()),
+                "latency_s": latency,
+                "turn": ep.turn,
+            },
+        )
 
 
 def _fill(head: str, n: int, rng: random.Random, line: Any) -> str:
@@ -223,7 +267,7 @@ def _fill(head: str, n: int, rng: random.Random, line: Any) -> str:
         parts.append(s)
         size += len(s)
     text = "".join(parts)
-    return text[:max(n, len(head))]
+    return text[: max(n, len(head))]
 
 
 def _repo_line(rng: random.Random) -> str:
@@ -248,8 +292,10 @@ def swe_tasks(n: int = 64, seed: int = 0, n_tests: int = 4) -> TaskSet:
     for i in range(n):
         needles = "".join(rng.choice(alphabet) for _ in range(n_tests))
         mod = rng.randrange(20)
-        prompt = (f"func_{rng.randrange(100)} in src/mod_{mod}.py returns the wrong value; "
-                  f"make tests/test_mod_{mod}.py pass.")
+        prompt = (
+            f"func_{rng.randrange(100)} in src/mod_{mod}.py returns the wrong value; "
+            f"make tests/test_mod_{mod}.py pass."
+        )
         tasks.append(Task(f"swe-{seed}-{i}", prompt, needles, {"needles": needles}))
     return TaskSet(tasks, name=f"swe_like(seed={seed})")
 

@@ -86,17 +86,25 @@ def charset_fraction(text: str) -> float:
     return sum(c in _SYNTAX for c in text.lower()) / len(text) if text else 0.0
 
 
-INSTRUCTIONS = ("Solve the problem. Tools: <calc>expression</calc> evaluates arithmetic, "
-                "<py>expression</py> evaluates one Python expression. Use one tool per turn, "
-                "then give the final answer as <answer>number</answer>.")
+INSTRUCTIONS = (
+    "Solve the problem. Tools: <calc>expression</calc> evaluates arithmetic, "
+    "<py>expression</py> evaluates one Python expression. Use one tool per turn, "
+    "then give the final answer as <answer>number</answer>."
+)
 
 
 class ToolUseEnv(Environment):
     """Word problems with a calculator and a Python tool; one instance per trajectory."""
 
-    def __init__(self, max_turns: int = 4, limits: SandboxLimits | None = None,
-                 shaping: Shaping | None = None, latency_s: float = 0.01,
-                 python_tool: bool = True, instructions: str = INSTRUCTIONS) -> None:
+    def __init__(
+        self,
+        max_turns: int = 4,
+        limits: SandboxLimits | None = None,
+        shaping: Shaping | None = None,
+        latency_s: float = 0.01,
+        python_tool: bool = True,
+        instructions: str = INSTRUCTIONS,
+    ) -> None:
         if max_turns < 1:
             raise EnvError(f"max_turns must be at least 1, got {max_turns}")
         self.max_turns = max_turns
@@ -144,8 +152,10 @@ class ToolUseEnv(Environment):
                 if run.ok and act.closed:
                     bonus += s.tool_format
         else:
-            obs = ("No tool call or answer found. Use <calc>...</calc>, <py>...</py> or "
-                   "<answer>...</answer>.")
+            obs = (
+                "No tool call or answer found. Use <calc>...</calc>, <py>...</py> or "
+                "<answer>...</answer>."
+            )
         bonus = max(0.0, min(bonus, s.cap - self.shaped))
         self.shaped += bonus
         if not done and self.turn >= self.max_turns:
@@ -166,21 +176,35 @@ def word_problem(rng: random.Random, difficulty: int = 1) -> tuple[str, int, str
     a, b, c = rng.randint(2, hi * 5), rng.randint(2, 9), rng.randint(2, hi)
     if kind == 0:
         d = rng.randint(1, a + b * c - 1)
-        return (f"{name} has {a} {item}, buys {b} packs of {c} {item} each, then gives away {d}. "
-                f"How many {item} does {name} have now?", a + b * c - d, f"{a} + {b}*{c} - {d}")
+        return (
+            f"{name} has {a} {item}, buys {b} packs of {c} {item} each, then gives away {d}. "
+            f"How many {item} does {name} have now?",
+            a + b * c - d,
+            f"{a} + {b}*{c} - {d}",
+        )
     if kind == 1:
-        return (f"A train runs {c} km per hour for {b} hours, then {a} km more. How many km does "
-                "it travel in total?", c * b + a, f"{c}*{b} + {a}")
+        return (
+            f"A train runs {c} km per hour for {b} hours, then {a} km more. How many km does "
+            "it travel in total?",
+            c * b + a,
+            f"{c}*{b} + {a}",
+        )
     if kind == 2:
         per = rng.randint(2, hi)
-        return (f"{name} shares {b * per} {item} equally among {b} friends and keeps {a} more. "
-                f"How many {item} does each friend get, plus {name}'s {a}?", per + a,
-                f"{b * per} // {b} + {a}")
+        return (
+            f"{name} shares {b * per} {item} equally among {b} friends and keeps {a} more. "
+            f"How many {item} does each friend get, plus {name}'s {a}?",
+            per + a,
+            f"{b * per} // {b} + {a}",
+        )
     if kind == 3:
         paid = b * c + rng.randint(0, hi * 3)
-        return (f"{item.capitalize()} cost {c} dollars each. {name} buys {b} and pays {paid} "
-                f"dollars. How much change does {name} get?",
-                paid - b * c, f"{paid} - {b}*{c}")
+        return (
+            f"{item.capitalize()} cost {c} dollars each. {name} buys {b} and pays {paid} "
+            f"dollars. How much change does {name} get?",
+            paid - b * c,
+            f"{paid} - {b}*{c}",
+        )
     d = rng.randint(1, hi)
     return f"Compute ({a} + {b}) * {c} - {d}.", (a + b) * c - d, f"({a} + {b})*{c} - {d}"
 
@@ -245,6 +269,21 @@ def expert_actions(task: Task, tool: str = "calc") -> list[str]:
     return [f"<{tool}>{expr}</{tool}>", f"<answer>{task.answer}</answer>"]
 
 
-__all__ = ["COUNT_INSTRUCTIONS", "INSTRUCTIONS", "NO_SHAPING", "Action", "Shaping", "ToolUseEnv",
-           "arithmetic_tasks", "charset_fraction", "count_problem", "count_tasks", "counts_env",
-           "expert_actions", "is_correct", "parse_action", "parse_number", "word_problem"]
+__all__ = [
+    "COUNT_INSTRUCTIONS",
+    "INSTRUCTIONS",
+    "NO_SHAPING",
+    "Action",
+    "Shaping",
+    "ToolUseEnv",
+    "arithmetic_tasks",
+    "charset_fraction",
+    "count_problem",
+    "count_tasks",
+    "counts_env",
+    "expert_actions",
+    "is_correct",
+    "parse_action",
+    "parse_number",
+    "word_problem",
+]

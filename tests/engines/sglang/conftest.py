@@ -59,9 +59,14 @@ class Servers:
 
 
 def spec(base: int, i: int, version: str, **kw: object) -> ServerSpec:
-    return ServerSpec(model_path="tiny", port=base + i, bootstrap_port=base + BOOT_OFFSET + i,
-                      module=FACADE_MODULE, extra_args=("--pretend-version", version,
-                                                        "--kv-timeout-s", "10"), **kw)  # type: ignore[arg-type]
+    return ServerSpec(
+        model_path="tiny",
+        port=base + i,
+        bootstrap_port=base + BOOT_OFFSET + i,
+        module=FACADE_MODULE,
+        extra_args=("--pretend-version", version, "--kv-timeout-s", "10"),
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="session")
@@ -69,16 +74,28 @@ def servers() -> Iterator[Servers]:
     base = free_base(4)
     chans = [ZmqKVChannel() for _ in range(3)]
 
-    def engine(i: int, version: str, role: Role, ch: ZmqKVChannel | None, **kw: object
-               ) -> SGLangEngine:
-        return SGLangEngine(SGLangEngineConfig(spec(base, i, version, **kw), startup_timeout_s=90,
-                                               kv_timeout_s=10, idle_timeout_s=20),
-                            role=role, kv_channel=ch)
+    def engine(
+        i: int, version: str, role: Role, ch: ZmqKVChannel | None, **kw: object
+    ) -> SGLangEngine:
+        return SGLangEngine(
+            SGLangEngineConfig(
+                spec(base, i, version, **kw),
+                startup_timeout_s=90,
+                kv_timeout_s=10,
+                idle_timeout_s=20,
+            ),
+            role=role,
+            kv_channel=ch,
+        )
 
-    s = Servers(base, engine(0, NEW, Role.COLOCATED, None),
-                engine(1, NEW, Role.PREFILL, chans[0], role_switch=True),
-                engine(2, NEW, Role.DECODE, chans[1], role_switch=True),
-                engine(3, OLD, Role.COLOCATED, chans[2]), chans)
+    s = Servers(
+        base,
+        engine(0, NEW, Role.COLOCATED, None),
+        engine(1, NEW, Role.PREFILL, chans[0], role_switch=True),
+        engine(2, NEW, Role.DECODE, chans[1], role_switch=True),
+        engine(3, OLD, Role.COLOCATED, chans[2]),
+        chans,
+    )
     errors: list[BaseException] = []
 
     def start(e: SGLangEngine) -> None:

@@ -31,10 +31,12 @@ from .conftest import NEW, OLD, Servers
 LONG = 3000
 
 
-def run(e: SGLangEngine, prompt: tuple[int, ...], rid: str = "r", n: int = 8,
-        **kw: object) -> GenerateResult:
-    return e.generate(GenerateRequest(rid, prompt, SamplingParams(max_new_tokens=n),
-                                      **kw)).result(60)  # type: ignore[arg-type]
+def run(
+    e: SGLangEngine, prompt: tuple[int, ...], rid: str = "r", n: int = 8, **kw: object
+) -> GenerateResult:
+    return e.generate(GenerateRequest(rid, prompt, SamplingParams(max_new_tokens=n), **kw)).result(
+        60
+    )  # type: ignore[arg-type]
 
 
 def reference(prompt: tuple[int, ...], n: int, weights: object = None) -> GenerateResult:
@@ -44,14 +46,21 @@ def reference(prompt: tuple[int, ...], n: int, weights: object = None) -> Genera
     try:
         if weights is not None:
             e.load_weights(1, weights)
-        return e.generate(GenerateRequest("ref", prompt, SamplingParams(max_new_tokens=n))
-                          ).result(60)
+        return e.generate(GenerateRequest("ref", prompt, SamplingParams(max_new_tokens=n))).result(
+            60
+        )
     finally:
         e.stop()
 
 
-def pd(s: Servers, prefill: SGLangEngine, decode: SGLangEngine, prompt: tuple[int, ...],
-       rid: str, n: int = 8) -> tuple[GenerateResult, GenerateResult]:
+def pd(
+    s: Servers,
+    prefill: SGLangEngine,
+    decode: SGLangEngine,
+    prompt: tuple[int, ...],
+    rid: str,
+    n: int = 8,
+) -> tuple[GenerateResult, GenerateResult]:
     sp = SamplingParams(max_new_tokens=n)
     peer = decode.kv_channel.address  # type: ignore[union-attr]
     fd = decode.generate(GenerateRequest(rid, prompt, sp, transfer_id=f"{rid}#0"))
@@ -75,8 +84,9 @@ def test_generation_is_the_torch_engines(servers: Servers) -> None:
     assert got.logprobs == pytest.approx(want.logprobs, abs=1e-4)
     assert got.prompt_tokens == 24 and got.weights_version == 0
     stop = want.output_ids[4]
-    r = servers.coloc.generate(GenerateRequest("s", prompt, SamplingParams(
-        max_new_tokens=10, stop_ids=(stop,)))).result(60)
+    r = servers.coloc.generate(
+        GenerateRequest("s", prompt, SamplingParams(max_new_tokens=10, stop_ids=(stop,)))
+    ).result(60)
     assert r.finish_reason is FinishReason.STOP and r.output_ids[-1] == stop
     with pytest.raises(EngineError, match="empty"):
         servers.coloc.generate(GenerateRequest("e", ()))
@@ -90,8 +100,13 @@ def test_pd_generation_with_bootstrap_rooms(servers: Servers) -> None:
     assert rd.output_ids == want.output_ids and rd.finish_reason is FinishReason.LENGTH
     # the same raw body to both servers, bootstrap fields added by the caller (SGLang's way)
     body = P.generate_body(GenerateRequest("raw", prompt, SamplingParams(max_new_tokens=12)))
-    out = generate_pd(servers.prefill.client, servers.decode.client, body, "127.0.0.1",
-                      servers.prefill.spec.bootstrap_port)
+    out = generate_pd(
+        servers.prefill.client,
+        servers.decode.client,
+        body,
+        "127.0.0.1",
+        servers.prefill.spec.bootstrap_port,
+    )
     assert out["output_ids"] == list(want.output_ids)
     recv = servers.decode.telemetry().transfers
     assert recv and recv[0].direction == "recv" and recv[0].bytes > 0
@@ -144,8 +159,9 @@ def test_release_and_resume(servers: Servers) -> None:
 
 def test_the_facade_refuses_to_release_a_busy_server(servers: Servers) -> None:
     c = servers.coloc.client
-    body = P.generate_body(GenerateRequest("raw-busy", prompt_of(6),
-                                           SamplingParams(max_new_tokens=LONG)))
+    body = P.generate_body(
+        GenerateRequest("raw-busy", prompt_of(6), SamplingParams(max_new_tokens=LONG))
+    )
     t = threading.Thread(target=c.generate, args=(body,), daemon=True)
     t.start()
     wait_tokens(c, 2)
@@ -185,8 +201,7 @@ def test_weight_updates_by_version_survive_a_restart(servers: Servers, tmp_path:
 
     e = servers.old
     cfg = M.preset_config("tiny")
-    state = M.build(cfg, M.WeightSource("seed", 1), torch.device("cpu"), torch.float32
-                    ).state_dict()
+    state = M.build(cfg, M.WeightSource("seed", 1), torch.device("cpu"), torch.float32).state_dict()
     path = tmp_path / "v00000001.safetensors"
     save_file({k: v.contiguous() for k, v in state.items() if k != "lm_head.weight"}, str(path))
     prompt = prompt_of(20, 5)
@@ -240,17 +255,22 @@ def test_weights_by_broadcast(servers: Servers) -> None:
     prompt = prompt_of(20, 5)
     before = run(e, prompt, rid="b", n=10)
     port = free_base(1)
-    joined = threading.Thread(target=dist.init_process_group, args=("gloo",), kwargs=dict(
-        init_method=f"tcp://127.0.0.1:{port}", world_size=2, rank=0))
+    joined = threading.Thread(
+        target=dist.init_process_group,
+        args=("gloo",),
+        kwargs=dict(init_method=f"tcp://127.0.0.1:{port}", world_size=2, rank=0),
+    )
     joined.start()
     e.client.init_weights_update_group("127.0.0.1", port, 1, 2, backend="gloo")
     joined.join(30)
     try:
-        state = M.build(M.preset_config("tiny"), M.WeightSource("seed", 0), torch.device("cpu"),
-                        torch.float32).state_dict()
+        state = M.build(
+            M.preset_config("tiny"), M.WeightSource("seed", 0), torch.device("cpu"), torch.float32
+        ).state_dict()
         names = sorted(state)
-        update = DistributedWeights(tuple(names), ("float32",) * len(names),
-                                    tuple(tuple(state[n].shape) for n in names))
+        update = DistributedWeights(
+            tuple(names), ("float32",) * len(names), tuple(tuple(state[n].shape) for n in names)
+        )
         loader = threading.Thread(target=e.load_weights, args=(2, update))
         loader.start()
         for n in names:

@@ -14,8 +14,9 @@ from pearl.engines.base import EngineError
 from pearl.engines.sglang import launch as L
 from pearl.engines.torch import http
 
-BASE = L.ServerSpec(model_path="/models/qwen3-8b", tp=2, port=30004, bootstrap_port=9002,
-                    python="python")
+BASE = L.ServerSpec(
+    model_path="/models/qwen3-8b", tp=2, port=30004, bootstrap_port=9002, python="python"
+)
 
 
 def argv(**kw: object) -> list[str]:
@@ -23,9 +24,23 @@ def argv(**kw: object) -> list[str]:
 
 
 def test_colocated_command_is_exactly_sglangs() -> None:
-    assert argv() == ["python", "-m", "sglang.launch_server", "--model-path", "/models/qwen3-8b",
-                      "--tp", "2", "--host", "127.0.0.1", "--port", "30004",
-                      "--disaggregation-mode", "null", "--enable-memory-saver", "--enable-metrics"]
+    assert argv() == [
+        "python",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "/models/qwen3-8b",
+        "--tp",
+        "2",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "30004",
+        "--disaggregation-mode",
+        "null",
+        "--enable-memory-saver",
+        "--enable-metrics",
+    ]
 
 
 def test_prefill_names_backend_and_bootstrap_port() -> None:
@@ -52,25 +67,40 @@ def test_role_switch_flag_only_in_pd_mode() -> None:
 
 
 def test_memory_options_and_extra_args() -> None:
-    a = argv(weights_cpu_backup=True, memory_saver=False, metrics=False,
-             extra_args=("--mem-fraction-static", "0.8"))
+    a = argv(
+        weights_cpu_backup=True,
+        memory_saver=False,
+        metrics=False,
+        extra_args=("--mem-fraction-static", "0.8"),
+    )
     assert "--enable-weights-cpu-backup" in a and "--enable-memory-saver" not in a
     assert "--enable-metrics" not in a and a[-2:] == ["--mem-fraction-static", "0.8"]
     assert L.split_args("--a 1 --b 'x y'") == ("--a", "1", "--b", "x y")
 
 
-@pytest.mark.parametrize("kw,match", [
-    ({"role": Role.TRAINING}, "serves as one of"), ({"model_path": ""}, "model path"),
-    ({"transfer_backend": "carrier-pigeon"}, "transfer backend"), ({"tp": 0}, "tp must")])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        ({"role": Role.TRAINING}, "serves as one of"),
+        ({"model_path": ""}, "model path"),
+        ({"transfer_backend": "carrier-pigeon"}, "transfer backend"),
+        ({"tp": 0}, "tp must"),
+    ],
+)
 def test_bad_specs_are_refused(kw: dict[str, object], match: str) -> None:
     with pytest.raises(EngineError, match=match):
         argv(**kw)
 
 
 def test_spec_from_config_offsets_ports_by_the_first_gpu() -> None:
-    cfg = EngineConfig(kind="sglang", sglang_model_path="/m", sglang_port=31000,
-                       sglang_bootstrap_port=9100, sglang_role_switch="on",
-                       sglang_extra_args="--chunked-prefill-size 4096")
+    cfg = EngineConfig(
+        kind="sglang",
+        sglang_model_path="/m",
+        sglang_port=31000,
+        sglang_bootstrap_port=9100,
+        sglang_role_switch="on",
+        sglang_extra_args="--chunked-prefill-size 4096",
+    )
     s = L.spec_from_config(cfg, tp=4, first_gpu=8)
     assert (s.port, s.bootstrap_port, s.tp, s.role_switch) == (31008, 9108, 4, True)
     assert s.extra_args == ("--chunked-prefill-size", "4096")
@@ -116,7 +146,8 @@ def test_sglang_is_never_imported() -> None:
 
 
 def test_the_factory_builds_an_sglang_engine_without_starting_it(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from pearl.engines.factory import build_engine
     from pearl.engines.sglang import SGLangEngine
     from transports.bulk import ZmqKVChannel

@@ -24,8 +24,9 @@ from pearl.engines.sglang.router import RouterClient, SGLangRouterLink, launch_r
 from ..helpers import prompt_of
 from .conftest import BOOT_OFFSET, Servers, free_base
 
-pytest.importorskip("sglang_router", reason="sglang-router is in the test extra; "
-                    "pip install -e '.[test]'")
+pytest.importorskip(
+    "sglang_router", reason="sglang-router is in the test extra; pip install -e '.[test]'"
+)
 
 N_TOKENS = 24
 
@@ -64,8 +65,9 @@ class Trainer(base.PearlActor):
     def _send(self, rid: str) -> None:
         prompt, n = self.want[rid]
         so_far = self.got[rid]
-        req = GenerateRequest(rid, prompt + tuple(so_far),
-                              SamplingParams(max_new_tokens=n - len(so_far)))
+        req = GenerateRequest(
+            rid, prompt + tuple(so_far), SamplingParams(max_new_tokens=n - len(so_far))
+        )
         self.d.tell("router", Route(req, "trainer"))
 
     def done(self, msg: GenerateDone) -> None:
@@ -86,8 +88,10 @@ class Trainer(base.PearlActor):
 
 def table(s: Servers, *rows: tuple[Any, str]) -> tuple[Worker, ...]:
     """The given (server engine, role) rows as active workers; GPU id = port offset."""
-    return tuple(Worker(i, (e.spec.port - s.base,), Role(role), Activity.ACTIVE, Zone.DEDICATED)
-                 for i, (e, role) in enumerate(rows))
+    return tuple(
+        Worker(i, (e.spec.port - s.base,), Role(role), Activity.ACTIVE, Zone.DEDICATED)
+        for i, (e, role) in enumerate(rows)
+    )
 
 
 def wait(cond: Any, timeout: float = 30.0, what: str = "") -> None:
@@ -99,8 +103,11 @@ def wait(cond: Any, timeout: float = 30.0, what: str = "") -> None:
 
 @pytest.fixture
 def harness(servers: Servers, routers: tuple[str, str]) -> Iterator[SimpleNamespace]:
-    cfg = SimpleNamespace(sglang_host="127.0.0.1", sglang_port=servers.base,
-                          sglang_bootstrap_port=servers.base + BOOT_OFFSET)
+    cfg = SimpleNamespace(
+        sglang_host="127.0.0.1",
+        sglang_port=servers.base,
+        sglang_bootstrap_port=servers.base + BOOT_OFFSET,
+    )
     link = SGLangRouterLink(*routers, cfg, admit_timeout_s=20)
     d = base.Directory()
     router = base.start(d, Router, d, link)
@@ -111,8 +118,14 @@ def harness(servers: Servers, routers: tuple[str, str]) -> Iterator[SimpleNamesp
         seq[0] += 1
         router.tell(StateChanged(ClusterView(TableSnapshot(seq=seq[0], workers=workers))))
 
-    yield SimpleNamespace(link=link, router=router, trainer=trainer, publish=publish,
-                          rc=RouterClient(routers[0]), pd=RouterClient(routers[1]))
+    yield SimpleNamespace(
+        link=link,
+        router=router,
+        trainer=trainer,
+        publish=publish,
+        rc=RouterClient(routers[0]),
+        pd=RouterClient(routers[1]),
+    )
     publish(())
     wait(lambda: not link.registered, what="deregistration")
     router.ref.stop()
@@ -127,12 +140,19 @@ def answers(h: SimpleNamespace, n: int, timeout: float = 60.0) -> dict[str, Any]
     return status()
 
 
-def test_colocated_then_pd_requests_through_the_real_router(servers: Servers,
-                                                            harness: SimpleNamespace) -> None:
+def test_colocated_then_pd_requests_through_the_real_router(
+    servers: Servers, harness: SimpleNamespace
+) -> None:
     h, s = harness, servers
     prompts = {f"c{i}": prompt_of(12 + i, i) for i in range(4)}
-    want = {rid: s.coloc.generate(GenerateRequest(f"ref-{rid}", p, SamplingParams(
-        max_new_tokens=N_TOKENS))).result(60).output_ids for rid, p in prompts.items()}
+    want = {
+        rid: s.coloc.generate(
+            GenerateRequest(f"ref-{rid}", p, SamplingParams(max_new_tokens=N_TOKENS))
+        )
+        .result(60)
+        .output_ids
+        for rid, p in prompts.items()
+    }
     tr = h.trainer.ref.proxy()
     tr.submit("c0", prompts["c0"], N_TOKENS).get()  # waits: nothing is registered yet
     h.publish(table(s, (s.coloc, "colocated")))
@@ -156,7 +176,8 @@ def test_colocated_then_pd_requests_through_the_real_router(servers: Servers,
 
 
 def test_workers_join_and_leave_during_a_run_and_nothing_is_lost(
-        servers: Servers, harness: SimpleNamespace) -> None:
+    servers: Servers, harness: SimpleNamespace
+) -> None:
     h, s = harness, servers
     h.publish(table(s, (s.coloc, "colocated")))
     wait(lambda: h.link.mode() == "regular", what="admission")
@@ -165,8 +186,10 @@ def test_workers_join_and_leave_during_a_run_and_nothing_is_lost(
     tr = h.trainer.ref.proxy()
     for rid, p in prompts.items():
         tr.submit(rid, p, long).get()
-    wait(lambda: SGLangClient(s.coloc.spec.url).metrics()["sglang:num_running_reqs"] > 0,
-         what="requests running")
+    wait(
+        lambda: SGLangClient(s.coloc.spec.url).metrics()["sglang:num_running_reqs"] > 0,
+        what="requests running",
+    )
     # a second worker joins mid-run ...
     h.publish(table(s, (s.coloc, "colocated"), (s.old, "colocated")))
     wait(lambda: len(h.rc.workers()) == 2, what="the second worker")
@@ -177,14 +200,18 @@ def test_workers_join_and_leave_during_a_run_and_nothing_is_lost(
     SGLangClient(s.coloc.spec.url).abort_all()
     st = answers(h, n, timeout=120)
     for rid, p in prompts.items():
-        ref = s.old.generate(GenerateRequest(f"ref-{rid}", p, SamplingParams(
-            max_new_tokens=long))).result(60).output_ids
+        ref = (
+            s.old.generate(GenerateRequest(f"ref-{rid}", p, SamplingParams(max_new_tokens=long)))
+            .result(60)
+            .output_ids
+        )
         assert st["finished"][rid] == list(ref), rid  # every token, none lost or doubled
     assert st["aborts"] > 0
 
 
 def test_a_group_is_admitted_only_when_all_of_it_is_healthy(
-        servers: Servers, harness: SimpleNamespace) -> None:
+    servers: Servers, harness: SimpleNamespace
+) -> None:
     h, s = harness, servers
     dead = SimpleNamespace(spec=SimpleNamespace(port=s.base + 9))  # nothing listens there
     h.publish(table(s, (s.coloc, "colocated"), (dead, "colocated")))
@@ -195,8 +222,9 @@ def test_a_group_is_admitted_only_when_all_of_it_is_healthy(
     assert [w["url"] for w in h.rc.workers()] == [s.coloc.spec.url]
 
 
-def test_abort_through_the_link_keeps_the_prefix(servers: Servers,
-                                                 harness: SimpleNamespace) -> None:
+def test_abort_through_the_link_keeps_the_prefix(
+    servers: Servers, harness: SimpleNamespace
+) -> None:
     h, s = harness, servers
     h.publish(table(s, (s.coloc, "colocated")))
     wait(lambda: h.link.mode() == "regular", what="admission")

@@ -39,12 +39,14 @@ with FileLog(out) as log:
     st = log.load().state
     # kinds the workload does not emit
     p = st.last_plan + 1
-    log.append([
-        ev.WeightsPublished(st.weights_version + 1, "file:///w/v"),
-        ev.WeightsPublished(st.weights_version + 2),
-        ev.PlanBegin(p, "test", Target(Mode.DISAGGREGATED, 1, 2, 0), (), mandatory=True),
-        ev.PlanAbort(p, "cancelled"),
-    ])
+    log.append(
+        [
+            ev.WeightsPublished(st.weights_version + 1, "file:///w/v"),
+            ev.WeightsPublished(st.weights_version + 2),
+            ev.PlanBegin(p, "test", Target(Mode.DISAGGREGATED, 1, 2, 0), (), mandatory=True),
+            ev.PlanAbort(p, "cancelled"),
+        ]
+    )
     st = log.load().state
     recs = [to_wire(r) for _, r in log.read()]
 print(st.seq, Counter(r["kind"] for r in recs))
