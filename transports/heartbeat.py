@@ -9,6 +9,13 @@ Silence is judged only up to the moment the receiver last had nothing left to re
 owner of the socket is behind (a slow handler, a starved thread), what waits unread may be the
 very heartbeat it would miss, so :meth:`Liveness.behind` freezes the judging clock at that moment
 and :meth:`Liveness.caught_up` lets it run again. A busy receiver never makes a peer look dead.
+
+A receiver can also fall behind without knowing it: a thread starved of the CPU (or of the GIL)
+never wakes to call ``behind``. So each ``caught_up`` also records when the receiver last had
+nothing to read, and a receiver that reports it (a poll loop calls ``caught_up`` at least every
+``idle_grace_s``, also when a poll times out empty) has silence judged no later than that moment
+plus ``idle_grace_s``: a starved receiver freezes the judging clock too. Until a receiver first
+reports, silence is judged at the present.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Protocol
 
-from transports.protocol import HEARTBEAT_INTERVAL_S, LIVENESS
+from transports.protocol import HEARTBEAT_INTERVAL_S, LIVENESS, POLL_MS
 
 Clock = Callable[[], float]
 
@@ -44,14 +51,17 @@ class Liveness:
         interval_s: float = HEARTBEAT_INTERVAL_S,
         liveness: int = LIVENESS,
         clock: Clock = time.monotonic,
+        idle_grace_s: float = POLL_MS / 1000,
     ) -> None:
         if interval_s <= 0 or liveness < 1:
             raise ValueError(f"need interval_s > 0 and liveness >= 1, got {interval_s}, {liveness}")
         self.interval_s = interval_s
         self.liveness = liveness
         self.clock = clock
+        self.idle_grace_s = idle_grace_s
         self._seen: dict[Hashable, float] = {}
         self._behind: float | None = None  # since when the receiver has had unread input
+        self._idle: float | None = None  # when the receiver last had nothing to read
         self._lock = threading.Lock()
 
     @property
@@ -72,14 +82,22 @@ class Liveness:
             if self._behind is None:
                 self._behind = t
 
-    def caught_up(self) -> None:
-        """The receiver has read everything: silence is judged at the present again."""
+    def caught_up(self, now: float | None = None) -> None:
+        """The receiver has read everything (or its poll timed out empty): silence is judged at
+        the present again, for the next ``idle_grace_s``."""
+        t = self.clock() if now is None else now
         with self._lock:
             self._behind = None
+            self._idle = t
 
     def _judged(self, t: float) -> float:
-        """The time silence is judged at (lock held): now, or when the receiver fell behind."""
-        return t if self._behind is None else min(t, self._behind)
+        """The time silence is judged at (lock held): now, or when the receiver fell behind, or
+        shortly after it last had nothing to read (a starved receiver), whichever is first."""
+        if self._behind is not None:
+            t = min(t, self._behind)
+        if self._idle is not None:
+            t = min(t, self._idle + self.idle_grace_s)
+        return t
 
     def last_seen(self, peer: Hashable) -> float | None:
         with self._lock:

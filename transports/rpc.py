@@ -187,8 +187,12 @@ class Server:
             if self._wake_rx in events or self._closed:
                 return
             live = self.liveness
-            if live is not None and self._sock in events:
-                live.behind()  # until the burst is read, silence is judged no later than now
+            if live is not None:
+                if self._sock in events:
+                    live.behind()  # until the burst is read, silence is judged no later than now
+                else:
+                    live.caught_up()  # an empty poll: this loop is not starved, judge at now
+                    continue
             # Drain a burst, then look at the wake socket again. EVENTS instead of catching
             # zmq.Again: an exception per request costs more than the check.
             sock = self._sock

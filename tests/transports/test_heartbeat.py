@@ -102,3 +102,16 @@ def test_silence_is_judged_only_up_to_when_the_receiver_fell_behind() -> None:
     live.beat("w2")  # beats recorded while behind count as usual
     clock.t += 2.0
     assert live.dead() == ["w1"]
+
+
+def test_a_starved_receiver_freezes_the_judging_clock_too() -> None:
+    """A receiver thread that never gets the CPU cannot say it is behind; what it last said,
+    that it had nothing to read, holds only for ``idle_grace_s``."""
+    clock = FakeClock()
+    live = Liveness(interval_s=0.5, clock=clock, idle_grace_s=0.1)
+    live.beat("w1")
+    live.caught_up()  # the poll loop ran and found nothing
+    clock.t += 5.0  # ... then was starved: beats may wait unread
+    assert live.alive("w1") and live.dead() == []
+    live.caught_up()  # it ran again and read everything: w1 really was silent
+    assert live.dead() == ["w1"]
