@@ -9,6 +9,7 @@ from typing import Any
 
 import msgspec
 
+import actors.messages  # noqa: F401  (registers the actors' kinds: every registry is whole)
 from pearl.core.events import GpusAdded
 from transports.codec import REGISTRIES
 from transports.protocol import Event
