@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -165,7 +165,8 @@ class Host:
     retiring: bool = False
     retire_reports: list[Any] = field(default_factory=list)  # told once the host is gone
     launched_at: float = 0.0
-    cpu_s: float | None = None  # CPU its process had used at the last supervise tick
+    # (tick time, CPU seconds its process had used) over the last heartbeat timeout and one more
+    cpu_seen: deque[tuple[float, float]] = field(default_factory=deque)
     busy_since: float | None = None  # silent but computing since then
 
 
@@ -257,7 +258,8 @@ class RoleSupervisor(PearlActor):
             return
         h.ref, h.launched_at = None, time.monotonic()
         h.restart_at = None  # launched now: a pending restart must not launch a second host
-        h.cpu_s = h.busy_since = None
+        h.busy_since = None
+        h.cpu_seen.clear()
         log.info(
             "launched worker host %s (incarnation %s) pid %s on GPUs %s",
             h.worker,
@@ -286,7 +288,8 @@ class RoleSupervisor(PearlActor):
             h = self.hosts[msg.worker] = Host(msg.worker, msg.incarnation, row.gpus)
         self.awaited.discard(msg.worker)
         if h.pid != msg.pid:
-            h.cpu_s = h.busy_since = None
+            h.busy_since = None
+        h.cpu_seen.clear()
         h.pid = msg.pid
         self.launcher.adopt(msg.pid)  # stopped with pearld's own hosts at shutdown
         if h.ref is not None:  # hello again (its first reply was lost): a new courier
@@ -387,8 +390,8 @@ class RoleSupervisor(PearlActor):
                     self._launch(h)
                 continue
             exited = bool(h.pid) and not self.launcher.alive(h.pid)
-            cpu_before, h.cpu_s = h.cpu_s, self.launcher.cpu_s(h.pid) if h.pid else None
-            silent = h.ref is not None and wid in dead and not self._busy(h, cpu_before, now)
+            self._sample_cpu(h, now)
+            silent = h.ref is not None and wid in dead and not self._busy(h, now)
             if wid not in dead:
                 h.busy_since = None
             never = h.ref is None and now - h.launched_at > self.hello_timeout_s
@@ -408,12 +411,28 @@ class RoleSupervisor(PearlActor):
                     self._crashed(h, "did not re-register after pearld restarted")
             self.awaited = set()
 
-    def _busy(self, h: Host, cpu_before: float | None, now: float) -> bool:
-        """Silent, yet its process runs and used CPU since the last tick: a long call that holds
-        the interpreter (an import, a big allocation), not a dead host; spared up to
-        ``BUSY_GRACE`` x the heartbeat timeout. A stopped, exited or idle-and-silent host is
-        dead after 3 missed intervals as ever."""
-        if cpu_before is None or h.cpu_s is None or h.cpu_s <= cpu_before:
+    def _sample_cpu(self, h: Host, now: float) -> None:
+        """Record the CPU its process has used, keeping one heartbeat timeout of history (and
+        the sample just before it, the baseline of :meth:`_busy`)."""
+        cpu = self.launcher.cpu_s(h.pid) if h.pid else None
+        if cpu is None:  # stopped, gone or unknown: no evidence of work
+            h.cpu_seen.clear()
+            return
+        seen = h.cpu_seen
+        seen.append((now, cpu))
+        window = LIVENESS * self.cfg.daemon.heartbeat_s
+        while len(seen) > 1 and seen[1][0] <= now - window:
+            seen.popleft()
+
+    def _busy(self, h: Host, now: float) -> bool:
+        """Silent, yet its process runs and used CPU during the silence (the last heartbeat
+        timeout): a long call that holds the interpreter (an import, a big allocation), or a
+        process starved of the CPU by others, not a dead host; spared up to ``BUSY_GRACE`` x the
+        heartbeat timeout. (Tick to tick is too short a look: a starved process may not gain
+        one clock tick of CPU in 0.1 s.) A stopped, exited or idle-and-silent host is dead after
+        3 missed intervals as ever."""
+        seen = h.cpu_seen
+        if len(seen) < 2 or seen[-1][1] <= seen[0][1]:
             return False
         if h.busy_since is None:
             h.busy_since = now

@@ -198,21 +198,50 @@ def supervised() -> Iterator[tuple[RoleSupervisor, FakeLauncher, Now, list[Any]]
     yield sup, launcher, now, got
 
 
-def test_a_silent_host_that_computes_is_busy_then_dead_once_it_stops(supervised: Any) -> None:
+def test_a_silent_host_that_computes_is_busy_then_dead_once_it_stops(
+    supervised: Any, monkeypatch: Any
+) -> None:
     sup, launcher, now, got = supervised
+    clock = [1000.0]
+    monkeypatch.setattr("actors.supervisor.time.monotonic", lambda: clock[0])
     sup.supervise(Supervise())  # heard from: fine; the supervisor notes its CPU
     now.t += 2.0  # 4 intervals of silence...
+    clock[0] += 2.0
     launcher.cpu = 1.5  # ...while the process computed (an import holding the interpreter)
     sup.supervise(Supervise())
     assert 3 in sup.hosts and not launcher.killed
     assert sup.board.report() == {"silent but busy": 1}
-    now.t += 0.2
-    sup.supervise(Supervise())  # no CPU used since the last tick: idle and silent, so dead
+    stopped = clock[0]
+    while not launcher.killed:  # no CPU used from here: dead once a heartbeat timeout shows none
+        assert clock[0] - stopped < 3.0, "an idle, silent host was never declared dead"
+        now.t += 0.2
+        clock[0] += 0.2
+        sup.supervise(Supervise())
+    assert 1.5 <= clock[0] - stopped <= 1.7 + 1e-9  # LIVENESS x heartbeat_s, and one tick
     assert launcher.killed == [101]
     assert sup.board.report() == {"missed heartbeats": 1, "silent but busy": 1}
     gone = [m for m in got if isinstance(m, WorkerGone)]
     assert gone == [WorkerGone(3, 12, "missed heartbeats")]
     assert any(isinstance(m, cmd.WorkerDown) for m in got)
+
+
+def test_a_starved_host_that_gains_a_little_cpu_is_spared(
+    supervised: Any, monkeypatch: Any
+) -> None:
+    """A process the machine's load starves gains less than a clock tick of CPU between most
+    supervise ticks; over a heartbeat timeout it still shows work, so it is not declared dead."""
+    sup, launcher, now, got = supervised
+    clock = [1000.0]
+    monkeypatch.setattr("actors.supervisor.time.monotonic", lambda: clock[0])
+    sup.supervise(Supervise())
+    for i in range(30):  # 6 s of silence; 10 ms of CPU once a second
+        now.t += 0.2
+        clock[0] += 0.2
+        if i % 5 == 4:
+            launcher.cpu = (launcher.cpu or 0) + 0.01
+        sup.supervise(Supervise())
+    assert not launcher.killed and 3 in sup.hosts
+    assert "missed heartbeats" not in sup.board.report()
 
 
 def test_a_stopped_host_is_dead_after_three_missed_intervals(supervised: Any) -> None:
