@@ -28,14 +28,20 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.torch_workers import Run, Worker, play, set_roles, stop_all  # noqa: E402
+from benchmarks.torch_workers import (  # noqa: E402
+    Run,
+    Worker,
+    env_seconds,
+    play,
+    set_roles,
+    stop_all,
+)
 from pearl.config import DecisionConfig  # noqa: E402
 from pearl.core.decision import decide  # noqa: E402
 from pearl.core.makespan import sweep  # noqa: E402
@@ -80,16 +86,15 @@ def step_telemetry(run: Run, a: argparse.Namespace, B: int) -> StepTelemetry:
     dec = [(int(n), d) for _, d, n, p in its if n > 0 and p == 0]
     pre = [(int(p), d) for _, d, n, p in its if n == 0 and p > 0]
     mix = [(int(n), int(p), d) for _, d, n, p in its if n > 0 and p > 0]
-    env_s = (a.turns - 1) * a.env_ms / 1000
     trajs = tuple(
         TrajectoryStats(
             turns=c["turns"],
             new_tokens=c["new"],
             generated_tokens=c["generated"],
-            env_s=env_s,
+            env_s=sum(env_seconds(a, t, k) for k in range(c["turns"] - 1)),
             prefilled_tokens=c["prefilled"],
         )
-        for c in run.traj.values()
+        for t, c in run.traj.items()
     )
     return StepTelemetry(
         step=1,
@@ -181,9 +186,7 @@ def analyse(points: list[Point], a: argparse.Namespace, K: float, BW: float) -> 
         profile = tracked_profile(pt.first[0], a, pt.B, K, BW)
         dec = decide(profile, pt.N, None, cfg)
         s = sweep(profile, pt.N, cfg.prefill_max_utilization)
-        predicted = {0: s.T_coloc} | {
-            int(n): float(t) for n, t in zip(s.N_P, s.T_dis, strict=True)
-        }
+        predicted = {0: s.T_coloc} | {int(n): float(t) for n, t in zip(s.N_P, s.T_dis, strict=True)}
         excluded = {0: None} | {
             int(n): (None if e == 0 else int(e)) for n, e in zip(s.N_P, s.excluded, strict=True)
         }
@@ -228,7 +231,8 @@ def analyse(points: list[Point], a: argparse.Namespace, K: float, BW: float) -> 
 def report(rows: list[dict], a: argparse.Namespace, share: float, K: float, BW: float) -> None:
     print(
         f"\nworkload: {a.turns} turns, first prompt {a.first_prompt}, +{a.obs} observation "
-        f"tokens/turn, {a.gen} generated/turn, env {a.env_ms:.0f} ms; preset {a.preset}; each "
+        f"tokens/turn, {a.gen} generated/turn (+- {a.gen_spread:.0%}), env {a.env_ms:.0f} ms "
+        f"(+- {a.env_spread:.0%}); preset {a.preset}; each "
         f"worker a virtual device of {share:g} core; KV {K:.0f} B/token, link {BW / 1e9:.2f} GB/s; "
         f"{a.rounds} rounds (median)\n"
     )
@@ -270,6 +274,12 @@ def main() -> int:
     ap.add_argument("--obs", type=int, default=96, help="observation tokens added per turn")
     ap.add_argument("--gen", type=int, default=48, help="tokens generated per turn")
     ap.add_argument("--env-ms", type=float, default=20.0, help="environment time per turn")
+    ap.add_argument(
+        "--gen-spread", type=float, default=0.5, help="generated tokens vary by +- this share"
+    )
+    ap.add_argument(
+        "--env-spread", type=float, default=0.9, help="environment time varies by +- this share"
+    )
     ap.add_argument("--token-budget", type=int, default=256)
     ap.add_argument("--kv-budget-mib", type=int, default=256)
     ap.add_argument("--json", help="write the figures as JSON to this file")

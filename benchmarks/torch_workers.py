@@ -263,6 +263,25 @@ def observation(traj: int, turn: int, n: int) -> tuple[int, ...]:
     return tuple(int(x) for x in rng.integers(32, 127, n))
 
 
+def spread(mean: float, frac: float, traj: int, turn: int, salt: int) -> float:
+    """``mean`` times a factor drawn uniformly from [1 - frac, 1 + frac], the same for the same
+    trajectory, turn and salt in every run and configuration (0: exactly ``mean``)."""
+    if frac <= 0:
+        return mean
+    rng = np.random.default_rng((1000 * traj + turn) * 16 + salt)
+    return mean * float(rng.uniform(1.0 - frac, 1.0 + frac))
+
+
+def turn_tokens(a: argparse.Namespace, traj: int, turn: int) -> int:
+    """Tokens trajectory ``traj`` generates in ``turn``: ``a.gen``, spread by ``a.gen_spread``."""
+    return max(1, round(spread(a.gen, getattr(a, "gen_spread", 0.0), traj, turn, 1)))
+
+
+def env_seconds(a: argparse.Namespace, traj: int, turn: int) -> float:
+    """The environment's answer time after ``turn``: ``a.env_ms``, spread by ``a.env_spread``."""
+    return spread(a.env_ms, getattr(a, "env_spread", 0.0), traj, turn, 2) / 1000
+
+
 def set_roles(workers: list[Worker], n_prefill: int) -> None:
     """A fresh KV pool on every worker (no prefix left from an earlier run), then the roles:
     colocated (``n_prefill`` = 0) or the first ``n_prefill`` prefill and the rest decode."""
@@ -284,10 +303,11 @@ def play(
     :func:`set_roles`): colocated when ``n_prefill`` is 0, trajectory t on worker t % N; else
     prefill on worker t % N_P (its prefix stays there), decode on worker N_P + t % N_D.
     Returns the makespan, the counts, each worker's telemetry of the run and the active fraction.
-    ``a`` gives turns, first_prompt, obs, gen, env_ms (and trajectories unless ``batch``)."""
+    ``a`` gives turns, first_prompt, obs, gen, env_ms (and trajectories unless ``batch``), and
+    optionally gen_spread, env_spread: per-turn variation of the generated tokens and of the
+    environment time (:func:`spread`), which keeps trajectories from moving in lockstep."""
     B = a.trajectories if batch is None else batch
     run = Run(name)
-    sp = to_plain(SamplingParams(max_new_tokens=a.gen))
     contexts = {t: observation(t, 0, a.first_prompt) for t in range(B)}
     turns = dict.fromkeys(contexts, 0)
     run.traj = {
@@ -305,7 +325,7 @@ def play(
         req = {
             "rid": rid,
             "input_ids": contexts[t],
-            "sampling": sp,
+            "sampling": to_plain(SamplingParams(max_new_tokens=turn_tokens(a, t, turns[t]))),
             "trajectory": f"{name}-{t}",
             "return_logprobs": True,
             "transfer_id": "",
@@ -358,15 +378,16 @@ def play(
             contexts[t] = contexts[t] + tuple(res["output_ids"]) + observation(t, turns[t], a.obs)
             run.traj[t]["new"] += len(res["output_ids"]) + a.obs
             in_env += 1
-            heapq.heappush(timers, (time.monotonic() + a.env_ms / 1000, t))
+            heapq.heappush(timers, (time.monotonic() + env_seconds(a, t, turns[t] - 1), t))
         now = time.monotonic()
         run.active_s += (now - last) * (B - finished - in_env) / max(B - finished, 1)
         last = now
     run.makespan_s = time.monotonic() - t0
     run.telemetry = [w.call("telemetry") for w in workers]
     want = B * a.turns
-    if run.generated != want * a.gen:
-        raise RuntimeError(f"{name}: {run.generated} tokens generated, expected {want * a.gen}")
+    expected = sum(turn_tokens(a, t, k) for t in range(B) for k in range(a.turns))
+    if run.generated != expected:
+        raise RuntimeError(f"{name}: {run.generated} tokens generated, expected {expected}")
     if n_prefill and run.prefilled_results != want:
         raise RuntimeError(f"{name}: {run.prefilled_results} of {want} prefills handed KV over")
     return run
