@@ -266,14 +266,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--budgets", type=int, nargs="+", default=[2, 3, 4, 6])
     ap.add_argument("--batches", type=int, nargs="+", default=[8, 32])
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--share", type=float, help="each worker's share of one core (default: fit)")
-    ap.add_argument("--preset", default="small")
+    ap.add_argument("--preset", default="tiny")
     ap.add_argument("--turns", type=int, default=4)
-    ap.add_argument("--first-prompt", type=int, default=192, help="tokens of the first prompt")
-    ap.add_argument("--obs", type=int, default=96, help="observation tokens added per turn")
-    ap.add_argument("--gen", type=int, default=48, help="tokens generated per turn")
-    ap.add_argument("--env-ms", type=float, default=20.0, help="environment time per turn")
+    ap.add_argument("--first-prompt", type=int, default=128, help="tokens of the first prompt")
+    ap.add_argument("--obs", type=int, default=400, help="observation tokens added per turn")
+    ap.add_argument("--gen", type=int, default=32, help="tokens generated per turn")
+    ap.add_argument("--env-ms", type=float, default=30.0, help="environment time per turn")
     ap.add_argument(
         "--gen-spread", type=float, default=0.5, help="generated tokens vary by +- this share"
     )
@@ -288,7 +288,7 @@ def main() -> int:
         ap.error("budgets must be >= 2 workers (a split needs two) and batches >= 1")
     cores = sorted(os.sched_getaffinity(0))
     slots = max(a.budgets)
-    share = a.share if a.share is not None else default_share(slots, available_cores())
+    share = a.share if a.share is not None else default_share(slots, available_cores(), 0.9)
     check_fits(share, slots, available_cores(), "--share")
     print(
         f"{slots} workers, each a virtual device of {share:g} core, on {len(cores)} cores",
