@@ -72,8 +72,10 @@ class Orchestrator(PearlActor):
         recovered: Output,
         snapshot_every: int = 1000,
         boot_id: str = "",
+        metrics: Any = None,
     ) -> None:
         super().__init__()
+        self.metrics = metrics  # a pearl.metrics.Metrics told of every commit, or None
         self.directory, self.log, self.controller = directory, event_log, controller
         self.state: ControllerState = recovered.state
         self._pending: Output | None = recovered
@@ -94,6 +96,7 @@ class Orchestrator(PearlActor):
 
     def on_event(self, event: Any) -> Ack:
         self.boot()
+        received = time.monotonic()
         try:
             out = self.controller.handle(self.state, event, time.monotonic())
         except InvalidEvent:
@@ -115,10 +118,10 @@ class Orchestrator(PearlActor):
             out.state = dataclasses.replace(
                 out.state, quarantine=before.quarantine, strikes=before.strikes
             )
-        first = self._commit(out)
+        first = self._commit(out, received)
         return Ack(first if first else self.log.last_seq)
 
-    def _commit(self, out: Output) -> int:
+    def _commit(self, out: Output, received: float | None = None) -> int:
         """Log, then apply, then send. Returns the first record's sequence number (0: none)."""
         seqs = self.log.append(out.records) if out.records else []
         gate_before, self.state = self.state.last_gate, out.state
@@ -139,17 +142,20 @@ class Orchestrator(PearlActor):
             if target is not None:
                 self.directory.tell(target, c)
         if out.records:
-            self._broadcast()
+            view = self._broadcast()
+            if self.metrics is not None:
+                self.metrics.committed(out.records, view, received)
             self._since_snapshot += len(out.records)
             if self._since_snapshot >= self.snapshot_every:
                 self.log.write_snapshot(self.state.table)
                 self._since_snapshot = 0
         return seqs[0] if seqs else 0
 
-    def _broadcast(self) -> None:
+    def _broadcast(self) -> ClusterView:
         changed = StateChanged(self.view())
         for name in LISTENERS:
             self.directory.tell(name, changed)
+        return changed.view
 
     def view(self) -> ClusterView:
         """The typed view of the current state (what every listener gets)."""

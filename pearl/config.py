@@ -109,6 +109,8 @@ class DaemonConfig:
     worker_orphan_s: float = 120.0  # a worker host exits after pearld is unreachable this long
     borrow: str = "gated"  # gated | always | never
     pd: str = "adaptive"  # adaptive | colocated | disaggregated
+    # Prometheus metrics over HTTP ("127.0.0.1:9440"; port 0: any free port); "" turns them off.
+    metrics: str = ""
 
 
 @dataclass(frozen=True)
@@ -204,6 +206,10 @@ class Config:
             raise ConfigError("decision thresholds must be >= 0")
         _one_of("daemon.borrow", self.daemon.borrow, ("gated", "always", "never"))
         _one_of("daemon.pd", self.daemon.pd, ("adaptive", "colocated", "disaggregated"))
+        if self.daemon.metrics:
+            from pearl.metrics import parse_address
+
+            parse_address(self.daemon.metrics)
         _one_of("engine.kind", self.engine.kind, ("sim", "torch", "sglang"))
         _one_of("engine.router", self.engine.router, ("pearl", "sglang-router"))
         _one_of("engine.sglang_role_switch", self.engine.sglang_role_switch, ("auto", "on", "off"))

@@ -164,6 +164,9 @@ class Daemon:
         self.directory: Any = None
         self.launcher: Any = None
         self._up: list[tuple[str, Callable[[bool], None]]] = []  # started parts, in order
+        self.board: Any = None  # the hosts' liveness, shared by the API and the supervisor
+        self.metrics: Any = None  # pearl.metrics.Metrics when [daemon] metrics is set
+        self.metrics_server: Any = None
 
     def _recover(self) -> tuple[Any, Any]:
         """Replay the log (snapshot + tail), refit the profile, let the controller recover."""
@@ -210,6 +213,7 @@ class Daemon:
         parts: list[tuple[str, Callable[[], None], Callable[[bool], None]]] = [
             ("log", self._open_log, self._close_log),
             ("launcher", self._make_launcher, self._reap_workers),
+            ("metrics", self._start_metrics, self._stop_metrics),
             ("actors", self._start_actors, self._stop_actors),
             ("ticker", self._start_ticker, self._stop_ticker),
         ]
@@ -241,6 +245,24 @@ class Daemon:
         # After a failed start, even with keep_workers: nobody will adopt them.
         if self.launcher is not None and (failed or not self.keep_workers):
             self.launcher.reap_all()
+
+    def _start_metrics(self) -> None:
+        """The Prometheus endpoint (``[daemon] metrics``): bound before the actors, so an address
+        that is taken fails the start at once; off when empty."""
+        from actors.supervisor import Liveboard
+        from pearl.metrics import Metrics, MetricsServer
+
+        self.board = Liveboard(self.cfg.daemon.heartbeat_s)
+        if not self.cfg.daemon.metrics:
+            return
+        self.metrics = Metrics(deaths=self.board.report)
+        self.metrics_server = MetricsServer(self.metrics, self.cfg.daemon.metrics)
+        log.info("metrics at http://%s/metrics", self.metrics_server.address)
+
+    def _stop_metrics(self, failed: bool) -> None:
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+            self.metrics_server = None
 
     def _start_actors(self) -> None:
         from actors import base
@@ -288,7 +310,7 @@ class Daemon:
 
         d, cfg = self.directory, self.cfg
         initial = StateChanged(cluster_view(recovered.state, boot_id=self.boot_id))
-        board = Liveboard(cfg.daemon.heartbeat_s)
+        board = self.board if self.board is not None else Liveboard(cfg.daemon.heartbeat_s)
 
         def supervisor() -> Any:
             return base.start(
@@ -332,6 +354,7 @@ class Daemon:
                 out,
                 cfg.daemon.snapshot_every,
                 self.boot_id,
+                self.metrics,
             )
             ref.ask(Boot(), 30.0)  # log and send what recovery decided, now it has a name
             return ref

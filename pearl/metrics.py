@@ -1,0 +1,348 @@
+"""pearld's Prometheus metrics: the control plane's view, its decisions and their latencies.
+
+:class:`Metrics` is fed by the Orchestrator after every logged change (the records just appended
+and the new :class:`~pearl.core.view.ClusterView`) and renders, at scrape time, gauges from the
+latest view plus counters and histograms it kept from the records. :class:`MetricsServer` serves
+``GET /metrics`` (text exposition format) over HTTP on ``[daemon] metrics = "HOST:PORT"``; every
+other path is 404 and no other method is served. Nothing it exposes is a control, a key path or
+a task's content.
+
+Names follow Prometheus conventions: a ``pearl_`` prefix, base units (seconds), ``_total``
+counters. The list is in the README (Observability).
+"""
+
+from __future__ import annotations
+
+import http.server
+import socket
+import socketserver
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from pearl.core import events as ev
+from pearl.core.errors import ConfigError
+from pearl.core.makespan import T_coloc
+from pearl.core.state import Activity, Mode, Role, Target
+from pearl.core.view import ClusterView
+
+# Elastic events: what the operator (or a trace) changes; the plan that follows is their answer.
+ELASTIC = (ev.GpusAdded, ev.GpusReclaimed, ev.TrainingBegin, ev.TrainingFinished)
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+PLAN_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+def parse_address(value: str, where: str = "daemon.metrics") -> tuple[str, int]:
+    """``HOST:PORT`` (port 0: any free port) -> (host, port); a clear error otherwise."""
+    host, sep, port = value.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(
+            f"{where} = {value!r}: expected HOST:PORT (e.g. 127.0.0.1:9440; port 0 picks a free "
+            'one), or "" to turn the metrics endpoint off'
+        )
+    return host, int(port)
+
+
+class Metrics:
+    """Counters and histograms of what the log records, gauges of the latest view.
+
+    Thread-safe: the Orchestrator's thread calls :meth:`committed`, the HTTP thread collects.
+    """
+
+    def __init__(self, deaths: Callable[[], dict[str, int]] | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._deaths = deaths
+        self._lock = threading.Lock()
+        self._view: ClusterView | None = None
+        self._measured: float | None = None
+        self._event_at: float | None = None  # an elastic event is waiting for its plan
+        self._plans: dict[int, tuple[str, Target, float]] = {}  # in flight: cause, target, begun
+        self._serving: Target | None = None  # the last committed plan's target
+        self._gate: Any = None
+        self._returned_step: int | None = None
+        r = self.registry
+        self.event_to_plan = Histogram(
+            "pearl_event_to_plan_seconds",
+            "Elastic event received -> the plan answering it logged",
+            registry=r,
+            buckets=LATENCY_BUCKETS,
+        )
+        self.plan_seconds = Histogram(
+            "pearl_plan_seconds",
+            "Plan begin -> commit or abort, by plan kind",
+            ["kind"],
+            registry=r,
+            buckets=PLAN_BUCKETS,
+        )
+        self.plans = Counter(
+            "pearl_plans", "Plans ended, by kind and outcome", ["kind", "outcome"], registry=r
+        )
+        self.aborts = Counter(
+            "pearl_plan_aborts",
+            "Plans aborted, by reason (its first words)",
+            ["reason"],
+            registry=r,
+        )
+        self.mode_switches = Counter(
+            "pearl_mode_switches", "Committed plans that changed the PD mode", registry=r
+        )
+        self.ratio_changes = Counter(
+            "pearl_ratio_changes",
+            "Committed plans that changed N_P:N_D in disaggregation",
+            registry=r,
+        )
+        self.gate = Counter(
+            "pearl_gate_verdicts", "Borrowing gate (eq. 7) verdicts", ["verdict"], registry=r
+        )
+        self.borrow_return = Histogram(
+            "pearl_borrow_return_seconds",
+            "Training Begin -> training may proceed (borrowed GPUs back)",
+            registry=r,
+            buckets=LATENCY_BUCKETS,
+        )
+        self.records = Counter("pearl_log_records", "Records appended to the event log", registry=r)
+        r.register(_ViewCollector(self))
+
+    # -- fed by the Orchestrator ----------------------------------------------------------------
+
+    def committed(
+        self, records: Sequence[Any], view: ClusterView, received: float | None = None
+    ) -> None:
+        """Records were appended and ``view`` is the state after them. ``received``: when the
+        message that caused them arrived (None: a tick or recovery)."""
+        now = time.monotonic()
+        with self._lock:
+            self._view = view
+            self.records.inc(len(records))
+            for rec in records:
+                self._record(rec, now, received)
+            self._observe_view(view)
+
+    def _record(self, rec: Any, now: float, received: float | None) -> None:
+        if isinstance(rec, ELASTIC) and self._event_at is None:
+            self._event_at = received if received is not None else now
+        elif isinstance(rec, ev.PlanBegin):
+            if self._event_at is not None:
+                self.event_to_plan.observe(max(0.0, now - self._event_at))
+                self._event_at = None
+            self._plans[rec.plan] = (rec.cause, rec.target, now)
+        elif isinstance(rec, ev.PlanCommit | ev.PlanAbort):
+            cause, target, begun = self._plans.pop(rec.plan, ("unknown", None, now))
+            self.plan_seconds.labels(cause).observe(max(0.0, now - begun))
+            if isinstance(rec, ev.PlanAbort):
+                self.plans.labels(cause, "aborted").inc()
+                self.aborts.labels(_reason(rec.reason)).inc()
+                return
+            self.plans.labels(cause, "committed").inc()
+            before, self._serving = self._serving, target
+            if before is None or target is None or not target.N:
+                return
+            if before.mode is not target.mode:
+                self.mode_switches.inc()
+            elif target.mode is Mode.DISAGGREGATED and before.N_P != target.N_P:
+                self.ratio_changes.inc()
+        elif isinstance(rec, ev.Telemetry):
+            self._measured = rec.makespan_s
+
+    def _observe_view(self, view: ClusterView) -> None:
+        if view.gate is not None and view.gate != self._gate:
+            self.gate.labels("approved" if view.gate.enabled else "declined").inc()
+        self._gate = view.gate
+        c = view.cycle
+        if c is None or c.returned is None or c.closed is None or c.step == self._returned_step:
+            return
+        self._returned_step = c.step
+        self.borrow_return.observe(max(0.0, c.returned - c.closed))
+
+    # -- read at scrape time ------------------------------------------------------------------
+
+    def snapshot(self) -> tuple[ClusterView | None, float | None]:
+        with self._lock:
+            return self._view, self._measured
+
+    def deaths(self) -> dict[str, int]:
+        return self._deaths() if self._deaths is not None else {}
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def _reason(reason: str) -> str:
+    """An abort reason's first words (a bounded label set): 'training-begin', 'worker 3 failed'
+    -> 'worker'."""
+    word = reason.split(":", 1)[0].split(" ", 1)[0]
+    return word[:40] or "unknown"
+
+
+class _ViewCollector:
+    """Gauges of the latest view, built at scrape time."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.m = metrics
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # built from the view at collect time; nothing to check at registration
+
+    def collect(self) -> Iterator[Metric]:
+        view, measured = self.m.snapshot()
+        workers = GaugeMetricFamily(
+            "pearl_workers",
+            "Workers in the table, by role and activity",
+            labels=["role", "activity"],
+        )
+        counts = {(r, a): 0 for r in Role for a in Activity}
+        if view is not None:
+            for w in view.table.workers:
+                counts[w.role, w.activity] += 1
+        for (role, act), n in counts.items():
+            workers.add_metric([role.value, act.value], n)
+        yield workers
+        seq = view.seq if view is not None else None
+        yield _gauge("pearl_log_seq", "Sequence number of the last logged record", seq)
+        deaths = GaugeMetricFamily(
+            "pearl_worker_deaths",
+            "Worker hosts declared dead since pearld started, by reason ('silent but busy': "
+            "silences found to be compute, spared)",
+            labels=["reason"],
+        )
+        for reason, n in sorted(self.m.deaths().items()):
+            deaths.add_metric([reason], n)
+        yield deaths
+        yield _gauge(
+            "pearl_measured_makespan_seconds",
+            "Measured makespan of the last rollout batch",
+            measured,
+        )
+        if view is None:
+            return
+        t = view.table
+        serving = view.serving
+        yield _gauge("pearl_prefill_workers", "N_P: routable prefill workers", serving.N_P)
+        yield _gauge("pearl_decode_workers", "N_D: routable decode workers", serving.N_D)
+        yield _gauge("pearl_colocated_workers", "N_C: routable colocated workers", serving.N_C)
+        mode = InfoMetricFamily("pearl_mode", "PD mode of the routable workers")
+        mode.add_metric([], {"mode": serving.mode.value})
+        yield mode
+        gpus = GaugeMetricFamily("pearl_gpus", "GPUs by pool", labels=["pool"])
+        for pool, ids in (
+            ("training", t.training_gpus),
+            ("reserved", t.reserved_gpus),
+            ("preemptible", t.preemptible_gpus),
+            ("present", t.present_gpus),
+            ("reclaiming", t.reclaiming_gpus),
+            ("quarantined", view.quarantined_gpus),
+        ):
+            gpus.add_metric([pool], len(ids))
+        yield gpus
+        phase = InfoMetricFamily("pearl_training", "Training phase")
+        phase.add_metric([], {"phase": t.phase.value})
+        yield phase
+        yield _gauge("pearl_training_step", "Last training step begun", t.training_step)
+        yield _gauge("pearl_weights_version", "Newest published weights version", t.weights_version)
+        yield _gauge("pearl_plan_in_flight", "1 while a plan is in flight", int(t.plan is not None))
+        yield _gauge(
+            "pearl_controller_recoveries",
+            "Controller invariant violations recovered from the log in place",
+            view.controller_recoveries,
+        )
+        d = view.decision
+        yield _gauge(
+            "pearl_predicted_makespan_seconds",
+            "Predicted makespan of the chosen configuration (eq. 1-3)",
+            d.predicted_makespan_s if d is not None else None,
+        )
+        p = view.profile
+        n = serving.N_P + serving.N_D + serving.N_C
+        yield _gauge(
+            "pearl_predicted_colocated_makespan_seconds",
+            "Predicted makespan of colocation on the routable workers (eq. 1)",
+            float(T_coloc(p, n)) if p is not None and n else None,
+        )
+        if d is not None and measured:
+            yield _gauge(
+                "pearl_makespan_prediction_ratio",
+                "Predicted / measured makespan of the last batch",
+                d.predicted_makespan_s / measured,
+            )
+        if p is not None:
+            prof = GaugeMetricFamily(
+                "pearl_profile", "Fitted workload profile (seconds, tokens)", labels=["param"]
+            )
+            for name in ("A", "b", "t_prefill", "theta", "T_toggle", "T_window", "S", "r"):
+                prof.add_metric([name], float(getattr(p, name)))
+            prof.add_metric(["delta_L"], float(p.delta_L))
+            yield prof
+
+
+def _gauge(name: str, doc: str, value: float | int | None) -> GaugeMetricFamily:
+    g = GaugeMetricFamily(name, doc)
+    if value is not None:
+        g.add_metric([], float(value))
+    return g
+
+
+class MetricsServer:
+    """``GET /metrics`` over HTTP on a daemon thread; 404 for any other path."""
+
+    def __init__(self, metrics: Metrics, address: str) -> None:
+        host, port = parse_address(address)
+        handler = _handler(metrics)
+        server = _Server6 if ":" in host else _Server
+        try:
+            self._server = server((host, port), handler)
+        except OSError as e:
+            raise ConfigError(f"daemon.metrics = {address!r}: cannot listen there: {e}") from None
+        bound = self._server.server_address[1]
+        self.address = f"[{host}]:{bound}" if ":" in host else f"{host}:{bound}"
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="metrics-http", daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5.0)
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind asks DNS for the host's full name: slow or hanging on a machine
+        # without a resolver, and only used for a CGI variable.
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name, self.server_port = str(host), int(port)
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+def _handler(metrics: Metrics) -> type[http.server.BaseHTTPRequestHandler]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            if self.path.split("?", 1)[0] != "/metrics":
+                self.send_error(404, "only /metrics is served here")
+                return
+            body = metrics.exposition()
+            self.send_response(200)
+            self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            pass  # scrapes every few seconds would drown pearld's log
+
+    return Handler
+
+
+__all__ = ["ELASTIC", "Metrics", "MetricsServer", "parse_address"]
