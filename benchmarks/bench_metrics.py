@@ -7,7 +7,7 @@ sending an event to its acknowledgement (the controller ran and the records, pla
 durable) and pearld's own ``pearl_event_to_plan_seconds`` (mean over the round). Target: with the
 scraper within 10% of without.
 
-    .venv/bin/python benchmarks/bench_metrics.py [--events 200] [--rounds 4] [--hz 10]
+    .venv/bin/python benchmarks/bench_metrics.py [--events 200] [--rounds 4] [--hz 10]  (~9 min)
 """
 
 from __future__ import annotations
