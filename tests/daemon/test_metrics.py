@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pearl.core import events as ev
 from tests.daemon.conftest import Pearld, wait_until
 from tests.daemon.test_startup import run_failing, the_problem
+from tests.ports import free_base
 
 pytestmark = pytest.mark.slow
 
@@ -48,12 +49,6 @@ NAMED = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def scrape(url: str) -> dict[str, Any]:
     """{family name: family} of one scrape, parsed by prometheus_client's own parser."""
     with urllib.request.urlopen(url, timeout=5) as r:
@@ -74,7 +69,7 @@ def value(fams: dict[str, Any], name: str, sample: str | None = None, **labels: 
 
 
 def test_metrics_follow_a_scripted_run(pearld_factory: Any) -> None:
-    port = free_port()
+    port = free_base(1)
     d: Pearld = pearld_factory("daemon.borrow=always", f"daemon.metrics=127.0.0.1:{port}")
     url = f"http://127.0.0.1:{port}/metrics"
     s = d.settled()

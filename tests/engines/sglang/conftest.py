@@ -7,56 +7,24 @@ Every process is stopped by its pid at the end.
 
 from __future__ import annotations
 
-import random
-import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
 from pearl.core.state import Role
 from pearl.engines.sglang import FACADE_MODULE, ServerSpec, SGLangEngine, SGLangEngineConfig
+from tests import ports
 from transports.bulk import ZmqKVChannel
 
 NEW, OLD = "0.5.21", "0.4.10"
 BOOT_OFFSET = 100  # a worker's bootstrap port = its port + BOOT_OFFSET
 
 
-def ephemeral_range() -> tuple[int, int]:
-    """The ports the kernel hands out for bind(0) and outgoing connections."""
-    try:
-        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
-        lo, hi = text.split()
-        return int(lo), int(hi)
-    except (OSError, ValueError):
-        return 32768, 60999  # Linux's default
-
-
 def free_base(n: int) -> int:
-    """A port p with p .. p+n and p+BOOT_OFFSET .. p+BOOT_OFFSET+n free on loopback, below the
-    ephemeral range: a port found free there can still be taken, between this check and the
-    server's bind, by any socket bound to port 0 or any outgoing connection (a ZeroMQ channel,
-    an HTTP client); ports outside that range are only taken by a bind that names them."""
-    lo, _ = ephemeral_range()
-    top = lo - BOOT_OFFSET - n if lo > 12000 else 65000 - BOOT_OFFSET - n
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(10000, top)
-        socks: list[socket.socket] = []
-        try:
-            for p in [*range(base, base + n), *range(base + BOOT_OFFSET, base + BOOT_OFFSET + n)]:
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port range")
+    """A port p with p .. p+n and its bootstrap ports p+BOOT_OFFSET .. free (tests/ports.py)."""
+    return ports.free_base(n, BOOT_OFFSET)
 
 
 @dataclass
