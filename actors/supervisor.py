@@ -287,9 +287,9 @@ class RoleSupervisor(PearlActor):
             assert row is not None
             h = self.hosts[msg.worker] = Host(msg.worker, msg.incarnation, row.gpus)
         self.awaited.discard(msg.worker)
-        if h.pid != msg.pid:
+        if h.pid != msg.pid:  # another process: its CPU history is not this one's
             h.busy_since = None
-        h.cpu_seen.clear()
+            h.cpu_seen.clear()
         h.pid = msg.pid
         self.launcher.adopt(msg.pid)  # stopped with pearld's own hosts at shutdown
         if h.ref is not None:  # hello again (its first reply was lost): a new courier

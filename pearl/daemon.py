@@ -164,7 +164,10 @@ class Daemon:
         self.directory: Any = None
         self.launcher: Any = None
         self._up: list[tuple[str, Callable[[bool], None]]] = []  # started parts, in order
-        self.board: Any = None  # the hosts' liveness, shared by the API and the supervisor
+        from actors.supervisor import Liveboard
+
+        # The hosts' liveness: the API feeds it, the supervisor judges it, the metrics show it.
+        self.board = Liveboard(cfg.daemon.heartbeat_s)
         self.metrics: Any = None  # pearl.metrics.Metrics when [daemon] metrics is set
         self.metrics_server: Any = None
 
@@ -249,10 +252,8 @@ class Daemon:
     def _start_metrics(self) -> None:
         """The Prometheus endpoint (``[daemon] metrics``): bound before the actors, so an address
         that is taken fails the start at once; off when empty."""
-        from actors.supervisor import Liveboard
         from pearl.metrics import Metrics, MetricsServer
 
-        self.board = Liveboard(self.cfg.daemon.heartbeat_s)
         if not self.cfg.daemon.metrics:
             return
         self.metrics = Metrics(deaths=self.board.report)
@@ -304,13 +305,13 @@ class Daemon:
         from actors.messages import StateChanged
         from actors.orchestrator import Boot, Orchestrator
         from actors.router import Router
-        from actors.supervisor import Liveboard, RoleSupervisor
+        from actors.supervisor import RoleSupervisor
         from pearl.core.view import cluster_view
         from pearl.engines.sglang.router import link_from_config
 
         d, cfg = self.directory, self.cfg
         initial = StateChanged(cluster_view(recovered.state, boot_id=self.boot_id))
-        board = self.board if self.board is not None else Liveboard(cfg.daemon.heartbeat_s)
+        board = self.board
 
         def supervisor() -> Any:
             return base.start(
