@@ -54,7 +54,7 @@ class TrainingPhase(enum.StrEnum):
 ROLLOUT_ROLES = (Role.PREFILL, Role.DECODE, Role.COLOCATED)
 
 
-class Worker(Value, frozen=True):
+class Worker(Value, frozen=True, gc=False):
     id: int
     gpus: tuple[int, ...]
     role: Role
@@ -72,7 +72,7 @@ class Worker(Value, frozen=True):
         return self.activity is Activity.ACTIVE and self.role is not Role.TRAINING
 
 
-class Target(Value, frozen=True):
+class Target(Value, frozen=True, gc=False):
     """A rollout configuration pi = (N_P, N_D, N_C): fully colocated or fully disaggregated."""
 
     mode: Mode
@@ -105,7 +105,7 @@ class StepOp(enum.StrEnum):
     RECLAIM = "reclaim"  # the training worker takes its GPUs back
 
 
-class Step(Value, frozen=True):
+class Step(Value, frozen=True, gc=False):
     op: StepOp
     worker: int
     role: Role | None = None
@@ -113,7 +113,7 @@ class Step(Value, frozen=True):
     zone: Zone | None = None
 
 
-class PlanProgress(Value, frozen=True):
+class PlanProgress(Value, frozen=True, gc=False):
     """The plan in flight: what ``plan-begin`` announced and which steps are done."""
 
     plan: int
@@ -246,10 +246,12 @@ class TableBuilder:
         # GPU -> id of the rollout worker / training worker bound to it.
         self._rollout_owner: dict[int, int] = {}
         self._training_owner: dict[int, int] = {}
+        # Ids of the training workers and of the overlap rollout workers: the few rows that
+        # training-begin and training-finished look at (instead of every row, on every step).
+        self._trainers: set[int] = set()
+        self._overlap: set[int] = set()
         for w in self.workers.values():
-            owner = self._training_owner if w.role is Role.TRAINING else self._rollout_owner
-            for g in w.gpus:
-                owner[g] = w.id
+            self._index(w)
 
     def freeze(self) -> ClusterState:
         return ClusterState(
@@ -371,13 +373,11 @@ class TableBuilder:
                 f"the next step is {self.training_step + 1}"
             )
         self.phase, self.training_step = TrainingPhase.TRAINING, step
-        for w in list(self.workers.values()):  # borrowed GPUs must come back: stop routing now
-            if (
-                w.zone is Zone.OVERLAP
-                and w.activity is Activity.ACTIVE
-                and w.role is not Role.TRAINING
-            ):
-                self.workers[w.id] = _with(w, w.role, Activity.TRANSITIONING)  # same owner
+        workers = self.workers
+        for wid in self._overlap:  # borrowed GPUs must come back: stop routing now
+            w = workers[wid]
+            if w.activity is Activity.ACTIVE:
+                workers[wid] = _with(w, w.role, Activity.TRANSITIONING)  # same owner
 
     def training_finished(self, step: int, weights_version: int | None) -> None:
         self._need_init()
@@ -387,11 +387,7 @@ class TableBuilder:
             raise InvalidEvent(
                 f"training-finished for step {step}, but step {self.training_step} is running"
             )
-        if any(
-            w.activity is not Activity.ACTIVE
-            for w in self.workers.values()
-            if w.role is Role.TRAINING
-        ):
+        if any(self.workers[t].activity is not Activity.ACTIVE for t in self._trainers):
             raise InvalidEvent("training-finished while borrowed GPUs are still being returned")
         if weights_version is not None:
             self._check_version(weights_version)
@@ -437,6 +433,7 @@ class TableBuilder:
                 f"worker {wid} is active; stop routing to it before removing it"
             )
         del self.workers[wid]
+        self._overlap.discard(wid)
         for g in w.gpus:
             del self._rollout_owner[g]
             self.reclaiming_gpus.discard(g)  # returned
@@ -567,9 +564,19 @@ class TableBuilder:
 
     def _put(self, w: Worker) -> None:
         self.workers[w.id] = w
-        owner = self._training_owner if w.role is Role.TRAINING else self._rollout_owner
+        self._index(w)
+
+    def _index(self, w: Worker) -> None:
+        """Bind a new row's GPUs to it and file it among trainers or overlap workers (neither
+        its role class nor its zone changes while it lives)."""
+        training = w.role is Role.TRAINING
+        owner = self._training_owner if training else self._rollout_owner
         for g in w.gpus:
             owner[g] = w.id
+        if training:
+            self._trainers.add(w.id)
+        elif w.zone is Zone.OVERLAP:
+            self._overlap.add(w.id)
 
 
 def _with(w: Worker, role: Role, activity: Activity) -> Worker:
