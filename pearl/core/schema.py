@@ -59,6 +59,7 @@ class Registry:
         self.name = name
         self.kinds: dict[str, type[WireStruct]] = {}
         self._decoder: msgspec.msgpack.Decoder[Any] | None = None
+        self._list_decoder: msgspec.msgpack.Decoder[Any] | None = None
 
     def add(self, cls: type[W]) -> type[W]:
         """Register a :class:`WireStruct` subclass under its tag (also a class decorator)."""
@@ -69,7 +70,7 @@ class Registry:
             raise ValueError(f"{self.name} kind {kind!r} registered twice")
         cls.KIND = kind
         self.kinds[kind] = cls
-        self._decoder = None
+        self._decoder = self._list_decoder = None
         return cls
 
     def msgpack_decoder(self) -> msgspec.msgpack.Decoder[Any]:
@@ -79,11 +80,19 @@ class Registry:
         a mapping without ``v`` reads as version 1. Errors are ``msgspec`` errors.
         """
         if self._decoder is None:
-            if not self.kinds:
-                raise TypeError(f"{self.name}: no kinds registered")
-            union: Any = typing.Union[tuple(self.kinds.values())]  # noqa: UP007
-            self._decoder = msgspec.msgpack.Decoder(union)
+            self._decoder = msgspec.msgpack.Decoder(self._union())
         return self._decoder
+
+    def msgpack_list_decoder(self) -> msgspec.msgpack.Decoder[Any]:
+        """Like :meth:`msgpack_decoder`, for a msgpack array of records (one call decodes many)."""
+        if self._list_decoder is None:
+            self._list_decoder = msgspec.msgpack.Decoder(list[self._union()])  # type: ignore[misc]
+        return self._list_decoder
+
+    def _union(self) -> Any:
+        if not self.kinds:
+            raise TypeError(f"{self.name}: no kinds registered")
+        return typing.Union[tuple(self.kinds.values())]  # noqa: UP007
 
     def decode(self, mapping: Any) -> Any:
         """Build the registered instance a wire mapping describes; raise SchemaError otherwise."""

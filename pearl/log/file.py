@@ -267,14 +267,13 @@ class FileLog(EventLog):
     def _read(
         self, view: list[tuple[Path, int, int, int]], start: int, until: int
     ) -> Iterator[tuple[int, Record]]:
-        cache: dict[bytes, Record] = {}
         for path, first, last, size in view:
             if last < start or size == 0:
                 continue
             if first > until:
                 return
             buf = self._read_segment(path, size)
-            yield from reader.records(buf, path, first, start, until, size, self.max_record, cache)
+            yield from reader.records(buf, path, first, start, until, size, self.max_record)
 
     @staticmethod
     def _read_segment(path: Path, size: int) -> bytes:

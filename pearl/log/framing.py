@@ -102,21 +102,20 @@ def check(buf: bytes | memoryview, off: int, n: int, max_record: int = MAX_RECOR
 
 def scan(buf: bytes, first_seq: int, max_record: int = MAX_RECORD) -> Scan:
     """Walk frames from offset 0, expecting sequence numbers ``first_seq, first_seq + 1, ...``."""
-    mv = memoryview(buf)
     n = len(buf)
     off, expected = 0, first_seq
     unpack_from = HEADER.unpack_from
-    while off < n:
+    while off < n:  # bytes slices, not memoryview ones: a small copy is cheaper than a view
         if n - off >= HEADER_SIZE:
-            length, crc, seq = unpack_from(mv, off)
+            length, crc, seq = unpack_from(buf, off)
             end = off + HEADER_SIZE + length
-            if 0 < length <= max_record and end <= n and crc32c(mv[off + 8 : end]) == crc:
+            if 0 < length <= max_record and end <= n and crc32c(buf[off + 8 : end]) == crc:
                 if seq != expected:
                     problem = f"sequence {seq} where {expected} was expected"
                     return Scan(off, first_seq, expected - 1, expected - first_seq, problem)
                 off, expected = end, expected + 1
                 continue
-        why = check(mv, off, n, max_record)
+        why = check(buf, off, n, max_record)
         return Scan(off, first_seq, expected - 1, expected - first_seq, why)
     return Scan(off, first_seq, expected - 1, expected - first_seq)
 

@@ -8,11 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from pearl.core.errors import LogCorrupted, LogError, LogLocked, NotALog
 from pearl.core.fold import replay
-from pearl.log import FileLog, framing, segments
+from pearl.log import FileLog, framing, reader, segments
 
 from .workload import realistic
 
@@ -261,3 +262,41 @@ def test_a_failed_sync_poisons_the_log_until_reopened(tmp_path: Path, monkeypatc
     log.close()
     with FileLog(tmp_path / "log") as log:
         assert log.last_seq in (3, 4)  # the unsynced record may or may not have reached disk
+
+
+@pytest.mark.parametrize("victim_index", [0, 12, 29])
+def test_a_checksummed_frame_that_is_no_record_is_named_by_replay(
+    template: Path, victim_index: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opening verifies framing and CRCs only; replay decodes many payloads in one call, and a
+    payload that is valid msgpack but no record is still reported with its own seq and offset."""
+    monkeypatch.setattr(reader, "CHUNK", 5)  # several chunks in 30 records
+    seg = template / SEG
+    data = bytes(seg.read_bytes())
+    offs = frame_offsets(data)
+    victim, seq = offs[victim_index], victim_index + 1
+    bogus = framing.frame(seq, msgspec.msgpack.encode({"kind": "no-such-kind", "v": 1}))
+    end = offs[victim_index + 1]
+    seg.write_bytes(data[:victim] + bogus + data[end:])
+    with FileLog(template, readonly=True) as log:
+        seen = []
+        with pytest.raises(LogCorrupted) as err:
+            for s, _record in log.read():
+                seen.append(s)
+        assert f"record seq {seq} at byte offset {victim} does not decode" in str(err.value)
+        with pytest.raises(LogCorrupted, match=f"record seq {seq} at byte offset {victim} "):
+            log.load()
+        if seq > 1:  # what precedes it in its own segment still reads
+            assert [s for s, _ in log.read(1, seq - 1)] == list(range(1, seq))
+
+
+def test_replay_in_chunks_reads_every_range(
+    template: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunked decoding hands out each record once, in order, for any start and end."""
+    with FileLog(template, readonly=True) as log:
+        whole = list(log.read())
+        assert [s for s, _ in whole] == list(range(1, 31))
+        monkeypatch.setattr(reader, "CHUNK", 4)
+        for start, until in ((1, 30), (1, 1), (4, 4), (3, 9), (8, 30), (30, 30), (5, 8)):
+            assert list(log.read(start, until)) == whole[start - 1 : until]
