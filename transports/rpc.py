@@ -71,6 +71,10 @@ class Reply:
 
 
 Handler = Callable[[Envelope], Any]
+# Told (message kind, outcome, seconds) for every message a Server answers: the outcome is "ok" or
+# the error reply's ErrorCode; a message that does not decode has the kind MALFORMED.
+Observer = Callable[[str, str, float], None]
+MALFORMED = "?"
 
 
 class RemoteError(PearlError):
@@ -119,11 +123,13 @@ class Server:
         limits: Limits | None = None,
         name: str = "server",
         liveness: Listener | None = None,
+        observer: Observer | None = None,
     ) -> None:
         check_bind(address, keys)
         self.handler = handler
         self.name = name
         self.liveness = liveness
+        self.observer = observer
         self.codec = Codec(limits)
         self.ctx = ctx or zmq.Context.instance()
         self.served = 0  # requests answered by the handler
@@ -208,33 +214,43 @@ class Server:
                     log.exception("rpc server %s: failed to answer a message", self.name)
 
     def _serve(self, parts: list[Any]) -> None:
+        t0 = time.perf_counter()
+        kind, outcome = MALFORMED, ErrorCode.INTERNAL  # unless _answer says how it went
+        try:
+            kind, outcome = self._answer(parts)
+        finally:
+            if self.observer is not None:
+                self.observer(kind, outcome, time.perf_counter() - t0)
+
+    def _answer(self, parts: list[Any]) -> tuple[str, str]:
+        """Answer one message; (its kind, how it went: "ok" or the error reply's code)."""
         identity = parts[0].bytes
         try:
             env = self.codec.decode(parts[1:])
         except BadMessage as e:
             self._error(identity, e.code, str(e), e.corr)
-            return
+            return MALFORMED, e.code
         if self.liveness is not None:
             self.liveness.beat(env.sender)
         key = (env.sender, env.id)
         cached = self._cache.get(key) if env.id else None
         if cached is not None:
             self._sock.send_multipart([identity, *cached], copy=False)
-            return
+            return env.kind, "ok"
         try:
             out = self.handler(env)
         except BadMessage as e:
             self._error(identity, e.code, str(e), env.id, key)
-            return
+            return env.kind, e.code
         except PearlError as e:
             self._error(identity, ErrorCode.REJECTED, f"{type(e).__name__}: {e}", env.id, key)
-            return
+            return env.kind, ErrorCode.REJECTED
         except Exception as e:
             log.exception("rpc server %s: handler failed on %r", self.name, env.kind)
             self._error(identity, ErrorCode.INTERNAL, f"{type(e).__name__}: {e}", env.id, key)
-            return
+            return env.kind, ErrorCode.INTERNAL
         if out is None:
-            return
+            return env.kind, "ok"
         msg, bulk = (out.msg, out.frames) if isinstance(out, Reply) else (out, ())
         try:
             frames = self.codec.encode(
@@ -243,11 +259,12 @@ class Server:
         except ProtocolError as e:
             log.error("rpc server %s: handler reply to %r unsendable: %s", self.name, env.kind, e)
             self._error(identity, ErrorCode.INTERNAL, str(e), env.id, key)
-            return
+            return env.kind, ErrorCode.INTERNAL
         self.served += 1
         if env.id and not bulk:
             self._remember(key, frames)
         self._sock.send_multipart([identity, *frames], copy=False)
+        return env.kind, "ok"
 
     def _error(
         self, identity: bytes, code: str, text: str, corr: int, key: tuple[str, int] | None = None
@@ -406,4 +423,14 @@ class Client:
         self.close()
 
 
-__all__ = ["Client", "Handler", "RemoteError", "Reply", "RequestTimeout", "Server", "dispatch"]
+__all__ = [
+    "MALFORMED",
+    "Client",
+    "Handler",
+    "Observer",
+    "RemoteError",
+    "Reply",
+    "RequestTimeout",
+    "Server",
+    "dispatch",
+]

@@ -20,10 +20,11 @@ raises :class:`LogError` and the owner must reopen, which repairs a torn tail.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,8 @@ from pearl.core.state import ClusterState
 from pearl.log import failpoints, framing, reader, segments, snapshot
 from pearl.log.base import EventLog
 from pearl.log.segments import Repair, Segment
+
+log = logging.getLogger(__name__)
 
 SEGMENT_BYTES = 64 << 20
 GATHER_MAX_S = 1e-3  # longest gather window of a group-commit leader
@@ -81,6 +84,8 @@ class FileLog(EventLog):
         self._pending: list[bytes] = []
         self._last_group = 1
         self._sync_s = 0.0  # how long the last flush took (write + sync)
+        # Told the seconds of every data sync (pearld's metrics); called by the flushing thread.
+        self.on_sync: Callable[[float], None] | None = None
         try:
             self._open(create and not readonly)
         except OSError as e:
@@ -225,7 +230,13 @@ class FileLog(EventLog):
             view = view[os.write(self._fd, view) :]
         if failpoints.ACTIVE:
             failpoints.hit("before-fsync")
+        t0 = time.perf_counter()
         _sync(self._fd)
+        if self.on_sync is not None:
+            try:  # an observer's failure must not look like a failed write
+                self.on_sync(time.perf_counter() - t0)
+            except Exception:
+                log.exception("%s: the sync observer failed", self.path)
         if failpoints.ACTIVE:
             failpoints.hit("after-fsync")
         if self._segments[-1].size + len(data) < self.segment_bytes:

@@ -95,3 +95,22 @@ def test_failpoint_specs_are_checked() -> None:
     failpoints.hit("before-write")  # the 3rd would exit
     failpoints.arm(None)
     assert not failpoints.ACTIVE
+
+
+def test_the_sync_observer_hears_every_sync_and_cannot_fail_an_append(
+    tmp_path: Path, monkeypatch
+) -> None:
+    sync = SlowSync()
+    monkeypatch.setattr(file_mod, "_sync", sync)
+    heard: list[float] = []
+    with FileLog(tmp_path / "log", group_commit=False) as log:
+        log.on_sync = heard.append
+        log.append([telemetry(1), telemetry(2)])
+        assert len(heard) == 2 and all(0.004 <= s < 1.0 for s in heard)
+
+        def broken(_: float) -> None:
+            raise RuntimeError("observer bug")
+
+        log.on_sync = broken
+        assert log.append([telemetry(3)]) == [3]  # durable, and the log is not poisoned
+        assert log.append([telemetry(4)]) == [4]

@@ -30,7 +30,15 @@ from transports.protocol import (
     Status,
     StatusRequest,
 )
-from transports.rpc import Client, RemoteError, Reply, RequestTimeout, Server, dispatch
+from transports.rpc import (
+    MALFORMED,
+    Client,
+    RemoteError,
+    Reply,
+    RequestTimeout,
+    Server,
+    dispatch,
+)
 
 Ctx = zmq.Context[Any]
 
@@ -314,3 +322,39 @@ def test_close_is_prompt_and_idempotent(ctx: Ctx, api: Api) -> None:
 def test_bind_failure_leaves_no_socket_open(ctx: Ctx, api: Api, server: Server) -> None:
     with pytest.raises(zmq.ZMQError):
         Server(server.address, api.handler(), ctx=ctx)  # address in use
+
+
+def test_the_observer_hears_every_message_with_its_kind_and_outcome(ctx: Ctx, api: Api) -> None:
+    heard: list[tuple[str, str, float]] = []
+    with (
+        Server(
+            "tcp://127.0.0.1:*",
+            api.handler(),
+            ctx=ctx,
+            observer=lambda kind, outcome, s: heard.append((kind, outcome, s)),
+        ) as s,
+        Client(s.address, ctx=ctx, timeout_s=2.0, retries=0) as c,
+    ):
+        c.request(Ping(nonce=1))
+        c.request(Event.of(GpusAdded(gpus=(8,))))
+        with pytest.raises(RemoteError):
+            c.request(Event.of(TrainingBegin(step=-1)))
+        with pytest.raises(RemoteError):
+            c.request(Call("w", "boom", {}))
+        with pytest.raises(RemoteError):
+            c.request(Pong())
+        raw = ctx.socket(zmq.DEALER)
+        raw.linger = 0
+        raw.connect(s.address)
+        raw.send_multipart([b"not msgpack"])
+        assert isinstance(recv_reply(raw).msg, Error)
+        raw.close()
+    assert [(k, o) for k, o, _ in heard] == [
+        ("ping", "ok"),
+        ("event", "ok"),
+        ("event", ErrorCode.REJECTED),
+        ("call", ErrorCode.INTERNAL),
+        ("pong", ErrorCode.UNEXPECTED),
+        (MALFORMED, ErrorCode.MALFORMED),
+    ]
+    assert all(0 <= sec < 2.0 for _, _, sec in heard)
