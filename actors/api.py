@@ -30,7 +30,7 @@ from actors.messages import (
     WorkerBeat,
     WorkerHello,
 )
-from actors.supervisor import Liveboard
+from actors.supervisor import HostsChanged, Liveboard
 from pearl.core.errors import PearlError
 from pearl.core.schema import to_plain
 from pearl.core.view import status_json
@@ -109,7 +109,7 @@ def bind_failed(endpoint: str, address: str, e: zmq.ZMQError) -> BindFailed:
 
 class ApiEndpoint(PearlActor):
     name = "api"
-    handles = {StateChanged: "state_changed"}
+    handles = {StateChanged: "state_changed", HostsChanged: "hosts_changed"}
 
     def __init__(
         self,
@@ -127,6 +127,7 @@ class ApiEndpoint(PearlActor):
         self.board = board
         self.seq = 0  # of the latest view
         self.view: dict[str, Any] = {}  # its rendering: what clients and subscribers get
+        self.last: StateChanged | None = None  # rendered again when the hosts change
         self.status_msg = Status({})
         self._view_seq = threading.Condition()
         self.server: Server | None = None
@@ -206,7 +207,11 @@ class ApiEndpoint(PearlActor):
 
     def state_changed(self, msg: StateChanged) -> None:
         # The edge: the typed view becomes the ``pearl status --json`` object here, once a change.
+        self.last = msg
         view = status_json(msg.view)
+        metrics = self.board.metrics()  # where each worker's host serves its metrics
+        for row in view["workers"]:
+            row["metrics"] = metrics.get(row["id"])
         view["endpoint"] = self.server.address if self.server else self.endpoint
         view["pub_endpoint"] = self.publisher.address if self.publisher else ""
         with self._view_seq:
@@ -215,6 +220,10 @@ class ApiEndpoint(PearlActor):
             self._view_seq.notify_all()
         if self.publisher is not None:
             self.publisher.publish(view)
+
+    def hosts_changed(self, _: HostsChanged) -> None:
+        if self.last is not None:
+            self.state_changed(self.last)
 
     def on_stop(self) -> None:
         if self.server is not None:

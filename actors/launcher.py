@@ -41,6 +41,7 @@ class WorkerSpec:
     orphan_s: float
     state_dir: str
     keys_dir: str = ""  # pearld's daemon.keys_dir: the host's CURVE keys (transports.auth.HostKeys)
+    metrics: str = ""  # HOST:PORT where the host serves GET /metrics (port 0: a free one); "": off
 
 
 class Launcher(Protocol):
@@ -98,6 +99,7 @@ class LocalProcessLauncher:
             spec.state_dir,
             # the host loads its CURVE keys (DIR/worker.key_secret, DIR/server.key) from here
             *(["--keys-dir", str(Path(spec.keys_dir).absolute())] if spec.keys_dir else []),
+            *(["--metrics", spec.metrics] if spec.metrics else []),
         ]
         out: Any = subprocess.DEVNULL
         try:

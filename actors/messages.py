@@ -25,6 +25,7 @@ class WorkerHello(WireStruct, tag="worker-hello", frozen=True):
     kv_address: str = ""  # its KV inbox (prefill -> decode transfers)
     engine_ready: bool = False  # the engine already serves (a pearld restart found it running)
     role: Role | None = None
+    metrics_address: str = ""  # HOST:PORT of its GET /metrics; "": not served (or an older host)
 
 
 @MESSAGES.add

@@ -5,6 +5,9 @@ hello, watches heartbeats (dead after 3 missed intervals) and process exits, res
 host on the same GPUs with a restart budget and exponential back-off (reporting ``worker-down``,
 then ``worker-lost`` when the budget is spent), and after a pearld restart adopts the hosts that
 re-register, stops the ones the log does not know, and relaunches the ones that never come back.
+When pearld serves metrics, every host serves its own on a free loopback port, and the supervisor
+keeps ``targets.json`` (Prometheus file SD) in the state directory: pearld and each live host,
+rewritten when that set or a host's role changes.
 
 Heartbeats are recorded on a lock-protected :class:`Liveboard` by the API's thread directly (any
 message from a host counts, and silence is judged only up to the moment that thread last had
@@ -21,6 +24,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from actors.base import CourierRef, Directory, PearlActor
@@ -39,6 +43,7 @@ from pearl.config import Config
 from pearl.core import commands as cmd
 from pearl.core.errors import PearlError
 from pearl.core.state import Activity, Worker
+from pearl.metrics import TARGETS, write_targets
 from transports.auth import DaemonKeys
 from transports.heartbeat import Clock, Liveness
 from transports.protocol import LIVENESS
@@ -47,29 +52,42 @@ from transports.rpc import Client
 log = logging.getLogger(__name__)
 
 BUSY_GRACE = 10  # a silent host still computing is spared up to this many heartbeat timeouts
+HOST_METRICS = "127.0.0.1:0"  # where a host serves its metrics when pearld serves its own
 
 
 class Liveboard:
-    """Which hosts are registered, when each was last heard from, and how many were declared dead
-    for what. Thread-safe; survives supervisor restarts (the daemon owns it)."""
+    """Which hosts are registered, where each serves its metrics, when each was last heard from,
+    and how many were declared dead for what. Thread-safe; survives supervisor restarts (the
+    daemon owns it)."""
 
     def __init__(self, interval_s: float, clock: Clock = time.monotonic) -> None:
         self._live = Liveness(interval_s, clock=clock)
         self._known: dict[int, int] = {}  # worker -> incarnation
+        self._metrics: dict[int, str] = {}  # worker -> HOST:PORT of its GET /metrics
         self._lock = threading.Lock()
         self.deaths: Counter[str] = Counter()  # "exited", "missed heartbeats", ... -> hosts
         self.spared_busy = 0  # times a silent host was found computing, not dead
         self.ear = _Ear(self)  # the API server's Listener
 
-    def add(self, worker: int, incarnation: int) -> None:
+    def add(self, worker: int, incarnation: int, metrics: str = "") -> None:
         with self._lock:
             self._known[worker] = incarnation
             self._live.beat(str(worker))
+            if metrics:
+                self._metrics[worker] = metrics
+            else:
+                self._metrics.pop(worker, None)
 
     def remove(self, worker: int) -> None:
         with self._lock:
             self._known.pop(worker, None)
+            self._metrics.pop(worker, None)
             self._live.forget(str(worker))
+
+    def metrics(self) -> dict[int, str]:
+        """Registered hosts that serve metrics: worker -> HOST:PORT."""
+        with self._lock:
+            return dict(self._metrics)
 
     def beat(self, worker: int, incarnation: int) -> bool:
         """Record a heartbeat; False when that host is not (or no longer) registered."""
@@ -120,6 +138,11 @@ class _Ear:
 
     def caught_up(self) -> None:
         self.board.caught_up()
+
+
+@dataclass(frozen=True)
+class HostsChanged:
+    """Told to the API: a host came or went (its metrics address is on the Liveboard)."""
 
 
 @dataclass(frozen=True)
@@ -193,11 +216,14 @@ class RoleSupervisor(PearlActor):
         board: Liveboard,
         initial: StateChanged | None = None,
         hello_timeout_s: float = 120.0,
+        metrics: str = "",  # where pearld serves its metrics; "": off (and so are the hosts')
     ) -> None:
         super().__init__()
         self.directory, self.launcher, self.cfg = directory, launcher, config
         self.endpoint, self.state_dir, self.boot_id = endpoint, state_dir, boot_id
         self.board = board
+        self.metrics = metrics
+        self.targets: dict[int, tuple[str, str]] | None = None  # as targets.json lists them
         # CURVE to the hosts' command servers when pearld has keys (checked at start-up).
         keys_dir = config.daemon.keys_dir
         self.host_keys = DaemonKeys.load(keys_dir).hosts if keys_dir else None
@@ -211,6 +237,7 @@ class RoleSupervisor(PearlActor):
         self.awaited = {w for w, row in self.expected.items() if _engaged(row)}
         self.booted = time.monotonic()
         self.hello_timeout_s = hello_timeout_s
+        self._targets()  # pearld's own, before any host says hello
 
     # -- launching -------------------------------------------------------------------------
 
@@ -248,6 +275,7 @@ class RoleSupervisor(PearlActor):
             d.worker_orphan_s,
             self.state_dir,
             d.keys_dir,
+            HOST_METRICS if self.metrics else "",
         )
         try:
             h.pid = self.launcher.launch(spec)
@@ -302,7 +330,8 @@ class RoleSupervisor(PearlActor):
         )
         self.directory.register(h.ref)
         self.directory.tell("router", KvAddress(msg.worker, msg.kv_address))
-        self.board.add(msg.worker, msg.incarnation)
+        self.board.add(msg.worker, msg.incarnation, msg.metrics_address)
+        self._targets()
         pending, h.pending = h.pending, []
         if not pending and not msg.engine_ready and row is not None and not h.retiring:
             # A restarted host: bring its engine back as the table says it should be.
@@ -363,6 +392,7 @@ class RoleSupervisor(PearlActor):
             self.directory.tell("router", WorkerGone(h.worker, h.incarnation, "stopped"))
         self._drop_ref(h)
         self.board.remove(h.worker)
+        self._targets()
         if self.hosts.get(h.worker) is h:
             self.hosts.pop(h.worker, None)
         for report in h.retire_reports:
@@ -379,6 +409,7 @@ class RoleSupervisor(PearlActor):
             row = rows.get(wid)
             if (row is None or row.incarnation != h.incarnation) and not h.pending:
                 self._forget(h, kill=True)  # removed by a plan
+        self._targets()  # roles may have changed
 
     def supervise(self, _: Supervise) -> None:
         now = time.monotonic()
@@ -448,6 +479,7 @@ class RoleSupervisor(PearlActor):
             h.pid = 0
         self._drop_ref(h)
         self.board.remove(h.worker)
+        self._targets()
         # Its requests will never be answered: the router sends them elsewhere at once.
         self.directory.tell("router", WorkerGone(h.worker, h.incarnation, why))
         self.directory.tell("orchestrator", cmd.WorkerDown(h.worker, h.incarnation, why))
@@ -461,6 +493,29 @@ class RoleSupervisor(PearlActor):
             return
         h.restart_at = time.monotonic() + d.restart_backoff_s * 2**h.restarts
         h.restarts += 1
+
+    def _targets(self) -> None:
+        """Keep ``targets.json`` listing pearld and every registered host that serves metrics,
+        with its role in the table; tell the API when the hosts changed (``status --json``)."""
+        if not self.metrics:
+            return
+        addresses = self.board.metrics()
+        live = {
+            w: (address, row.role.value)
+            for w, address in addresses.items()
+            if (row := self.expected.get(w)) is not None
+        }
+        if live == self.targets:
+            return
+        path = Path(self.state_dir) / TARGETS
+        try:
+            write_targets(path, self.metrics, live)
+        except OSError as e:  # tried again at the next change
+            log.warning("cannot write %s: %s", path, e)
+            return
+        before, self.targets = self.targets, live
+        if before is None or before.keys() != live.keys():
+            self.directory.tell("api", HostsChanged())
 
     def deaths(self, _: Deaths) -> dict[str, int]:
         return self.board.report()
@@ -476,4 +531,13 @@ def _engaged(w: Worker) -> bool:
     return w.activity is not Activity.INACTIVE
 
 
-__all__ = ["Deaths", "Liveboard", "Retire", "RoleSupervisor", "Spawn", "Undeliverable"]
+__all__ = [
+    "HOST_METRICS",
+    "Deaths",
+    "HostsChanged",
+    "Liveboard",
+    "Retire",
+    "RoleSupervisor",
+    "Spawn",
+    "Undeliverable",
+]

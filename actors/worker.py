@@ -2,7 +2,8 @@
 
 Every command that belongs to a plan step is answered with a ``step-result`` to the orchestrator;
 commands are idempotent, so recovery may resend them. Generation results (including aborted
-requests with the tokens generated so far) go to the router as ``generate-done``.
+requests with the tokens generated so far) go to the router as ``generate-done``. The host's
+:class:`~pearl.metrics.HostMetrics` follow the engine: its role, its telemetry, its live gauges.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pearl.core import commands as cmd
 from pearl.core.errors import PearlError
 from pearl.core.state import Role
 from pearl.engines.base import Engine, GenerateResult, KVTimeout
+from pearl.metrics import HostMetrics
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +67,13 @@ class WorkerActor(PearlActor):
         weights_source: Callable[[int], tuple[int, Any] | None],  # the newest stored (version,
         # source) for one asking for this version; None: nothing published yet
         on_exit: Callable[[], None],
+        metrics: HostMetrics | None = None,  # what the host's /metrics show (None: not served)
     ) -> None:
         super().__init__()
         self.name = f"worker/{worker}"  # type: ignore[misc]
         self.directory, self.worker, self.incarnation = directory, worker, incarnation
         self.make_engine, self.weights_source, self.on_exit = make_engine, weights_source, on_exit
+        self.metrics = metrics or HostMetrics(worker, incarnation, "")
         self.engine: Engine | None = None
         self.released = False
 
@@ -108,6 +112,7 @@ class WorkerActor(PearlActor):
         if self.engine.role is not role:
             self._handover()
             self.engine.set_role(role)
+        self.metrics.watch(self.engine)
         self._weights(version)
 
     def _weights(self, version: int) -> None:
@@ -162,6 +167,7 @@ class WorkerActor(PearlActor):
             if self.engine is not None:
                 self.engine.stop()  # aborts in flight, keeping the generated prefixes
                 self.engine = None
+                self.metrics.watch(None)
 
         self._step(c, body)
         self.on_exit()
@@ -173,6 +179,7 @@ class WorkerActor(PearlActor):
             if self.engine.role is not c.role:
                 self._handover()
                 self.engine.set_role(c.role)
+                self.metrics.watch(self.engine)
 
         self._step(c, body)
 
@@ -230,6 +237,7 @@ class WorkerActor(PearlActor):
             msg.queued.clear()
         if self.engine is not None:
             t = self.engine.telemetry()
+            self.metrics.observe(t)
             if t.iterations or t.transfers:
                 self.directory.tell("tracker", EngineTelemetryReport(self.worker, t))
 
@@ -237,6 +245,7 @@ class WorkerActor(PearlActor):
         if self.engine is not None:
             self.engine.stop()
             self.engine = None
+            self.metrics.watch(None)
 
 
 __all__ = ["ReportTelemetry", "WorkerActor"]

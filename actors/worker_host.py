@@ -1,7 +1,8 @@
 """One worker host process: ``python -m actors.worker_host --endpoint ... --worker N ...``.
 
-It runs the WorkerActor that owns the engine, serves commands on its own rpc server, says hello to
-pearld, heart-beats from a thread of its own (:class:`actors.heart.HostHeart`: neither compute nor
+It runs the WorkerActor that owns the engine, serves commands on its own rpc server (and, with
+``--metrics HOST:PORT``, its engine's Prometheus metrics over HTTP), says hello to pearld,
+heart-beats from a thread of its own (:class:`actors.heart.HostHeart`: neither compute nor
 command handling delays a beat), and says hello again whenever pearld's boot id changes (pearld
 restarted).
 Reports to pearld (step results, generation results, telemetry) leave through one queue and one
@@ -32,6 +33,7 @@ from pearl.config import EngineConfig, parse_gpus
 from pearl.core.errors import PearlError
 from pearl.core.schema import to_wire
 from pearl.engines.factory import build_engine
+from pearl.metrics import HostMetrics, MetricsServer
 from pearl.rl.weights import latest_snapshot
 from transports.auth import HostKeys
 from transports.bulk import ZmqKVChannel
@@ -98,6 +100,11 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="CURVE keys from `pearl keys generate DIR` (reads worker.key_secret and server.key)",
     )
+    p.add_argument(
+        "--metrics",
+        default="",
+        help='serve GET /metrics on HOST:PORT (port 0: a free one; "" or absent: off)',
+    )
     a = p.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s worker-{a.worker} %(levelname)s %(message)s"
@@ -108,8 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     directory = Directory()
+    metrics = HostMetrics(a.worker, a.incarnation, engine_cfg.kind)
     try:  # CURVE: to pearld, to other hosts, and for this host's own sockets
         host_keys = HostKeys.load(a.keys_dir) if a.keys_dir else None
+        exporter = MetricsServer(metrics, a.metrics, "--metrics") if a.metrics else None
     except PearlError as e:
         log.error("cannot start: %s", e)
         return 1
@@ -147,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         return engine
 
     actor = WorkerActor.start(
-        directory, a.worker, a.incarnation, make_engine, weights_source, stop.set
+        directory, a.worker, a.incarnation, make_engine, weights_source, stop.set, metrics
     )
     ref = LocalRef(f"worker/{a.worker}", actor)
     directory.register(ref)
@@ -157,7 +166,14 @@ def main(argv: list[str] | None = None) -> int:
         keys=host_keys.serve if host_keys else None,
         name=f"worker-{a.worker}",
     )
-    hello = WorkerHello(a.worker, a.incarnation, os.getpid(), server.address, kv.address)
+    hello = WorkerHello(
+        a.worker,
+        a.incarnation,
+        os.getpid(),
+        server.address,
+        kv.address,
+        metrics_address=exporter.address if exporter is not None else "",
+    )
 
     pid_file = (
         Path(a.state_dir) / "workers" / f"worker-{a.worker}-{a.incarnation}.pid"
@@ -195,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         actor.stop(timeout=10)
         reporter.close()
         kv.close()
+        if exporter is not None:
+            exporter.close()
     return 0
 
 

@@ -251,10 +251,12 @@ class Daemon:
 
     def _start_metrics(self) -> None:
         """The Prometheus endpoint (``[daemon] metrics``): bound before the actors, so an address
-        that is taken fails the start at once; off when empty."""
-        from pearl.metrics import Metrics, MetricsServer
+        that is taken fails the start at once; off when empty (and so are the worker hosts', and
+        the supervisor keeps no ``targets.json``: an earlier run's goes)."""
+        from pearl.metrics import TARGETS, Metrics, MetricsServer
 
         if not self.cfg.daemon.metrics:
+            (self.state_dir / TARGETS).unlink(missing_ok=True)
             return
         self.metrics = Metrics(deaths=self.board.report)
         self.metrics_server = MetricsServer(self.metrics, self.cfg.daemon.metrics)
@@ -325,6 +327,7 @@ class Daemon:
                 self.boot_id,
                 board,
                 initial=initial,
+                metrics=self.metrics_server.address if self.metrics_server is not None else "",
             )
 
         def api() -> Any:

@@ -1,11 +1,15 @@
-"""pearld's Prometheus metrics: the control plane's view, its decisions and their latencies.
+"""Prometheus metrics: pearld's (the control plane's view, its decisions and their latencies)
+and every worker host's (its engine's work).
 
 :class:`Metrics` is fed by the Orchestrator after every logged change (the records just appended
 and the new :class:`~pearl.core.view.ClusterView`) and renders, at scrape time, gauges from the
-latest view plus counters and histograms it kept from the records. :class:`MetricsServer` serves
-``GET /metrics`` (text exposition format) over HTTP on ``[daemon] metrics = "HOST:PORT"``; every
-other path is 404 and no other method is served. Nothing it exposes is a control, a key path or
-a task's content.
+latest view plus counters and histograms it kept from the records. :class:`HostMetrics` is fed by
+a worker host's WorkerActor (the engine telemetry it reports, its role, its engine). A
+:class:`MetricsServer` serves either as ``GET /metrics`` (text exposition format) over HTTP:
+pearld's on ``[daemon] metrics = "HOST:PORT"``, each worker host's on a free loopback port when
+pearld's is on. Every other path is 404 and no other method is served. Nothing they expose is a
+control, a key path or a task's content. :func:`write_targets` keeps ``targets.json`` in pearld's
+state directory: where Prometheus finds all of them (``file_sd_configs``).
 
 Names follow Prometheus conventions: a ``pearl_`` prefix, base units (seconds), ``_total``
 counters. The list is in the README (Observability).
@@ -13,16 +17,26 @@ counters. The list is in the README (Observability).
 
 from __future__ import annotations
 
+import bisect
 import http.server
+import json
+import os
 import socket
 import socketserver
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from pearl.core import events as ev
@@ -31,10 +45,15 @@ from pearl.core.makespan import T_coloc
 from pearl.core.state import Activity, Mode, Role, Target
 from pearl.core.view import ClusterView
 
+if TYPE_CHECKING:
+    from pearl.engines.base import EngineTelemetry
+
 # Elastic events: what the operator (or a trace) changes; the plan that follows is their answer.
 ELASTIC = (ev.GpusAdded, ev.GpusReclaimed, ev.TrainingBegin, ev.TrainingFinished)
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 PLAN_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+ITERATION_BUCKETS = LATENCY_BUCKETS[1:]  # 1 ms .. 10 s
+TARGETS = "targets.json"  # in pearld's state directory
 
 
 def parse_address(value: str, where: str = "daemon.metrics") -> tuple[str, int]:
@@ -287,17 +306,173 @@ def _gauge(name: str, doc: str, value: float | int | None) -> GaugeMetricFamily:
     return g
 
 
-class MetricsServer:
-    """``GET /metrics`` over HTTP on a daemon thread; 404 for any other path."""
+class HostMetrics:
+    """One worker host's engine, as the host's ``GET /metrics`` shows it.
 
-    def __init__(self, metrics: Metrics, address: str) -> None:
-        host, port = parse_address(address)
+    The WorkerActor calls :meth:`observe` with the telemetry it sends the tracker (before sending
+    it), :meth:`watch` with its engine whenever the engine comes up, switches role or goes (live
+    gauges are read from it at scrape time: requests in flight, KV use), and :meth:`set_role`.
+    Thread-safe: the actor's thread feeds it, the HTTP thread collects.
+
+    The counters and the histogram are this process's totals, continuous across role switches:
+    every series is labelled with the role at scrape time, so a switch ends the series of the old
+    role and starts one of the new role at the same total (``rate()`` per series, summed by
+    ``worker``, sees no jump). Before its engine is up a host's role is ``none``.
+    """
+
+    def __init__(self, worker: int, incarnation: int, engine: str) -> None:
+        self.worker, self.incarnation, self.engine = str(worker), str(incarnation), engine
+        self._lock = threading.Lock()
+        self._role = "none"
+        self._engine: Any = None  # read at scrape time: in_flight(), kv_usage() if it has one
+        self._decode = self._prefill = self._iterations = 0
+        self._buckets = [0] * (len(ITERATION_BUCKETS) + 1)  # per bucket; the last is +Inf
+        self._seconds = 0.0
+        self._kv_bytes = {"send": 0, "recv": 0}
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+
+    def set_role(self, role: str) -> None:
+        with self._lock:
+            self._role = role
+
+    def watch(self, engine: Any) -> None:
+        """The engine whose live gauges a scrape reads (None: no engine), in its role."""
+        with self._lock:
+            self._engine = engine
+        if engine is not None:
+            self.set_role(engine.role.value)
+
+    def observe(self, t: EngineTelemetry) -> None:
+        with self._lock:
+            for it in t.iterations:
+                self._decode += it.decode_batch
+                self._prefill += it.prefill_tokens
+                self._iterations += 1
+                self._buckets[bisect.bisect_left(ITERATION_BUCKETS, it.duration_s)] += 1
+                self._seconds += it.duration_s
+            for x in t.transfers:
+                self._kv_bytes[x.direction] = self._kv_bytes.get(x.direction, 0) + x.bytes
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # built at collect time; nothing to check at registration
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            role, engine = self._role, self._engine
+            decode, prefill, iterations = self._decode, self._prefill, self._iterations
+            buckets, seconds, kv_bytes = list(self._buckets), self._seconds, dict(self._kv_bytes)
+        labels, ids = ["worker", "role"], [self.worker, role]
+        info = GaugeMetricFamily(
+            "pearl_worker_info",
+            "This worker host: its incarnation and engine kind (always 1)",
+            labels=[*labels, "incarnation", "engine"],
+        )
+        info.add_metric([*ids, self.incarnation, self.engine], 1)
+        yield info
+        in_flight = GaugeMetricFamily(
+            "pearl_worker_requests_in_flight", "Requests queued or running", labels=labels
+        )
+        in_flight.add_metric(ids, len(engine.in_flight()) if engine is not None else 0)
+        yield in_flight
+        kv = GaugeMetricFamily(
+            "pearl_worker_kv_used_ratio",
+            "Share of the KV pool held by running requests (resident prefixes count as free)",
+            labels=labels,
+        )
+        ratio = kv_used_ratio(engine)
+        if ratio is not None:
+            kv.add_metric(ids, ratio)
+        yield kv
+        for name, doc, total in (
+            ("decode_tokens", "Tokens decoded (sum of decode batches)", decode),
+            ("prefill_tokens", "Prompt tokens prefilled", prefill),
+            ("iterations", "Scheduler iterations", iterations),
+        ):
+            c = CounterMetricFamily(f"pearl_worker_{name}", doc, labels=labels)
+            c.add_metric(ids, total)
+            yield c
+        h = HistogramMetricFamily(
+            "pearl_worker_iteration_seconds", "Duration of one scheduler iteration", labels=labels
+        )
+        bounds = [*(str(float(b)) for b in ITERATION_BUCKETS), "+Inf"]
+        cumulative = [sum(buckets[: i + 1]) for i in range(len(buckets))]
+        h.add_metric(ids, list(zip(bounds, cumulative, strict=True)), seconds)
+        yield h
+        xfer = CounterMetricFamily(
+            "pearl_worker_kv_transfer_bytes",
+            "KV cache bytes moved between prefill and decode workers, by direction",
+            labels=[*labels, "direction"],
+        )
+        for direction, n in sorted(kv_bytes.items()):
+            xfer.add_metric([*ids, direction], n)
+        yield xfer
+
+
+def kv_used_ratio(engine: Any) -> float | None:
+    """Pages held by running requests / pages of the KV pool (0-1), for an engine with
+    ``kv_usage()``; None without an engine, a pool or that method."""
+    usage = getattr(engine, "kv_usage", None)
+    if usage is None:
+        return None
+    u = usage()
+    if not u.get("pages"):
+        return None
+    return float(u["pages"] - u["free"] - u.get("cached", 0)) / u["pages"]
+
+
+def render_targets(pearld: str, workers: Mapping[int, tuple[str, str]]) -> list[dict[str, Any]]:
+    """Prometheus ``file_sd_configs`` entries: pearld at ``pearld`` and each worker host
+    (``{worker: (address, role)}``)."""
+    out: list[dict[str, Any]] = [{"targets": [_scrapable(pearld)], "labels": {"job": "pearld"}}]
+    for worker, (address, role) in sorted(workers.items()):
+        labels = {"job": "pearl-worker", "worker": str(worker), "role": role}
+        out.append({"targets": [_scrapable(address)], "labels": labels})
+    return out
+
+
+def write_targets(path: Path, pearld: str, workers: Mapping[int, tuple[str, str]]) -> bool:
+    """Write :func:`render_targets` to ``path`` atomically (a temporary file, then
+    ``os.replace``: Prometheus never reads half a file); False, leaving the file untouched, when it
+    already says that."""
+    body = (json.dumps(render_targets(pearld, workers), indent=2) + "\n").encode()
+    try:
+        if path.read_bytes() == body:
+            return False
+    except FileNotFoundError:
+        pass
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(body)
+    os.replace(tmp, path)
+    return True
+
+
+def _scrapable(address: str) -> str:
+    """A wildcard listener is scraped on loopback (the worker hosts' own address)."""
+    host, _, port = address.rpartition(":")
+    loopback = {"0.0.0.0": "127.0.0.1", "[::]": "[::1]"}.get(host)
+    return f"{loopback}:{port}" if loopback else address
+
+
+class Exposition(Protocol):
+    def exposition(self) -> bytes: ...
+
+
+class MetricsServer:
+    """``GET /metrics`` of ``metrics`` over HTTP on a daemon thread; 404 for any other path.
+    ``where`` names the setting of ``address`` in errors."""
+
+    def __init__(self, metrics: Exposition, address: str, where: str = "daemon.metrics") -> None:
+        host, port = parse_address(address, where)
         handler = _handler(metrics)
         server = _Server6 if ":" in host else _Server
         try:
             self._server = server((host, port), handler)
         except OSError as e:
-            raise ConfigError(f"daemon.metrics = {address!r}: cannot listen there: {e}") from None
+            raise ConfigError(f"{where} = {address!r}: cannot listen there: {e}") from None
         bound = self._server.server_address[1]
         self.address = f"[{host}]:{bound}" if ":" in host else f"{host}:{bound}"
         self._thread = threading.Thread(
@@ -326,7 +501,7 @@ class _Server6(_Server):
     address_family = socket.AF_INET6
 
 
-def _handler(metrics: Metrics) -> type[http.server.BaseHTTPRequestHandler]:
+def _handler(metrics: Exposition) -> type[http.server.BaseHTTPRequestHandler]:
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             if self.path.split("?", 1)[0] != "/metrics":
@@ -345,4 +520,14 @@ def _handler(metrics: Metrics) -> type[http.server.BaseHTTPRequestHandler]:
     return Handler
 
 
-__all__ = ["ELASTIC", "Metrics", "MetricsServer", "parse_address"]
+__all__ = [
+    "ELASTIC",
+    "TARGETS",
+    "HostMetrics",
+    "Metrics",
+    "MetricsServer",
+    "kv_used_ratio",
+    "parse_address",
+    "render_targets",
+    "write_targets",
+]

@@ -9,6 +9,7 @@ import pytest
 
 from actors.worker import WorkerActor
 from pearl.core.errors import EngineError
+from pearl.metrics import HostMetrics
 
 
 class Engine:
@@ -94,7 +95,11 @@ def test_an_activated_worker_is_given_the_newest_weights_before_it_resumes() -> 
 
     e = Released()
     actor = SimpleNamespace(
-        name="worker/2", engine=e, released=True, weights_source=lambda v: (6, "v6")
+        name="worker/2",
+        engine=e,
+        released=True,
+        weights_source=lambda v: (6, "v6"),
+        metrics=HostMetrics(2, 1, "sim"),
     )
     actor._weights = lambda v: WorkerActor._weights(actor, v)  # type: ignore[arg-type]
     WorkerActor._bring_up(actor, Role.COLOCATED, 5)  # type: ignore[arg-type]
