@@ -46,7 +46,7 @@ from transports.protocol import (
     Subscribe,
 )
 from transports.pubsub import Publisher
-from transports.rpc import Server, dispatch
+from transports.rpc import Observer, Server, dispatch
 
 log = logging.getLogger(__name__)
 
@@ -120,9 +120,11 @@ class ApiEndpoint(PearlActor):
         keys: ServerKeys | None = None,
         batches: Callable[[float], Any] | None = None,
         weights: Callable[[int, bytes], str] | None = None,
+        observer: Observer | None = None,  # told every message answered (pearld's metrics)
     ) -> None:
         super().__init__()
         self.batches, self.weights = batches, weights
+        self.observer = observer
         self.directory, self.endpoint, self.boot_id, self.keys = directory, endpoint, boot_id, keys
         self.board = board
         self.seq = 0  # of the latest view
@@ -159,6 +161,7 @@ class ApiEndpoint(PearlActor):
                 keys=self.keys,
                 name="pearld",
                 liveness=self.board.ear,  # any message from a host is a heartbeat
+                observer=self.observer,
             )
         except BaseException as e:
             if self.publisher is not None:

@@ -123,7 +123,9 @@ class Orchestrator(PearlActor):
 
     def _commit(self, out: Output, received: float | None = None) -> int:
         """Log, then apply, then send. Returns the first record's sequence number (0: none)."""
+        t0 = time.perf_counter()
         seqs = self.log.append(out.records) if out.records else []
+        append_s = time.perf_counter() - t0
         gate_before, self.state = self.state.last_gate, out.state
         g = self.state.last_gate
         if g is not None and g != gate_before:
@@ -144,7 +146,7 @@ class Orchestrator(PearlActor):
         if out.records:
             view = self._broadcast()
             if self.metrics is not None:
-                self.metrics.committed(out.records, view, received)
+                self.metrics.committed(out.records, view, received, append_s)
             self._since_snapshot += len(out.records)
             if self._since_snapshot >= self.snapshot_every:
                 self.log.write_snapshot(self.state.table)

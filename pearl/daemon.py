@@ -260,9 +260,13 @@ class Daemon:
             return
         self.metrics = Metrics(deaths=self.board.report)
         self.metrics_server = MetricsServer(self.metrics, self.cfg.daemon.metrics)
+        if self.event_log is not None:
+            self.event_log.on_sync = self.metrics.log_synced
         log.info("metrics at http://%s/metrics", self.metrics_server.address)
 
     def _stop_metrics(self, failed: bool) -> None:
+        if self.event_log is not None:
+            self.event_log.on_sync = None
         if self.metrics_server is not None:
             self.metrics_server.close()
             self.metrics_server = None
@@ -342,6 +346,7 @@ class Daemon:
                 self.keys,
                 take,
                 self.store_weights,
+                self.metrics.api_request if self.metrics is not None else None,
             )
             self.address = ref.ref.proxy().address.get()  # worker hosts dial the bound address
             return ref

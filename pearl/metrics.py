@@ -44,6 +44,7 @@ from pearl.core.errors import ConfigError
 from pearl.core.makespan import T_coloc
 from pearl.core.state import Activity, Mode, Role, Target
 from pearl.core.view import ClusterView
+from transports.rpc import MALFORMED
 
 if TYPE_CHECKING:
     from pearl.engines.base import EngineTelemetry
@@ -126,22 +127,64 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
         )
         self.records = Counter("pearl_log_records", "Records appended to the event log", registry=r)
+        self.log_append = Histogram(
+            "pearl_log_append_seconds",
+            "The Orchestrator's durable append of one change's records (write + sync)",
+            registry=r,
+            buckets=LATENCY_BUCKETS,
+        )
+        self.log_sync = Histogram(
+            "pearl_log_fsync_seconds",
+            "One data sync of the event log (fdatasync; a group commit covers several appends)",
+            registry=r,
+            buckets=LATENCY_BUCKETS,
+        )
+        self.api_requests = Counter(
+            "pearl_api_requests",
+            "Messages pearld's API answered, by kind and outcome (ok, or the error reply's code; "
+            f"kind {MALFORMED!r}: the message did not decode)",
+            ["command", "outcome"],
+            registry=r,
+        )
+        self.api_seconds = Histogram(
+            "pearl_api_request_seconds",
+            "Message received -> answered by pearld's API, by kind",
+            ["command"],
+            registry=r,
+            buckets=LATENCY_BUCKETS,
+        )
         r.register(_ViewCollector(self))
 
     # -- fed by the Orchestrator ----------------------------------------------------------------
 
     def committed(
-        self, records: Sequence[Any], view: ClusterView, received: float | None = None
+        self,
+        records: Sequence[Any],
+        view: ClusterView,
+        received: float | None = None,
+        append_s: float | None = None,
     ) -> None:
-        """Records were appended and ``view`` is the state after them. ``received``: when the
-        message that caused them arrived (None: a tick or recovery)."""
+        """Records were appended (in ``append_s`` seconds, durable) and ``view`` is the state
+        after them. ``received``: when the message that caused them arrived (None: a tick or
+        recovery)."""
         now = time.monotonic()
+        if append_s is not None:
+            self.log_append.observe(append_s)
         with self._lock:
             self._view = view
             self.records.inc(len(records))
             for rec in records:
                 self._record(rec, now, received)
             self._observe_view(view)
+
+    def log_synced(self, seconds: float) -> None:
+        """The event log synced its data (``FileLog.on_sync``, on the flushing thread)."""
+        self.log_sync.observe(seconds)
+
+    def api_request(self, command: str, outcome: str, seconds: float) -> None:
+        """pearld's API answered a message (the rpc Server's observer, on its thread)."""
+        self.api_requests.labels(command, outcome).inc()
+        self.api_seconds.labels(command).observe(seconds)
 
     def _record(self, rec: Any, now: float, received: float | None) -> None:
         if isinstance(rec, ELASTIC) and self._event_at is None:

@@ -76,6 +76,26 @@ def test_an_event_waits_for_the_next_plan() -> None:
     assert samples(m)["pearl_event_to_plan_seconds_count", ()] == 1
 
 
+def test_api_requests_log_appends_and_syncs_are_timed() -> None:
+    m = Metrics()
+    m.api_request("event", "ok", 0.002)
+    m.api_request("event", "rejected", 0.001)
+    m.api_request("?", "malformed", 0.0001)
+    m.committed([ev.GpusAdded((0, 1))], ClusterView(), append_s=0.0007)
+    m.committed([ev.PlanCommit(1)], ClusterView())  # no append time given: none observed
+    m.log_synced(0.0004)
+    s = samples(m)
+    assert s["pearl_api_requests_total", (("command", "event"), ("outcome", "ok"))] == 1
+    assert s["pearl_api_requests_total", (("command", "event"), ("outcome", "rejected"))] == 1
+    assert s["pearl_api_requests_total", (("command", "?"), ("outcome", "malformed"))] == 1
+    assert s["pearl_api_request_seconds_count", (("command", "event"),)] == 2
+    assert s["pearl_api_request_seconds_sum", (("command", "event"),)] == pytest.approx(0.003)
+    assert s["pearl_log_append_seconds_count", ()] == 1
+    assert s["pearl_log_append_seconds_bucket", (("le", "0.001"),)] == 1
+    assert s["pearl_log_fsync_seconds_count", ()] == 1
+    assert s["pearl_log_fsync_seconds_sum", ()] == pytest.approx(0.0004)
+
+
 @pytest.mark.parametrize("bad", ["", "9440", "host:", ":9440", "127.0.0.1:-1", "h:99999", "h:x"])
 def test_a_bad_address_names_the_setting_and_the_form(bad: str) -> None:
     with pytest.raises(ConfigError, match=r"daemon\.metrics.*HOST:PORT"):

@@ -9,6 +9,7 @@ import urllib.request
 from typing import Any
 
 import pytest
+import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
 from pearl.core import events as ev
@@ -46,6 +47,10 @@ NAMED = {
     "pearl_controller_recoveries",
     "pearl_predicted_colocated_makespan_seconds",
     "pearl_profile",
+    "pearl_log_append_seconds",
+    "pearl_log_fsync_seconds",
+    "pearl_api_requests",
+    "pearl_api_request_seconds",
 }
 
 
@@ -81,6 +86,8 @@ def test_metrics_follow_a_scripted_run(pearld_factory: Any) -> None:
     assert value(m, "pearl_colocated_workers") == s["N_C"] == len(routable)
     assert value(m, "pearl_gpus", pool="training") == 4
     plans0 = value(m, "pearl_plans", "pearl_plans_total", outcome="committed")
+    events0 = value(m, "pearl_api_requests", "pearl_api_requests_total", command="event")
+    appends0 = value(m, "pearl_log_append_seconds", "pearl_log_append_seconds_count")
     latencies0 = value(m, "pearl_event_to_plan_seconds", "pearl_event_to_plan_seconds_count")
 
     # A join: one event, one expansion plan committed, one event -> plan latency observed.
@@ -114,6 +121,25 @@ def test_metrics_follow_a_scripted_run(pearld_factory: Any) -> None:
     assert value(m, "pearl_gpus", pool="present") == 0
     assert value(m, "pearl_workers") == len(s["workers"])
     assert value(m, "pearl_log_records", "pearl_log_records_total") >= 1
+
+    # The API and the log: four events answered, appends and their syncs timed, a message that
+    # does not decode counted under kind "?".
+    assert value(m, "pearl_api_requests", "pearl_api_requests_total", command="event") == (
+        events0 + 4
+    )
+    assert value(m, "pearl_api_requests", "pearl_api_requests_total", command="status-request") >= 4
+    assert value(m, "pearl_api_request_seconds", "pearl_api_request_seconds_count") >= 8
+    assert value(m, "pearl_log_append_seconds", "pearl_log_append_seconds_count") >= appends0 + 4
+    assert value(m, "pearl_log_fsync_seconds", "pearl_log_fsync_seconds_count") >= 4
+    raw = zmq.Context.instance().socket(zmq.DEALER)
+    raw.linger = 0
+    raw.connect(d.endpoint)
+    raw.send_multipart([b"not msgpack"])
+    assert raw.poll(5000), "no error reply"
+    raw.close()
+    m = scrape(url)
+    assert value(m, "pearl_api_requests", "pearl_api_requests_total", command="?") == 1
+    assert value(m, "pearl_api_requests", "pearl_api_requests_total", outcome="malformed") == 1
 
     # Read-only, one path: anything else is 404; no control is served.
     for path in ("/", "/metrics/x", "/status"):
