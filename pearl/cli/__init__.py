@@ -15,7 +15,7 @@ from typing import Any
 from pearl.core.errors import PearlError
 
 # Sub-command modules under pearl.cli; each registers its own parsers.
-COMMANDS = ("log", "decide", "keys", "remote", "simulate", "demo")
+COMMANDS = ("log", "decide", "keys", "remote", "top", "simulate", "demo")
 # One example line for every command's --help (tests/cli check that none is missing).
 EXAMPLES = {
     "log verify": "pearl log verify state/log",
@@ -29,6 +29,7 @@ EXAMPLES = {
     "event training-finished": "pearl event training-finished --step 7 --weights-version 7",
     "status": "pearl --endpoint ipc:///tmp/pearld.sock status --json",
     "watch": "pearl watch --count 10",
+    "top": "pearl top --interval 2",
     "simulate": "pearl simulate --model qwen3-8b --segment S1",
     "demo": "pearl demo --steps 8",
 }
