@@ -108,6 +108,7 @@ class ControllerState:
     last_cycle: bc.BorrowCycle | None = None  # the one before it (complete: returned)
     last_decision: Any = None  # the Decision behind the latest plan (for status)
     last_gate: Any = None  # the latest borrowing-gate verdict (for status)
+    last_makespan_s: float | None = None  # the last batch's measured makespan (for status)
 
     @property
     def mandatory(self) -> bool:
@@ -210,6 +211,7 @@ class Controller:
             tx.log(event)
             tx.set(
                 profile=self.policy.observe(tx.s.profile, event),
+                last_makespan_s=event.makespan_s if event.makespan_s > 0 else s.last_makespan_s,
                 toggle_measured=0.0,
                 toggle_cut=0.0,
                 window_measured=None,

@@ -105,6 +105,7 @@ class ClusterView(Value, frozen=True):
     aborting: str | None = None  # why the plan in flight is being cancelled
     training_may_proceed: int = 0  # the last training step told it may proceed
     decision: DecisionView | None = None
+    measured_makespan_s: float | None = None  # the last batch's, from its telemetry
     gate: GateResult | None = None
     cycle: BorrowCycle | None = None  # the borrow cycle of the current or last idle window
     last_cycle: BorrowCycle | None = None
@@ -152,6 +153,7 @@ def cluster_view(
         aborting=s.aborting,
         training_may_proceed=proceeded,
         decision=None if d is None else DecisionView(d.target, d.predicted_makespan_s, d.reason),
+        measured_makespan_s=s.last_makespan_s,
         gate=s.last_gate if isinstance(s.last_gate, GateResult) else None,
         cycle=s.cycle,
         last_cycle=s.last_cycle,
@@ -199,6 +201,7 @@ def status_json(v: ClusterView) -> dict[str, Any]:
             "reason": d.reason,
         }
     )
+    out["measured_makespan_s"] = v.measured_makespan_s
     out["gate"] = None if v.gate is None else to_plain(v.gate)
     out["borrow"] = {
         "current": None if v.cycle is None else v.cycle.to_json(),

@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import msgpack
+from msgspec.structs import replace as msgspec_replace
 
 from actors.messages import StateChanged
 from pearl.core import events as ev
@@ -37,6 +38,7 @@ STATUS_KEYS = [
     "training_may_proceed",
     "profile",
     "decision",
+    "measured_makespan_s",
     "gate",
     "borrow",
     "failed",
@@ -127,3 +129,17 @@ def test_status_json_of_an_empty_view() -> None:
     assert out["transitions"] == [] and out["profile"] is None and out["decision"] is None
     assert out["gate"] is None and out["borrow"] == {"current": None, "last": None}
     assert out["budget"] == {"dedicated_gpus": 0, "training_gpus": 0, "lent": False}
+
+
+def test_status_carries_the_last_measured_makespan() -> None:
+    """What `pearl top` and operators compare the prediction with: the last batch's makespan
+    from its telemetry; None before the first batch, kept when a telemetry has none."""
+    from tests.core.test_controller import _telemetry
+
+    h = Harness()
+    h.settle()
+    assert status_json(cluster_view(h.s))["measured_makespan_s"] is None
+    h.send(_telemetry(h, 1))
+    assert status_json(cluster_view(h.s))["measured_makespan_s"] == 60.0
+    h.send(msgspec_replace(_telemetry(h, 2), makespan_s=0.0))
+    assert status_json(cluster_view(h.s))["measured_makespan_s"] == 60.0
