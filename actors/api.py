@@ -212,11 +212,12 @@ class ApiEndpoint(PearlActor):
         # The edge: the typed view becomes the ``pearl status --json`` object here, once a change.
         self.last = msg
         view = status_json(msg.view)
-        metrics = self.board.metrics()  # where each worker's host serves its metrics
-        for row in view["workers"]:
-            row["metrics"] = metrics.get(row["id"])
         view["endpoint"] = self.server.address if self.server else self.endpoint
         view["pub_endpoint"] = self.publisher.address if self.publisher else ""
+        # Where each worker's host serves its metrics; beside the table, whose rows stay those
+        # of `pearl log replay --json`.
+        metrics = self.board.metrics()
+        view["worker_metrics"] = {str(w): metrics[w] for w in sorted(metrics)}
         with self._view_seq:
             self.seq, self.view = msg.seq, view
             self.status_msg = Status(view)  # one object per change: its encoding is reused

@@ -46,11 +46,16 @@ def rollout(s: dict[str, Any]) -> dict[int, dict[str, Any]]:
     return {w["id"]: w for w in s["workers"] if w["role"] != "training"}
 
 
+def address(s: dict[str, Any], worker: int) -> str | None:
+    """Where status --json says worker's host serves its metrics (None: it does not)."""
+    return s["worker_metrics"].get(str(worker))
+
+
 def listed(d: Pearld) -> dict[str, Any] | None:
     """The status once targets.json lists exactly its rollout workers, in their roles, at the
     addresses status --json gives."""
     s = d.settled()
-    want = {i: (w["metrics"], w["role"]) for i, w in rollout(s).items()}
+    want = {i: (address(s, i), w["role"]) for i, w in rollout(s).items()}
     return s if workers_in(targets(d)) == want else None
 
 
@@ -61,11 +66,11 @@ def test_worker_hosts_serve_metrics_and_targets_follow_them(pearld_factory: Any)
     t = targets(d)
     assert t is not None and t[0] == {"targets": [f"127.0.0.1:{port}"], "labels": {"job": "pearld"}}
     rows = rollout(s)
-    assert rows and all(w["metrics"].startswith("127.0.0.1:") for w in rows.values())
-    assert all(w["metrics"] is None for w in s["workers"] if w["role"] == "training")
+    assert rows and all(address(s, w).startswith("127.0.0.1:") for w in rows)
+    assert all(address(s, w["id"]) is None for w in s["workers"] if w["role"] == "training")
 
     for wid, w in rows.items():  # each target is that worker's host
-        m = scrape(f"http://{w['metrics']}/metrics")
+        m = scrape(f"http://{address(s, wid)}/metrics")
         info = [x for x in m["pearl_worker_info"].samples if x.name == "pearl_worker_info"]
         assert [x.labels["worker"] for x in info] == [str(wid)]
         assert info[0].labels["incarnation"] == str(w["incarnation"])
@@ -82,8 +87,8 @@ def test_worker_hosts_serve_metrics_and_targets_follow_them(pearld_factory: Any)
 
     def total(counter: str) -> float:  # over the hosts: the router spreads the requests
         return sum(
-            value(scrape(f"http://{w['metrics']}/metrics"), counter, f"{counter}_total")
-            for w in rows.values()
+            value(scrape(f"http://{address(s, wid)}/metrics"), counter, f"{counter}_total")
+            for wid in rows
         )
 
     wait_until(lambda: total("pearl_worker_decode_tokens") >= 4, 20, "decoded tokens", every=0.2)
@@ -109,7 +114,7 @@ def test_without_metrics_no_host_serves_and_there_is_no_targets_json(
     (d.state / "targets.json").write_text("[]\n")  # an earlier run's, with metrics on
     d.start()
     s = d.settled()
-    assert rollout(s) and all(w["metrics"] is None for w in s["workers"])
+    assert rollout(s) and s["worker_metrics"] == {}
     assert not (d.state / "targets.json").exists()
     pids = d.host_pids()
     assert pids
