@@ -148,7 +148,7 @@ def pearld_series() -> set[str]:
 
 def host_series() -> set[str]:
     """A worker host's metrics, fed one decode host's telemetry (an iteration, a KV transfer each
-    way). HostMetrics comes with the worker-host metrics; until it exists this fails."""
+    way)."""
     from pearl.engines.base import EngineTelemetry, IterationStat, KVTransferStat
     from pearl.metrics import HostMetrics
 
@@ -286,3 +286,23 @@ def test_the_scrape_config_paths_are_state_dirs_of_this_repository() -> None:
 def test_the_readme_says_how_to_use_them(path: str) -> None:
     section = (ROOT / "README.md").read_text().split("## Observability", 1)[1].split("\n## ", 1)[0]
     assert path in section
+
+
+def readme_metrics() -> set[str]:
+    """Every metric name in the first column of the README's Observability tables."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Observability", 1)[1].split("\n## ", 1)[0]
+    names: set[str] = set()
+    for line in section.splitlines():
+        if line.startswith("| `pearl_"):
+            first = line.split("|")[1]
+            names.update(re.sub(r"\{.*?\}", "", n) for n in re.findall(r"`(pearl_[^`]+)`", first))
+    return names
+
+
+def test_every_metric_the_readme_lists_is_exposed() -> None:
+    listed = readme_metrics()
+    assert len(listed) >= 30, sorted(listed)
+    exposed = pearld_series() | host_series()
+    missing = {n for n in listed if n not in exposed and f"{n}_bucket" not in exposed}
+    assert not missing, f"the README lists metrics nobody exposes: {sorted(missing)}"
