@@ -67,6 +67,7 @@ class Liveboard:
         self._lock = threading.Lock()
         self.deaths: Counter[str] = Counter()  # "exited", "missed heartbeats", ... -> hosts
         self.spared_busy = 0  # times a silent host was found computing, not dead
+        self.fates: Counter[str] = Counter()  # dead hosts "restarted" / "lost" (budget spent)
         self.ear = _Ear(self)  # the API server's Listener
 
     def add(self, worker: int, incarnation: int, metrics: str = "") -> None:
@@ -115,6 +116,16 @@ class Liveboard:
     def spared(self) -> None:
         with self._lock:
             self.spared_busy += 1
+
+    def ended(self, fate: str) -> None:
+        """What became of a host declared dead: ``restarted`` or ``lost``."""
+        with self._lock:
+            self.fates[fate] += 1
+
+    def outcomes(self) -> dict[str, int]:
+        """Dead hosts relaunched (``restarts``) and given up on (``lost``) so far."""
+        with self._lock:
+            return {"restarts": self.fates["restarted"], "lost": self.fates["lost"]}
 
     def report(self) -> dict[str, int]:
         """Hosts declared dead by reason, and ``silent but busy``: silences found to be compute."""
@@ -485,6 +496,7 @@ class RoleSupervisor(PearlActor):
         self.directory.tell("orchestrator", cmd.WorkerDown(h.worker, h.incarnation, why))
         d = self.cfg.daemon
         if h.restarts >= d.restart_budget:
+            self.board.ended("lost")
             self.hosts.pop(h.worker, None)
             self.directory.tell(
                 "orchestrator",
@@ -493,6 +505,7 @@ class RoleSupervisor(PearlActor):
             return
         h.restart_at = time.monotonic() + d.restart_backoff_s * 2**h.restarts
         h.restarts += 1
+        self.board.ended("restarted")
 
     def _targets(self) -> None:
         """Keep ``targets.json`` listing pearld and every registered host that serves metrics,

@@ -258,7 +258,7 @@ class Daemon:
         if not self.cfg.daemon.metrics:
             (self.state_dir / TARGETS).unlink(missing_ok=True)
             return
-        self.metrics = Metrics(deaths=self.board.report)
+        self.metrics = Metrics(deaths=self.board.report, hosts=self.board.outcomes)
         self.metrics_server = MetricsServer(self.metrics, self.cfg.daemon.metrics)
         if self.event_log is not None:
             self.event_log.on_sync = self.metrics.log_synced

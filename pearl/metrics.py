@@ -75,9 +75,14 @@ class Metrics:
     Thread-safe: the Orchestrator's thread calls :meth:`committed`, the HTTP thread collects.
     """
 
-    def __init__(self, deaths: Callable[[], dict[str, int]] | None = None) -> None:
+    def __init__(
+        self,
+        deaths: Callable[[], dict[str, int]] | None = None,
+        hosts: Callable[[], dict[str, int]] | None = None,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self._deaths = deaths
+        self._deaths = deaths  # hosts declared dead, by reason
+        self._hosts = hosts  # what became of them: {"restarts": n, "lost": m}
         self._lock = threading.Lock()
         self._view: ClusterView | None = None
         self._measured: float | None = None
@@ -231,6 +236,9 @@ class Metrics:
     def deaths(self) -> dict[str, int]:
         return self._deaths() if self._deaths is not None else {}
 
+    def host_outcomes(self) -> dict[str, int]:
+        return self._hosts() if self._hosts is not None else {}
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -276,6 +284,14 @@ class _ViewCollector:
         for reason, n in sorted(self.m.deaths().items()):
             deaths.add_metric([reason], n)
         yield deaths
+        outcomes = self.m.host_outcomes()
+        for key, name, doc in (
+            ("restarts", "pearl_worker_restarts", "Dead worker hosts relaunched"),
+            ("lost", "pearl_workers_lost", "Worker hosts given up after their restart budget"),
+        ):
+            family = CounterMetricFamily(name, doc)
+            family.add_metric([], outcomes.get(key, 0))
+            yield family
         yield _gauge(
             "pearl_measured_makespan_seconds",
             "Measured makespan of the last rollout batch",

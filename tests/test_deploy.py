@@ -113,7 +113,7 @@ def series_names(exposition: bytes) -> set[str]:
 def pearld_series() -> set[str]:
     """pearld's metrics fed a view with everything in it (profile, decision, gate, a returned
     borrow cycle) and records of every kind it counts, so every family has its samples."""
-    m = Metrics(deaths=lambda: {"missed heartbeats": 1})
+    m = Metrics(deaths=lambda: {"missed heartbeats": 1}, hosts=lambda: {"restarts": 1, "lost": 0})
     workers = (
         Worker(0, (0,), Role.TRAINING, Activity.INACTIVE, Zone.OVERLAP, 1),
         Worker(1, (2,), Role.COLOCATED, Activity.ACTIVE, Zone.DEDICATED, 2),

@@ -77,7 +77,7 @@ def test_an_event_waits_for_the_next_plan() -> None:
 
 
 def test_api_requests_log_appends_and_syncs_are_timed() -> None:
-    m = Metrics()
+    m = Metrics(deaths=lambda: {"exited": 3}, hosts=lambda: {"restarts": 2, "lost": 1})
     m.api_request("event", "ok", 0.002)
     m.api_request("event", "rejected", 0.001)
     m.api_request("?", "malformed", 0.0001)
@@ -94,6 +94,9 @@ def test_api_requests_log_appends_and_syncs_are_timed() -> None:
     assert s["pearl_log_append_seconds_bucket", (("le", "0.001"),)] == 1
     assert s["pearl_log_fsync_seconds_count", ()] == 1
     assert s["pearl_log_fsync_seconds_sum", ()] == pytest.approx(0.0004)
+    assert s["pearl_worker_deaths", (("reason", "exited"),)] == 3
+    assert s["pearl_worker_restarts_total", ()] == 2
+    assert s["pearl_workers_lost_total", ()] == 1
 
 
 @pytest.mark.parametrize("bad", ["", "9440", "host:", ":9440", "127.0.0.1:-1", "h:99999", "h:x"])

@@ -80,6 +80,8 @@ def test_a_crashed_host_is_restarted_with_back_off_until_its_budget_is_spent(
     lost = [m for m in got if isinstance(m, cmd.WorkerLost)]
     assert lost == [cmd.WorkerLost(3, "exited; gave up after 2 restarts")]
     assert 3 not in sup.hosts
+    assert sup.board.outcomes() == {"restarts": 2, "lost": 1}  # what pearld's metrics show
+    assert sup.board.report()["exited"] == 3
 
 
 def test_a_host_that_cannot_be_launched_is_retried_then_lost(
