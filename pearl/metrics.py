@@ -91,6 +91,7 @@ class Metrics:
         self._serving: Target | None = None  # the last committed plan's target
         self._gate: Any = None
         self._returned_step: int | None = None
+        self._activated_step: int | None = None
         r = self.registry
         self.event_to_plan = Histogram(
             "pearl_event_to_plan_seconds",
@@ -128,6 +129,12 @@ class Metrics:
         self.borrow_return = Histogram(
             "pearl_borrow_return_seconds",
             "Training Begin -> training may proceed (borrowed GPUs back)",
+            registry=r,
+            buckets=LATENCY_BUCKETS,
+        )
+        self.borrow_activation = Histogram(
+            "pearl_borrow_activation_seconds",
+            "Borrow plan begun -> lent workers serving (lend + activate)",
             registry=r,
             buckets=LATENCY_BUCKETS,
         )
@@ -222,7 +229,13 @@ class Metrics:
             self.gate.labels("approved" if view.gate.enabled else "declined").inc()
         self._gate = view.gate
         c = view.cycle
-        if c is None or c.returned is None or c.closed is None or c.step == self._returned_step:
+        if c is None:
+            return
+        activation = c.activation_s
+        if activation is not None and c.step != self._activated_step:
+            self._activated_step = c.step
+            self.borrow_activation.observe(max(0.0, activation))
+        if c.returned is None or c.closed is None or c.step == self._returned_step:
             return
         self._returned_step = c.step
         self.borrow_return.observe(max(0.0, c.returned - c.closed))

@@ -48,6 +48,7 @@ NAMED = {
     "pearl_predicted_colocated_makespan_seconds",
     "pearl_profile",
     "pearl_log_append_seconds",
+    "pearl_borrow_activation_seconds",
     "pearl_log_fsync_seconds",
     "pearl_api_requests",
     "pearl_api_request_seconds",
@@ -103,11 +104,23 @@ def test_metrics_follow_a_scripted_run(pearld_factory: Any) -> None:
 
     # A borrow cycle: Training Begin takes the lent GPUs back, Training Finished lends them again.
     returns0 = value(m, "pearl_borrow_return_seconds", "pearl_borrow_return_seconds_count")
+    activations0 = value(
+        m, "pearl_borrow_activation_seconds", "pearl_borrow_activation_seconds_count"
+    )
     d.event(ev.TrainingBegin(1))
     wait_until(lambda: d.status()["training_may_proceed"] == 1, 20, "training may proceed")
     d.event(ev.TrainingFinished(1, 1))
+    wait_until(
+        lambda: (d.status()["borrow"]["current"] or {}).get("activation_s") is not None,
+        20,
+        "the borrowed workers to serve",
+    )
     s = d.settled()
     m = scrape(url)
+    activations = value(
+        m, "pearl_borrow_activation_seconds", "pearl_borrow_activation_seconds_count"
+    )
+    assert activations == activations0 + 1
     assert value(m, "pearl_training_step") == 1 and value(m, "pearl_weights_version") == 1
     returns = value(m, "pearl_borrow_return_seconds", "pearl_borrow_return_seconds_count")
     assert returns == returns0 + 1
