@@ -1,5 +1,5 @@
 """pearld's /metrics: the exposition parses, the named metrics exist and move with a scripted run
-(a join, a borrow cycle, a reclaim), only /metrics is served, and a bad address fails the start."""
+(a join and a reclaim that each switch the PD mode, a borrow cycle), only /metrics is served, and a bad address fails the start."""
 
 from __future__ import annotations
 
@@ -76,9 +76,16 @@ def value(fams: dict[str, Any], name: str, sample: str | None = None, **labels: 
 
 def test_metrics_follow_a_scripted_run(pearld_factory: Any) -> None:
     port = free_base(1)
-    d: Pearld = pearld_factory("daemon.borrow=always", f"daemon.metrics=127.0.0.1:{port}")
+    d: Pearld = pearld_factory(
+        "daemon.borrow=always",
+        f"daemon.metrics=127.0.0.1:{port}",
+        # No hysteresis: this small cluster's priors favour 2P3D at 5 workers by 3.8% and 4C at
+        # 4, so the join and the reclaim each switch the mode.
+        "decision.mode_switch_threshold=0.0",
+    )
     url = f"http://127.0.0.1:{port}/metrics"
     s = d.settled()
+    assert s["mode"] == "colocated"
     m = scrape(url)
     assert NAMED <= set(m), NAMED - set(m)
     assert value(m, "pearl_log_seq") == s["seq"]
@@ -88,6 +95,7 @@ def test_metrics_follow_a_scripted_run(pearld_factory: Any) -> None:
     assert value(m, "pearl_gpus", pool="training") == 4
     plans0 = value(m, "pearl_plans", "pearl_plans_total", outcome="committed")
     events0 = value(m, "pearl_api_requests", "pearl_api_requests_total", command="event")
+    switches0 = value(m, "pearl_mode_switches", "pearl_mode_switches_total")
     appends0 = value(m, "pearl_log_append_seconds", "pearl_log_append_seconds_count")
     latencies0 = value(m, "pearl_event_to_plan_seconds", "pearl_event_to_plan_seconds_count")
 
@@ -101,6 +109,10 @@ def test_metrics_follow_a_scripted_run(pearld_factory: Any) -> None:
     count = value(m, "pearl_event_to_plan_seconds", "pearl_event_to_plan_seconds_count")
     assert count == latencies0 + 1
     assert value(m, "pearl_gpus", pool="present") == 2
+    assert s["mode"] == "disaggregated"  # a mode switch: one, in the join's plan
+    assert value(m, "pearl_mode_switches", "pearl_mode_switches_total") == switches0 + 1
+    assert value(m, "pearl_mode_info", mode="disaggregated") == 1
+    assert value(m, "pearl_prefill_workers") == s["N_P"] and s["N_P"] > 0
 
     # A borrow cycle: Training Begin takes the lent GPUs back, Training Finished lends them again.
     returns0 = value(m, "pearl_borrow_return_seconds", "pearl_borrow_return_seconds_count")
@@ -127,10 +139,13 @@ def test_metrics_follow_a_scripted_run(pearld_factory: Any) -> None:
     assert value(m, "pearl_plans", "pearl_plans_total", kind="return", outcome="committed") >= 1
     assert value(m, "pearl_log_seq") == s["seq"]
 
-    # A reclaim: the workers on those GPUs leave in a return plan.
+    # A reclaim: the workers on those GPUs leave in a return plan (and the mode switches back).
+    switches = value(m, "pearl_mode_switches", "pearl_mode_switches_total")
     d.event(ev.GpusReclaimed((8, 9)))
     s = d.settled()
     m = scrape(url)
+    assert s["mode"] == "colocated"
+    assert value(m, "pearl_mode_switches", "pearl_mode_switches_total") == switches + 1
     assert value(m, "pearl_gpus", pool="present") == 0
     assert value(m, "pearl_workers") == len(s["workers"])
     assert value(m, "pearl_log_records", "pearl_log_records_total") >= 1
