@@ -1,5 +1,6 @@
 """pearld's /metrics: the exposition parses, the named metrics exist and move with a scripted run
-(a join and a reclaim that each switch the PD mode, a borrow cycle), only /metrics is served, and a bad address fails the start."""
+(a join and a reclaim that each switch the PD mode, a borrow cycle), only /metrics is served, and
+a bad address fails the start."""
 
 from __future__ import annotations
 
