@@ -11,6 +11,7 @@ import difflib
 import tomllib
 import types
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,22 @@ def parse_gpus(value: Any, where: str = "gpus") -> GpuList:
     if len(set(value)) != len(value):
         raise ConfigError(f"{where}: a GPU id appears twice")
     return tuple(sorted(value))
+
+
+def format_gpus(gpus: Iterable[int]) -> str:
+    """The inverse of :func:`parse_gpus`: ``[0, 1, 2, 3, 8]`` -> ``"0-3,8"``; ``"-"`` for none."""
+    ids = sorted(gpus)
+    if not ids:
+        return "-"
+    parts, lo, prev = [], ids[0], ids[0]
+    for g in [*ids[1:], None]:
+        if g is not None and g == prev + 1:
+            prev = g
+            continue
+        parts.append(str(lo) if lo == prev else f"{lo}-{prev}")
+        if g is not None:
+            lo = prev = g
+    return ",".join(parts)
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from pearl import config as config_mod
+from pearl.config import format_gpus, parse_gpus
 from pearl.core.errors import ConfigError
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "sim-32.toml"
@@ -39,3 +40,12 @@ def test_a_bad_key_in_the_file_is_blamed_on_the_file(tmp_path: Path) -> None:
 
 def test_an_override_of_a_known_key_still_applies() -> None:
     assert config_mod.load(CONFIG, ["engine.time_scale=0.5"]).engine.time_scale == 0.5
+
+
+@pytest.mark.parametrize(
+    "ids, text", [([], "-"), ([3], "3"), ([0, 1, 2, 3, 8], "0-3,8"), ([9, 4, 5], "4-5,9")]
+)
+def test_format_gpus_is_the_inverse_of_parse_gpus(ids: list[int], text: str) -> None:
+    assert format_gpus(ids) == text
+    if ids:
+        assert parse_gpus(text) == tuple(sorted(ids))

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from pearl.config import format_gpus as _span
 from pearl.core.errors import LogError
 from pearl.core.events import Record
 from pearl.core.schema import to_plain
@@ -163,21 +164,6 @@ def render(state: ClusterState) -> str:
     if not j["workers"]:
         lines.append("     (no workers)")
     return "\n".join(lines)
-
-
-def _span(gpus: list[int]) -> str:
-    """``[0, 1, 2, 3, 8]`` -> ``0-3,8``; ``-`` for none."""
-    if not gpus:
-        return "-"
-    parts, lo, prev = [], gpus[0], gpus[0]
-    for g in [*gpus[1:], None]:
-        if g is not None and g == prev + 1:
-            prev = g
-            continue
-        parts.append(str(lo) if lo == prev else f"{lo}-{prev}")
-        if g is not None:
-            lo = prev = g
-    return ",".join(parts)
 
 
 __all__ = ["cmd_replay", "cmd_show", "cmd_verify", "record_json", "register", "render"]

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from pearl.cli.remote import _reachable, client, connection_options, fetch_status
+from pearl.config import format_gpus
 from pearl.core.errors import PearlError
 
 EVENTS_SHOWN = 8  # changes listed at the bottom of the screen
@@ -90,21 +91,12 @@ def _secs(x: Any, digits: int = 1) -> str:
 
 
 def _span(gpus: Any) -> str:
-    """``[0, 1, 2, 3, 8]`` -> ``0-3,8``; ``-`` for none."""
+    """``[0, 1, 2, 3, 8]`` -> ``0-3,8``; ``-`` for none; anything that is not GPU ids as it is."""
     if not isinstance(gpus, list | tuple) or not gpus:
         return "-"
-    ids = sorted(g for g in gpus if isinstance(g, int))
-    if len(ids) != len(gpus):
+    if not all(isinstance(g, int) for g in gpus):
         return ",".join(map(str, gpus))
-    parts, lo, prev = [], ids[0], ids[0]
-    for g in [*ids[1:], None]:
-        if g is not None and g == prev + 1:
-            prev = g
-            continue
-        parts.append(str(lo) if lo == prev else f"{lo}-{prev}")
-        if g is not None:
-            lo = prev = g
-    return ",".join(parts)
+    return format_gpus(gpus)
 
 
 def _clock(t: Any) -> str:
