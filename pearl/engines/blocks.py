@@ -53,13 +53,17 @@ class KVBlocks:
                 f"tokens ({self.bytes_per_page} bytes each); give at least "
                 f"{2 * self.bytes_per_page} bytes"
             )
-        self._free = list(range(self.n_pages - 1, -1, -1))
+        # Free pages: those handed back (``_free``) and those never handed out (``_fresh`` up to
+        # ``n_pages``, not listed: a list of every page of a large pool took ~0.7 s holding the
+        # interpreter at start, long enough for the host's heartbeats to stop).
+        self._free: list[int] = []
+        self._fresh = 0
         self._cache: OrderedDict[str, CachedPrefix] = OrderedDict()
         self.evictions = 0
 
     @property
     def free_pages(self) -> int:
-        return len(self._free)
+        return len(self._free) + self.n_pages - self._fresh
 
     @property
     def cached_pages(self) -> int:
@@ -68,18 +72,23 @@ class KVBlocks:
     @property
     def used_bytes(self) -> int:
         """Bytes held by running sequences and resident prefixes."""
-        return (self.n_pages - len(self._free)) * self.bytes_per_page
+        return (self.n_pages - self.free_pages) * self.bytes_per_page
 
     def allocate(self, n: int) -> list[int] | None:
         """``n`` pages, evicting resident prefixes LRU-first if needed; None if it cannot fit."""
-        if n > len(self._free) + self.cached_pages:
+        if n > self.free_pages + self.cached_pages:
             return None
-        while len(self._free) < n:
+        while self.free_pages < n:
             _, victim = self._cache.popitem(last=False)
             self._free.extend(victim.pages)
             self.evictions += 1
-        out = self._free[-n:] if n else []
-        del self._free[len(self._free) - n :]
+        reused = min(n, len(self._free))  # handed-back pages first, then never-used ones
+        out = self._free[len(self._free) - reused :] if reused else []
+        del self._free[len(self._free) - reused :]
+        fresh = n - reused
+        if fresh:
+            out.extend(range(self._fresh, self._fresh + fresh))
+            self._fresh += fresh
         return out
 
     def release(self, pages: Sequence[int]) -> None:

@@ -150,17 +150,15 @@ def test_a_host_killed_mid_rollout_loses_no_trajectory(
 
     detection_s = TICK_S  # an exit is seen at the next supervise tick
     slack_s = 1.0  # scheduling on a loaded 2-core machine
-    # What the actors said after the kill, timed from it: a slow case explains itself.
+    # What the actors said, timed from the kill (negative: before it): a failure explains itself.
     timeline = "\n".join(
-        f"  {r.created - t_kill_wall:+7.3f}s {r.name}: {r.getMessage()}"
-        for r in caplog.records
-        if r.created >= t_kill_wall - 0.5
+        f"  {r.created - t_kill_wall:+7.3f}s {r.name}: {r.getMessage()}" for r in caplog.records
     )
     story = (
         f"killed worker {victim} ({roles}) with {len(in_flight)} turns in flight "
         f"{sorted(in_flight)}; "
         f"turn <= {turn_s:.2f}s, batch gaps {[round(g, 2) for g in gaps]}; its turns answered "
-        f"after {answered_s:.2f}s, next batch after {next_batch_s:.2f}s; after the kill:\n"
+        f"after {answered_s:.2f}s, next batch after {next_batch_s:.2f}s; the actors said:\n"
         f"{timeline}"
     )
     print("\n" + story)
@@ -170,4 +168,4 @@ def test_a_host_killed_mid_rollout_loses_no_trajectory(
     assert pipeline.failed == 0 and c["failed"] == 0, c  # no trajectory lost
     assert len(ids) == 6 * 8  # every batch whole, no trajectory handed out twice
     deaths = rt.daemon.directory.get("supervisor").ask(Deaths())
-    assert deaths.get("exited") == 1 and deaths.get("missed heartbeats", 0) == 0, deaths
+    assert deaths.get("exited") == 1 and deaths.get("missed heartbeats", 0) == 0, (deaths, story)
