@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import http.server
+import itertools
 import json
 import os
 import socket
@@ -85,7 +86,6 @@ class Metrics:
         self._hosts = hosts  # what became of them: {"restarts": n, "lost": m}
         self._lock = threading.Lock()
         self._view: ClusterView | None = None
-        self._measured: float | None = None
         self._event_at: float | None = None  # an elastic event is waiting for its plan
         self._plans: dict[int, tuple[str, Target, float]] = {}  # in flight: cause, target, begun
         self._serving: Target | None = None  # the last committed plan's target
@@ -221,8 +221,6 @@ class Metrics:
                 self.mode_switches.inc()
             elif target.mode is Mode.DISAGGREGATED and before.N_P != target.N_P:
                 self.ratio_changes.inc()
-        elif isinstance(rec, ev.Telemetry):
-            self._measured = rec.makespan_s
 
     def _observe_view(self, view: ClusterView) -> None:
         if view.gate is not None and view.gate != self._gate:
@@ -242,9 +240,9 @@ class Metrics:
 
     # -- read at scrape time ------------------------------------------------------------------
 
-    def snapshot(self) -> tuple[ClusterView | None, float | None]:
+    def snapshot(self) -> ClusterView | None:
         with self._lock:
-            return self._view, self._measured
+            return self._view
 
     def deaths(self) -> dict[str, int]:
         return self._deaths() if self._deaths is not None else {}
@@ -273,7 +271,8 @@ class _ViewCollector:
         return []  # built from the view at collect time; nothing to check at registration
 
     def collect(self) -> Iterator[Metric]:
-        view, measured = self.m.snapshot()
+        view = self.m.snapshot()
+        measured = view.measured_makespan_s if view is not None else None
         workers = GaugeMetricFamily(
             "pearl_workers",
             "Workers in the table, by role and activity",
@@ -471,8 +470,7 @@ class HostMetrics:
             "pearl_worker_iteration_seconds", "Duration of one scheduler iteration", labels=labels
         )
         bounds = [*(str(float(b)) for b in ITERATION_BUCKETS), "+Inf"]
-        cumulative = [sum(buckets[: i + 1]) for i in range(len(buckets))]
-        h.add_metric(ids, list(zip(bounds, cumulative, strict=True)), seconds)
+        h.add_metric(ids, list(zip(bounds, itertools.accumulate(buckets), strict=True)), seconds)
         yield h
         xfer = CounterMetricFamily(
             "pearl_worker_kv_transfer_bytes",

@@ -123,6 +123,7 @@ def pearld_series() -> set[str]:
         table=TableSnapshot(seq=12, tp=1, workers=workers, training_gpus=(0,)),
         profile=prior_profile(config_mod.load(None)),
         decision=DecisionView(COLOC2, 90.0, "test"),
+        measured_makespan_s=80.0,
         gate=GateResult(True, 1.0, 3.0, 2.0, 0.05),
         cycle=BorrowCycle(step=1, opened=0.0, closed=1.0, returned=1.07),
     )

@@ -132,11 +132,8 @@ def _target_n(target: Any) -> int | None:
 
 
 def colocated_makespan(s: dict[str, Any]) -> float | None:
-    """Colocation's predicted makespan (eq. 1) on as many workers as the decision's target: what
-    status says (``decision.colocated_makespan_s``), else computed from its ``profile``."""
-    told = _get(s, "decision", "colocated_makespan_s")
-    if isinstance(told, int | float):
-        return float(told)
+    """Colocation's predicted makespan (eq. 1, from the status's ``profile``) on as many workers
+    as the decision's target."""
     n = _target_n(_get(s, "decision", "target"))
     if n is None:
         n = sum(_routable(w) for w in _workers(s))
@@ -154,12 +151,9 @@ def colocated_makespan(s: dict[str, Any]) -> float | None:
 
 
 def measured_makespan(s: dict[str, Any]) -> float | None:
-    """The last measured makespan, where this pearld reports one."""
-    for keys in (("measured_makespan_s",), ("decision", "measured_makespan_s")):
-        v = _get(s, *keys)
-        if isinstance(v, int | float) and not isinstance(v, bool):
-            return float(v)
-    return None
+    """The last batch's measured makespan (None before the first, or from an older pearld)."""
+    v = s.get("measured_makespan_s")
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
 def _header(s: dict[str, Any], now: float, width: int) -> str:

@@ -33,8 +33,7 @@ def worker(i: int, role: str, gpus: list[int], zone: str, act: str = "active") -
     }
 
 
-# A `pearl status --json` object of a disaggregated 3P:4D pool (the shape a real pearld sends,
-# plus measured_makespan_s, which top shows when a pearld reports it).
+# A `pearl status --json` object of a disaggregated 3P:4D pool, in the shape a real pearld sends.
 STATUS: dict[str, Any] = {
     "seq": 42,
     "workers": [

@@ -79,7 +79,7 @@ def test_a_large_pool_starts_at_once_and_never_hands_a_page_out_twice() -> None:
 
     t0 = time.perf_counter()
     kv = KVBlocks(budget_bytes=64 << 30, bytes_per_token=1024, page_size=1)  # 64M pages
-    assert time.perf_counter() - t0 < 0.01
+    assert time.perf_counter() - t0 < 0.2  # listing 64M pages took seconds
     assert kv.free_pages == kv.n_pages == 64 << 20 and kv.used_bytes == 0
     rng = random.Random(0)
     held: list[list[int]] = []
