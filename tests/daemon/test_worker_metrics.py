@@ -91,8 +91,15 @@ def test_worker_hosts_serve_metrics_and_targets_follow_them(pearld_factory: Any)
             for wid in rows
         )
 
-    wait_until(lambda: total("pearl_worker_decode_tokens") >= 4, 20, "decoded tokens", every=0.2)
-    assert total("pearl_worker_prefill_tokens") >= 4 * 3
+    # Each request is prefilled (3 tokens) then decoded; the hosts' telemetry arrives in its own
+    # time, so wait for both counters rather than reading one when the other moves.
+    wait_until(
+        lambda: total("pearl_worker_prefill_tokens") >= 4 * 3
+        and total("pearl_worker_decode_tokens") >= 4,
+        20,
+        "every request prefilled and some tokens decoded",
+        every=0.2,
+    )
     assert total("pearl_worker_iterations") > 0
 
     # A join: its host becomes a target; a reclaim: it leaves targets.json.
