@@ -9,6 +9,12 @@ Traces: Bamboo event logs (``t_ms,add|remove,nodeN``; --segment S1|S2|S3 picks t
 two-hour windows and, without --trace, the packaged file) or a CSV ``t_s,gpus`` of preemptible GPU
 counts. --experiments adds the ablation (Figure 7), the PD-ratio selection against the brute-force
 best (Table 2) and the workload sensitivity (Figure 8).
+
+--from-log STATE_DIR replays a recorded pearld run instead: the log's elastic events, training
+steps and telemetry drive the same controller under each --policy (own = the run's own policy,
+pearl, rlboost, roll, colocated, disaggregated, no-borrow, always-borrow; comma list or all), and
+the result is printed beside what really happened (pearl/sim/counterfactual.py). --config and
+--set give the run's config (priors, decision knobs, policy); default: the embedded defaults.
 """
 
 from __future__ import annotations
@@ -65,6 +71,18 @@ def register(sub: Any) -> None:
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")
     p.add_argument("--plot", metavar="DIR", help="write PNG figures into DIR")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument(
+        "--from-log", metavar="DIR", help="replay a pearld state dir's log under other policies"
+    )
+    p.add_argument("--config", metavar="FILE", help="with --from-log: the run's config")
+    p.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="with --from-log: config override (repeatable)",
+    )
     p.set_defaults(handler=run)
 
 
@@ -119,6 +137,12 @@ def _experiments(arg: str) -> tuple[str, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.from_log:
+        from pearl.cli.whatif import run_from_log
+
+        return run_from_log(args)
+    if args.config or args.sets:
+        raise ConfigError("--config and --set apply to --from-log only")
     if args.model not in MODELS:
         raise ConfigError(f"unknown model {args.model!r} (simulated: {', '.join(MODELS)})")
     if args.workers < 1:

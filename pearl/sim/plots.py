@@ -21,6 +21,33 @@ def _plt() -> Any:
     return plt
 
 
+def role_timelines(runs: Mapping[str, Any], path: Path, unit: str = "s", title: str = "") -> Path:
+    """Recorded and counterfactual role timelines on one axis: routable workers over time (solid),
+    of them decode workers (dashed) and borrowed ones (dotted). ``runs`` maps a name to a
+    :class:`pearl.sim.fromlog.Summary`; the recorded run is drawn black."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    end = max((s.timeline[-1][0] for s in runs.values() if s.timeline), default=1.0) or 1.0
+    for i, (name, s) in enumerate(runs.items()):
+        color = "black" if name == "recorded" else COLORS.get(name, f"C{i}")
+        ts = [t for t, _ in s.timeline] + [end]
+        cs = [c for _, c in s.timeline]
+        cs.append(cs[-1])
+        ax.step(ts, [c.P + c.D + c.C for c in cs], where="post", color=color, label=name)
+        if any(c.D for c in cs):
+            ax.step(ts, [c.D for c in cs], where="post", color=color, ls="--", lw=0.9)
+        if any(c.overlap for c in cs):
+            ax.step(ts, [c.overlap for c in cs], where="post", color=color, ls=":", lw=0.9)
+    ax.set_xlabel(f"time ({unit})")
+    ax.set_ylabel("routable workers (-- decode, : borrowed)")
+    ax.legend(loc="best", fontsize=8)
+    ax.set_title(title or "recorded vs counterfactual roles")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def per_step(runs: Mapping[str, RunResult], path: Path, title: str = "") -> Path:
     """Figure 6: per-step throughput over time against the GPU budget in the background."""
     plt = _plt()
