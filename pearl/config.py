@@ -177,6 +177,45 @@ class RLConfig:
 
 
 @dataclass(frozen=True)
+class DemoConfig:
+    """What ``pearl demo`` runs on top of the runtime (its command-line flags override)."""
+
+    env: str = "tool_use_counts"  # the environment the demo learns on ("": rl.env as it is)
+    warm_start: bool = True  # supervised warm start first (tool_use_counts only)
+    eval_every: int = 4  # held-out evaluation every N training steps, and after the last (0: none)
+    segment: str = "S2"  # the Bamboo segment the preemptible workers follow
+    # A scripted budget instead of the segment: "STEP:N,..." = from training step STEP on, N of
+    # the preemptible GPUs are present ("1:0,5:2,11:0"). Empty: follow the segment.
+    budget: str = ""
+
+
+def parse_budget(text: str, preemptible: int, where: str = "demo.budget") -> list[tuple[int, int]]:
+    """``"1:0,5:2,11:0"`` -> [(1, 0), (5, 2), (11, 0)]: steps strictly increasing from 1,
+    counts within the ``preemptible`` GPUs."""
+    out: list[tuple[int, int]] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        step, sep, n = part.partition(":")
+        try:
+            pair = (int(step), int(n))
+        except ValueError:
+            pair = (0, -1)
+        if not sep or pair[0] < 1 or pair[1] < 0:
+            raise ConfigError(
+                f"{where}: {part!r} is not STEP:COUNT (a training step >= 1 and a number of "
+                'preemptible GPUs >= 0), e.g. "1:0,5:2,11:0"'
+            )
+        if out and pair[0] <= out[-1][0]:
+            raise ConfigError(f"{where}: steps must increase; {part!r} follows step {out[-1][0]}")
+        if pair[1] > preemptible:
+            raise ConfigError(
+                f"{where}: {part!r} asks for {pair[1]} preemptible GPUs; "
+                f"cluster.preemptible_gpus has {preemptible}"
+            )
+        out.append(pair)
+    return out
+
+
+@dataclass(frozen=True)
 class Config:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -186,6 +225,7 @@ class Config:
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     rl: RLConfig = field(default_factory=RLConfig)
+    demo: DemoConfig = field(default_factory=DemoConfig)
 
     def validate(self) -> Config:
         c = self.cluster
@@ -243,6 +283,9 @@ class Config:
             raise ConfigError("engine.time_scale must be > 0")
         if self.engine.device_share is not None:
             self._check_devices()
+        parse_budget(self.demo.budget, len(c.preemptible_gpus))
+        if self.demo.eval_every < 0:
+            raise ConfigError(f"demo.eval_every must be >= 0, got {self.demo.eval_every}")
         return self
 
     def _check_devices(self) -> None:
@@ -390,6 +433,7 @@ __all__ = [
     "Config",
     "DaemonConfig",
     "DecisionConfig",
+    "DemoConfig",
     "EngineConfig",
     "GateConfig",
     "ModelConfig",
@@ -397,6 +441,7 @@ __all__ = [
     "WorkloadConfig",
     "from_mapping",
     "load",
+    "parse_budget",
     "parse_gpus",
     "parse_override",
 ]

@@ -38,6 +38,7 @@ from pearl.core.policy import PD, Borrow, Policy
 from pearl.core.profile import prior_profile
 from pearl.log import FileLog
 from pearl.log.segments import LOCK
+from pearl.plans import Observers, PlanHistory
 
 log = logging.getLogger("pearl.daemon")
 
@@ -169,6 +170,7 @@ class Daemon:
         # The hosts' liveness: the API feeds it, the supervisor judges it, the metrics show it.
         self.board = Liveboard(cfg.daemon.heartbeat_s)
         self.metrics: Any = None  # pearl.metrics.Metrics when [daemon] metrics is set
+        self.plans = PlanHistory()  # every plan of this process's life, timed (reports read it)
         self.metrics_server: Any = None
 
     def _recover(self) -> tuple[Any, Any]:
@@ -363,7 +365,7 @@ class Daemon:
                 out,
                 cfg.daemon.snapshot_every,
                 self.boot_id,
-                self.metrics,
+                Observers(self.metrics, self.plans),
             )
             ref.ask(Boot(), 30.0)  # log and send what recovery decided, now it has a name
             return ref

@@ -140,6 +140,29 @@ def counts(status: dict[str, Any]) -> dict[str, int]:
     }
 
 
+class Preemptible:
+    """The preemptible GPUs present, moved to a wanted count by elastic events."""
+
+    def __init__(self, rt: Runtime, timeline: Timeline) -> None:
+        self.rt, self.timeline = rt, timeline
+        self.ids = list(rt.cfg.cluster.preemptible_gpus)
+        self.present: list[int] = []
+
+    def move_to(self, want: int, why: str) -> None:
+        try:
+            if want > len(self.present):
+                add = [g for g in self.ids if g not in self.present][: want - len(self.present)]
+                self.rt.event(ev.GpusAdded(tuple(add)))
+                self.present += add
+                self.timeline.event(f"+{len(add)} preemptible ({why})")
+            elif want < len(self.present):
+                gone, self.present = self.present[want:], self.present[:want]
+                self.rt.event(ev.GpusReclaimed(tuple(gone)))
+                self.timeline.event(f"-{len(gone)} preemptible ({why})")
+        except Exception as e:  # a refused event (e.g. still returning): try the next change
+            self.timeline.event(f"event refused: {e}")
+
+
 class TraceDriver(threading.Thread):
     """Replays a Bamboo segment, scaled to this config's preemptible ids and to ``seconds``."""
 
@@ -147,16 +170,14 @@ class TraceDriver(threading.Thread):
         super().__init__(name="trace", daemon=True)
         from pearl.sim import availability
 
-        self.rt, self.timeline = rt, timeline
-        self.ids = list(rt.cfg.cluster.preemptible_gpus)
+        self.pool = Preemptible(rt, timeline)
         self.trace = availability.load(segment_name=segment)
         self.scale = seconds / self.trace.duration_s
         self.halt = threading.Event()
-        self.present: list[int] = []
 
     def target(self, gpus: int) -> int:
         """0-12 preemptible GPUs of the paper's cluster -> this cluster's preemptible ids."""
-        return round(gpus * len(self.ids) / 12)
+        return round(gpus * len(self.pool.ids) / 12)
 
     def run(self) -> None:
         t0 = time.monotonic()
@@ -164,19 +185,30 @@ class TraceDriver(threading.Thread):
         for t_trace, gpus in schedule:
             if self.halt.wait(max(0.0, t0 + t_trace * self.scale - time.monotonic())):
                 return
-            want = self.target(gpus)
-            try:
-                if want > len(self.present):
-                    add = [g for g in self.ids if g not in self.present][: want - len(self.present)]
-                    self.rt.event(ev.GpusAdded(tuple(add)))
-                    self.present += add
-                    self.timeline.event(f"+{len(add)} preemptible (trace {gpus}/12)")
-                elif want < len(self.present):
-                    gone, self.present = self.present[want:], self.present[:want]
-                    self.rt.event(ev.GpusReclaimed(tuple(gone)))
-                    self.timeline.event(f"-{len(gone)} preemptible (trace {gpus}/12)")
-            except Exception as e:  # a refused event (e.g. still returning): try the next change
-                self.timeline.event(f"event refused: {e}")
+            self.pool.move_to(self.target(gpus), f"trace {gpus}/12")
+
+
+class BudgetScript:
+    """``demo.budget``: the preemptible GPUs present from each training step on (a scripted
+    budget, so that each interval holds whole steps)."""
+
+    def __init__(self, rt: Runtime, timeline: Timeline, schedule: list[tuple[int, int]]) -> None:
+        self.pool = Preemptible(rt, timeline)
+        self.schedule = schedule
+
+    def at(self, step: int) -> None:
+        """Before ``step``'s batch is taken: apply the change scheduled for it, if any."""
+        for s, n in self.schedule:
+            if s == step:
+                self.pool.move_to(n, f"budget from step {step}")
+
+    def interval(self, step: int) -> int:
+        """The preemptible GPUs the script asks for during ``step``."""
+        n = 0
+        for s, k in self.schedule:
+            if s <= step:
+                n = k
+        return n
 
 
 class LiveView(threading.Thread):
@@ -298,7 +330,7 @@ def run(
     steps: int,
     out: Path,
     *,
-    segment: str = "S2",
+    segment: str | None = None,
     trace_s: float | None = None,
     lr: float = 3e-4,
     overrides: tuple[str, ...] = (),
@@ -332,16 +364,23 @@ def run(
         device="cpu",
         device_share=None if share is None else min(1.0, share * len(cfg.cluster.training_gpus)),
     )
-    driver = TraceDriver(rt, segment, trace_s or 4.0 * steps, timeline)
+    from pearl.config import parse_budget
+
+    schedule = parse_budget(cfg.demo.budget, len(cfg.cluster.preemptible_gpus))
+    script = BudgetScript(rt, timeline, schedule) if schedule else None
+    driver = TraceDriver(rt, segment or cfg.demo.segment, trace_s or 4.0 * steps, timeline)
     live = LiveView(rt, timeline, state, quiet)
     evals = learn.start_eval(cfg, prepared, learning)  # step 0: the starting policy
     interrupted = False
     try:
-        driver.start()
+        if script is None:
+            driver.start()
         live.start()
         last_end = time.monotonic()
         first = int(rt.status()["training_step"]) + 1  # a reused state dir continues
         for step in range(first, first + steps):
+            if script is not None:
+                script.pool.move_to(script.interval(step), f"budget from step {step}")
             t0 = time.monotonic()
             before = rt.status()  # the profile from the steps before this one
             forecast = predict(before)
@@ -420,6 +459,7 @@ def run(
                 print(flush=True)
         deaths = host_deaths(rt)
         groups = pipeline_counts(rt)
+        switches = mode_switches(rt, timeline.t0)
         rt.stop()
         held_out = evals.results() if evals is not None else []
     summary = write_report(
@@ -432,6 +472,7 @@ def run(
         evals=held_out,
         learning={**prepared.warm_start, "settings": learn.describe(learning)},
         groups=groups,
+        switches=switches,
     )
     return summary
 
@@ -444,6 +485,37 @@ def host_deaths(rt: Runtime) -> dict[str, int]:
         return dict(rt.daemon.directory.get("supervisor").ask(Deaths(), 5.0))
     except Exception:  # the report matters more than this figure
         return {}
+
+
+def mode_switches(rt: Runtime, t0: float) -> list[dict[str, Any]]:
+    """Each committed plan that changed the PD mode: when (s since the job started), from and to,
+    plan begin -> commit, the generations it migrated (aborted and resumed from their prefix
+    elsewhere) and the prompt tokens those resumptions prefilled again, and the decision's
+    reason (its hysteresis arithmetic) and predicted makespan."""
+    try:
+        spans = rt.daemon.plans.switches()
+        p = rt.daemon.batches()
+        moved = list(p.migrations) if p is not None else []
+    except Exception:  # the report matters more than this figure
+        return []
+    out = []
+    for sp in spans:
+        end = sp.end if sp.end is not None else sp.begin
+        during = [n for t, n in moved if sp.begin <= t <= end]
+        out.append(
+            {
+                "at_s": sp.begin - t0,
+                "from": str(sp.before),
+                "to": str(sp.target),
+                "plan_s": end - sp.begin,
+                "migrated": len(during),
+                "recomputed_tokens": sum(during),
+                "cause": sp.cause,
+                "decision": sp.decision,
+                "predicted_s": sp.predicted_s,
+            }
+        )
+    return out
 
 
 def pipeline_counts(rt: Runtime) -> dict[str, int]:
@@ -465,6 +537,7 @@ def write_report(
     evals: list[dict[str, Any]] | None = None,
     learning: dict[str, Any] | None = None,
     groups: dict[str, int] | None = None,
+    switches: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     from pearl.report import plots
 
@@ -489,6 +562,7 @@ def write_report(
         "evals": evals or [],
         "warm_start": learning or {},
         "groups": groups or {},  # failed: groups lost (a member's generation could not finish)
+        "switches": switches or [],  # committed plans that changed the PD mode, with their cost
         "records": [asdict(r) for r in records],
         "timeline": timeline.samples,
         "events": timeline.events,

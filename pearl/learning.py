@@ -17,7 +17,7 @@ from pearl.core.errors import ConfigError
 
 @dataclass(frozen=True)
 class Learning:
-    env: str = "tool_use_counts"  # rl.env of the run (a --set rl.env=... still wins)
+    env: str = "tool_use_counts"  # rl.env of the run ("": the config's; --set rl.env=... wins)
     warm_start: bool = True
     eval_every: int = 4  # held-out evaluation every N training steps (0: none), and at the end
     eval_tasks: int = 64
@@ -66,7 +66,7 @@ def prepare(
     the warm-started model."""
     from pearl import config as config_mod
 
-    if learning is not None:
+    if learning is not None and learning.env:
         overrides = (f"rl.env={learning.env}", *overrides)
     cfg = config_mod.load(config, list(overrides))
     if learning is None or not learning.warm_start:

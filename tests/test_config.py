@@ -10,6 +10,8 @@ from pearl import config as config_mod
 from pearl.config import format_gpus, parse_gpus
 from pearl.core.errors import ConfigError
 
+ROOT = Path(__file__).resolve().parents[1]
+
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "sim-32.toml"
 
 
@@ -49,3 +51,24 @@ def test_format_gpus_is_the_inverse_of_parse_gpus(ids: list[int], text: str) -> 
     assert format_gpus(ids) == text
     if ids:
         assert parse_gpus(text) == tuple(sorted(ids))
+
+
+@pytest.mark.parametrize(
+    ("budget", "words"),
+    [
+        ("x", "not STEP:COUNT"),
+        ("0:1", "not STEP:COUNT"),
+        ("1:-1", "not STEP:COUNT"),
+        ("3:0,2:1", "steps must increase"),
+        ("1:0,5:4", "asks for 4 preemptible GPUs"),
+    ],
+)
+def test_a_bad_demo_budget_says_what_is_wrong(budget: str, words: str) -> None:
+    with pytest.raises(ConfigError, match=words):
+        config_mod.load(ROOT / "configs" / "local-cpu.toml", [f"demo.budget={budget}"])
+
+
+def test_the_demo_budget_parses_and_the_pd_demo_config_loads() -> None:
+    cfg = config_mod.load(ROOT / "configs" / "local-cpu-pd.toml")
+    assert config_mod.parse_budget(cfg.demo.budget, 3) == [(1, 0), (5, 3), (11, 0)]
+    assert (cfg.demo.env, cfg.demo.warm_start, cfg.rl.env) == ("", False, "swe_like_small")

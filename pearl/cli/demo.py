@@ -13,7 +13,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--config", default="configs/local-cpu.toml", help="default: %(default)s")
     p.add_argument("--steps", type=int, default=16, help="training steps (default: %(default)s)")
     p.add_argument("--out", type=Path, help="report directory (default: runs/<time>)")
-    p.add_argument("--segment", default="S2", help="Bamboo segment to replay: S1, S2 or S3")
+    p.add_argument(
+        "--segment", help="Bamboo segment to replay: S1, S2 or S3 (default: demo.segment, S2)"
+    )
     p.add_argument("--trace-s", type=float, help="seconds the 2-hour segment is squeezed into")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--quiet", action="store_true", help="no live status line")
@@ -26,14 +28,14 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--no-warm-start",
         action="store_true",
-        help="start GRPO from the preset's random weights (no supervised warm start)",
+        help="start GRPO from the preset's random weights (no supervised warm start; "
+        "also demo.warm_start = false)",
     )
     p.add_argument(
         "--eval-every",
         type=int,
-        default=4,
         help="held-out evaluation every N steps, and after the last (0: none; "
-        "default: %(default)s)",
+        "default: demo.eval_every, 4)",
     )
     p.add_argument(
         "--eval-tasks", type=int, default=64, help="held-out tasks (default: %(default)s)"
@@ -52,6 +54,7 @@ def register(subparsers: Any) -> None:
 def cmd_demo(args: argparse.Namespace) -> int:
     import signal
 
+    from pearl import config as config_mod
     from pearl import demo
     from pearl.learning import Learning
     from pearl.report import summary_table
@@ -63,9 +66,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     if args.steps < 1:
         raise SystemExit("pearl demo: --steps must be >= 1")
-    if args.eval_every < 0 or args.eval_tasks < 1:
+    if (args.eval_every is not None and args.eval_every < 0) or args.eval_tasks < 1:
         raise SystemExit("pearl demo: --eval-every must be >= 0 and --eval-tasks >= 1")
     out = args.out or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    plan = config_mod.load(args.config, list(args.set)).demo
     devices = demo.virtual_devices(args.config, tuple(args.set))[1]["line"]
     print(
         f"pearl demo: {args.steps} steps on {args.config}; {devices}; report in {out}/", flush=True
@@ -81,8 +85,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         seed=args.seed,
         lr=args.lr,
         learning=Learning(
-            warm_start=not args.no_warm_start,
-            eval_every=args.eval_every,
+            env=plan.env,
+            warm_start=plan.warm_start and not args.no_warm_start,
+            eval_every=plan.eval_every if args.eval_every is None else args.eval_every,
             eval_tasks=args.eval_tasks,
             cache_dir=args.cache_dir,
         ),

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pearl.core.profile import TrajectoryStats
-from pearl.engines.base import GenerateResult, SamplingParams
+from pearl.engines.base import FinishReason, GenerateResult, SamplingParams
 from pearl.rl.env import Task, make_env, make_tasks
 from pearl.rl.prompt import PromptBuilder
 from pearl.rl.rollout import GenerateFn, run_trajectory
@@ -121,6 +121,10 @@ class Pipeline:
         self._flight: deque[tuple[float, int, tuple[int, int, int]]] = deque(maxlen=36_000)
         self._workers: tuple[int, int, int] = (0, 0, 0)
         self._prefilled: dict[str, int] = {}  # trajectory id -> prompt tokens really prefilled
+        self._aborted: dict[str, float] = {}  # trajectory id -> when its generation was aborted
+        # Generations migrated (aborted by a role change or a removal, resumed from their prefix
+        # elsewhere): (when aborted, prompt tokens the resumption prefilled again).
+        self.migrations: deque[tuple[float, int]] = deque(maxlen=100_000)
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.failed = 0  # trajectories that failed outright (not counting aborted-and-resumed)
@@ -138,6 +142,11 @@ class Pipeline:
     def set_workers(self, colocated: int, prefill: int, decode: int) -> None:
         """The active rollout workers by role, as the Orchestrator last published them."""
         self._workers = (colocated, prefill, decode)
+
+    @property
+    def generating(self) -> int:
+        """Trajectories waiting on a generation now (requests in flight on the workers)."""
+        return self._generating
 
     @property
     def ready_trajectories(self) -> int:
@@ -304,10 +313,14 @@ class Pipeline:
             result = await self._generate(ids, sampling, trajectory_id)
         finally:
             self._generating -= 1
+        prefilled = max(0, result.prompt_tokens - result.cached_tokens)
         with self._cv:
-            self._prefilled[trajectory_id] = self._prefilled.get(trajectory_id, 0) + max(
-                0, result.prompt_tokens - result.cached_tokens
-            )
+            self._prefilled[trajectory_id] = self._prefilled.get(trajectory_id, 0) + prefilled
+            aborted = self._aborted.pop(trajectory_id, None)
+            if aborted is not None:  # a resumption: everything it prefilled was computed before
+                self.migrations.append((aborted, prefilled))
+            if result.finish_reason is FinishReason.ABORT:
+                self._aborted[trajectory_id] = self.clock()
         return result
 
     async def _sample(self, stop: asyncio.Event) -> None:

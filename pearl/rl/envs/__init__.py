@@ -1,7 +1,8 @@
-"""Built-in environments, registered on import: ``tool_use``, ``tool_use_counts``, ``swe_like``."""
+"""Built-in environments, registered on import: ``tool_use``, ``tool_use_counts``, ``swe_like``,
+``swe_like_small``."""
 
 from pearl.rl.env import register_env
-from pearl.rl.envs.swe_like import Dist, SWEConfig, SWELikeEnv, swe_tasks
+from pearl.rl.envs.swe_like import Dist, SWEConfig, SWELikeEnv, small_env, swe_tasks
 from pearl.rl.envs.tool_use import Shaping, ToolUseEnv, arithmetic_tasks, count_tasks, counts_env
 
 register_env(
@@ -25,6 +26,13 @@ register_env(
     replace=True,
     description="synthetic repository repair with SWE-bench-shaped turns and latencies",
 )
+register_env(
+    "swe_like_small",
+    small_env,
+    tasks=swe_tasks,
+    replace=True,
+    description="swe_like at the scale of a tiny model on CPU slots (the PD demo)",
+)
 
 __all__ = [
     "Dist",
@@ -35,5 +43,6 @@ __all__ = [
     "arithmetic_tasks",
     "count_tasks",
     "counts_env",
+    "small_env",
     "swe_tasks",
 ]

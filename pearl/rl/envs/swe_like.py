@@ -144,6 +144,24 @@ class SWEConfig:
         return replace(base or cls(), **conv)
 
 
+# The same shape at the scale of a tiny model on CPU slots (the PD demo, configs/local-cpu-pd.toml):
+# observations several times the tokens generated per turn, as in the paper's SWE-bench runs, but
+# hundreds of bytes rather than thousands, and tool latencies of tens of milliseconds.
+SMALL = SWEConfig(
+    turns=Dist("randint", 3, 5),
+    prompt_bytes=_ln(300, 0.3, 120, 600),
+    file_bytes=_ln(320, 0.4, 96, 640),
+    log_bytes=_ln(240, 0.5, 64, 640),
+    read_latency_s=_ln(0.03, 0.5, 0.0, 0.2),
+    test_latency_s=_ln(0.08, 0.5, 0.0, 0.4),
+)
+
+
+def small_env(seed: int | None = None, **overrides: Any) -> SWELikeEnv:
+    """``swe_like_small``: :class:`SWELikeEnv` on :data:`SMALL` (overrides still apply)."""
+    return SWELikeEnv(seed, SMALL, **overrides)
+
+
 _KEYWORDS = (
     ("submit", re.compile(r"submit", re.I)),
     ("test", re.compile(r"pytest|\btest", re.I)),
@@ -300,4 +318,4 @@ def swe_tasks(n: int = 64, seed: int = 0, n_tests: int = 4) -> TaskSet:
     return TaskSet(tasks, name=f"swe_like(seed={seed})")
 
 
-__all__ = ["Dist", "SWEConfig", "SWELikeEnv", "classify", "swe_tasks"]
+__all__ = ["SMALL", "Dist", "SWEConfig", "SWELikeEnv", "classify", "small_env", "swe_tasks"]
