@@ -30,6 +30,8 @@ class ElasticScheduler(PearlActor):
     handles = {
         ev.GpusAdded: "event",
         ev.GpusReclaimed: "event",
+        ev.GpusReclaiming: "event",
+        ev.GpusReclaimCancelled: "event",
         ev.TrainingBegin: "event",
         ev.TrainingFinished: "event",
         ev.WeightsPublished: "event",

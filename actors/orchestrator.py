@@ -50,6 +50,8 @@ class Orchestrator(PearlActor):
     handles = {
         ev.GpusAdded: "on_event",
         ev.GpusReclaimed: "on_event",
+        ev.GpusReclaiming: "on_event",
+        ev.GpusReclaimCancelled: "on_event",
         ev.TrainingBegin: "on_event",
         ev.TrainingFinished: "on_event",
         ev.WeightsPublished: "on_event",
@@ -75,7 +77,7 @@ class Orchestrator(PearlActor):
         metrics: Any = None,
     ) -> None:
         super().__init__()
-        self.metrics = metrics  # a pearl.metrics.Metrics told of every commit, or None
+        self.metrics = metrics  # told of every commit (Metrics, PlanHistory, Observers), or None
         self.directory, self.log, self.controller = directory, event_log, controller
         self.state: ControllerState = recovered.state
         self._pending: Output | None = recovered
@@ -98,7 +100,7 @@ class Orchestrator(PearlActor):
         self.boot()
         received = time.monotonic()
         try:
-            out = self.controller.handle(self.state, event, time.monotonic())
+            out = self.controller.handle(self.state, event, time.monotonic(), time.time())
         except InvalidEvent:
             raise  # bad input from a client: its caller gets the error, nothing changed
         except InvariantViolation as e:
@@ -114,7 +116,9 @@ class Orchestrator(PearlActor):
             )
             self.recoveries += 1
             before = self.state
-            out = self.controller.recover(before.table, before.profile, time.monotonic())
+            out = self.controller.recover(
+                before.table, before.profile, time.monotonic(), time.time()
+            )
             out.state = dataclasses.replace(
                 out.state, quarantine=before.quarantine, strikes=before.strikes
             )

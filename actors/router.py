@@ -18,11 +18,18 @@ With ``engine.router = "sglang-router"`` the Router keeps its bookkeeping (pendi
 retries, replies) but hands dispatch to an :class:`~pearl.engines.sglang.router.SGLangRouterLink`:
 the link registers the committed workers with the real sglang-router and sends requests through
 it; its answers come back here as ``generate-done`` from worker ``LINK``.
+
+Workers under a preemption notice (``gpus.leaving``) are out of the routable set, so no new turn
+goes there; the Router lets a turn already running there finish when the tracker's per-turn time
+says it ends before the deadline, and migrates the others at once (abort keeping the prefix: the
+asker resubmits it elsewhere), and every turn still there shortly before the deadline
+(:func:`pearl.core.notice.to_migrate`).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +38,7 @@ import msgspec
 
 from actors.base import Directory, PearlActor
 from actors.messages import AbortRequest, Generate, GenerateDone, Route, StateChanged
+from pearl.core import notice
 from pearl.engines.base import GenerateRequest
 
 log = logging.getLogger(__name__)
@@ -73,6 +81,8 @@ class Pending:
     workers: tuple[int, ...] = ()  # where it runs now; the last one answers
     original: GenerateRequest | None = None
     prefilled: bool = False  # the prefill half of this attempt answered: its KV has left
+    sent_at: float = 0.0  # wall clock when this attempt was dispatched
+    migrating: bool = False  # this attempt was aborted off a leaving worker
 
     def wire(self, rid: str) -> str:
         """The engine rid of the current attempt."""
@@ -111,6 +121,9 @@ class Router(PearlActor):
         self.wires: dict[str, str] = {}  # engine rid of a retried attempt -> request rid
         self.gone: set[int] = set()  # hosts that died; not routed to until they say hello
         self.seq = 0
+        self.leaving: dict[int, float] = {}  # worker under a preemption notice -> its deadline
+        self.profile: Any = None  # the tracker's profile, for the per-turn time
+        self.migrated = 0  # turns moved off leaving workers before their deadline
 
     def state_changed(self, msg: StateChanged) -> None:
         v = View()
@@ -119,6 +132,13 @@ class Router(PearlActor):
             getattr(v, w.role.value).append(w.id)
         self.view, self.seq = v, msg.seq
         self.gone &= {w.id for w in routable}  # the table caught up with them
+        self.profile = msg.view.profile
+        noticed = dict(msg.view.table.leaving_gpus)
+        self.leaving = {}
+        for w in msg.view.rollout:
+            d = notice.worker_deadline(w.gpus, noticed)
+            if d is not None:
+                self.leaving[w.id] = d
         if self.link is not None:
             self.link.update(routable)  # registers in the background, then LinkChanged
         self._flush()
@@ -155,7 +175,7 @@ class Router(PearlActor):
         p = self.pending[rid]
         assert p.original is not None
         req = p.original if p.attempt == 0 else msgspec.structs.replace(p.original, rid=p.wire(rid))
-        p.prefilled = False
+        p.prefilled, p.migrating, p.sent_at = False, False, time.time()
         if self.link is not None:
             self._dispatch_link(rid, p, req)
             return
@@ -206,6 +226,32 @@ class Router(PearlActor):
             rid = self.waiting.popleft()
             if rid in self.pending:
                 self._dispatch(rid)
+        if self.leaving:
+            self._migrate()
+
+    def _migrate(self) -> None:
+        """Abort, keeping their prefixes, the turns on leaving workers that would not finish
+        before the deadline; the asker resubmits them to the workers that stay."""
+        now = time.time()
+        for wid, deadline in self.leaving.items():
+            turns = {
+                rid: p.sent_at
+                for rid, p in self.pending.items()
+                if wid in p.workers
+                and not p.migrating
+                and not (p.prefilled and wid != p.workers[-1])  # its prefill half is done
+            }
+            if not turns:
+                continue
+            k = max(1, self.load.get(wid, 0))
+            turn_s = notice.turn_seconds(self.profile, k) if self.profile is not None else 0.0
+            for rid in notice.to_migrate(turns, turn_s, deadline, now):
+                p = self.pending[rid]
+                p.migrating = True
+                self.migrated += 1
+                log.info("migrating %s off worker %d before its reclaim deadline", rid, wid)
+                for w in p.workers:
+                    self.directory.tell(f"worker/{w}", AbortRequest(p.wire(rid)))
 
     def done(self, msg: GenerateDone) -> None:
         self.load[msg.worker] = max(0, self.load.get(msg.worker, 0) - 1)
@@ -280,7 +326,12 @@ class Router(PearlActor):
             log.warning("nobody named %s to hear about %s", to, msg.rid)
 
     def stats(self, _: Any = None) -> dict[str, Any]:
-        return {"pending": len(self.pending), "waiting": len(self.waiting), "load": dict(self.load)}
+        return {
+            "pending": len(self.pending),
+            "waiting": len(self.waiting),
+            "load": dict(self.load),
+            "migrated": self.migrated,
+        }
 
 
 __all__ = ["LINK", "KvAddress", "LinkChanged", "Router", "WorkerGone"]

@@ -186,7 +186,7 @@ class Daemon:
         for t in telemetry:
             profile = policy.observe(profile, t)
         controller = Controller(policy, ControllerConfig())
-        recovered = controller.recover(loaded.state, profile, time.monotonic())
+        recovered = controller.recover(loaded.state, profile, time.monotonic(), time.time())
         log.info(
             "replayed %d records (snapshot at %d) in %.3fs",
             loaded.state.seq,

@@ -18,7 +18,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from pearl.core.errors import SchemaError
-from pearl.core.events import GpusAdded, GpusReclaimed, TrainingBegin, TrainingFinished
+from pearl.core.events import (
+    GpusAdded,
+    GpusReclaimCancelled,
+    GpusReclaimed,
+    GpusReclaiming,
+    TrainingBegin,
+    TrainingFinished,
+)
 from pearl.core.schema import Registry, WireStruct
 
 # -- constants ------------------------------------------------------------------------------
@@ -81,7 +88,14 @@ class ErrorCode:
 
 MESSAGES = Registry("message")
 
-_ELASTIC: tuple[type, ...] = (GpusAdded, GpusReclaimed, TrainingBegin, TrainingFinished)
+_ELASTIC: tuple[type, ...] = (
+    GpusAdded,
+    GpusReclaimed,
+    GpusReclaiming,
+    GpusReclaimCancelled,
+    TrainingBegin,
+    TrainingFinished,
+)
 ELASTIC_EVENTS: dict[str, type] = {getattr(cls, "KIND"): cls for cls in _ELASTIC}  # noqa: B009
 """Record kinds an ``event`` message may carry."""
 
@@ -105,7 +119,14 @@ class Event(WireStruct, tag="event", frozen=True):
     error before the scheduler sees it. Build it with :meth:`of`; :attr:`decoded` is the record.
     """
 
-    record: GpusAdded | GpusReclaimed | TrainingBegin | TrainingFinished
+    record: (
+        GpusAdded
+        | GpusReclaimed
+        | GpusReclaiming
+        | GpusReclaimCancelled
+        | TrainingBegin
+        | TrainingFinished
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.record, _ELASTIC):  # built by hand from another record

@@ -25,6 +25,8 @@ EXAMPLES = {
     "keys generate": "pearl keys generate keys/",
     "event gpus-added": "pearl event gpus-added --gpus 20-23",
     "event gpus-reclaimed": "pearl --endpoint tcp://node0:7450 event gpus-reclaimed --gpus 20,21",
+    "event gpus-reclaiming": "pearl event gpus-reclaiming --gpus 20-23 --deadline 30s",
+    "event gpus-reclaim-cancelled": "pearl event gpus-reclaim-cancelled --gpus 20-23",
     "event training-begin": "pearl event training-begin --step 7",
     "event training-finished": "pearl event training-finished --step 7 --weights-version 7",
     "status": "pearl --endpoint ipc:///tmp/pearld.sock status --json",

@@ -21,7 +21,14 @@ from pearl.config import DEFAULT_ENDPOINT, parse_gpus
 from pearl.core import events as ev
 from pearl.core.errors import PearlError
 
-EVENTS = ("gpus-added", "gpus-reclaimed", "training-begin", "training-finished")
+EVENTS = (
+    "gpus-added",
+    "gpus-reclaimed",
+    "gpus-reclaiming",
+    "gpus-reclaim-cancelled",
+    "training-begin",
+    "training-finished",
+)
 RETURN_WAIT_S = 60.0  # training-begin: how long to wait for borrowed workers, by default
 
 
@@ -73,6 +80,13 @@ def register(subparsers: Any) -> None:
         _common(k)
         if kind.startswith("gpus"):
             k.add_argument("--gpus", required=True, help="GPU ids, e.g. 4,5,6,7 or 20-23")
+            if kind == "gpus-reclaiming":
+                k.add_argument(
+                    "--deadline",
+                    required=True,
+                    metavar="DURATION",
+                    help="when the GPUs are taken, from now: 30s, 2m (at most 1h)",
+                )
         else:
             k.add_argument("--step", type=int, help="training step (default: the next / current)")
         if kind == "training-begin":
@@ -126,6 +140,13 @@ def build_event(args: argparse.Namespace, c: Any) -> Any:
         return ev.GpusAdded(parse_gpus(args.gpus, "--gpus"))
     if args.event == "gpus-reclaimed":
         return ev.GpusReclaimed(parse_gpus(args.gpus, "--gpus"))
+    if args.event == "gpus-reclaiming":
+        from pearl.core.notice import parse_duration
+
+        seconds = parse_duration(args.deadline)
+        return ev.GpusReclaiming(parse_gpus(args.gpus, "--gpus"), time.time() + seconds)
+    if args.event == "gpus-reclaim-cancelled":
+        return ev.GpusReclaimCancelled(parse_gpus(args.gpus, "--gpus"))
     step = args.step
     if step is None:
         status = fetch_status(c)

@@ -28,6 +28,7 @@ import msgspec
 from pearl.core import borrow as bc
 from pearl.core import commands as cmd
 from pearl.core import events as ev
+from pearl.core import notice
 from pearl.core.errors import InvariantViolation
 from pearl.core.fold import apply_to
 from pearl.core.plan import JOIN_OPS, Membership, membership, plan, ready_steps
@@ -126,8 +127,9 @@ class Output:
 class _Tx:
     """One handling step: folds records as they are emitted and collects commands."""
 
-    def __init__(self, s: ControllerState, now: float) -> None:
+    def __init__(self, s: ControllerState, now: float, wall: float | None = None) -> None:
         self.s, self.now = s, now
+        self.wall = now if wall is None else wall  # Unix seconds, for the log's deadlines
         self.builder = s.table.thaw()
         self.records: list[Any] = []
         self.commands: list[Any] = []
@@ -174,9 +176,14 @@ class Controller:
     def initial(self, table: ClusterState, profile: WorkloadProfile) -> ControllerState:
         return ControllerState(table=table, profile=profile, remaining=profile.B)
 
-    def handle(self, s: ControllerState, event: Any, now: float) -> Output:
-        """React to one event; raises InvalidEvent (nothing changed) for input that does not fit."""
-        tx = _Tx(s, now)
+    def handle(
+        self, s: ControllerState, event: Any, now: float, wall: float | None = None
+    ) -> Output:
+        """React to one event; raises InvalidEvent (nothing changed) for input that does not fit.
+
+        ``wall`` is the wall clock at ``now`` (Unix seconds; default ``now``, as in the
+        simulator): preemption-notice deadlines are logged in it."""
+        tx = _Tx(s, now, wall)
         if isinstance(event, ev.GpusAdded):
             tx.log(event)
         elif isinstance(event, ev.WeightsPublished):
@@ -187,6 +194,13 @@ class Controller:
         elif isinstance(event, ev.GpusReclaimed):
             tx.log(event)
             self._reclaimed(tx, set(event.gpus))
+        elif isinstance(event, ev.GpusReclaiming):
+            notice.check_deadline(event.deadline, tx.wall)
+            tx.log(event)
+            self._noticed(tx, set(event.gpus))
+        elif isinstance(event, ev.GpusReclaimCancelled):
+            tx.log(event)
+            self._notice_withdrawn(tx, set(event.gpus))
         elif isinstance(event, ev.TrainingBegin):
             tx.log(event)
             tx.set(training_waiting=True)
@@ -236,9 +250,13 @@ class Controller:
         self._advance(tx)
         return tx.finish()
 
-    def recover(self, table: ClusterState, profile: WorkloadProfile, now: float) -> Output:
+    def recover(
+        self, table: ClusterState, profile: WorkloadProfile, now: float, wall: float | None = None
+    ) -> Output:
         """After replay: re-send the commands of started steps; cancel an unfinished expansion,
-        complete an unfinished shrink or return; the trainer's wait is answered again."""
+        complete an unfinished shrink or return; the trainer's wait is answered again. Pending
+        preemption notices are in the table; one whose deadline passed meanwhile is treated as
+        arrived at the first tick."""
         s = self.initial(table, profile)
         idle = table.phase is TrainingPhase.IDLE
         s = dataclasses.replace(
@@ -247,7 +265,7 @@ class Controller:
             training_waiting=not idle,
             cycle=bc.BorrowCycle(table.training_step, now) if idle else None,  # a window is open
         )
-        tx = _Tx(s, now)
+        tx = _Tx(s, now, wall)
         p = table.plan
         if p is not None:
             started = {
@@ -334,6 +352,38 @@ class Controller:
                 tx.commands.append(cmd.StopWorker(wid, keep_partial=True))
                 evicting[wid] = tx.now + self.config.timeouts[StepOp.REMOVE]
         tx.set(evicting=evicting)
+
+    def _noticed(self, tx: _Tx, gpus: set[int]) -> None:
+        """A preemption notice is logged (its workers take no new turns). An expansion whose
+        joiner sits on those GPUs is cancelled (it would leave at once); any other plan goes on,
+        and the one after it is planned for the budget after the deadline (``membership``)."""
+        tx.commands.append(cmd.RoutingChanged(tx.table.seq))
+        p = tx.table.plan
+        if p is None or tx.s.mandatory or tx.s.aborting is not None:
+            return
+        if any(st.op in JOIN_OPS and gpus & set(st.gpus) for st in p.steps):
+            self._interrupt(tx, "gpus-reclaiming")
+
+    def _notice_withdrawn(self, tx: _Tx, gpus: set[int]) -> None:
+        """The GPUs stay: their workers serve again, unless a plan step, a failure or another
+        notice holds them (a plan then admits them at commit, or the next one does)."""
+        t = tx.table
+        p = t.plan
+        named = (
+            set() if p is None else {st.worker for k, st in enumerate(p.steps) if k not in p.done}
+        )
+        for w in sorted(t.rollout_workers(Zone.DEDICATED), key=lambda w: w.id):
+            if (
+                gpus & set(w.gpus)
+                and w.activity is Activity.TRANSITIONING
+                and w.id not in named
+                and w.id not in tx.s.failed
+                and w.id not in tx.s.evicting
+                and t.reclaiming_gpus.isdisjoint(w.gpus)
+                and all(g not in t.leaving_gpus for g in w.gpus)
+            ):
+                tx.log(ev.ActivityChanged(w.id, Activity.ACTIVE))
+        tx.commands.append(cmd.RoutingChanged(tx.table.seq))
 
     def _evicted(self, tx: _Tx, wid: int) -> None:
         """A worker that left beside a plan is gone: finish its steps in that plan, remove it.
@@ -477,6 +527,7 @@ class Controller:
             not busy
             and w.activity is Activity.TRANSITIONING
             and not any(g in tx.table.reclaiming_gpus for g in w.gpus)
+            and not any(g in tx.table.leaving_gpus for g in w.gpus)
         ) and (w.zone is Zone.DEDICATED or self._lent(tx.table)):
             tx.log(ev.ActivityChanged(w.id, Activity.ACTIVE))
             tx.commands.append(cmd.RoutingChanged(tx.table.seq))
@@ -509,6 +560,10 @@ class Controller:
         for wid, deadline in sorted(tx.s.returning.items()):
             if deadline <= tx.now:
                 self._returned_beside(tx, wid, ok=False)
+        due = notice.due(tx.table.leaving_gpus, tx.wall)
+        if due:  # a notice's deadline came: the reclaim is treated as arrived
+            tx.log(ev.GpusReclaimed(tuple(due)))
+            self._reclaimed(tx, set(due))
         p = tx.table.plan
         if p is None:
             return
@@ -679,6 +734,7 @@ def _failed_before(t: ClusterState) -> frozenset[int]:
         if w.activity is Activity.TRANSITIONING
         and w.id not in named
         and t.reclaiming_gpus.isdisjoint(w.gpus)
+        and all(g not in t.leaving_gpus for g in w.gpus)  # out of routing for a notice
     )
 
 

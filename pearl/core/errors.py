@@ -30,6 +30,11 @@ class InvalidEvent(InvariantViolation):
     """An elastic event does not fit the current state (unknown GPU, training-begin twice, ...)."""
 
 
+class InvalidNotice(InvalidEvent):
+    """A preemption notice (gpus-reclaiming / gpus-reclaim-cancelled) does not fit: GPUs not
+    present, a deadline in the past or too far ahead, a second notice for the same GPUs."""
+
+
 class InfeasibleConfiguration(PearlError):
     """No configuration satisfies the capacity constraints for the current budget."""
 

@@ -5,7 +5,8 @@ Each record is a frozen ``msgspec`` Struct tagged with its kind, and has one msg
 decodes msgpack straight into the record, validating it. Kinds:
 
 - set-up: ``cluster-init``;
-- elastic events: ``gpus-added``, ``gpus-reclaimed``, ``training-begin``, ``training-finished``,
+- elastic events: ``gpus-added``, ``gpus-reclaimed``, ``gpus-reclaiming`` (a preemption notice
+  with its deadline), ``gpus-reclaim-cancelled``, ``training-begin``, ``training-finished``,
   ``weights-published``;
 - membership and role changes: ``worker-added``, ``worker-removed``, ``role-changed``,
   ``activity-changed``, ``worker-failed``;
@@ -50,6 +51,25 @@ class GpusAdded(LogRecord, tag="gpus-added", frozen=True):
 @RECORDS.add
 class GpusReclaimed(LogRecord, tag="gpus-reclaimed", frozen=True):
     """Preemptible GPUs are being taken back; workers on them stop receiving requests at once."""
+
+    gpus: tuple[int, ...]
+
+
+@RECORDS.add
+class GpusReclaiming(LogRecord, tag="gpus-reclaiming", frozen=True):
+    """A preemption notice: present preemptible GPUs will be reclaimed at ``deadline``.
+
+    ``deadline`` is wall-clock time (Unix seconds, ``time.time()``), the one clock a log replayed
+    after a restart or on another machine can still compare with. The GPUs stay usable until then
+    but are marked leaving; at the deadline the reclaim is treated as arrived."""
+
+    gpus: tuple[int, ...]
+    deadline: float
+
+
+@RECORDS.add
+class GpusReclaimCancelled(LogRecord, tag="gpus-reclaim-cancelled", frozen=True):
+    """A preemption notice is withdrawn: the GPUs stay and their workers return to service."""
 
     gpus: tuple[int, ...]
 
@@ -197,7 +217,9 @@ __all__ = [
     "ActivityChanged",
     "ClusterInit",
     "GpusAdded",
+    "GpusReclaimCancelled",
     "GpusReclaimed",
+    "GpusReclaiming",
     "PlanAbort",
     "PlanBegin",
     "PlanCommit",

@@ -25,6 +25,8 @@ _HANDLERS: dict[type, Callable[[TableBuilder, Any], None]] = {
     ev.ClusterInit: _init,
     ev.GpusAdded: lambda t, r: t.add_gpus(r.gpus),
     ev.GpusReclaimed: lambda t, r: t.reclaim_gpus(r.gpus),
+    ev.GpusReclaiming: lambda t, r: t.notice_gpus(r.gpus, r.deadline),
+    ev.GpusReclaimCancelled: lambda t, r: t.cancel_notice(r.gpus),
     ev.TrainingBegin: lambda t, r: t.training_begin(r.step),
     ev.TrainingFinished: lambda t, r: t.training_finished(r.step, r.weights_version),
     ev.WeightsPublished: lambda t, r: t.publish_weights(r.version),

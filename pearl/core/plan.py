@@ -114,6 +114,9 @@ def membership(
         )
     survivors, leave = [], []
     reclaiming = state.reclaiming_gpus
+    # Under a preemption notice: in neither W' nor the leavers. They finish their turns and go
+    # at the deadline; W' is planned for the budget after it, at once.
+    noticed = state.leaving_gpus
     bound: set[int] = set()
     training, inactive, dedicated = Role.TRAINING, Activity.INACTIVE, Zone.DEDICATED
     for wid in sorted(state.workers):  # slot order; plain loop: this runs at 16k workers
@@ -124,11 +127,15 @@ def membership(
         if w.activity is inactive:
             continue
         gone = reclaiming and w.zone is dedicated and not reclaiming.isdisjoint(w.gpus)
+        if noticed and not gone and any(g in noticed for g in w.gpus):
+            if wid in evict:
+                leave.append(w)
+            continue
         if gone or wid in evict or (w.zone is not dedicated and not borrow):
             leave.append(w)
         else:
             survivors.append(w)
-    free = state.dedicated_gpus - bound - exclude_gpus
+    free = state.dedicated_gpus - bound - exclude_gpus - noticed.keys()
     new_groups = [(g, Zone.DEDICATED) for g in _groups(free, state.tp)]
     reactivate: list[Worker] = []
     trainers = state.training_workers()

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from pearl.core.errors import InvalidEvent, InvariantViolation
+from pearl.core.errors import InvalidEvent, InvalidNotice, InvariantViolation
 from pearl.core.schema import Value, to_plain
 
 
@@ -139,6 +139,9 @@ class ClusterState:
     present_gpus: frozenset[int] = frozenset()  # preemptible GPUs available now
     reclaiming_gpus: frozenset[int] = frozenset()  # reclaimed, still bound to a departing worker
     workers: Mapping[int, Worker] = field(default_factory=lambda: MappingProxyType({}))
+    # Present GPUs under a preemption notice -> its deadline (Unix seconds): usable until then,
+    # their workers take no new turns.
+    leaving_gpus: Mapping[int, float] = field(default_factory=lambda: MappingProxyType({}))
     phase: TrainingPhase = TrainingPhase.IDLE
     training_step: int = 0
     weights_version: int = 0
@@ -213,6 +216,7 @@ class ClusterState:
                 "reserved": sorted(self.reserved_gpus),
                 "present": sorted(self.present_gpus),
                 "reclaiming": sorted(self.reclaiming_gpus),
+                "leaving": leaving_json(self.leaving_gpus),
             },
             "phase": self.phase.value,
             "training_step": self.training_step,
@@ -236,6 +240,7 @@ class TableBuilder:
         self.preemptible_gpus = s.preemptible_gpus
         self.present_gpus = set(s.present_gpus)
         self.reclaiming_gpus = set(s.reclaiming_gpus)
+        self.leaving_gpus: dict[int, float] = dict(s.leaving_gpus)
         self.workers: dict[int, Worker] = dict(s.workers)
         self.phase = s.phase
         self.training_step = s.training_step
@@ -263,6 +268,7 @@ class TableBuilder:
             present_gpus=frozenset(self.present_gpus),
             reclaiming_gpus=frozenset(self.reclaiming_gpus),
             workers=MappingProxyType(dict(self.workers)),
+            leaving_gpus=MappingProxyType(dict(self.leaving_gpus)),
             phase=self.phase,
             training_step=self.training_step,
             weights_version=self.weights_version,
@@ -352,6 +358,7 @@ class TableBuilder:
             raise InvalidEvent(f"gpus-reclaimed names a GPU twice: {gpus}")
         for g in gpus:
             self.present_gpus.discard(g)
+            self.leaving_gpus.pop(g, None)  # a notice ends when its reclaim arrives
             owner = self._rollout_owner.get(g)
             if owner is None:
                 continue
@@ -359,6 +366,56 @@ class TableBuilder:
             w = self.workers[owner]
             if w.activity is Activity.ACTIVE:  # stop routing to it at once
                 self.workers[w.id] = _with(w, w.role, Activity.TRANSITIONING)  # same owner
+
+    def notice_gpus(self, gpus: Iterable[int], deadline: float) -> None:
+        """A preemption notice: the GPUs are marked leaving until ``deadline`` and their workers
+        stop taking new turns at once (in-flight turns go on; the controller migrates the rest)."""
+        gpus = list(gpus)
+        self._need_init()
+        if not gpus:
+            raise InvalidNotice("gpus-reclaiming names no GPU; pass --gpus, e.g. 20-23")
+        if len(set(gpus)) != len(gpus):
+            raise InvalidNotice(f"gpus-reclaiming names a GPU twice: {gpus}")
+        for g in gpus:
+            if g in self.reserved_gpus or g in self.training_gpus:
+                raise InvalidNotice(
+                    f"GPU {g} is {'reserved' if g in self.reserved_gpus else 'a training GPU'}, "
+                    "not preemptible: only preemptible GPUs get reclaim notices"
+                )
+            if g in self.leaving_gpus:
+                raise InvalidNotice(
+                    f"GPU {g} already has a reclaim notice (deadline {self.leaving_gpus[g]:.3f}); "
+                    "send gpus-reclaim-cancelled for it first to give a new deadline"
+                )
+            if g not in self.present_gpus:
+                present = _span(self.present_gpus) if self.present_gpus else "none"
+                raise InvalidNotice(
+                    f"GPU {g} is not present, so no reclaim notice can name it (present "
+                    f"preemptible GPUs: {present})"
+                )
+        for g in gpus:
+            self.leaving_gpus[g] = float(deadline)
+            owner = self._rollout_owner.get(g)
+            if owner is not None:
+                w = self.workers[owner]
+                if w.activity is Activity.ACTIVE:  # no new turns from now on
+                    self.workers[w.id] = _with(w, w.role, Activity.TRANSITIONING)
+
+    def cancel_notice(self, gpus: Iterable[int]) -> None:
+        """A notice is withdrawn: the GPUs stay (the controller returns their workers)."""
+        gpus = list(gpus)
+        self._need_init()
+        if not gpus:
+            raise InvalidNotice("gpus-reclaim-cancelled names no GPU; pass --gpus, e.g. 20-23")
+        for g in gpus:
+            if g not in self.leaving_gpus:
+                pending = _span(self.leaving_gpus) if self.leaving_gpus else "none"
+                raise InvalidNotice(
+                    f"GPU {g} has no pending reclaim notice (GPUs under notice: {pending}); "
+                    "`pearl status --json` lists them under gpus.leaving"
+                )
+        for g in gpus:
+            del self.leaving_gpus[g]
 
     def training_begin(self, step: int) -> None:
         self._need_init()
@@ -420,6 +477,8 @@ class TableBuilder:
                 raise InvariantViolation(
                     f"GPU {g} is already bound to rollout worker {self._rollout_owner[g]}"
                 )
+            if g in self.leaving_gpus:
+                raise InvariantViolation(f"GPU {g} is under a reclaim notice; no new worker")
         if zone is Zone.OVERLAP:
             self._need_lent(gpus, wid)
         self._put(Worker(wid, tuple(gpus), role, Activity.TRANSITIONING, zone, self._incarnation()))
@@ -469,6 +528,10 @@ class TableBuilder:
                     gone = [g for g in w.gpus if g in self.reclaiming_gpus]
                     raise InvariantViolation(
                         f"worker {wid} cannot become active: GPUs {gone} were reclaimed"
+                    )
+                if self.leaving_gpus and any(g in self.leaving_gpus for g in w.gpus):
+                    raise InvariantViolation(
+                        f"worker {wid} cannot become active: its GPUs are under a reclaim notice"
                     )
                 if w.zone is Zone.OVERLAP and self.phase is TrainingPhase.TRAINING:
                     raise InvariantViolation(
@@ -584,6 +647,14 @@ def _with(w: Worker, role: Role, activity: Activity) -> Worker:
     return Worker(w.id, w.gpus, role, activity, w.zone, w.incarnation)
 
 
+def leaving_json(leaving: Mapping[int, float]) -> list[dict[str, Any]]:
+    """``gpus.leaving``: one entry per deadline, ``{"gpus": [...], "deadline": unix_s}``."""
+    by: dict[float, list[int]] = {}
+    for g, d in leaving.items():
+        by.setdefault(d, []).append(g)
+    return [{"gpus": sorted(gs), "deadline": d} for d, gs in sorted(by.items())]
+
+
 def _span(gpus: Iterable[int]) -> str:
     s = sorted(gpus)
     return f"{s[0]}-{s[-1]}" if s and s[-1] - s[0] + 1 == len(s) else str(s)
@@ -630,3 +701,9 @@ def validate(s: ClusterState) -> None:
         raise InvariantViolation("a reclaimed GPU is pending return but bound to no worker")
     if s.present_gpus & s.reclaiming_gpus or not s.present_gpus <= s.preemptible_gpus:
         raise InvariantViolation("present GPUs must be preemptible and not reclaimed")
+    if not set(s.leaving_gpus) <= s.present_gpus:
+        raise InvariantViolation("GPUs under a reclaim notice must be present")
+    for g in s.leaving_gpus:
+        o = rollout_owner.get(g)
+        if o is not None and s.workers[o].activity is Activity.ACTIVE:
+            raise InvariantViolation(f"worker {o} is active on GPU {g}, under a reclaim notice")

@@ -96,7 +96,7 @@ def done_records(s: ClusterState, plan: int, k: int, step: Step) -> list[Any]:
 
 def _can_serve(s: ClusterState, w: Worker | None) -> bool:
     """Whether the table lets ``w`` become active now (its GPUs are its to use)."""
-    if w is None or any(g in s.reclaiming_gpus for g in w.gpus):
+    if w is None or any(g in s.reclaiming_gpus or g in s.leaving_gpus for g in w.gpus):
         return False
     if w.zone is Zone.DEDICATED:
         return True

@@ -49,6 +49,7 @@ class TableSnapshot(Value, frozen=True):
     plan: PlanProgress | None = None
     last_plan: int = 0
     next_incarnation: int = 1
+    leaving_gpus: tuple[tuple[int, float], ...] = ()  # (GPU, notice deadline), by GPU
 
     @staticmethod
     def of(t: ClusterState) -> TableSnapshot:
@@ -67,6 +68,7 @@ class TableSnapshot(Value, frozen=True):
             plan=t.plan,
             last_plan=t.last_plan,
             next_incarnation=t.next_incarnation,
+            leaving_gpus=tuple(sorted(t.leaving_gpus.items())),
         )
 
     def state(self) -> ClusterState:
@@ -86,6 +88,7 @@ class TableSnapshot(Value, frozen=True):
             plan=self.plan,
             last_plan=self.last_plan,
             next_incarnation=self.next_incarnation,
+            leaving_gpus=MappingProxyType(dict(self.leaving_gpus)),
         )
 
 

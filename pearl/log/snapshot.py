@@ -88,7 +88,20 @@ _FIELDS: dict[str, tuple[_Enc, _Dec]] = {
     "plan": (lambda p: None if p is None else to_plain(p), _plan),
     "last_plan": _INT,
     "next_incarnation": _INT,
+    "leaving_gpus": (lambda m: [[g, m[g]] for g in sorted(m)], lambda v, n: _leaving(v, n)),
 }
+# Fields a snapshot written before they existed lacks: their defaults are right for it.
+_OPTIONAL = frozenset({"leaving_gpus"})
+
+
+def _leaving(v: Any, name: str) -> Any:
+    from types import MappingProxyType
+
+    if not isinstance(v, list) or not all(
+        isinstance(p, list | tuple) and len(p) == 2 and isinstance(p[0], int) for p in v
+    ):
+        raise SchemaError(f"snapshot field {name!r}: expected [[gpu, deadline], ...], got {v!r}")
+    return MappingProxyType({int(g): float(d) for g, d in v})
 
 
 def _names() -> list[str]:
@@ -101,7 +114,11 @@ def _names() -> list[str]:
 
 def state_to_snapshot(state: ClusterState) -> dict[str, Any]:
     """The plain (msgpack- and JSON-ready) mapping of a whole table."""
-    return {n: _FIELDS[n][0](getattr(state, n)) for n in _names()}
+    return {
+        n: _FIELDS[n][0](getattr(state, n))
+        for n in _names()
+        if n not in _OPTIONAL or getattr(state, n)  # unchanged snapshots without notices
+    }
 
 
 def state_from_snapshot(m: Any) -> ClusterState:
@@ -110,10 +127,10 @@ def state_from_snapshot(m: Any) -> ClusterState:
         raise SchemaError(f"snapshot state: expected a mapping, got {type(m).__name__}")
     names = _names()
     unknown = sorted(set(m) - set(names), key=str)
-    missing = [n for n in names if n not in m]
+    missing = [n for n in names if n not in m and n not in _OPTIONAL]
     if unknown or missing:
         raise SchemaError(f"snapshot state: unknown fields {unknown}, missing fields {missing}")
-    state = ClusterState(**{n: _FIELDS[n][1](m[n], n) for n in names})
+    state = ClusterState(**{n: _FIELDS[n][1](m[n], n) for n in names if n in m})
     validate(state)
     return state
 

@@ -28,11 +28,13 @@ class Tripping(Controller):
 
     tripped = 0
 
-    def handle(self, s: ControllerState, event: Any, now: float) -> Output:
+    def handle(
+        self, s: ControllerState, event: Any, now: float, wall: float | None = None
+    ) -> Output:
         if isinstance(event, cmd.Tick) and not self.tripped:
             self.tripped += 1
             raise InvariantViolation("no worker in slot 99")
-        return super().handle(s, event, now)
+        return super().handle(s, event, now, wall)
 
 
 def test_an_invariant_violation_is_logged_and_recovered_in_place(

@@ -58,6 +58,11 @@ EXAMPLES: list[Any] = [
         toggle_s=2.5,
     ),
 ]
+# After the list: tests above pick examples by position (EXAMPLES[-1] is the telemetry).
+NOTICES: list[Any] = [
+    ev.GpusReclaiming(gpus=(5, 6), deadline=1_800_000_030.5),
+    ev.GpusReclaimCancelled(gpus=(5, 6)),
+]
 
 
 def wire(record: Any) -> dict[str, Any]:
@@ -65,10 +70,10 @@ def wire(record: Any) -> dict[str, Any]:
 
 
 def test_examples_cover_every_kind() -> None:
-    assert {type(r).KIND for r in EXAMPLES} == set(ev.RECORDS.kinds)
+    assert {type(r).KIND for r in EXAMPLES + NOTICES} == set(ev.RECORDS.kinds)
 
 
-@pytest.mark.parametrize("record", EXAMPLES, ids=lambda r: type(r).KIND)
+@pytest.mark.parametrize("record", EXAMPLES + NOTICES, ids=lambda r: type(r).KIND)
 def test_round_trip_through_msgpack(record: Any) -> None:
     m = wire(record)
     assert m["kind"] == type(record).KIND and m["v"] == SCHEMA_VERSION
