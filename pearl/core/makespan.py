@@ -62,9 +62,25 @@ def T_prefill(p: WorkloadProfile, N_P: Count) -> Count:
     return p.S * (B * p.prefill_per_turn / N_P * p.t_prefill + B * p.delta_L * p.K / p.BW)
 
 
+# The prefill pool's utilisation at which its queue is taken to saturate (1 / (1 - rho) <= 10).
+HANDOFF_MAX_UTILIZATION = 0.9
+
+
+def T_handoff(p: WorkloadProfile, N_P: Count, N_D: Count) -> Count:
+    """The latency a split adds to a trajectory's path beyond eq. 2, S [dP t_prefill / (1 - rho)
+    + dL K / BW]: every turn waits for its own prefill on the prefill pool (stretched by the pool's
+    queue, rho its utilisation, capped at ``HANDOFF_MAX_UTILIZATION``) and for its new tokens' KV
+    before it decodes again. Under colocation that prefill is eq. 1's first term; eq. 2 with a
+    theta measured colocated has no term for it."""
+    rho = np.minimum(prefill_utilization(p, N_P, N_D), HANDOFF_MAX_UTILIZATION)
+    # Sojourn in service times of an M/M/1 queue: prefills differ in size (observations vary),
+    # so the queue is closer to exponential service than to M/D/1's 1 + rho / (2 (1 - rho)).
+    return p.S * (p.prefill_per_turn * p.t_prefill / (1.0 - rho) + p.delta_L * p.K / p.BW)
+
+
 def T_dis(p: WorkloadProfile, N_P: Count, N_D: Count) -> Count:
-    """Disaggregated makespan: max(T_prefill (eq. 3), T_decode (eq. 2)) + T_env."""
-    return np.maximum(T_prefill(p, N_P), T_decode(p, N_D)) + p.T_env
+    """Disaggregated makespan: max(T_prefill (eq. 3), T_decode (eq. 2) + T_handoff) + T_env."""
+    return np.maximum(T_prefill(p, N_P), T_decode(p, N_D) + T_handoff(p, N_P, N_D)) + p.T_env
 
 
 def lambda_P(p: WorkloadProfile) -> float:
@@ -129,7 +145,8 @@ def sweep(p: WorkloadProfile, N: int, max_util: float) -> Sweep:
     n_d = N - n_p
     t_pre = T_prefill(p, n_p.astype(np.float64))
     t_dec = T_decode(p, n_d.astype(np.float64))
-    t_dis = np.maximum(t_pre, t_dec) + p.T_env
+    t_hand = T_handoff(p, n_p.astype(np.float64), n_d.astype(np.float64))
+    t_dis = np.maximum(t_pre, t_dec + t_hand) + p.T_env
     # Same quantities as decode_hbm_ok / prefill_keeps_up, reusing t_dec.
     hbm_bad = p.concurrency * p.K_seq * KV_RESIDENCY > n_d * p.H_max
     slow = lambda_P(p) * p.t_prefill / n_p > max_util * t_dec
@@ -146,6 +163,7 @@ __all__ = [
     "T_coloc",
     "T_decode",
     "T_dis",
+    "T_handoff",
     "T_prefill",
     "decode_hbm_ok",
     "lambda_P",

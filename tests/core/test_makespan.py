@@ -59,8 +59,16 @@ def test_eq3_prefill_path() -> None:
     assert ms.T_prefill(P, 1) == pytest.approx(70.4)
 
 
+def test_handoff_each_turn_waits_for_its_prefill_and_its_kv() -> None:
+    # 4P4D: the pool is busy 16 s of the decode path's 36 (rho = 4/9); a turn waits
+    # 1000 * 1e-4 / (1 - 4/9) = 0.18 s for its prefill and 1000 * 1e5 / 1e10 = 0.01 s for its KV.
+    assert ms.T_handoff(P, 4, 4) == pytest.approx(10 * (0.1 / (5 / 9) + 0.01))
+    # A saturated pool (1P7D: 64 s of prefill for a 29 s decode path) stretches it 10x at most.
+    assert ms.T_handoff(P, 1, 7) == pytest.approx(10 * (0.1 / (1 - 0.9) + 0.01))
+
+
 def test_disaggregated_is_the_longer_path_plus_env() -> None:
-    assert ms.T_dis(P, 4, 4) == pytest.approx(36.0 + 50)  # decode-bound
+    assert ms.T_dis(P, 4, 4) == pytest.approx(36.0 + 1.9 + 50)  # decode-bound, with the handoff
     assert ms.T_dis(P, 1, 7) == pytest.approx(70.4 + 50)  # prefill-bound
 
 
@@ -113,10 +121,11 @@ def test_sweep_excludes_exactly_the_violating_splits() -> None:
         ms.DECODE_HBM,
         ms.DECODE_HBM,
     ]
-    # N_P = 3: decode 1000 * (0.01 + 0.0064) * 2 = 32.8 > prefill 10 * (6.4 / 3 + 0.64) = 27.7.
+    # N_P = 3: decode 1000 * (0.01 + 0.0064) * 2 = 32.8 > prefill 10 * (6.4 / 3 + 0.64) = 27.7;
+    # the handoff adds 10 * (0.1 / (1 - 21.33 / 32.8) + 0.01) = 2.96.
     assert s.best_split() == 2
-    assert s.T_dis[2] == pytest.approx(82.8)
-    assert s.T_dis[3] == pytest.approx(86.0)
+    assert s.T_dis[2] == pytest.approx(32.8 + 10 * (0.1 / (1 - 64 / 3 / 32.8) + 0.01) + 50)
+    assert s.T_dis[3] == pytest.approx(87.9)
     assert s.T_coloc == pytest.approx(78.0)
 
 
