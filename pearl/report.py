@@ -233,8 +233,20 @@ def summary_table(report: dict[str, Any]) -> str:
     )
     configs = [(r["mode"], r["N_P"], r["N_D"], r["N_C"]) for r in recs]
     modes = sum(a[0] != b[0] for a, b in zip(configs, configs[1:], strict=False))
-    ratios = sum(a != b and a[0] == b[0] for a, b in zip(configs, configs[1:], strict=False))
+    ratios = sum(
+        a[0] == b[0] == "disaggregated" and a[1] != b[1]
+        for a, b in zip(configs, configs[1:], strict=False)
+    )
     rows.append(("mode changes", f"{modes} between steps ({ratios} P/D ratio changes)"))
+    for sw in report.get("switches") or []:  # each live mode switch and what it cost
+        rows.append(
+            (
+                "mode switch",
+                f"at {sw['at_s']:.0f} s {sw['from']} -> {sw['to']} in {sw['plan_s']:.1f} s; "
+                f"{sw['migrated']} generations migrated, {sw['recomputed_tokens']} tokens "
+                f"recomputed ({sw.get('decision') or sw.get('cause', '')})",
+            )
+        )
     joined = reclaimed = 0
     for _, what in report.get("events") or []:  # the trace driver's "+2 preemptible (...)"
         m = _TRACE.match(what)

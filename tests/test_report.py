@@ -54,6 +54,19 @@ def record(step: int, reward: float) -> demo.StepRecord:
     )
 
 
+SWITCH = {
+    "at_s": 42.0,
+    "from": "4C",
+    "to": "1P3D",
+    "plan_s": 2.5,
+    "migrated": 7,
+    "recomputed_tokens": 900,
+    "cause": "rebalance",
+    "decision": "best: 1P3D over 4C (gain 12.0% > 10.0%)",
+    "predicted_s": 3.1,
+}
+
+
 def test_the_report_holds_evals_records_and_both_new_plots(tmp_path: Path) -> None:
     records = [
         record(s, r)
@@ -98,8 +111,10 @@ def test_the_report_holds_evals_records_and_both_new_plots(tmp_path: Path) -> No
         evals=evals,
         learning={"path": "/cache/x", "cached": True, "seconds": 0.2, "validation": 0.95},
         groups={"started": 40, "delivered": 32, "stale": 4, "failed": 0, "failed_trajectories": 0},
+        switches=[SWITCH],
     )
     report = json.loads((tmp_path / "report.json").read_text())
+    assert report["switches"] == [SWITCH]
     assert report["evals"] == evals and report["seed"] == 3
     assert all(0 <= e["accuracy"] <= 1 for e in report["evals"])
     for r in report["records"]:
@@ -115,6 +130,7 @@ def test_the_report_holds_evals_records_and_both_new_plots(tmp_path: Path) -> No
     assert "1 between steps (0 P/D ratio changes)" in table  # colocated -> disaggregated
     assert "joined 2, reclaimed 2 (trace)" in table and "lent in 8 of 8" in table
     assert "0 lost" in table and "median 20%" in table and "cached (0.2 s)" in table
+    assert "at 42 s 4C -> 1P3D in 2.5 s; 7 generations migrated, 900 tokens recomputed" in table
 
 
 def test_the_seed_fixes_tasks_sampling_and_weights_and_evals_end_the_run() -> None:
