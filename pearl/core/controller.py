@@ -110,6 +110,9 @@ class ControllerState:
     last_decision: Any = None  # the Decision behind the latest plan (for status)
     last_gate: Any = None  # the latest borrowing-gate verdict (for status)
     last_makespan_s: float | None = None  # the last batch's measured makespan (for status)
+    # GPUs reclaimed at their notice's deadline: the cloud's own gpus-reclaimed for them, when it
+    # comes, is the same reclaim and is acknowledged without a change (until they are added again).
+    noticed_gone: frozenset[int] = frozenset()
 
     @property
     def mandatory(self) -> bool:
@@ -186,14 +189,20 @@ class Controller:
         tx = _Tx(s, now, wall)
         if isinstance(event, ev.GpusAdded):
             tx.log(event)
+            tx.set(noticed_gone=s.noticed_gone - set(event.gpus))
         elif isinstance(event, ev.WeightsPublished):
             tx.log(event)
             # A version Training Finished already named may be published only now: its
             # snapshot exists from here on, so serving workers move to it even if not newer.
             self._sync_weights(tx, s.table.weights_version - 1)
         elif isinstance(event, ev.GpusReclaimed):
-            tx.log(event)
-            self._reclaimed(tx, set(event.gpus))
+            late = set(event.gpus) & s.noticed_gone  # already reclaimed at their deadline
+            if late:
+                event = ev.GpusReclaimed(tuple(g for g in event.gpus if g not in late))
+                tx.set(noticed_gone=s.noticed_gone - late)
+            if event.gpus:
+                tx.log(event)
+                self._reclaimed(tx, set(event.gpus))
         elif isinstance(event, ev.GpusReclaiming):
             notice.check_deadline(event.deadline, tx.wall)
             tx.log(event)
@@ -564,6 +573,7 @@ class Controller:
         if due:  # a notice's deadline came: the reclaim is treated as arrived
             tx.log(ev.GpusReclaimed(tuple(due)))
             self._reclaimed(tx, set(due))
+            tx.set(noticed_gone=tx.s.noticed_gone | set(due))
         p = tx.table.plan
         if p is None:
             return

@@ -704,6 +704,6 @@ def validate(s: ClusterState) -> None:
     if not set(s.leaving_gpus) <= s.present_gpus:
         raise InvariantViolation("GPUs under a reclaim notice must be present")
     for g in s.leaving_gpus:
-        o = rollout_owner.get(g)
-        if o is not None and s.workers[o].activity is Activity.ACTIVE:
-            raise InvariantViolation(f"worker {o} is active on GPU {g}, under a reclaim notice")
+        owner = rollout_owner.get(g)
+        if owner is not None and s.workers[owner].activity is Activity.ACTIVE:
+            raise InvariantViolation(f"worker {owner} is active on GPU {g}, under a reclaim notice")

@@ -146,6 +146,22 @@ def test_deadline_is_treated_as_the_reclaim_and_nothing_waits_for_it() -> None:
     assert p.cause == "return" and {s.op for s in p.steps} == {StepOp.REMOVE}
 
 
+def test_the_clouds_reclaim_after_the_deadline_is_the_same_reclaim() -> None:
+    # The deadline reclaimed GPUs 8-9; the cloud's own gpus-reclaimed then arrives: it is
+    # acknowledged and changes nothing. A second one, or one after the GPUs came back and left
+    # for good, is an error again.
+    h = grown()
+    h.send(ev.GpusReclaiming((8, 9), h.wall + 30))
+    h.settle()
+    h.send(cmd.Tick(), dt=30 - notice.STOP_LEAD_S)
+    h.settle()
+    before = len(h.records)
+    h.send(ev.GpusReclaimed((8, 9)), dt=1)
+    assert len(h.records) == before and {8, 9}.isdisjoint(h.table.present_gpus)
+    with pytest.raises(InvalidEvent, match="not present"):
+        h.send(ev.GpusReclaimed((8,)), dt=1)
+
+
 def test_reclaim_before_the_deadline_ends_the_notice() -> None:
     h = grown()
     h.send(ev.GpusReclaiming((8, 9), h.wall + 120))
