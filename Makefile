@@ -19,7 +19,7 @@ demo: $(STAMP)
 	$(VENV)/bin/pearl demo --config configs/local-cpu.toml
 
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=15
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow"
