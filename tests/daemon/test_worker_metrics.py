@@ -94,8 +94,10 @@ def test_worker_hosts_serve_metrics_and_targets_follow_them(pearld_factory: Any)
     # Each request is prefilled (3 tokens) then decoded; the hosts' telemetry arrives in its own
     # time, so wait for both counters rather than reading one when the other moves.
     wait_until(
-        lambda: total("pearl_worker_prefill_tokens") >= 4 * 3
-        and total("pearl_worker_decode_tokens") >= 4,
+        lambda: (
+            total("pearl_worker_prefill_tokens") >= 4 * 3
+            and total("pearl_worker_decode_tokens") >= 4
+        ),
         20,
         "every request prefilled and some tokens decoded",
         every=0.2,
