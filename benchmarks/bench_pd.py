@@ -223,7 +223,10 @@ def analyse(points: list[Point], a: argparse.Namespace, K: float, BW: float) -> 
                 "measured_s": statistics.median(pt.makespans[pick]),
                 "profile": {
                     k: getattr(profile, k)
-                    for k in ("A", "b", "t_prefill", "theta", "delta_L", "delta_P", "r", "S")
+                    for k in (
+                        *("A", "b", "t_prefill", "theta", "delta_L", "delta_P"),
+                        *("r", "r_crit", "S"),
+                    )
                 },
                 "configs": configs,
             }

@@ -173,6 +173,8 @@ class Telemetry(LogRecord, tag="telemetry", frozen=True):
     (Training Finished -> next Training Begin), the time a borrow cycle has to pay.
     ``B_flight`` is the mean number of trajectories in flight while the batch ran and ``delta_P``
     the prompt tokens really prefilled per turn (None in records that predate them: B, delta_L).
+    ``r_crit`` is the critical path's generated tokens per turn: the most any trajectory of the
+    batch generated, over S (None in records that predate it: r).
     """
 
     step: int
@@ -191,6 +193,7 @@ class Telemetry(LogRecord, tag="telemetry", frozen=True):
     window_s: float | None = None
     B_flight: float | None = None
     delta_P: float | None = None
+    r_crit: float | None = None
 
 
 Record = Any  # any class registered in RECORDS

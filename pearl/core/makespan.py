@@ -43,17 +43,23 @@ EXCLUDED_BY: tuple[str | None, ...] = (None, DECODE_HBM, PREFILL_THROUGHPUT)
 
 
 def T_coloc(p: WorkloadProfile, N: Count) -> Count:
-    """Eq. 1: colocated makespan, S [B dP / N t_prefill + r (A + b B / N) + T_over] + T_env
-    (B the concurrency in flight, dP the tokens prefilled per turn)."""
+    """Eq. 1: colocated makespan, S [B dP / N t_prefill + r_c A + r b B / N + T_over] + T_env
+    (B the concurrency in flight, dP the tokens prefilled per turn, r_c the critical path's
+    tokens per turn: its iterations, each costing A; r every trajectory's: the b term's work)."""
     per_worker = p.concurrency / N
-    turn = per_worker * p.prefill_per_turn * p.t_prefill + p.r * (p.A + p.b * per_worker) + p.T_over
+    turn = (
+        per_worker * p.prefill_per_turn * p.t_prefill
+        + p.r_path * p.A
+        + p.r * p.b * per_worker
+        + p.T_over
+    )
     return p.S * turn + p.T_env
 
 
 def T_decode(p: WorkloadProfile, N_D: Count) -> Count:
-    """Eq. 2: decode-path makespan, S r (A + b B / (N_D (1 + theta))) (1 + theta)."""
+    """Eq. 2: decode-path makespan, S (r_c A + r b B / (N_D (1 + theta))) (1 + theta)."""
     k = 1.0 + p.theta
-    return p.S * p.r * (p.A + p.b * p.concurrency / (N_D * k)) * k
+    return p.S * (p.r_path * p.A + p.r * p.b * p.concurrency / (N_D * k)) * k
 
 
 def T_prefill(p: WorkloadProfile, N_P: Count) -> Count:

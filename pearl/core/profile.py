@@ -60,6 +60,7 @@ class WorkloadProfile(Value, frozen=True):
     T_window: float = 0.0  # training-idle window a borrow must pay within (0: not measured yet)
     B_flight: float | None = None  # trajectories in flight while a batch runs (None: B)
     delta_P: float | None = None  # prompt tokens prefilled per turn (None: delta_L)
+    r_crit: float | None = None  # generated tokens per turn on the critical path (None: r)
     observed: int = 0  # step summaries folded in (the EMA weight of the next is max(alpha, 1/k))
 
     def __post_init__(self) -> None:
@@ -74,6 +75,13 @@ class WorkloadProfile(Value, frozen=True):
     def concurrency(self) -> float:
         """Trajectories sharing the workers while a batch runs: B_flight, else B (eq. 1's)."""
         return float(self.B) if self.B_flight is None else self.B_flight
+
+    @property
+    def r_path(self) -> float:
+        """Decode iterations per turn on the critical path: r_crit, else r. The batch ends with
+        its longest trajectory, whose turns take r_crit iterations each; the per-sequence cost
+        of those iterations is the whole batch's tokens, r per trajectory and turn."""
+        return self.r if self.r_crit is None else self.r_crit
 
     @property
     def prefill_per_turn(self) -> float:
@@ -273,7 +281,7 @@ def _check_samples(t: StepTelemetry) -> None:
 
 _EMA_FIELDS = ("S", "delta_L", "r", "theta", "A", "b", "t_prefill", "T_env")
 # Measured only by pipelines that report them; a summary without them reads as B and delta_L.
-_FLOW_FIELDS = ("B_flight", "delta_P")
+_FLOW_FIELDS = ("B_flight", "delta_P", "r_crit")
 
 
 class RuntimeTracker:
@@ -327,6 +335,7 @@ class RuntimeTracker:
             else sum(n for n in prefilled if n is not None) / turns
         )
         r = sum(tr.generated_tokens for tr in trs) / turns
+        r_crit = max(tr.generated_tokens for tr in trs) / S
         theta = p.theta
         if t.active_fraction:
             f = float(np.mean(t.active_fraction))
@@ -355,6 +364,7 @@ class RuntimeTracker:
             toggle_s=t.toggle_s,
             B_flight=t.in_flight if t.in_flight > 0 else float(len(trs)),
             delta_P=delta_P,
+            r_crit=max(r, r_crit),
         )
 
     def observe(self, summary: Telemetry) -> WorkloadProfile:
@@ -389,6 +399,8 @@ class RuntimeTracker:
         delta_P = summary.delta_L if summary.delta_P is None else summary.delta_P
         new["B_flight"] = w * B_flight + (1.0 - w) * p.concurrency
         new["delta_P"] = w * delta_P + (1.0 - w) * p.prefill_per_turn
+        r_crit = summary.r if summary.r_crit is None else summary.r_crit
+        new["r_crit"] = w * r_crit + (1.0 - w) * p.r_path
         # T_toggle and T_window keep their own rules: they are measured only on some steps.
         T_toggle = p.T_toggle
         if summary.toggle_s is not None:
