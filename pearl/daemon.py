@@ -34,7 +34,7 @@ from pearl import config as config_mod
 from pearl.core import events as ev
 from pearl.core.controller import Controller, ControllerConfig
 from pearl.core.errors import ConfigError, LogLocked, PearlError
-from pearl.core.policy import PD, Borrow, Policy
+from pearl.core.policy import Policy
 from pearl.core.profile import prior_profile
 from pearl.log import FileLog
 from pearl.log.segments import LOCK
@@ -59,13 +59,7 @@ class StructuredFormatter(logging.Formatter):
 
 
 def policy_of(cfg: config_mod.Config) -> Policy:
-    return Policy(
-        cfg.decision,
-        pd=PD(cfg.daemon.pd),
-        borrow=Borrow(cfg.daemon.borrow),
-        alpha=cfg.decision.ema_alpha,
-        L_max=cfg.workload.max_trajectory_tokens,
-    )
+    return Policy.of_config(cfg)
 
 
 def init_records(cfg: config_mod.Config) -> list[Any]:

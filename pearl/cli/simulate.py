@@ -136,6 +136,17 @@ def _experiments(arg: str) -> tuple[str, ...]:
     return names
 
 
+def plot_directory(plot: str | None) -> Path | None:
+    """``--plot DIR``, created (None without it); a directory that cannot be made is an error."""
+    plot_dir = Path(plot) if plot else None
+    if plot_dir is not None:
+        try:
+            plot_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"cannot create plot directory {plot_dir}: {e}") from None
+    return plot_dir
+
+
 def run(args: argparse.Namespace) -> int:
     if args.from_log:
         from pearl.cli.whatif import run_from_log
@@ -152,12 +163,7 @@ def run(args: argparse.Namespace) -> int:
     avail = av.load(
         args.trace, segment_name=args.segment, start_min=args.start_min, minutes=args.minutes
     )
-    plot_dir = Path(args.plot) if args.plot else None
-    if plot_dir is not None:
-        try:
-            plot_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise ConfigError(f"cannot create plot directory {plot_dir}: {e}") from None
+    plot_dir = plot_directory(args.plot)
     sc = scenario(args.model, seed=args.seed)
     bar = Bar(sys.stderr, not args.no_progress)
     runs = ex.compare(sc, avail, names, args.workers, bar.stage("policies"))

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from pearl import config as pconfig
+from pearl.cli.simulate import plot_directory
 from pearl.core.errors import ConfigError
 from pearl.core.profile import prior_profile
 from pearl.sim import fromlog, plots
@@ -23,12 +24,7 @@ def run_from_log(args: argparse.Namespace) -> int:
     names = list(ALL) if args.policy == "all" else [n.strip() for n in args.policy.split(",")]
     for name in names:
         choice(name, own)  # an unknown name fails before the log is read
-    plot_dir = Path(args.plot) if args.plot else None
-    if plot_dir is not None:
-        try:
-            plot_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise ConfigError(f"cannot create plot directory {plot_dir}: {e}") from None
+    plot_dir = plot_directory(args.plot)
     rec = fromlog.read(args.from_log)
     init = rec.init
     c = cfg.cluster

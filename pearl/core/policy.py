@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
@@ -40,6 +41,18 @@ class Policy:
     borrow: Borrow = Borrow.GATED
     alpha: float = 0.3  # EMA weight of a new step's telemetry
     L_max: float = 32768.0  # maximum trajectory length (caps K_seq)
+
+    @classmethod
+    def of_config(cls, cfg: Any) -> Policy:
+        """The policy a pearld with this :class:`pearl.config.Config` runs (``daemon.pd``,
+        ``daemon.borrow``, the decision knobs); core reads it without importing the config."""
+        return cls(
+            cfg.decision,
+            pd=PD(cfg.daemon.pd),
+            borrow=Borrow(cfg.daemon.borrow),
+            alpha=cfg.decision.ema_alpha,
+            L_max=cfg.workload.max_trajectory_tokens,
+        )
 
     def decide(self, profile: WorkloadProfile, N: int, current: Target | None) -> Decision:
         """Target for N workers under this policy (hysteresis against ``current``)."""

@@ -67,13 +67,7 @@ _OPS: dict[type, StepOp] = {
 
 def policy_of(cfg: Config) -> Policy:
     """The policy a pearld with this config runs (``daemon.pd``, ``daemon.borrow``)."""
-    return Policy(
-        cfg.decision,
-        pd=PD(cfg.daemon.pd),
-        borrow=Borrow(cfg.daemon.borrow),
-        alpha=cfg.decision.ema_alpha,
-        L_max=cfg.workload.max_trajectory_tokens,
-    )
+    return Policy.of_config(cfg)
 
 
 def choice(name: str, own: Policy) -> tuple[str, Policy, bool]:
