@@ -162,7 +162,7 @@ def test_deadline_passes_nothing_runs_there_after_it(pearld_factory: Any) -> Non
     pid = host_pid(d, wid)
     deadline = time.time() + 4.0
     d.event(ev.GpusReclaiming(NOTICED, deadline))
-    aborted = batches_complete(rt, 2)
+    batches_complete(rt, 2)  # turns moved early resume from their prefix; none fails
     # Treated as arrived at the deadline: the worker's host is gone then (a loaded machine may
     # take a moment to reap it), its GPUs are not present any more.
     wait_until(lambda: not alive(pid), 60, f"host {pid} of worker {wid} to exit")
@@ -175,7 +175,6 @@ def test_deadline_passes_nothing_runs_there_after_it(pearld_factory: Any) -> Non
     records = [r for _, r in d.records()]
     reclaimed = [r for r in records if isinstance(r, ev.GpusReclaimed)]
     assert reclaimed and set(reclaimed[-1].gpus) == set(NOTICED)
-    assert aborted >= 0  # turns moved early resume from their prefix; none failed
     batches_complete(rt, 2)
     same_as_replay(d)
     rt.stop()
