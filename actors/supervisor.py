@@ -344,8 +344,13 @@ class RoleSupervisor(PearlActor):
         self.board.add(msg.worker, msg.incarnation, msg.metrics_address)
         self._targets()
         pending, h.pending = h.pending, []
-        if not pending and not msg.engine_ready and row is not None and not h.retiring:
-            # A restarted host: bring its engine back as the table says it should be.
+        if not pending and row is not None and not h.retiring:
+            # A restarted host: bring its engine back as the table says it should be. A running
+            # one (adopted after a pearld restart) too: a plan step sent while it was not yet
+            # connected (recovery re-sends them at once) left the table's role and activity
+            # ahead of its engine, and routing by the table would send a prefill to a decode
+            # engine. Restoring is idempotent: an engine already there only catches up on
+            # weights, then reports WorkerUp.
             pending = [
                 RestoreWorker(
                     h.worker,

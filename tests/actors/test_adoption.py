@@ -1,0 +1,79 @@
+"""After a pearld restart the RoleSupervisor adopts running worker hosts and brings each engine to
+the role and activity the table holds: recovery re-sends a plan's started steps before the hosts
+have said hello again, so the table can be ahead of an engine (a rebalance logged as done while
+the host was unreachable). Found as decode engines serving as prefill after a restart, each KV
+transfer waiting out its 30 s timeout."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import actors.supervisor as supervisor
+from actors.base import Directory
+from actors.messages import RestoreWorker, WorkerHello
+from actors.supervisor import Liveboard, RoleSupervisor
+from pearl.core import commands as cmd
+from pearl.core.state import Role
+from tests.actors.test_heart import Now, Recorder
+from tests.actors.test_supervision import CFG, CountingLauncher
+from tests.actors.test_supervisor_targets import rows
+
+
+class Courier:
+    """Stands in for the courier to a host: records what pearld tells it."""
+
+    def __init__(self, name: str, client: Any, on_error: Any) -> None:
+        self.name, self.told = name, list[Any]()
+        client.close()
+
+    def tell(self, msg: Any) -> None:
+        self.told.append(msg)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def adopted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    monkeypatch.setattr(supervisor, "CourierRef", Courier)
+    d, got = Directory(), list[Any]()
+    for name in ("router", "orchestrator", "api"):
+        d.register(Recorder(name, got))
+    # The restarted pearld's table: worker 1 was switched to prefill while pearld was down.
+    sup = RoleSupervisor(
+        d,
+        CountingLauncher(),
+        CFG,
+        lambda: "tcp://x",
+        str(tmp_path),
+        "boot-2",
+        Liveboard(0.5, clock=Now()),
+        initial=rows(w1=Role.PREFILL, w2=Role.DECODE),
+    )  # type: ignore[arg-type]
+    yield sup, got
+    sup.on_stop()
+
+
+def hello(wid: int, role: Role) -> WorkerHello:
+    return WorkerHello(wid, 1, 500 + wid, "tcp://127.0.0.1:1", engine_ready=True, role=role)
+
+
+def test_an_adopted_engine_is_brought_to_the_tables_role(adopted: Any) -> None:
+    sup, got = adopted
+    sup.hello(hello(1, Role.DECODE))  # its engine still decodes
+    (told,) = sup.hosts[1].ref.told
+    assert isinstance(told, RestoreWorker)
+    assert (told.worker, told.incarnation, told.role, told.active) == (1, 1, Role.PREFILL, True)
+    # Routable only once restored: the host itself reports WorkerUp after the switch.
+    assert not any(isinstance(m, cmd.WorkerUp) for m in got)
+
+
+def test_an_adopted_engine_in_the_right_role_is_restored_in_place(adopted: Any) -> None:
+    sup, _ = adopted
+    sup.hello(hello(2, Role.DECODE))
+    (told,) = sup.hosts[2].ref.told
+    assert isinstance(told, RestoreWorker) and told.role is Role.DECODE
