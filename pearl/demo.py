@@ -347,6 +347,12 @@ def run(
     from pearl import learning as learn
     from pearl.rl.grpo import GRPOTrainer
 
+    if (out / "state").exists():
+        # A run's log holds its workers and steps; replaying it into a new run would adopt hosts
+        # that are gone and a trainer that is not (a demo run is not resumable).
+        raise PearlError(
+            f"{out} already holds a demo run ({out / 'state'}): choose another --out or remove it"
+        )
     torch.set_num_threads(1)  # one torch thread per slot: the trainer's is this process's
     out.mkdir(parents=True, exist_ok=True)
     overrides, _ = virtual_devices(config, overrides)

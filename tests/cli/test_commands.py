@@ -3,6 +3,8 @@ example in every command's --help."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pearl.cli import EXAMPLES, build_parser, commands, main
@@ -56,3 +58,16 @@ def test_a_global_endpoint_is_the_one_dialled(capsys: pytest.CaptureFixture[str]
 def test_every_example_is_a_valid_command_line(path: str) -> None:
     args = build_parser().parse_args(EXAMPLES[path].split()[1:])
     assert callable(args.handler)
+
+
+def test_demo_refuses_a_directory_that_holds_a_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Replaying an old run's log into a new one would adopt hosts that are gone: a clear error
+    before anything starts, and the old run is left as it was."""
+    run = tmp_path / "run"
+    (run / "state" / "log").mkdir(parents=True)
+    assert main(["demo", "--out", str(run), "--steps", "1", "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert f"{run} already holds a demo run" in err and "choose another --out" in err
+    assert sorted(p.name for p in run.rglob("*")) == ["log", "state"]
