@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from actors.base import Directory, PearlActor
-from actors.supervisor import Retire, Spawn
+from actors.supervisor import Deliver, Retire, Spawn
 from pearl.core import commands as cmd
 
 
@@ -50,7 +50,8 @@ class InterScaleRebuilder(PearlActor):
 
     def on_set_role(self, c: cmd.SetRole) -> None:
         if not self.directory.tell(f"worker/{c.worker}", c):
-            self.directory.tell("orchestrator", _result(c, False, "worker host not connected"))
+            # A host still starting (a joiner in the background) switches once it is up.
+            self.directory.tell("supervisor", Deliver(c))
 
 
 class IntraScaleToggleManager(PearlActor):

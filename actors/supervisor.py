@@ -169,6 +169,15 @@ class Spawn:
 
 
 @dataclass(frozen=True)
+class Deliver:
+    """A plan step for a worker whose host has not said hello yet (one still starting in the
+    background): give it after what the host was launched with, in order; with no such host,
+    the step fails at once."""
+
+    command: Any
+
+
+@dataclass(frozen=True)
 class Retire:
     """The worker leaves for good: do not restart it; kill it when ``force`` or once it exits."""
 
@@ -214,6 +223,7 @@ class RoleSupervisor(PearlActor):
         Supervise: "supervise",
         Undeliverable: "undeliverable",
         Deaths: "deaths",
+        Deliver: "deliver",
     }
 
     def __init__(
@@ -270,6 +280,18 @@ class RoleSupervisor(PearlActor):
         self.awaited.discard(c.worker)
         if not h.pid or not self.launcher.alive(h.pid):
             self._launch(h)
+
+    def deliver(self, msg: Deliver) -> None:
+        c = msg.command
+        h = self.hosts.get(c.worker)
+        row = self.expected.get(c.worker)
+        if h is None or h.retiring or (row is not None and row.incarnation != h.incarnation):
+            result = cmd.StepResult(c.plan, c.step, ok=False, error="worker host not connected")
+            self.directory.tell("orchestrator", result)
+        elif h.ref is not None:
+            h.ref.tell(c)
+        else:
+            h.pending.append(c)
 
     def _launch(self, h: Host) -> None:
         d = self.cfg.daemon
@@ -552,6 +574,7 @@ def _engaged(w: Worker) -> bool:
 __all__ = [
     "HOST_METRICS",
     "Deaths",
+    "Deliver",
     "HostsChanged",
     "Liveboard",
     "Retire",

@@ -139,7 +139,18 @@ class WorkerActor(PearlActor):
                 version = max(version, stored)
 
     def on_start_worker(self, c: cmd.StartWorker) -> None:
-        self._step(c, lambda: self._bring_up(c.role, c.weights_version))
+        if not c.background:
+            self._step(c, lambda: self._bring_up(c.role, c.weights_version))
+            return
+        # Joining in the background: the plan is over; say when this worker can serve. One that
+        # cannot come up ends its host, which its supervisor restarts within the budget.
+        try:
+            self._bring_up(c.role, c.weights_version)
+        except PearlError as e:
+            log.error("%s could not start: %s; the host exits", self.name, e)
+            self.on_exit()
+            return
+        self.directory.tell("orchestrator", cmd.WorkerUp(self.worker, self.incarnation))
 
     def on_restore(self, c: RestoreWorker) -> None:
         try:

@@ -24,7 +24,10 @@ that must not wait for, or cancel, an expansion on other GPUs); its ``step`` nam
 
 @COMMANDS.add
 class StartWorker(WireStruct, tag="start-worker", frozen=True):
-    """Launch a worker host on ``gpus``, initialise the engine, sync the newest weights (ADD)."""
+    """Launch a worker host on ``gpus``, initialise the engine, sync the newest weights (ADD).
+
+    ``background``: the step is done once the command is sent; the worker initialises in the
+    background and reports ``WorkerUp`` when it can serve (or its host exits: a crash)."""
 
     worker: int
     incarnation: int
@@ -34,6 +37,7 @@ class StartWorker(WireStruct, tag="start-worker", frozen=True):
     weights_version: int
     plan: int
     step: int
+    background: bool = False
 
 
 @COMMANDS.add

@@ -29,6 +29,7 @@ from pearl.core import borrow as bc
 from pearl.core import commands as cmd
 from pearl.core import events as ev
 from pearl.core import notice
+from pearl.core.decision import keeping_roles
 from pearl.core.errors import InvariantViolation
 from pearl.core.fold import apply_to
 from pearl.core.plan import JOIN_OPS, Membership, membership, plan, ready_steps
@@ -47,6 +48,7 @@ from pearl.core.state import (
 )
 from pearl.core.transition import (
     abort_records,
+    admits_in_background,
     cancel_command,
     commit_records,
     done_records,
@@ -91,7 +93,9 @@ class ControllerState:
     cancelled: frozenset[int] = frozenset()  # joiner steps told to cancel, awaiting their answer
     aborting: str | None = None  # why the plan in flight is being cancelled
     training_waiting: bool = False  # the trainer waits for training-may-proceed
-    failed: frozenset[int] = frozenset()  # workers reported down, not back yet
+    # Workers out of routing until their WorkerUp: reported down and not back yet, or joining in
+    # the background (admits_in_background).
+    failed: frozenset[int] = frozenset()
     lost: frozenset[int] = frozenset()  # workers their supervisor gave up on
     quarantine: Mapping[int, float] = field(default_factory=dict)  # GPU -> until
     strikes: Mapping[int, int] = field(default_factory=dict)  # GPU -> failures so far
@@ -538,6 +542,9 @@ class Controller:
             and not any(g in tx.table.reclaiming_gpus for g in w.gpus)
             and not any(g in tx.table.leaving_gpus for g in w.gpus)
         ) and (w.zone is Zone.DEDICATED or self._lent(tx.table)):
+            # Versions published while it started (or was down) never reached it: the newest
+            # first, then routing (a no-op for a worker already there).
+            tx.commands.append(cmd.SyncWeights(w.id, tx.table.weights_version))
             tx.log(ev.ActivityChanged(w.id, Activity.ACTIVE))
             tx.commands.append(cmd.RoutingChanged(tx.table.seq))
 
@@ -619,7 +626,14 @@ class Controller:
                     if _is_toggle(p.steps):  # the hand-off only, not role switches beside it
                         spent = max(0.0, tx.s.toggle_done - tx.s.plan_began)
                         tx.set(toggle_measured=tx.s.toggle_measured + spent)
-                    tx.log(*commit_records(tx.table, tx.s.failed))
+                    admitted = commit_records(tx.table, tx.s.failed)
+                    tx.log(*admitted)
+                    for r in admitted:  # a version published meanwhile may have missed it
+                        if isinstance(r, ev.ActivityChanged) and r.activity is Activity.ACTIVE:
+                            w = tx.table.workers[r.worker]
+                            if w.role is not Role.TRAINING:
+                                version = tx.table.weights_version
+                                tx.commands.append(cmd.SyncWeights(w.id, version))
                     t = tx.table
                     lent = sum(w.activity is Activity.INACTIVE for w in t.training_workers())
                     active = sum(w.routable for w in t.rollout_workers(Zone.OVERLAP))
@@ -628,6 +642,16 @@ class Controller:
                     tx.set(started={})
                     continue
                 fresh = [k for k in ready_steps(p.steps, p.done) if k not in tx.s.started]
+                if admits_in_background(tx.table, p.steps):
+                    # Launched is done: each joiner serves on its WorkerUp (``failed`` holds the
+                    # workers that wait for one), and the plan commits now.
+                    for k in fresh:
+                        st = p.steps[k]
+                        tx.log(*start_records(tx.table, st))
+                        tx.commands.append(step_command(tx.table, p.plan, k, st, background=True))
+                        tx.set(failed=tx.s.failed | {st.worker})
+                        tx.log(*done_records(tx.table, p.plan, k, st))
+                    continue
                 started = dict(tx.s.started)
                 for k in fresh:
                     st = p.steps[k]
@@ -668,17 +692,26 @@ class Controller:
         else:
             overlap = [g for g in m.new_groups if g[1] is Zone.OVERLAP]
             if (m.lend is not None or m.reactivate or overlap) and len(overlap) < len(m.new_groups):
-                # Borrow first, alone: it takes a fraction of a second with retained workers and
-                # must serve within the idle window, while a cold start on dedicated GPUs takes
-                # long. Left in the same plan, the next Training Begin would cancel both; as a
-                # plan of its own the expansion goes on beside the return.
-                m = dataclasses.replace(m, new_groups=tuple(overlap))
+                # A borrow and an expansion on dedicated GPUs, never in one plan: the next
+                # Training Begin would cancel both. The expansion first when its workers can
+                # start in the background (the plan is over at once, the borrow follows);
+                # otherwise the borrow first, alone: it takes a fraction of a second with
+                # retained workers and must serve within the idle window, while a cold start
+                # takes long, and as a plan of its own the expansion goes on beside the return.
+                m = self._dedicated_first(tx, m, overlap)
             current = _counts(Membership(m.survivors, (), (), ()))
             decision = self.policy.decide(tx.s.profile, m.N, current)
+            if m.lend is not None or m.reactivate or overlap:
+                decision = keeping_roles(decision, current)
             target = decision.target
             cause = "expand" if m.reactivate or m.new_groups else "rebalance"
         new = plan(t, target, m)
         if new.empty:
+            return False
+        if cause == "rebalance" and _lends_training_gpus(t):
+            # No role switch while training GPUs are lent: the window lasts seconds and ends in
+            # a mandatory return that would cut the switch short (its drained requests lost and
+            # a partial topology kept); the next decision after the return makes it if it pays.
             return False
         tx.log(
             ev.PlanBegin(
@@ -701,6 +734,20 @@ class Controller:
             toggle_done=tx.now,
         )
         return True
+
+    def _dedicated_first(self, tx: _Tx, m: Membership, overlap: list[Any]) -> Membership:
+        """The part of ``m`` to plan now when it both borrows and expands (see the caller)."""
+        dedicated = Membership(
+            tuple(w for w in m.survivors if w.zone is Zone.DEDICATED),
+            (),
+            tuple(g for g in m.new_groups if g[1] is Zone.DEDICATED),
+            (),
+        )
+        current = _counts(Membership(dedicated.survivors, (), (), ()))
+        target = self.policy.decide(tx.s.profile, dedicated.N, current).target
+        if admits_in_background(tx.table, plan(tx.table, target, dedicated).steps):
+            return dedicated
+        return dataclasses.replace(m, new_groups=tuple(overlap))
 
     def _borrow(self, tx: _Tx) -> bool:
         t = tx.table

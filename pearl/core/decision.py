@@ -140,6 +140,29 @@ class Decision:
         }
 
 
+def keeping_roles(d: Decision, current: Target) -> Decision:
+    """``d`` restricted to targets that keep every current worker's role: the best feasible
+    alternative of ``current``'s mode with at least its prefill and decode workers (borrowed
+    workers then only add capacity; re-roling the dedicated pool for a training-idle window
+    of seconds would be undone at the return). ``d`` itself when it already keeps them or no
+    alternative does."""
+    t = d.target
+
+    def keeps(a: Target) -> bool:
+        if current.N == 0 or a.mode is not current.mode:
+            return current.N == 0
+        return a.N_P >= current.N_P and a.N_D >= current.N_D and a.N_C >= current.N_C
+
+    if keeps(t):
+        return d
+    fits = [a for a in d.alternatives if a.feasible and keeps(a.target)]
+    if not fits:
+        return d
+    best = min(fits, key=lambda a: a.predicted_makespan_s)
+    reason = f"borrowing keeps the dedicated roles ({current}); unconstrained: {t} ({d.reason})"
+    return Decision(best.target, best.predicted_makespan_s, d.alternatives, reason, d.forced)
+
+
 def _json_float(x: float) -> float | None:
     return x if np.isfinite(x) else None
 

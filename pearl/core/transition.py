@@ -17,6 +17,7 @@ from pearl.core.state import (
     Activity,
     ClusterState,
     PlanProgress,
+    Role,
     Step,
     StepOp,
     TrainingPhase,
@@ -44,13 +45,15 @@ def start_records(s: ClusterState, step: Step) -> list[Any]:
     return _to(w, Activity.TRANSITIONING)  # stop routing / hand-off in progress
 
 
-def step_command(s: ClusterState, plan: int, k: int, step: Step, force: bool = False) -> Any:
+def step_command(
+    s: ClusterState, plan: int, k: int, step: Step, force: bool = False, background: bool = False
+) -> Any:
     """The executor command for step ``k`` of ``plan``."""
     op, wid = step.op, step.worker
     if op is StepOp.ADD:
         w = s.workers[wid]
         return cmd.StartWorker(
-            wid, w.incarnation, w.gpus, w.role, w.zone, s.weights_version, plan, k
+            wid, w.incarnation, w.gpus, w.role, w.zone, s.weights_version, plan, k, background
         )
     if op is StepOp.ACTIVATE:
         assert step.role is not None
@@ -102,6 +105,20 @@ def _can_serve(s: ClusterState, w: Worker | None) -> bool:
         return True
     lent = all(t.activity is Activity.INACTIVE for t in s.training_workers())
     return lent and s.phase is TrainingPhase.IDLE
+
+
+def admits_in_background(s: ClusterState, steps: tuple[Step, ...]) -> bool:
+    """Whether the plan's joiners may initialise in the background (§4.5: "new workers initialize
+    in the background while existing workers continue serving") and serve one by one as each is
+    up, the plan being over once they are launched: a pure expansion on dedicated GPUs that
+    changes no serving worker, whose every joiner's role is already served (or colocated), so no
+    partial topology is exposed. A cold start then never holds the next plan (a borrow within
+    the training-idle window, a role switch) or a cancelled expansion's other joiners."""
+    if not steps or any(st.op is not StepOp.ADD or st.zone is not Zone.DEDICATED for st in steps):
+        return False
+    joining = {st.worker for st in steps}
+    served = {w.role for w in s.rollout_workers() if w.routable and w.id not in joining}
+    return all(st.role is Role.COLOCATED or st.role in served for st in steps)
 
 
 def _admitted(p: PlanProgress) -> list[int]:

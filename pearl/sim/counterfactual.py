@@ -97,17 +97,26 @@ class Replayed:
 
 def latencies(rec: Recorded) -> dict[StepOp, float]:
     """Median seconds per step operation in the recorded run: from the previous step-done of the
-    same plan (or its plan-begin) to the step's own step-done."""
+    same plan (or its plan-begin) to the step's own step-done; a joiner's (ADD) from its
+    worker-added to its first activation (it may join in the background, its step done at
+    launch)."""
     began: dict[int, tuple[float, Any]] = {}
     last: dict[int, float] = {}
+    added: dict[int, float] = {}
     seen: dict[StepOp, list[float]] = {}
     for seq, r in rec.records:
         t = rec.times[seq]
         if isinstance(r, ev.PlanBegin):
             began[r.plan], last[r.plan] = (t, r), t
+        elif isinstance(r, ev.WorkerAdded):
+            added[r.worker] = t
+        elif isinstance(r, ev.ActivityChanged) and r.activity is Activity.ACTIVE:
+            if r.worker in added:
+                seen.setdefault(StepOp.ADD, []).append(max(0.0, t - added.pop(r.worker)))
         elif isinstance(r, ev.StepDone) and r.plan in began:
             op = began[r.plan][1].steps[r.step].op
-            seen.setdefault(op, []).append(max(0.0, t - last[r.plan]))
+            if op is not StepOp.ADD:
+                seen.setdefault(op, []).append(max(0.0, t - last[r.plan]))
             last[r.plan] = t
     return {op: statistics.median(v) for op, v in seen.items()}
 
@@ -191,7 +200,15 @@ class _Driver:
         if op is None:
             return  # SyncWeights, RoutingChanged, TrainingMayProceed: nothing to answer
         plan, step = c.plan, c.step
-        if plan > 0 and step >= 0:
+        if getattr(c, "background", False):  # a joiner in the background: up when it serves
+            where = (
+                self.next_output(ev.ActivityChanged, c.worker, Activity.ACTIVE)
+                if self.in_sync
+                else None
+            )
+            when = self.at_recorded(where) if where else self.modeled(op)
+            self.push(*when, cmd.WorkerUp(c.worker, c.incarnation))
+        elif plan > 0 and step >= 0:
             if getattr(c, "cancel", False):
                 where = self.aborts.get(plan) if self.in_sync else None
                 when = self.at_recorded(where, -0.5) if where else self.modeled(None)

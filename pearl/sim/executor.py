@@ -6,7 +6,7 @@ operation's latency (Table 3 and :class:`pearl.sim.scenario.ReconfigCosts`), ans
   weight version from a peer at the link rate (lazy weight propagation, §4.5: the newest snapshot
   after init), then the finalization (``finalize_s``) updates routing, pausing admission of new
   requests cluster-wide while requests already running continue (§6.5.2). It serves once the
-  plan commits.
+  plan commits, or, joining in the background (``background``), once its ``WorkerUp`` arrives.
 - ``ActivateWorker``: a retained overlap worker restores its device state (``activate_s``) and
   loads the version training just produced from the trainer on its own GPUs' node (NVLink).
 - ``StopWorker`` / ``DeactivateWorker`` / ``SetRole``: in-flight requests are aborted at once,
@@ -65,7 +65,12 @@ class Executors:
             lat = self._latency(prep + k.finalize_s)
             if lat > 0:
                 self.clock.at(self.clock.now + prep, ck.PAUSE, (c.worker, c.incarnation))
-            self._answer(c, prep + k.finalize_s)
+            if c.background:  # the plan is over; the worker serves once it says it is up
+                up = cmd.WorkerUp(c.worker, c.incarnation)
+                self.clock.at(self.clock.now + lat, ck.STEP, up)
+                self.ops["StartWorker"] = self.ops.get("StartWorker", 0) + 1
+            else:
+                self._answer(c, prep + k.finalize_s)
         elif isinstance(c, cmd.ActivateWorker):
             ro.add_worker(c.worker, c.role, self.gpus.get(c.worker, ()))
             self.retained.pop(c.worker, None)

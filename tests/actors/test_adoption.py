@@ -15,9 +15,9 @@ import pytest
 import actors.supervisor as supervisor
 from actors.base import Directory
 from actors.messages import RestoreWorker, WorkerHello
-from actors.supervisor import Liveboard, RoleSupervisor
+from actors.supervisor import Deliver, Liveboard, RoleSupervisor, Spawn
 from pearl.core import commands as cmd
-from pearl.core.state import Role
+from pearl.core.state import Role, Zone
 from tests.actors.test_heart import Now, Recorder
 from tests.actors.test_supervision import CFG, CountingLauncher
 from tests.actors.test_supervisor_targets import rows
@@ -77,3 +77,25 @@ def test_an_adopted_engine_in_the_right_role_is_restored_in_place(adopted: Any) 
     sup.hello(hello(2, Role.DECODE))
     (told,) = sup.hosts[2].ref.told
     assert isinstance(told, RestoreWorker) and told.role is Role.DECODE
+
+
+def test_a_step_for_a_host_still_starting_is_given_after_its_start(adopted: Any) -> None:
+    """A joiner in the background may be re-roled before its host says hello (a mode switch
+    right after an expansion): the switch waits in line behind the start instead of failing,
+    and the host comes up in the role the table gives it."""
+    sup, got = adopted
+    start = cmd.StartWorker(3, 1, (3,), Role.DECODE, Zone.DEDICATED, 0, 5, 0, background=True)
+    sup.state_changed(rows(w1=Role.PREFILL, w2=Role.DECODE, w3=Role.DECODE))
+    sup.spawn(Spawn(start))
+    switch = cmd.SetRole(3, Role.COLOCATED, 6, 0)
+    sup.deliver(Deliver(switch))
+    assert not any(isinstance(m, cmd.StepResult) for m in got)
+    sup.hello(WorkerHello(3, 1, 777, "tcp://127.0.0.1:1"))
+    assert sup.hosts[3].ref.told == [start, switch]
+
+
+def test_a_step_for_a_host_nobody_started_fails_at_once(adopted: Any) -> None:
+    sup, got = adopted
+    sup.deliver(Deliver(cmd.SetRole(1, Role.DECODE, 6, 0)))  # after a restart, before its hello
+    (result,) = [m for m in got if isinstance(m, cmd.StepResult)]
+    assert (result.plan, result.step, result.ok) == (6, 0, False)

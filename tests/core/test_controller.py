@@ -3,6 +3,7 @@ records must fold to the controller's state, and borrowed GPUs come back before 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +23,7 @@ from pearl.core.state import (
     Mode,
     Role,
     StepOp,
+    Target,
     TrainingPhase,
     Zone,
     validate,
@@ -76,6 +78,10 @@ class Harness:
         chosen = [c for c in self.pending if pick(c)]
         self.pending = [c for c in self.pending if not pick(c)]
         for c in chosen:
+            if getattr(c, "background", False):  # a joiner in the background says it is up
+                up = cmd.WorkerUp(c.worker, c.incarnation)
+                self.send(up if ok else cmd.WorkerDown(c.worker, c.incarnation, "failed"), dt)
+                continue
             cancel = getattr(c, "cancel", False)
             self.send(cmd.StepResult(c.plan, c.step, ok=ok, cancel=cancel, duration_s=dt), dt)
         return len(chosen)
@@ -91,10 +97,26 @@ class Harness:
         return self.s.table
 
 
-def test_start_brings_up_reserved_workers_and_admits_them_together() -> None:
+def test_start_brings_up_reserved_workers_in_the_background_each_serving_when_up() -> None:
+    """§4.5: new workers initialise in the background. A colocated joiner exposes no partial
+    topology, so the plan is over once they are launched and each serves on its WorkerUp."""
     h = Harness()
     assert [type(c) for c in h.pending] == [cmd.StartWorker, cmd.StartWorker]
-    assert h.table.routable() == []
+    assert all(c.background for c in h.pending) and h.table.plan is None
+    assert h.table.routable() == [] and h.s.failed == {c.worker for c in h.pending}
+    first = h.pending[0].worker
+    h.answer(lambda c: c.worker == first)
+    assert [w.id for w in h.table.routable()] == [first]  # serves without waiting for the other
+    h.settle()
+    assert len(h.table.routable()) == 2 and not h.s.failed
+
+
+def test_a_split_from_nothing_is_admitted_together() -> None:
+    """Prefill without decode (or the reverse) is a partial topology: the first PD group is
+    admitted at once, all or nothing (§4.5 atomic finalization)."""
+    h = Harness(pd=PD.DISAGGREGATED)
+    assert [type(c) for c in h.pending] == [cmd.StartWorker, cmd.StartWorker]
+    assert not any(c.background for c in h.pending) and h.table.plan is not None
     h.answer(lambda c: c.worker == h.pending[0].worker)
     assert h.table.routable() == []  # the first ready joiner waits for the group
     h.settle()
@@ -117,45 +139,59 @@ def test_expansion_then_reclaim_keeps_table_valid() -> None:
     assert len(h.table.routable()) == 3  # GPU 9 alone cannot host a TP2 worker
 
 
-def test_reclaim_during_expansion_cancels_the_whole_group() -> None:
+def test_reclaim_of_one_background_joiner_leaves_the_others_initialising() -> None:
+    """A reclaim removes the joiner on those GPUs only: the others' cold starts go on (before,
+    the whole expansion was cancelled and a reserved worker's start was thrown away)."""
     h = Harness()
     h.settle()
     h.send(ev.GpusAdded((8, 9, 10, 11)))
-    joiners = [c.worker for c in h.pending if isinstance(c, cmd.StartWorker)]
-    h.answer(lambda c: c.worker == joiners[1])  # one joiner ready, the other still initialising
+    joiners = {c.gpus[0]: c.worker for c in h.pending if isinstance(c, cmd.StartWorker)}
+    assert h.table.plan is None  # launched: the expansion is over
     h.send(ev.GpusReclaimed((8,)))
-    cancels = [c for c in h.pending if getattr(c, "cancel", False)]
-    assert sorted(c.worker for c in cancels) == sorted(joiners)
+    assert not any(getattr(c, "cancel", False) for c in h.pending)
+    assert not any(isinstance(c, cmd.StopWorker) and c.worker == joiners[10] for c in h.sent)
     h.settle()
-    kinds = [r for r in h.records if isinstance(r, ev.PlanAbort)]
-    assert len(kinds) == 1
+    assert not any(isinstance(r, ev.PlanAbort) for r in h.records)
     validate(h.table)
-    assert 8 not in h.table.present_gpus and not h.table.reclaiming_gpus
-    assert len(h.table.routable()) == 3  # re-expanded on 10-11 after the cancel
+    assert joiners[8] not in h.table.workers and 8 not in h.table.present_gpus
+    assert not h.table.reclaiming_gpus
+    assert joiners[10] in {w.id for w in h.table.routable()} and len(h.table.routable()) == 3
 
 
-def test_worker_failure_during_admission_cancels_and_quarantines() -> None:
+def test_a_split_failing_to_start_is_cancelled_and_quarantined() -> None:
+    h = Harness(pd=PD.DISAGGREGATED)
+    bad = next(c for c in h.pending if isinstance(c, cmd.StartWorker) and 4 in c.gpus)
+    h.answer(lambda c: c is bad, ok=False)
+    h.settle()
+    assert any(isinstance(r, ev.PlanAbort) for r in h.records)
+    assert {4, 5} <= set(h.s.quarantine)
+    assert not any(4 in w.gpus for w in h.table.workers.values())
+    h.send(cmd.Tick(), dt=CFG.gate.toggle_cost_s + 60)
+    assert any(isinstance(c, cmd.StartWorker) and 4 in c.gpus for c in h.pending)  # retried
+    h.settle()
+    assert len(h.table.routable()) == 2
+
+
+def test_a_background_joiner_whose_host_is_lost_is_quarantined_and_removed() -> None:
     h = Harness()
     h.settle()
     h.send(ev.GpusAdded((8, 9, 10, 11)))
     bad = next(c for c in h.pending if isinstance(c, cmd.StartWorker) and 8 in c.gpus)
-    h.answer(lambda c: c is bad, ok=False)
+    h.answer(lambda c: c is bad, ok=False)  # its host died: WorkerDown, restarts follow
+    assert any(isinstance(r, ev.WorkerFailed) and r.worker == bad.worker for r in h.records)
+    assert bad.worker not in {w.id for w in h.table.routable()}
+    h.send(cmd.WorkerLost(bad.worker, "restart budget spent"))  # its supervisor gives up
     h.settle()
-    assert any(isinstance(r, ev.PlanAbort) for r in h.records)
-    assert {8, 9} <= set(h.s.quarantine)
-    assert not any(8 in w.gpus for w in h.table.workers.values())
-    assert len(h.table.routable()) == 3  # 10-11 was re-planned without the quarantined pair
-    h.send(cmd.Tick(), dt=CFG.gate.toggle_cost_s + 60)
-    assert any(isinstance(c, cmd.StartWorker) and 8 in c.gpus for c in h.pending)  # retried
-    h.settle()
-    assert len(h.table.routable()) == 4
+    assert {8, 9} <= set(h.s.quarantine) and bad.worker not in h.table.workers
+    assert len(h.table.routable()) == 3  # the other joiner serves
 
 
 def test_borrow_and_mandatory_return_before_training() -> None:
     h = Harness(borrow=Borrow.ALWAYS)
-    # Idle training GPUs are borrowed from the start; training lends them before overlap
-    # workers start on them.
-    assert [type(c) for c in h.pending] == [cmd.LendTraining]
+    # Idle training GPUs are borrowed from the start, once the reserved workers are launched
+    # (in the background); training lends them before overlap workers start on them.
+    assert [type(c) for c in h.pending] == [cmd.StartWorker, cmd.StartWorker, cmd.LendTraining]
+    assert all(c.background for c in h.pending[:2])
     h.settle()
     overlap = [w for w in h.table.routable() if w.zone is Zone.OVERLAP]
     assert len(overlap) == 2
@@ -387,9 +423,9 @@ def test_new_weights_reach_serving_workers_and_later_joiners() -> None:
         h.ctl.handle(h.s, ev.WeightsPublished(2), h.now)
 
 
-def test_reclaim_beside_an_expansion_evicts_without_cancelling_it() -> None:
-    """A reclaim that spares the joiners must not cancel the expansion: frequent changes
-    would otherwise starve rollout of new workers (every expansion cancelled before it ends)."""
+def test_reclaim_beside_an_expansion_leaves_its_joiner_initialising() -> None:
+    """A reclaim that spares the joiners must not cancel their start: frequent changes would
+    otherwise starve rollout of new workers (every expansion cancelled before it ends)."""
     h = Harness()
     h.settle()
     h.send(ev.GpusAdded((8, 9, 10, 11)))
@@ -399,14 +435,12 @@ def test_reclaim_beside_an_expansion_evicts_without_cancelling_it() -> None:
     joiner = next(c for c in h.pending if isinstance(c, cmd.StartWorker))
     h.send(ev.GpusReclaimed((10,)))
     assert victim.id not in {w.id for w in h.table.routable()}  # unroutable at once
-    stops = [c for c in h.sent if isinstance(c, cmd.StopWorker) and c.worker == victim.id]
-    assert stops and stops[-1].plan == 0 and not any(getattr(c, "cancel", False) for c in h.sent)
-    h.send(cmd.WorkerDown(victim.id, 0, "stopped"))  # its host has exited
-    assert victim.id not in h.table.workers
-    assert h.table.plan is not None and joiner.worker in h.table.workers  # expansion goes on
+    assert not any(getattr(c, "cancel", False) for c in h.sent)
+    assert not any(isinstance(c, cmd.StopWorker) and c.worker == joiner.worker for c in h.sent)
     h.settle()
     assert not any(isinstance(r, ev.PlanAbort) for r in h.records)
-    assert joiner.worker in {w.id for w in h.table.routable()} and not h.table.reclaiming_gpus
+    assert victim.id not in h.table.workers and not h.table.reclaiming_gpus
+    assert joiner.worker in {w.id for w in h.table.routable()}
 
 
 def test_eviction_past_its_deadline_is_forced() -> None:
@@ -659,3 +693,43 @@ def test_a_worker_lost_for_good_is_removed_and_its_gpus_quarantined() -> None:
     h.send(cmd.Tick(), dt=CFG.gate.toggle_cost_s + 60)  # the quarantine expires: used again
     h.settle()
     assert any(8 in w.gpus for w in h.table.routable())
+
+
+@dataclasses.dataclass(frozen=True)
+class WantsSplit(Policy):
+    """The real policy, except that once ``want`` is set it asks for a 1P split of whatever
+    it is given (as a decision engine that prefers disaggregation at that budget would)."""
+
+    want: list[bool] = dataclasses.field(default_factory=lambda: [False])
+
+    def decide(self, profile: Any, N: int, current: Any) -> Any:
+        d = super().decide(profile, N, current)
+        if not self.want[0] or N < 2:
+            return d
+        return dataclasses.replace(d, target=Target(Mode.DISAGGREGATED, 1, N - 1, 0))
+
+
+def test_no_role_switch_while_training_gpus_are_lent() -> None:
+    """A borrow window lasts seconds and ends in a mandatory return: the borrowed workers join
+    in the dedicated pool's mode, no dedicated worker is re-roled for the window, and a switch
+    the engine wants waits for the return (before, a switch begun in the window was cut short
+    by Training Begin, keeping a partial topology)."""
+    policy = WantsSplit(CFG.decision, borrow=Borrow.ALWAYS)
+    h = Harness(borrow=Borrow.ALWAYS)
+    h.ctl = Controller(policy)
+    h.send(cmd.Tick())
+    h.settle()
+    assert {w.role for w in h.table.routable()} == {Role.COLOCATED}
+    h.send(ev.TrainingBegin(1))
+    h.settle()
+    policy.want[0] = True
+    h.send(ev.TrainingFinished(1, 1))  # the window opens: borrow, no switch
+    h.settle()
+    overlap = [w for w in h.table.routable() if w.zone is Zone.OVERLAP]
+    assert overlap and {w.role for w in h.table.routable()} == {Role.COLOCATED}
+    assert not any(isinstance(c, cmd.SetRole) for c in h.sent)
+    h.send(ev.TrainingBegin(2))  # the return; then the switch the engine wants
+    h.settle()
+    assert cmd.TrainingMayProceed(2) in h.sent
+    assert h.table.role_counts().mode is Mode.DISAGGREGATED
+    assert not any(isinstance(r, ev.PlanAbort) for r in h.records)

@@ -186,6 +186,13 @@ class ControllerModel(RuleBasedStateMachine):
         if isinstance(c, cmd.StopWorker) and not c.plan:
             self._send(cmd.WorkerDown(c.worker, 0, "stopped"), dt)  # a stop beside any plan
             return
+        if getattr(c, "background", False):  # a joiner in the background: up, or its host died
+            if ok:
+                self._send(cmd.WorkerUp(c.worker, c.incarnation), dt)
+            else:
+                self.down[c.worker] = c.incarnation
+                self._send(cmd.WorkerDown(c.worker, c.incarnation, "host exited"), dt)
+            return
         cancel = getattr(c, "cancel", False)
         self._send(
             cmd.StepResult(c.plan, c.step, ok=ok or cancel, cancel=cancel, duration_s=dt), dt

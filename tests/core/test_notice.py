@@ -185,15 +185,17 @@ def test_withdrawn_notice_returns_the_workers_to_service() -> None:
     assert {8, 9, 10, 11} <= h.table.present_gpus
 
 
-def test_notice_cancels_an_expansion_onto_the_noticed_gpus() -> None:
+def test_a_joiner_on_noticed_gpus_never_serves_and_leaves_at_the_deadline() -> None:
     h = Clocked()
     h.settle()
     h.send(ev.GpusAdded((8, 9, 10, 11)))
-    assert any(isinstance(c, cmd.StartWorker) for c in h.pending)
+    joiner = next(c.worker for c in h.pending if isinstance(c, cmd.StartWorker) and 8 in c.gpus)
     h.send(ev.GpusReclaiming((8, 9), h.wall + 30))
-    assert h.s.aborting == "gpus-reclaiming"
+    h.settle()  # its host comes up meanwhile: not admitted
+    assert all(8 not in w.gpus for w in h.table.routable()) and len(h.table.routable()) == 3
+    h.send(cmd.Tick(), dt=31)
     h.settle()
-    assert all(8 not in w.gpus for w in h.table.routable())
+    assert joiner not in h.table.workers and {8, 9}.isdisjoint(h.table.present_gpus)
 
 
 def test_recovery_restores_pending_notices_and_their_deadlines() -> None:

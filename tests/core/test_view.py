@@ -11,6 +11,7 @@ import msgpack
 from msgspec.structs import replace as msgspec_replace
 
 from actors.messages import StateChanged
+from pearl.core import commands as cmd
 from pearl.core import events as ev
 from pearl.core.policy import Borrow
 from pearl.core.schema import to_wire
@@ -52,8 +53,11 @@ def borrowing() -> Harness:
     """A controller in the middle of things: GPUs added, a plan in flight, a borrow cycle."""
     h = Harness(borrow=Borrow.ALWAYS)
     h.settle()
-    h.send(ev.GpusAdded((8, 9)))
-    h.answer(lambda c: False)
+    h.send(ev.TrainingBegin(1))
+    h.settle()
+    h.send(ev.TrainingFinished(1, 1))  # the next borrow plan begins: lent, activating
+    h.answer(lambda c: isinstance(c, cmd.LendTraining))
+    h.send(ev.GpusAdded((8, 9)))  # its expansion waits for that plan
     return h
 
 

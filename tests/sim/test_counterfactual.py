@@ -64,7 +64,9 @@ def record(path: Path, script: list[Any], with_telemetry: bool = True) -> list[A
         while pending:
             x = pending.pop(0)
             now += 1.0
-            if x.plan == cmd.BESIDE:
+            if getattr(x, "background", False):  # a joiner in the background is up
+                s = take(ctl.handle(s, cmd.WorkerUp(x.worker, x.incarnation), now))
+            elif x.plan == cmd.BESIDE:
                 s = take(ctl.handle(s, cmd.StepResult(cmd.BESIDE, x.step), now))
             elif x.plan > 0 and not getattr(x, "force", False):
                 cancel = bool(getattr(x, "cancel", False))
