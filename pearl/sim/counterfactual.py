@@ -206,6 +206,8 @@ class _Driver:
                 if self.in_sync
                 else None
             )
+            if self.in_sync and where is None:
+                return  # it never served in the recorded run (removed first): nor here
             when = self.at_recorded(where) if where else self.modeled(op)
             self.push(*when, cmd.WorkerUp(c.worker, c.incarnation))
         elif plan > 0 and step >= 0:
