@@ -701,17 +701,19 @@ class Controller:
                 m = self._dedicated_first(tx, m, overlap)
             current = _counts(Membership(m.survivors, (), (), ()))
             decision = self.policy.decide(tx.s.profile, m.N, current)
-            if m.lend is not None or m.reactivate or overlap:
+            if m.lend is not None or m.reactivate or overlap or _lends_training_gpus(t):
                 decision = keeping_roles(decision, current)
             target = decision.target
             cause = "expand" if m.reactivate or m.new_groups else "rebalance"
         new = plan(t, target, m)
         if new.empty:
             return False
-        if cause == "rebalance" and _lends_training_gpus(t):
+        forced = decision is not None and decision.forced
+        if cause == "rebalance" and _lends_training_gpus(t) and not forced:
             # No role switch while training GPUs are lent: the window lasts seconds and ends in
             # a mandatory return that would cut the switch short (its drained requests lost and
             # a partial topology kept); the next decision after the return makes it if it pays.
+            # A forced one (a role missing) is made now.
             return False
         tx.log(
             ev.PlanBegin(

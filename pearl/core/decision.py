@@ -144,9 +144,11 @@ def keeping_roles(d: Decision, current: Target) -> Decision:
     """``d`` restricted to targets that keep every current worker's role: the best feasible
     alternative of ``current``'s mode with at least its prefill and decode workers (borrowed
     workers then only add capacity; re-roling the dedicated pool for a training-idle window
-    of seconds would be undone at the return). ``d`` itself when it already keeps them or no
-    alternative does."""
+    of seconds would be undone at the return). ``d`` itself when it already keeps them, when no
+    alternative does, or when it is forced (the current configuration is infeasible)."""
     t = d.target
+    if d.forced:  # the current configuration is infeasible (a role missing): fix it now
+        return d
 
     def keeps(a: Target) -> bool:
         if current.N == 0 or a.mode is not current.mode:

@@ -80,8 +80,9 @@ def test_metrics_follow_a_scripted_run(pearld_factory: Any) -> None:
     d: Pearld = pearld_factory(
         "daemon.borrow=always",
         f"daemon.metrics=127.0.0.1:{port}",
-        # No hysteresis: this small cluster's priors favour 2P3D at 5 workers by 3.8% and 4C at
-        # 4, so the join and the reclaim each switch the mode.
+        # No hysteresis: this small cluster's priors favour 2P3D at 5 dedicated workers by 1.2%
+        # and colocation at 2, so the join and the reclaim each switch the mode. Both come while
+        # training runs: no role switch begins while training GPUs are lent.
         "decision.mode_switch_threshold=0.0",
     )
     url = f"http://127.0.0.1:{port}/metrics"
@@ -94,14 +95,26 @@ def test_metrics_follow_a_scripted_run(pearld_factory: Any) -> None:
     routable = [w for w in s["workers"] if w["activity"] == "active" and w["role"] != "training"]
     assert value(m, "pearl_colocated_workers") == s["N_C"] == len(routable)
     assert value(m, "pearl_gpus", pool="training") == 4
-    plans0 = value(m, "pearl_plans", "pearl_plans_total", outcome="committed")
     events0 = value(m, "pearl_api_requests", "pearl_api_requests_total", command="event")
-    switches0 = value(m, "pearl_mode_switches", "pearl_mode_switches_total")
     appends0 = value(m, "pearl_log_append_seconds", "pearl_log_append_seconds_count")
+
+    # Training Begin takes the lent GPUs back: one return plan, one return latency observed.
+    returns0 = value(m, "pearl_borrow_return_seconds", "pearl_borrow_return_seconds_count")
+    d.event(ev.TrainingBegin(1))
+    wait_until(lambda: d.status()["training_may_proceed"] == 1, 20, "training may proceed")
+    s = d.settled()
+    m = scrape(url)
+    assert value(m, "pearl_borrow_return_seconds", "pearl_borrow_return_seconds_count") == (
+        returns0 + 1
+    )
+    assert value(m, "pearl_plans", "pearl_plans_total", kind="return", outcome="committed") >= 1
+    plans0 = value(m, "pearl_plans", "pearl_plans_total", outcome="committed")
+    switches0 = value(m, "pearl_mode_switches", "pearl_mode_switches_total")
     latencies0 = value(m, "pearl_event_to_plan_seconds", "pearl_event_to_plan_seconds_count")
 
-    # A join: one event, one expansion plan committed, one event -> plan latency observed.
-    d.event(ev.GpusAdded((8, 9)))
+    # A join while training runs: one event, one expansion plan committed (it re-roles the
+    # serving workers too: a mode switch, one), one event -> plan latency observed.
+    d.event(ev.GpusAdded((8, 9, 10, 11, 12, 13)))
     s = d.settled()
     m = scrape(url)
     assert value(m, "pearl_log_seq") == s["seq"]
@@ -109,19 +122,16 @@ def test_metrics_follow_a_scripted_run(pearld_factory: Any) -> None:
     assert value(m, "pearl_plans", "pearl_plans_total", outcome="committed") == plans0 + 1
     count = value(m, "pearl_event_to_plan_seconds", "pearl_event_to_plan_seconds_count")
     assert count == latencies0 + 1
-    assert value(m, "pearl_gpus", pool="present") == 2
-    assert s["mode"] == "disaggregated"  # a mode switch: one, in the join's plan
+    assert value(m, "pearl_gpus", pool="present") == 6
+    assert s["mode"] == "disaggregated"
     assert value(m, "pearl_mode_switches", "pearl_mode_switches_total") == switches0 + 1
     assert value(m, "pearl_mode_info", mode="disaggregated") == 1
     assert value(m, "pearl_prefill_workers") == s["N_P"] and s["N_P"] > 0
 
-    # A borrow cycle: Training Begin takes the lent GPUs back, Training Finished lends them again.
-    returns0 = value(m, "pearl_borrow_return_seconds", "pearl_borrow_return_seconds_count")
+    # Training Finished lends the GPUs again: the borrowed workers join the split as it is.
     activations0 = value(
         m, "pearl_borrow_activation_seconds", "pearl_borrow_activation_seconds_count"
     )
-    d.event(ev.TrainingBegin(1))
-    wait_until(lambda: d.status()["training_may_proceed"] == 1, 20, "training may proceed")
     d.event(ev.TrainingFinished(1, 1))
     wait_until(
         lambda: (d.status()["borrow"]["current"] or {}).get("activation_s") is not None,
@@ -134,15 +144,18 @@ def test_metrics_follow_a_scripted_run(pearld_factory: Any) -> None:
         m, "pearl_borrow_activation_seconds", "pearl_borrow_activation_seconds_count"
     )
     assert activations == activations0 + 1
+    assert s["mode"] == "disaggregated"
+    assert value(m, "pearl_mode_switches", "pearl_mode_switches_total") == switches0 + 1
     assert value(m, "pearl_training_step") == 1 and value(m, "pearl_weights_version") == 1
-    returns = value(m, "pearl_borrow_return_seconds", "pearl_borrow_return_seconds_count")
-    assert returns == returns0 + 1
-    assert value(m, "pearl_plans", "pearl_plans_total", kind="return", outcome="committed") >= 1
     assert value(m, "pearl_log_seq") == s["seq"]
 
-    # A reclaim: the workers on those GPUs leave in a return plan (and the mode switches back).
-    switches = value(m, "pearl_mode_switches", "pearl_mode_switches_total")
-    d.event(ev.GpusReclaimed((8, 9)))
+    # A reclaim while training runs again: the workers on those GPUs leave in a return plan
+    # and the mode switches back.
+    d.event(ev.TrainingBegin(2))
+    wait_until(lambda: d.status()["training_may_proceed"] == 2, 20, "training may proceed")
+    d.settled()
+    switches = value(scrape(url), "pearl_mode_switches", "pearl_mode_switches_total")
+    d.event(ev.GpusReclaimed((8, 9, 10, 11, 12, 13)))
     s = d.settled()
     m = scrape(url)
     assert s["mode"] == "colocated"
@@ -151,10 +164,10 @@ def test_metrics_follow_a_scripted_run(pearld_factory: Any) -> None:
     assert value(m, "pearl_workers") == len(s["workers"])
     assert value(m, "pearl_log_records", "pearl_log_records_total") >= 1
 
-    # The API and the log: four events answered, appends and their syncs timed, a message that
+    # The API and the log: five events answered, appends and their syncs timed, a message that
     # does not decode counted under kind "?".
     assert value(m, "pearl_api_requests", "pearl_api_requests_total", command="event") == (
-        events0 + 4
+        events0 + 5
     )
     assert value(m, "pearl_api_requests", "pearl_api_requests_total", command="status-request") >= 4
     assert value(m, "pearl_api_request_seconds", "pearl_api_request_seconds_count") >= 8
