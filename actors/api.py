@@ -218,6 +218,8 @@ class ApiEndpoint(PearlActor):
         # of `pearl log replay --json`.
         metrics = self.board.metrics()
         view["worker_metrics"] = {str(w): metrics[w] for w in sorted(metrics)}
+        nodes = self.board.nodes()  # on Ray: the node each worker's host runs on
+        view["worker_nodes"] = {str(w): nodes[w] for w in sorted(nodes)}
         with self._view_seq:
             self.seq, self.view = msg.seq, view
             self.status_msg = Status(view)  # one object per change: its encoding is reused

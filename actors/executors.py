@@ -44,7 +44,11 @@ class InterScaleRebuilder(PearlActor):
         report = _result(c) if c.plan else gone
         ref = self.directory.find(f"worker/{c.worker}")
         if ref is not None and not c.force and self.directory.tell(ref.name, c):
-            self.directory.tell("supervisor", Retire(c.worker, report=None if c.plan else gone))
+            # A plan's step is answered by the host, or by the supervisor if the host dies first.
+            retire = (
+                Retire(c.worker, fallback=_result(c)) if c.plan else Retire(c.worker, report=gone)
+            )
+            self.directory.tell("supervisor", retire)
         else:
             self.directory.tell("supervisor", Retire(c.worker, force=True, report=report))
 

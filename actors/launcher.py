@@ -1,9 +1,11 @@
-"""Starting worker host processes: a local-subprocess launcher behind an interface another cluster
-engine (Ray, Kubernetes, Slurm) can implement.
+"""Starting worker host processes: a local-subprocess launcher, and the interface that another
+cluster engine implements too (:class:`actors.ray_launcher.RayLauncher`: Ray actors on the nodes
+that hold the workers' GPUs).
 
 A worker host is ``python -m actors.worker_host`` with its identity, GPUs and engine settings on
-the command line; it finds pearld through ``--endpoint`` and registers itself. Processes are
-tracked and stopped by pid, never by name.
+the command line; it finds pearld through ``--endpoint`` and registers itself. A launcher names
+each host it starts by a handle (a pid here, an actor's name on Ray) and tracks and stops it by
+that handle, never by a process name.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from actors.messages import WorkerHello
 from pearl.config import EngineConfig
 from pearl.core.errors import PearlError
 
@@ -44,19 +47,63 @@ class WorkerSpec:
     metrics: str = ""  # HOST:PORT where the host serves GET /metrics (port 0: a free one); "": off
 
 
+Handle = int | str  # how a launcher names a host it started: a pid, a Ray actor's name
+
+
 class Launcher(Protocol):
-    def launch(self, spec: WorkerSpec) -> int:
-        """Start a worker host; returns its pid."""
+    def launch(self, spec: WorkerSpec) -> Handle:
+        """Start a worker host; returns its handle (truthy)."""
 
-    def alive(self, pid: int) -> bool: ...
+    def alive(self, handle: Handle) -> bool: ...
 
-    def kill(self, pid: int, force: bool = False) -> None: ...
+    def kill(self, handle: Handle, force: bool = False) -> None: ...
 
-    def cpu_s(self, pid: int) -> float | None:
+    def cpu_s(self, handle: Handle) -> float | None:
         """CPU seconds the host has used while it can run; None when stopped, gone or unknown."""
 
-    def adopt(self, pid: int) -> None:
+    def handle_of(self, hello: WorkerHello) -> Handle:
+        """The handle of the host that sent ``hello`` (one this pearld may not have started)."""
+
+    def adopt(self, handle: Handle) -> None:
         """A host of an earlier pearld registered: stop it with ours at shutdown."""
+
+    def reap_all(self, timeout_s: float = 3.0) -> None:
+        """Stop every host started or adopted (pearld's shutdown without --keep-workers)."""
+
+    def close(self) -> None:
+        """Let go of the cluster engine (after reap_all, or leaving the hosts running)."""
+
+
+def host_args(spec: WorkerSpec, python: str = sys.executable) -> list[str]:
+    """The worker host's command line for ``spec``."""
+    return [
+        python,
+        "-m",
+        "actors.worker_host",
+        "--endpoint",
+        spec.endpoint,
+        "--worker",
+        str(spec.worker),
+        "--incarnation",
+        str(spec.incarnation),
+        "--gpus",
+        ",".join(str(g) for g in spec.gpus),
+        "--engine",
+        json.dumps(asdict(spec.engine)),
+        "--model",
+        spec.model,
+        "--gpu",
+        spec.gpu,
+        "--tp",
+        str(spec.tp),
+        "--heartbeat-s",
+        str(spec.heartbeat_s),
+        "--orphan-s",
+        str(spec.orphan_s),
+        "--state-dir",
+        spec.state_dir,
+        *(["--metrics", spec.metrics] if spec.metrics else []),
+    ]
 
 
 class LocalProcessLauncher:
@@ -67,40 +114,13 @@ class LocalProcessLauncher:
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._adopted: set[int] = set()  # hosts of an earlier pearld that registered with us
 
-    def launch(self, spec: WorkerSpec) -> int:
+    def launch(self, spec: WorkerSpec) -> Handle:
         env = dict(os.environ)
         if spec.engine.kind != "sim":
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in spec.gpus)
-        args = [
-            sys.executable,
-            "-m",
-            "actors.worker_host",
-            "--endpoint",
-            spec.endpoint,
-            "--worker",
-            str(spec.worker),
-            "--incarnation",
-            str(spec.incarnation),
-            "--gpus",
-            ",".join(str(g) for g in spec.gpus),
-            "--engine",
-            json.dumps(asdict(spec.engine)),
-            "--model",
-            spec.model,
-            "--gpu",
-            spec.gpu,
-            "--tp",
-            str(spec.tp),
-            "--heartbeat-s",
-            str(spec.heartbeat_s),
-            "--orphan-s",
-            str(spec.orphan_s),
-            "--state-dir",
-            spec.state_dir,
-            # the host loads its CURVE keys (DIR/worker.key_secret, DIR/server.key) from here
-            *(["--keys-dir", str(Path(spec.keys_dir).absolute())] if spec.keys_dir else []),
-            *(["--metrics", spec.metrics] if spec.metrics else []),
-        ]
+        args = host_args(spec)
+        if spec.keys_dir:  # the host loads its CURVE keys (DIR/worker.key_secret, DIR/server.key)
+            args += ["--keys-dir", str(Path(spec.keys_dir).absolute())]
         out: Any = subprocess.DEVNULL
         try:
             if self.log_dir is not None:
@@ -126,7 +146,8 @@ class LocalProcessLauncher:
         self._children[proc.pid] = proc
         return proc.pid
 
-    def alive(self, pid: int) -> bool:
+    def alive(self, pid: Handle) -> bool:
+        assert isinstance(pid, int)
         child = self._children.get(pid)
         if child is not None:
             if child.poll() is None:
@@ -141,19 +162,24 @@ class LocalProcessLauncher:
             return True
         return not _zombie(pid)
 
-    def adopt(self, pid: int) -> None:
+    def handle_of(self, hello: WorkerHello) -> Handle:
+        return hello.pid
+
+    def adopt(self, pid: Handle) -> None:
         """A host that said hello after a pearld restart: not our child, but ours to stop."""
-        if pid and pid not in self._children:
+        if isinstance(pid, int) and pid and pid not in self._children:
             self._adopted.add(pid)
 
-    def cpu_s(self, pid: int) -> float | None:
+    def cpu_s(self, pid: Handle) -> float | None:
         """From /proc: user + system CPU of a running or sleeping process (not stopped/zombie)."""
+        assert isinstance(pid, int)
         fields = _stat(pid)
         if fields is None or fields[0] in ("T", "t", "Z", "X", "x"):
             return None
         return (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
 
-    def kill(self, pid: int, force: bool = False) -> None:
+    def kill(self, pid: Handle, force: bool = False) -> None:
+        assert isinstance(pid, int)
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL if force else signal.SIGTERM)
         child = self._children.get(pid)
@@ -186,6 +212,9 @@ class LocalProcessLauncher:
                 child.wait(timeout=2.0)
             self._children.pop(pid, None)
 
+    def close(self) -> None:
+        pass
+
 
 def _zombie(pid: int) -> bool:
     fields = _stat(pid)
@@ -204,4 +233,4 @@ def _stat(pid: int) -> list[str] | None:
         return None
 
 
-__all__ = ["LaunchError", "Launcher", "LocalProcessLauncher", "WorkerSpec"]
+__all__ = ["Handle", "LaunchError", "Launcher", "LocalProcessLauncher", "WorkerSpec", "host_args"]

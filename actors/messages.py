@@ -26,6 +26,8 @@ class WorkerHello(WireStruct, tag="worker-hello", frozen=True):
     engine_ready: bool = False  # the engine already serves (a pearld restart found it running)
     role: Role | None = None
     metrics_address: str = ""  # HOST:PORT of its GET /metrics; "": not served (or an older host)
+    node_id: str = ""  # the Ray node it runs on ("": not on Ray)
+    handle: str = ""  # how its launcher names it (a Ray actor's name; "": its pid)
 
 
 @MESSAGES.add

@@ -42,7 +42,16 @@ ROUTES: dict[type, str] = {
     cmd.TrainingMayProceed: "scheduler",
 }
 # Who hears about every logged change (status view, routable set, expected worker hosts).
-LISTENERS = ("router", "supervisor", "api", "decision", "scheduler", "pipeline", "tracker")
+LISTENERS = (
+    "router",
+    "supervisor",
+    "api",
+    "decision",
+    "scheduler",
+    "pipeline",
+    "tracker",
+    "nodes",  # the RayNodeWatcher, with [ray] node_events
+)
 
 
 class Orchestrator(PearlActor):

@@ -29,7 +29,7 @@ from typing import Any
 
 from actors.base import CourierRef, Directory, PearlActor
 from actors.heart import host_of
-from actors.launcher import Launcher, LaunchError, WorkerSpec
+from actors.launcher import Handle, Launcher, LaunchError, WorkerSpec
 from actors.messages import (
     Generate,
     RestoreWorker,
@@ -64,31 +64,39 @@ class Liveboard:
         self._live = Liveness(interval_s, clock=clock)
         self._known: dict[int, int] = {}  # worker -> incarnation
         self._metrics: dict[int, str] = {}  # worker -> HOST:PORT of its GET /metrics
+        self._nodes: dict[int, str] = {}  # worker -> Ray node id of its host
         self._lock = threading.Lock()
         self.deaths: Counter[str] = Counter()  # "exited", "missed heartbeats", ... -> hosts
         self.spared_busy = 0  # times a silent host was found computing, not dead
         self.fates: Counter[str] = Counter()  # dead hosts "restarted" / "lost" (budget spent)
         self.ear = _Ear(self)  # the API server's Listener
 
-    def add(self, worker: int, incarnation: int, metrics: str = "") -> None:
+    def add(self, worker: int, incarnation: int, metrics: str = "", node: str = "") -> None:
         with self._lock:
             self._known[worker] = incarnation
             self._live.beat(str(worker))
-            if metrics:
-                self._metrics[worker] = metrics
-            else:
-                self._metrics.pop(worker, None)
+            for table, value in ((self._metrics, metrics), (self._nodes, node)):
+                if value:
+                    table[worker] = value
+                else:
+                    table.pop(worker, None)
 
     def remove(self, worker: int) -> None:
         with self._lock:
             self._known.pop(worker, None)
             self._metrics.pop(worker, None)
+            self._nodes.pop(worker, None)
             self._live.forget(str(worker))
 
     def metrics(self) -> dict[int, str]:
         """Registered hosts that serve metrics: worker -> HOST:PORT."""
         with self._lock:
             return dict(self._metrics)
+
+    def nodes(self) -> dict[int, str]:
+        """Registered hosts on Ray: worker -> the node id it said hello from."""
+        with self._lock:
+            return dict(self._nodes)
 
     def beat(self, worker: int, incarnation: int) -> bool:
         """Record a heartbeat; False when that host is not (or no longer) registered."""
@@ -184,6 +192,9 @@ class Retire:
     worker: int
     force: bool = False
     report: Any = None  # a StepResult to send once the host is gone
+    # A StepResult the host itself owes (it was told the step): sent if it dies instead (a lost
+    # node takes the host with the stop in flight); a second result of a done step is ignored.
+    fallback: Any = None
 
 
 @dataclass(frozen=True)
@@ -200,13 +211,15 @@ class Host:
     worker: int
     incarnation: int
     gpus: tuple[int, ...]
-    pid: int = 0
+    handle: Handle = 0  # the launcher's name for its process (a pid, a Ray actor); 0: none
+    node_id: str = ""  # the Ray node it said hello from ("": not on Ray)
     ref: CourierRef | None = None
     restarts: int = 0
     restart_at: float | None = None
     pending: list[Any] = field(default_factory=list)  # commands waiting for hello
     retiring: bool = False
     retire_reports: list[Any] = field(default_factory=list)  # told once the host is gone
+    fallbacks: list[Any] = field(default_factory=list)  # told if it dies before answering
     launched_at: float = 0.0
     # (tick time, CPU seconds its process had used) over the last heartbeat timeout and one more
     cpu_seen: deque[tuple[float, float]] = field(default_factory=deque)
@@ -270,7 +283,7 @@ class RoleSupervisor(PearlActor):
         if h is not None and h.incarnation != inc:
             self._forget(h, kill=True)  # the slot's previous worker: not this one
             h = None
-        if h is not None and h.ref is not None and self.launcher.alive(h.pid):
+        if h is not None and h.ref is not None and self.launcher.alive(h.handle):
             h.ref.tell(c)  # already up (e.g. re-sent after a pearld restart)
             return
         gpus = tuple(getattr(c, "gpus", ()) or (row.gpus if row is not None else ()))
@@ -278,7 +291,7 @@ class RoleSupervisor(PearlActor):
         h.pending.append(c)
         self.hosts[c.worker] = h
         self.awaited.discard(c.worker)
-        if not h.pid or not self.launcher.alive(h.pid):
+        if not h.handle or not self.launcher.alive(h.handle):
             self._launch(h)
 
     def deliver(self, msg: Deliver) -> None:
@@ -311,10 +324,10 @@ class RoleSupervisor(PearlActor):
             HOST_METRICS if self.metrics else "",
         )
         try:
-            h.pid = self.launcher.launch(spec)
+            h.handle = self.launcher.launch(spec)
         except LaunchError as e:  # like a host that died at once: restart budget, then lost
             log.error("%s", e)
-            h.pid, h.launched_at, h.restart_at = 0, time.monotonic(), None
+            h.handle, h.launched_at, h.restart_at = 0, time.monotonic(), None
             self._crashed(h, "could not be launched")
             return
         h.ref, h.launched_at = None, time.monotonic()
@@ -322,10 +335,10 @@ class RoleSupervisor(PearlActor):
         h.busy_since = None
         h.cpu_seen.clear()
         log.info(
-            "launched worker host %s (incarnation %s) pid %s on GPUs %s",
+            "launched worker host %s (incarnation %s) as %s on GPUs %s",
             h.worker,
             h.incarnation,
-            h.pid,
+            h.handle,
             list(h.gpus),
         )
 
@@ -342,17 +355,18 @@ class RoleSupervisor(PearlActor):
                 msg.incarnation,
                 msg.pid,
             )
-            self.launcher.kill(msg.pid, force=True)
+            self.launcher.kill(self.launcher.handle_of(msg), force=True)
             return Welcome(self.boot_id, known=False)
         if h is None or h.incarnation != msg.incarnation:  # adopted after a pearld restart
             assert row is not None
             h = self.hosts[msg.worker] = Host(msg.worker, msg.incarnation, row.gpus)
         self.awaited.discard(msg.worker)
-        if h.pid != msg.pid:  # another process: its CPU history is not this one's
+        handle = self.launcher.handle_of(msg)
+        if h.handle != handle:  # another process: its CPU history is not this one's
             h.busy_since = None
             h.cpu_seen.clear()
-        h.pid = msg.pid
-        self.launcher.adopt(msg.pid)  # stopped with pearld's own hosts at shutdown
+        h.handle, h.node_id = handle, msg.node_id
+        self.launcher.adopt(handle)  # stopped with pearld's own hosts at shutdown
         if h.ref is not None:  # hello again (its first reply was lost): a new courier
             self._drop_ref(h)  # drops what the old one had not delivered, requests included:
             self.directory.tell("router", WorkerGone(h.worker, h.incarnation, "said hello again"))
@@ -363,8 +377,10 @@ class RoleSupervisor(PearlActor):
         )
         self.directory.register(h.ref)
         self.directory.tell("router", KvAddress(msg.worker, msg.kv_address))
-        self.board.add(msg.worker, msg.incarnation, msg.metrics_address)
+        self.board.add(msg.worker, msg.incarnation, msg.metrics_address, msg.node_id)
         self._targets()
+        if msg.node_id:  # status shows where each host runs
+            self.directory.tell("api", HostsChanged())
         pending, h.pending = h.pending, []
         if not pending and row is not None and not h.retiring:
             # A restarted host: bring its engine back as the table says it should be. A running
@@ -406,15 +422,18 @@ class RoleSupervisor(PearlActor):
 
     def retire(self, msg: Retire) -> None:
         h = self.hosts.get(msg.worker)
-        if h is None or not h.pid:
+        if h is None or not h.handle:
             if h is not None:
                 self.hosts.pop(msg.worker, None)
-            if msg.report is not None:
-                self.directory.tell("orchestrator", msg.report)
+            for report in (msg.report, msg.fallback):
+                if report is not None:
+                    self.directory.tell("orchestrator", report)
             return
         h.retiring = True  # a second retire (a plan's stop after an eviction's) adds its report
         if msg.report is not None:
             h.retire_reports.append(msg.report)
+        if msg.fallback is not None:
+            h.fallbacks.append(msg.fallback)
         if msg.force or h.ref is None:
             self._forget(h, kill=True)
 
@@ -425,8 +444,8 @@ class RoleSupervisor(PearlActor):
             h.ref = None
 
     def _forget(self, h: Host, kill: bool) -> None:
-        if kill and h.pid:
-            self.launcher.kill(h.pid, force=True)
+        if kill and h.handle:
+            self.launcher.kill(h.handle, force=True)
             self.directory.tell("router", WorkerGone(h.worker, h.incarnation, "stopped"))
         self._drop_ref(h)
         self.board.remove(h.worker)
@@ -458,7 +477,7 @@ class RoleSupervisor(PearlActor):
                     h.restart_at = None
                     self._launch(h)
                 continue
-            exited = bool(h.pid) and not self.launcher.alive(h.pid)
+            exited = bool(h.handle) and not self.launcher.alive(h.handle)
             self._sample_cpu(h, now)
             silent = h.ref is not None and wid in dead and not self._busy(h, now)
             if wid not in dead:
@@ -466,6 +485,7 @@ class RoleSupervisor(PearlActor):
             never = h.ref is None and now - h.launched_at > self.hello_timeout_s
             if h.retiring:
                 if exited or silent or never:
+                    h.retire_reports += h.fallbacks  # the steps it may not have answered
                     self._forget(h, kill=True)
                 continue
             if exited or silent or never:
@@ -483,7 +503,7 @@ class RoleSupervisor(PearlActor):
     def _sample_cpu(self, h: Host, now: float) -> None:
         """Record the CPU its process has used, keeping one heartbeat timeout of history (and
         the sample just before it, the baseline of :meth:`_busy`)."""
-        cpu = self.launcher.cpu_s(h.pid) if h.pid else None
+        cpu = self.launcher.cpu_s(h.handle) if h.handle else None
         if cpu is None:  # stopped, gone or unknown: no evidence of work
             h.cpu_seen.clear()
             return
@@ -506,15 +526,15 @@ class RoleSupervisor(PearlActor):
         if h.busy_since is None:
             h.busy_since = now
             self.board.spared()
-            log.info("worker host %s (pid %s) is silent but computing", h.worker, h.pid)
+            log.info("worker host %s (%s) is silent but computing", h.worker, h.handle)
         return now - h.busy_since < BUSY_GRACE * LIVENESS * self.cfg.daemon.heartbeat_s
 
     def _crashed(self, h: Host, why: str) -> None:
-        log.warning("worker host %s (pid %s) %s", h.worker, h.pid, why)
+        log.warning("worker host %s (%s) %s", h.worker, h.handle, why)
         self.board.declared(why)
-        if h.pid:
-            self.launcher.kill(h.pid, force=True)
-            h.pid = 0
+        if h.handle:
+            self.launcher.kill(h.handle, force=True)
+            h.handle = 0
         self._drop_ref(h)
         self.board.remove(h.worker)
         self._targets()

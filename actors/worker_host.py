@@ -105,6 +105,18 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help='serve GET /metrics on HOST:PORT (port 0: a free one; "" or absent: off)',
     )
+    p.add_argument(
+        "--keys-stdin",
+        action="store_true",
+        help="read the CURVE keys as one JSON line on stdin (a launcher on another machine)",
+    )
+    p.add_argument(
+        "--bind-host",
+        default="127.0.0.1",
+        help="where its command server and KV inbox listen (not loopback: needs CURVE keys)",
+    )
+    p.add_argument("--node-id", default="", help="the Ray node it runs on (said in its hello)")
+    p.add_argument("--handle", default="", help="its launcher's name for it (said in its hello)")
     a = p.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s worker-{a.worker} %(levelname)s %(message)s"
@@ -117,10 +129,16 @@ def main(argv: list[str] | None = None) -> int:
     directory = Directory()
     metrics = HostMetrics(a.worker, a.incarnation, engine_cfg.kind)
     try:  # CURVE: to pearld, to other hosts, and for this host's own sockets
-        host_keys = HostKeys.load(a.keys_dir) if a.keys_dir else None
+        if a.keys_stdin:  # handed over by the launcher: no key file on this machine
+            host_keys: HostKeys | None = HostKeys.of_text(json.loads(sys.stdin.readline()))
+        else:
+            host_keys = HostKeys.load(a.keys_dir) if a.keys_dir else None
         exporter = MetricsServer(metrics, a.metrics, "--metrics") if a.metrics else None
     except PearlError as e:
         log.error("cannot start: %s", e)
+        return 1
+    except ValueError as e:  # --keys-stdin: not JSON
+        log.error("cannot start: worker host keys on stdin: %s", e)
         return 1
     keys = host_keys.to_pearld if host_keys else None
     reporter = Reporter(  # named after the host: pearld counts every report as a heartbeat
@@ -135,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("orchestrator", "router", "tracker"):
         directory.register(QueuedRef(name, reporter))
     kv = ZmqKVChannel(
+        f"tcp://{a.bind_host}:*",
         keys=host_keys.serve if host_keys else None,
         peer_keys=host_keys.to_peers if host_keys else None,
     )
@@ -161,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     ref = LocalRef(f"worker/{a.worker}", actor)
     directory.register(ref)
     server = Server(
-        "tcp://127.0.0.1:*",
+        f"tcp://{a.bind_host}:*",
         serve_directory(directory),
         keys=host_keys.serve if host_keys else None,
         name=f"worker-{a.worker}",
@@ -173,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         server.address,
         kv.address,
         metrics_address=exporter.address if exporter is not None else "",
+        node_id=a.node_id,
+        handle=a.handle,
     )
 
     pid_file = (

@@ -64,6 +64,21 @@ def format_gpus(gpus: Iterable[int]) -> str:
 
 
 @dataclass(frozen=True)
+class NodeConfig:
+    """``[[cluster.nodes]]``: one Ray node and the table's GPUs it holds (launcher = "ray").
+    Exactly one of ``address`` (the node's IP as Ray reports it), ``node_id`` (Ray's hex id) or
+    ``label`` (``KEY=VALUE``, a label it was started with: ``ray start --labels``) names it."""
+
+    gpus: GpuList = ()
+    address: str = ""
+    node_id: str = ""
+    label: str = ""
+
+    def names(self) -> str:
+        return self.address or self.node_id or self.label
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
     gpu: str = "H800"
     tp: int = 2
@@ -72,6 +87,8 @@ class ClusterConfig:
     preemptible_gpus: GpuList = tuple(range(20, 32))
     initial_preemptible: GpuList = ()  # preemptible GPUs present at start
     mem_fraction: float = 0.9  # share of a worker's HBM for weights + KV cache (sets H_max)
+    # Ray nodes and their GPUs; none: each node says which it holds (the [ray] gpus_label label)
+    nodes: tuple[NodeConfig, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -128,6 +145,18 @@ class DaemonConfig:
     pd: str = "adaptive"  # adaptive | colocated | disaggregated
     # Prometheus metrics over HTTP ("127.0.0.1:9440"; port 0: any free port); "" turns them off.
     metrics: str = ""
+    launcher: str = "local"  # local: subprocesses here | ray: Ray actors on the GPUs' nodes
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    """``[ray]``: where worker hosts run when ``daemon.launcher = "ray"`` (docs/ray.md)."""
+
+    address: str = "auto"  # the cluster's GCS (HOST:PORT), or "auto": the one started here
+    namespace: str = "pearl"  # the hosts' detached, named actors live here
+    node_events: bool = False  # node join / death / drain -> gpus-added / -reclaimed / -reclaiming
+    gpus_label: str = "pearl-gpus"  # a node labelled pearl-gpus=8-15 holds the table's GPUs 8-15
+    poll_s: float = 0.5  # how often the node table and the hosts' actors are read
 
 
 @dataclass(frozen=True)
@@ -226,6 +255,7 @@ class Config:
     engine: EngineConfig = field(default_factory=EngineConfig)
     rl: RLConfig = field(default_factory=RLConfig)
     demo: DemoConfig = field(default_factory=DemoConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
 
     def validate(self) -> Config:
         c = self.cluster
@@ -267,6 +297,10 @@ class Config:
             from pearl.metrics import parse_address
 
             parse_address(self.daemon.metrics)
+        _one_of("daemon.launcher", self.daemon.launcher, ("local", "ray"))
+        self._check_nodes()
+        if self.ray.poll_s <= 0:
+            raise ConfigError("ray.poll_s must be > 0")
         _one_of("engine.kind", self.engine.kind, ("sim", "torch", "sglang"))
         _one_of("engine.router", self.engine.router, ("pearl", "sglang-router"))
         _one_of("engine.sglang_role_switch", self.engine.sglang_role_switch, ("auto", "on", "off"))
@@ -287,6 +321,30 @@ class Config:
         if self.demo.eval_every < 0:
             raise ConfigError(f"demo.eval_every must be >= 0, got {self.demo.eval_every}")
         return self
+
+    def _check_nodes(self) -> None:
+        """Each [[cluster.nodes]] entry names one node and holds GPUs of the table, no two the
+        same GPU."""
+        c = self.cluster
+        universe = set(c.training_gpus) | set(c.reserved_gpus) | set(c.preemptible_gpus)
+        seen: dict[int, int] = {}
+        for i, n in enumerate(c.nodes):
+            where = f"cluster.nodes[{i}]"
+            if sum(bool(x) for x in (n.address, n.node_id, n.label)) != 1:
+                raise ConfigError(f"{where}: give exactly one of address, node_id or label")
+            if n.label and "=" not in n.label:
+                raise ConfigError(f"{where}.label = {n.label!r}: expected KEY=VALUE")
+            if not n.gpus:
+                raise ConfigError(f"{where}.gpus: a node holds at least one GPU of the table")
+            if set(n.gpus) - universe:
+                raise ConfigError(
+                    f"{where}.gpus {sorted(set(n.gpus) - universe)} are not GPUs of the cluster "
+                    "(training_gpus, reserved_gpus or preemptible_gpus)"
+                )
+            for g in n.gpus:
+                if g in seen:
+                    raise ConfigError(f"{where}: GPU {g} is held by cluster.nodes[{seen[g]}] too")
+                seen[g] = i
 
     def _check_devices(self) -> None:
         """Virtual devices: a share in (0, 1], on the torch engine, all slots within the cores."""
@@ -338,6 +396,15 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         tp = optional[0]  # `float | None`: TOML has no null, so a given value is the type
     if tp is GpuList or tp == GpuList:
         return parse_gpus(value, where)
+    args = typing.get_args(tp)
+    if (
+        typing.get_origin(tp) is tuple
+        and args[-1:] == (Ellipsis,)
+        and dataclasses.is_dataclass(args[0])
+    ):  # an array of tables: [[cluster.nodes]]
+        if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+            raise ConfigError(f"{where}: expected an array of tables ([[...]])")
+        return tuple(_table(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -353,6 +420,15 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     else:
         raise ConfigError(f"{where}: unsupported type {tp}")
     raise ConfigError(f"{where}: expected {tp.__name__}, got {type(value).__name__} {value!r}")
+
+
+def _table(cls: Any, body: dict[str, Any], where: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    keys = [f.name for f in dataclasses.fields(cls)]
+    for key in body:
+        if key not in hints:
+            raise ConfigError(f"{where}: unknown key {key}{_suggest(key, keys)}")
+    return cls(**{k: _coerce(v, hints[k], f"{where}.{k}") for k, v in body.items()})
 
 
 def from_mapping(
@@ -437,7 +513,9 @@ __all__ = [
     "EngineConfig",
     "GateConfig",
     "ModelConfig",
+    "NodeConfig",
     "RLConfig",
+    "RayConfig",
     "WorkloadConfig",
     "from_mapping",
     "load",

@@ -158,6 +158,7 @@ class Daemon:
         self.event_log: FileLog | None = None
         self.directory: Any = None
         self.launcher: Any = None
+        self._ray: Any = None  # a RayLauncher joined at start, until the launcher part takes it
         self._up: list[tuple[str, Callable[[bool], None]]] = []  # started parts, in order
         from actors.supervisor import Liveboard
 
@@ -206,6 +207,10 @@ class Daemon:
             self.keys = DaemonKeys.load(self.cfg.daemon.keys_dir).api
             HostKeys.load(self.cfg.daemon.keys_dir)
         check_bind(self.endpoint, self.keys)
+        if self.cfg.daemon.launcher == "ray":  # joined and checked before anything is logged
+            from actors.ray_launcher import RayLauncher
+
+            self._ray = RayLauncher.connect(self.cfg, self.endpoint, self.state_dir / "workers")
         self.state_dir.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
         # pearld's parts in start order; stop() takes down the ones that started, in reverse.
@@ -238,12 +243,17 @@ class Daemon:
     def _make_launcher(self) -> None:
         from actors.launcher import LocalProcessLauncher
 
-        self.launcher = LocalProcessLauncher(self.state_dir / "workers")
+        self.launcher, self._ray = (
+            self._ray or LocalProcessLauncher(self.state_dir / "workers"),
+            None,
+        )
 
     def _reap_workers(self, failed: bool) -> None:
         # After a failed start, even with keep_workers: nobody will adopt them.
         if self.launcher is not None and (failed or not self.keep_workers):
             self.launcher.reap_all()
+        if self.launcher is not None:
+            self.launcher.close()
 
     def _start_metrics(self) -> None:
         """The Prometheus endpoint (``[daemon] metrics``): bound before the actors, so an address
@@ -387,6 +397,13 @@ class Daemon:
         # The API binds last but one; the orchestrator, last, is the first to stop taking input.
         specs["api"] = api
         specs["orchestrator"] = orchestrator
+        if cfg.daemon.launcher == "ray" and cfg.ray.node_events:  # after the orchestrator booted
+            from actors.ray_nodes import RayNodeWatcher, read_nodes
+
+            ray = self.launcher.ray
+            specs["nodes"] = lambda: base.start(
+                d, RayNodeWatcher, d, cfg, lambda: read_nodes(ray), initial
+            )
         return specs
 
     def batches(self) -> Any:
@@ -462,6 +479,9 @@ class Daemon:
                 down(failed)
             except Exception as e:  # keep going: sweep the rest
                 log.warning("stopping %s: %s", name, e)
+        if self._ray is not None:  # joined Ray, failed before the launcher part took it
+            self._ray.close()
+            self._ray = None
         log.log(logging.DEBUG if failed else logging.INFO, "pearld stopped")
 
 

@@ -141,10 +141,36 @@ class HostKeys:
                 f"{d} has no worker host key pair ({path}); run `pearl keys generate {d}` "
                 "again: it adds the missing worker keys and keeps the others"
             )
-        mine = ClientKeys.load(d, WORKER)
+        return cls.of(ClientKeys.load(d, WORKER))
+
+    @classmethod
+    def of(cls, mine: ClientKeys) -> HostKeys:
+        """From the worker key pair and pearld's public key (``mine``)."""
         peers = ClientKeys(mine.public, mine.secret, mine.public)
         serve = ServerKeys(mine.public, mine.secret, frozenset({mine.public, mine.server_public}))
         return cls(mine, peers, serve)
+
+    def to_text(self) -> dict[str, str]:
+        """What a launcher hands a host on another machine (z85 text, no files): the worker key
+        pair and pearld's public key; :meth:`of_text` reads it back."""
+        k = self.to_pearld
+        return {
+            "public": k.public.decode(),
+            "secret": k.secret.decode(),
+            "server": k.server_public.decode(),
+        }
+
+    @classmethod
+    def of_text(cls, d: dict[str, str]) -> HostKeys:
+        try:
+            keys = [d[k].encode("ascii") for k in ("public", "secret", "server")]
+        except (KeyError, AttributeError, UnicodeEncodeError, TypeError):
+            raise ConfigError(
+                "worker host keys: expected public, secret and server (z85 text)"
+            ) from None
+        if any(len(k) != 40 for k in keys):
+            raise ConfigError("worker host keys: each key is 40 characters of z85 text")
+        return cls.of(ClientKeys(*keys))
 
 
 def _load(path: Path, secret: bool) -> tuple[bytes, bytes]:

@@ -171,7 +171,16 @@ class FakeLauncher:
     def cpu_s(self, pid: int) -> float | None:
         return self.cpu
 
+    def handle_of(self, hello: Any) -> int:
+        return int(hello.pid)
+
     def adopt(self, pid: int) -> None:
+        pass
+
+    def reap_all(self, timeout_s: float = 3.0) -> None:
+        pass
+
+    def close(self) -> None:
         pass
 
 
@@ -193,7 +202,7 @@ def supervised() -> Iterator[tuple[RoleSupervisor, FakeLauncher, Now, list[Any]]
     launcher = FakeLauncher()
     board = Liveboard(0.5, clock=now)
     sup = RoleSupervisor(d, launcher, cfg, lambda: "tcp://x", "", "boot", board)  # type: ignore[arg-type]
-    sup.hosts[3] = Host(3, 12, (3,), pid=101, ref=DummyRef())  # type: ignore[arg-type]
+    sup.hosts[3] = Host(3, 12, (3,), handle=101, ref=DummyRef())  # type: ignore[arg-type]
     board.add(3, 12)
     yield sup, launcher, now, got
 

@@ -57,10 +57,10 @@ def test_a_crashed_host_is_restarted_with_back_off_until_its_budget_is_spent(
 ) -> None:
     launcher, clock = CountingLauncher(), [1000.0]
     sup, got = supervisor(launcher, clock, monkeypatch)
-    sup.hosts[3] = Host(3, 12, (6, 7), pid=101, ref=DummyRef())  # type: ignore[arg-type]
+    sup.hosts[3] = Host(3, 12, (6, 7), handle=101, ref=DummyRef())  # type: ignore[arg-type]
     delays = []
     for _ in range(CFG.daemon.restart_budget):
-        launcher.killed.append(sup.hosts[3].pid)  # the process exits
+        launcher.killed.append(sup.hosts[3].handle)  # the process exits
         sup.supervise(Supervise())
         assert sup.hosts[3].restart_at is not None, "a crash within budget is restarted"
         delays.append(sup.hosts[3].restart_at - clock[0])
@@ -75,7 +75,7 @@ def test_a_crashed_host_is_restarted_with_back_off_until_its_budget_is_spent(
     assert delays == [1.0, 2.0]  # doubling
     downs = [m for m in got if isinstance(m, cmd.WorkerDown)]
     assert len(downs) == 2 and not any(isinstance(m, cmd.WorkerLost) for m in got)
-    launcher.killed.append(sup.hosts[3].pid)  # one crash more than the budget
+    launcher.killed.append(sup.hosts[3].handle)  # one crash more than the budget
     sup.supervise(Supervise())
     lost = [m for m in got if isinstance(m, cmd.WorkerLost)]
     assert lost == [cmd.WorkerLost(3, "exited; gave up after 2 restarts")]

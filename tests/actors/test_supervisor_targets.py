@@ -100,7 +100,7 @@ def test_targets_follow_hellos_roles_crashes_and_removals(made: Any) -> None:
     assert targets() == [PEARLD, worker(1, "prefill", 41001)]
     assert told() == 1  # the same hosts: status --json is unchanged
 
-    launcher.killed.append(sup.hosts[1].pid)  # the host exits
+    launcher.killed.append(sup.hosts[1].handle)  # the host exits
     sup.supervise(Supervise())
     assert targets() == [PEARLD] and told() == 2
     sup.hello(hello(1, 503, "127.0.0.1:41003"))  # its restart says hello
