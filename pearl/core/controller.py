@@ -8,11 +8,15 @@ object, with simulated or real time.
 Policy, in the order of §4.1.2: an elastic event updates the budget (logged first); then, with no
 plan in flight, the controller computes W' from the budget (:func:`pearl.core.plan.membership`),
 asks the PD Decision Engine for the target, and turns it into a minimal-change plan. One plan is in
-flight at a time and events that arrive meanwhile are applied to the logged state. Returns
-(reclaimed GPUs, Training Begin) are mandatory: they interrupt an optional expansion or borrow,
+flight at a time and events that arrive meanwhile are applied to the logged state. A pure
+expansion onto dedicated GPUs in roles already served starts in the background (§4.5): it is over
+once its hosts are launched, and each joiner serves on its ``WorkerUp``. Returns (reclaimed GPUs,
+Training Begin) are mandatory: they interrupt an optional expansion or borrow still in flight,
 which is then cancelled as a whole (all-or-nothing admission), and they never wait for role
-changes — a forced re-role follows as its own plan. A borrowed GPU comes back before the trainer
-hears ``training-may-proceed``; a return step that outlives its deadline is forced.
+changes — a forced re-role follows as its own plan. While training GPUs are lent the dedicated
+roles stay as they are (no role switch is begun that the return would cut short). A borrowed GPU
+comes back before the trainer hears ``training-may-proceed``; a return step that outlives its
+deadline is forced.
 """
 
 from __future__ import annotations

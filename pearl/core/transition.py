@@ -2,7 +2,9 @@
 
 A step's start takes the worker out of routing where needed (``transitioning``) or binds a new
 worker to its slot; its end records the effect (removed, inactive, new role, training hand-off);
-the commit admits every joiner and role-changer at once (atomic admission); an abort removes the
+the commit admits every joiner and role-changer at once (atomic admission), except joiners that
+start in the background (:func:`admits_in_background`), each admitted on its own ``WorkerUp``;
+an abort removes the
 joiners and re-admits survivors whose role change finished. The command that asks an executor to
 perform a step is built here too, so the pair (records, command) always matches.
 """
