@@ -632,12 +632,17 @@ class Controller:
                         tx.set(toggle_measured=tx.s.toggle_measured + spent)
                     admitted = commit_records(tx.table, tx.s.failed)
                     tx.log(*admitted)
-                    for r in admitted:  # a version published meanwhile may have missed it
-                        if isinstance(r, ev.ActivityChanged) and r.activity is Activity.ACTIVE:
-                            w = tx.table.workers[r.worker]
-                            if w.role is not Role.TRAINING:
-                                version = tx.table.weights_version
-                                tx.commands.append(cmd.SyncWeights(w.id, version))
+                    for r in admitted:
+                        # A dedicated joiner or role-changer may have missed a version published
+                        # while its host was starting; an activated overlap worker loaded the
+                        # newest at activation (no message on the borrow path).
+                        if (
+                            isinstance(r, ev.ActivityChanged)
+                            and r.activity is Activity.ACTIVE
+                            and tx.table.workers[r.worker].zone is Zone.DEDICATED
+                        ):
+                            version = tx.table.weights_version
+                            tx.commands.append(cmd.SyncWeights(r.worker, version))
                     t = tx.table
                     lent = sum(w.activity is Activity.INACTIVE for w in t.training_workers())
                     active = sum(w.routable for w in t.rollout_workers(Zone.OVERLAP))

@@ -107,6 +107,7 @@ def test_start_brings_up_reserved_workers_in_the_background_each_serving_when_up
     first = h.pending[0].worker
     h.answer(lambda c: c.worker == first)
     assert [w.id for w in h.table.routable()] == [first]  # serves without waiting for the other
+    assert cmd.SyncWeights(first, h.table.weights_version) in h.sent  # versions it missed
     h.settle()
     assert len(h.table.routable()) == 2 and not h.s.failed
 
@@ -723,10 +724,14 @@ def test_no_role_switch_while_training_gpus_are_lent() -> None:
     h.send(ev.TrainingBegin(1))
     h.settle()
     policy.want[0] = True
+    window = len(h.sent)
     h.send(ev.TrainingFinished(1, 1))  # the window opens: borrow, no switch
     h.settle()
     overlap = [w for w in h.table.routable() if w.zone is Zone.OVERLAP]
     assert overlap and {w.role for w in h.table.routable()} == {Role.COLOCATED}
+    # Activation loaded the newest version: no extra message to the borrowed workers.
+    ids = {w.id for w in overlap}
+    assert not [c for c in h.sent[window:] if isinstance(c, cmd.SyncWeights) and c.worker in ids]
     assert not any(isinstance(c, cmd.SetRole) for c in h.sent)
     h.send(ev.TrainingBegin(2))  # the return; then the switch the engine wants
     h.settle()
