@@ -38,7 +38,7 @@ from pearl.core.errors import InvariantViolation
 from pearl.core.fold import apply_to
 from pearl.core.plan import JOIN_OPS, Membership, membership, plan, ready_steps
 from pearl.core.policy import Policy
-from pearl.core.profile import WorkloadProfile
+from pearl.core.profile import WorkloadProfile, fold_window
 from pearl.core.state import (
     Activity,
     ClusterState,
@@ -769,7 +769,14 @@ class Controller:
         n_ded = membership(t, False, frozenset(tx.s.quarantine), tx.s.lost).N
         n_overlap = len(t.training_gpus) // t.tp
         R = tx.s.profile.B if tx.s.remaining is None else tx.s.remaining
-        verdict = self.policy.gate(tx.s.profile, n_ded, n_ded + n_overlap, R)
+        profile = tx.s.profile
+        if tx.s.window_measured is not None:
+            # The last window, measured at its Training Begin, reaches the profile only with the
+            # next Telemetry (the next batch's hand-out, at this window's end): weigh it now.
+            W = fold_window(profile.T_window, tx.s.window_measured, self.policy.alpha)
+            profile = msgspec.structs.replace(profile, T_window=W)
+        elapsed = 0.0 if tx.s.idle_since is None else tx.now - tx.s.idle_since
+        verdict = self.policy.gate(profile, n_ded, n_ded + n_overlap, R, elapsed)
         tx.set(last_gate=verdict, cycle=bc.gated(tx.s.cycle, verdict.enabled, verdict.reason))
         return bool(verdict.enabled)
 
