@@ -111,6 +111,7 @@ class ControllerState:
     toggle_measured: float = 0.0  # hand-off seconds of borrow cycles since the last telemetry
     toggle_cut: float = 0.0  # longest borrow activation cut short since then (censored, >= it)
     idle_since: float | None = None  # when the trainer last finished a step (window opens)
+    window_R: int | None = None  # R when the window opened (None: not reported)
     window_measured: float | None = None  # last training-idle window, not yet in telemetry
     toggle_done: float = 0.0  # when the plan in flight finished its last hand-off step
     cycle: bc.BorrowCycle | None = None  # the borrow cycle of the current or last idle window
@@ -222,8 +223,11 @@ class Controller:
             tx.log(event)
             tx.set(training_waiting=True)
             tx.set(cycle=bc.closed(s.cycle, now, _holding_training_gpus(s.table)))
-            if s.idle_since is not None:
-                tx.set(window_measured=max(0.0, now - s.idle_since), idle_since=None)
+            if s.idle_since is not None and s.window_R != 0:
+                # A window that opened on a complete batch (R = 0: nothing to borrow for, a few
+                # ms long) says nothing about the windows a borrow could live in.
+                tx.set(window_measured=max(0.0, now - s.idle_since))
+            tx.set(idle_since=None, window_R=None)
             if not _lends_training_gpus(tx.table):
                 pass  # nothing must come back: let plans run
             elif tx.table.plan is not None and not _touches_training_gpus(tx.table):
@@ -234,7 +238,7 @@ class Controller:
             tx.log(event)
             # R stays what the pipeline last reported: with asynchronous rollout the next batch
             # may already be (partly) complete, and then borrowing has less or nothing to win.
-            tx.set(idle_since=now)
+            tx.set(idle_since=now, window_R=s.remaining)
             tx.set(cycle=bc.BorrowCycle(event.step, now), last_cycle=s.cycle or s.last_cycle)
             self._sync_weights(tx, s.table.weights_version)
         elif isinstance(event, ev.Telemetry):

@@ -776,3 +776,8 @@ def test_the_gate_weighs_the_window_just_measured_and_begins_no_borrow_at_its_en
     h.send(_telemetry(h, 4))
     assert not h.s.last_gate.enabled and "gone" in h.s.last_gate.reason
     assert h.table.plan is None and sum(isinstance(r, ev.PlanBegin) for r in h.records) == plans
+    # That window opened on a complete batch (R = 0): it is not a window a borrow lives in, and
+    # is not measured.
+    h.send(ev.TrainingBegin(4), dt=0.1)
+    h.send(_telemetry(h, 5))
+    assert h.s.profile.T_window == W
