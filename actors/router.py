@@ -1,9 +1,18 @@
 """The Router: the Pipeline Scheduler's dispatch (§4.1.1). Routes only to active workers.
 
 Its view of the workers changes only when the Orchestrator publishes a logged change. A request
-goes to the least-loaded colocated worker, or, under disaggregation, to a prefill and a decode
-worker together with a fresh transfer id (SGLang's shape); the decode worker's answer is the
-result. A request with nowhere to go waits until workers are routable again; a retryable failure
+goes to a colocated worker, or, under disaggregation, to a prefill and a decode worker together
+with a fresh transfer id (SGLang's shape); the decode worker's answer is the result.
+
+The colocated (or prefill) worker is chosen cache-aware, as SGLang's router does: a turn goes back
+to the worker that served its trajectory's previous turn — that worker holds the trajectory's
+prefix resident (prefix caching across turns, §2), so only the turn's new tokens are prefilled —
+unless that worker has more than ``AFFINITY_SLACK`` requests more than the least-loaded one (a
+worker just added or activated starts empty), in which case the least-loaded worker takes it.
+Measured on the CPU demo, least-loaded routing alone prefilled 1.5x a batch's new prompt tokens
+with 3 workers and 2x with 5 (every hop re-prefills the whole context).
+
+A request with nowhere to go waits until workers are routable again; a retryable failure
 (the KV never arrived, the worker was leaving) is routed again; an aborted request comes back with
 its generated prefix to whoever asked, who resubmits it.
 
@@ -30,7 +39,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +53,8 @@ from pearl.engines.base import GenerateRequest
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 5
+AFFINITY_SLACK = 2  # requests a trajectory's worker may have beyond the least-loaded one
+HOMES = 65_536  # trajectories whose last worker is remembered (least recently routed forgotten)
 LINK = -1  # the "worker" a request runs on when the real sglang-router dispatches it
 
 
@@ -124,6 +135,9 @@ class Router(PearlActor):
         self.leaving: dict[int, float] = {}  # worker under a preemption notice -> its deadline
         self.profile: Any = None  # the tracker's profile, for the per-turn time
         self.migrated = 0  # turns moved off leaving workers before their deadline
+        # trajectory -> the worker that prefilled its last turn (holds its prefix), LRU order
+        self.homes: OrderedDict[str, int] = OrderedDict()
+        self.affine = 0  # turns sent back to their trajectory's worker
 
     def state_changed(self, msg: StateChanged) -> None:
         v = View()
@@ -168,8 +182,26 @@ class Router(PearlActor):
         self.pending[rid] = Pending(msg, original=msg.request)
         self._dispatch(rid)
 
-    def _pick(self, pool: list[int]) -> int:
-        return min(pool, key=lambda w: (self.load.get(w, 0), w))
+    def _pick(self, pool: list[int], trajectory: str = "") -> int:
+        """The least-loaded worker of ``pool``, or, when ``trajectory`` names one whose last turn
+        ran on a worker of ``pool`` that is within ``AFFINITY_SLACK`` of it, that worker."""
+        least = min(pool, key=lambda w: (self.load.get(w, 0), w))
+        if not trajectory:
+            return least
+        home = self.homes.get(trajectory)
+        if (
+            home is not None
+            and home != least
+            and home in pool
+            and self.load.get(home, 0) <= self.load.get(least, 0) + AFFINITY_SLACK
+        ):
+            self.affine += 1  # back home over a less loaded worker
+            least = home
+        self.homes[trajectory] = least
+        self.homes.move_to_end(trajectory)
+        if len(self.homes) > HOMES:
+            self.homes.popitem(last=False)
+        return least
 
     def _dispatch(self, rid: str) -> None:
         p = self.pending[rid]
@@ -184,11 +216,11 @@ class Router(PearlActor):
             for pool in (self.view.colocated, self.view.prefill, self.view.decode)
         )
         if colocated:
-            w = self._pick(colocated)
+            w = self._pick(colocated, req.trajectory)
             p.workers = (w,)
             self._send(w, req)
         elif prefill and decode and all(d in self.kv for d in decode):
-            pw, dw = self._pick(prefill), self._pick(decode)
+            pw, dw = self._pick(prefill, req.trajectory), self._pick(decode)
             transfer = f"{rid}#{p.attempt}"
             p.workers = (pw, dw)
             self._send(dw, msgspec.structs.replace(req, transfer_id=transfer, kv_peer=""))
@@ -331,6 +363,7 @@ class Router(PearlActor):
             "waiting": len(self.waiting),
             "load": dict(self.load),
             "migrated": self.migrated,
+            "affine": self.affine,
         }
 
 

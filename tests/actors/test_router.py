@@ -258,3 +258,22 @@ def test_a_request_whose_hosts_keep_dying_gives_up(cluster: Any) -> None:
     done = results(d, 1)
     assert done[0].result is None and "gave up" in done[0].error
     assert [q.rid for q in sent_to(log, 0)] == ["r", "r~1", "r~2", "r~3", "r~4"]
+
+
+def test_a_turn_goes_back_to_its_trajectorys_worker_unless_that_one_is_much_busier() -> None:
+    """Cache-aware routing: the worker that ran a trajectory's last turn holds its prefix."""
+    from actors.router import AFFINITY_SLACK
+
+    r = Router(Directory())
+    pool = [1, 2, 3]
+    assert r._pick(pool, "t") == 1  # first turn: the least loaded (lowest id on ties)
+    r.load = {1: AFFINITY_SLACK, 2: 0, 3: 0}
+    assert r._pick(pool, "t") == 1 and r.affine == 1  # within the slack: back home
+    assert r._pick(pool, "u") == 2  # another trajectory: least loaded
+    r.load = {1: AFFINITY_SLACK + 1, 2: 1, 3: 0}
+    assert r._pick(pool, "t") == 3  # home too busy: the least loaded takes it and is home now
+    r.load = {1: 0, 2: 0, 3: 1}
+    assert r._pick(pool, "t") == 3
+    assert r._pick([1, 2], "t") == 1  # home not routable (removed, lent back, dead)
+    assert r._pick(pool, "") == 1  # no trajectory: least loaded
+    assert r.stats()["affine"] == 2
