@@ -11,7 +11,7 @@ the profile of the steps before, for the workers and concurrency the batch ran w
 forecast made before the batch was handed out), and the share of gate-approved borrow windows in
 which lent workers really served.
 
-    .venv/bin/python benchmarks/bench_demo.py [--steps 16] [--rounds 2] [--json FILE]
+    .venv/bin/python benchmarks/bench_demo.py [--steps 16] [--rounds 2] [--json FILE] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -51,13 +51,17 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--segment", default="S2")
     ap.add_argument("--json", type=Path, help="write the figures as JSON to this file")
+    ap.add_argument("--keep", type=Path, help="keep each run's directory (report.json) under DIR")
     args = ap.parse_args()
+    if args.keep is not None and args.keep.exists() and any(args.keep.iterdir()):
+        ap.error(f"--keep {args.keep}: not empty (each run needs a fresh directory)")
     trace_s = 4.0 * args.steps
     results: dict[str, list[dict]] = {name: [] for name in POLICIES}
     with tempfile.TemporaryDirectory(prefix="bench_demo-") as tmp:
+        runs = args.keep or Path(tmp)
         for r in range(args.rounds):
             for name, overrides in POLICIES.items():
-                out = Path(tmp) / f"{name.replace(' ', '-')}-{r}"
+                out = runs / f"{name.replace(' ', '-')}-{r}"
                 s = demo.run(
                     CONFIG,
                     args.steps,
