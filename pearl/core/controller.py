@@ -38,7 +38,7 @@ from pearl.core.errors import InvariantViolation
 from pearl.core.fold import apply_to
 from pearl.core.plan import JOIN_OPS, Membership, membership, plan, ready_steps
 from pearl.core.policy import Policy
-from pearl.core.profile import WorkloadProfile, fold_window
+from pearl.core.profile import WorkloadProfile
 from pearl.core.state import (
     Activity,
     ClusterState,
@@ -112,6 +112,7 @@ class ControllerState:
     toggle_cut: float = 0.0  # longest borrow activation cut short since then (censored, >= it)
     idle_since: float | None = None  # when the trainer last finished a step (window opens)
     window_R: int | None = None  # R when the window opened (None: not reported)
+    handed_out: bool = False  # the next batch's telemetry came in this window: it is ending
     window_measured: float | None = None  # last training-idle window, not yet in telemetry
     toggle_done: float = 0.0  # when the plan in flight finished its last hand-off step
     cycle: bc.BorrowCycle | None = None  # the borrow cycle of the current or last idle window
@@ -227,7 +228,7 @@ class Controller:
                 # A window that opened on a complete batch (R = 0: nothing to borrow for, a few
                 # ms long) says nothing about the windows a borrow could live in.
                 tx.set(window_measured=max(0.0, now - s.idle_since))
-            tx.set(idle_since=None, window_R=None)
+            tx.set(idle_since=None, window_R=None, handed_out=False)
             if not _lends_training_gpus(tx.table):
                 pass  # nothing must come back: let plans run
             elif tx.table.plan is not None and not _touches_training_gpus(tx.table):
@@ -238,7 +239,7 @@ class Controller:
             tx.log(event)
             # R stays what the pipeline last reported: with asynchronous rollout the next batch
             # may already be (partly) complete, and then borrowing has less or nothing to win.
-            tx.set(idle_since=now, window_R=s.remaining)
+            tx.set(idle_since=now, window_R=s.remaining, handed_out=False)
             tx.set(cycle=bc.BorrowCycle(event.step, now), last_cycle=s.cycle or s.last_cycle)
             self._sync_weights(tx, s.table.weights_version)
         elif isinstance(event, ev.Telemetry):
@@ -250,6 +251,9 @@ class Controller:
                 toggle_measured=0.0,
                 toggle_cut=0.0,
                 window_measured=None,
+                # Telemetry is made when a batch is handed out (the pipeline's take): inside
+                # a window, the trainer is about to begin its step.
+                handed_out=s.idle_since is not None,
             )
         elif isinstance(event, cmd.StepResult):
             self._step_result(tx, event)
@@ -263,7 +267,13 @@ class Controller:
                 tx.set(lost=tx.s.lost | {event.worker})
                 self._interrupt(tx, f"worker {event.worker} lost")
         elif isinstance(event, cmd.RolloutProgress):
-            tx.set(remaining=max(0, event.remaining))
+            # Within a window R only falls as trajectories complete; it rises when the next
+            # batch is handed out (R then counts the batch after it): the window is ending.
+            rising = s.remaining is not None and event.remaining > s.remaining
+            tx.set(
+                remaining=max(0, event.remaining),
+                handed_out=s.handed_out or (rising and s.idle_since is not None),
+            )
         elif isinstance(event, cmd.Tick):
             self._tick(tx)
         else:
@@ -773,14 +783,16 @@ class Controller:
         n_ded = membership(t, False, frozenset(tx.s.quarantine), tx.s.lost).N
         n_overlap = len(t.training_gpus) // t.tp
         R = tx.s.profile.B if tx.s.remaining is None else tx.s.remaining
-        profile = tx.s.profile
-        if tx.s.window_measured is not None:
-            # The last window, measured at its Training Begin, reaches the profile only with the
-            # next Telemetry (the next batch's hand-out, at this window's end): weigh it now.
-            W = fold_window(profile.T_window, tx.s.window_measured, self.policy.alpha)
-            profile = msgspec.structs.replace(profile, T_window=W)
-        elapsed = 0.0 if tx.s.idle_since is None else tx.now - tx.s.idle_since
-        verdict = self.policy.gate(profile, n_ded, n_ded + n_overlap, R, elapsed)
+        verdict = self.policy.gate(tx.s.profile, n_ded, n_ded + n_overlap, R)
+        if verdict.enabled and tx.s.handed_out:
+            # The next batch's telemetry came in this window: it is handed out and Training
+            # Begin follows; R counts the batch after it. A borrow begun now would be cut short
+            # before anything was lent (seen in the demo).
+            verdict = msgspec.structs.replace(
+                verdict,
+                enabled=False,
+                reason=f"the next batch is handed out: Training Begin follows ({verdict.reason})",
+            )
         tx.set(last_gate=verdict, cycle=bc.gated(tx.s.cycle, verdict.enabled, verdict.reason))
         return bool(verdict.enabled)
 

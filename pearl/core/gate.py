@@ -10,11 +10,8 @@ only the dedicated workers and with the dedicated plus all overlap workers.
 
 A borrow also has to fit the training-idle window it lives in: lent workers serve only after
 activation, and Training Begin takes them back. Once the window has been measured (T_window > 0),
-the gate declines when activation would eat more than ``WINDOW_FRACTION`` of what is left of it
-(T_window less the ``elapsed_s`` since the window opened) — the workers would barely serve before
-they are returned, and the cycle would likely be aborted unfinished. Late in a window this is what
-stops a borrow begun only to be cut short: the Telemetry of the next batch (its hand-out, just
-before Training Begin) resets R to a whole batch of new work and would otherwise approve one.
+the gate declines when activation would eat more than ``WINDOW_FRACTION`` of it — the workers
+would barely serve before they are returned, and the cycle would likely be aborted unfinished.
 """
 
 from __future__ import annotations
@@ -39,20 +36,12 @@ class GateResult(Value, frozen=True):
 
 
 def borrow_gate(
-    profile: WorkloadProfile,
-    N_ded: int,
-    N_overlap: int,
-    R: int,
-    cfg: DecisionParams,
-    elapsed_s: float = 0.0,
+    profile: WorkloadProfile, N_ded: int, N_overlap: int, R: int, cfg: DecisionParams
 ) -> GateResult:
     """Eq. 7: enable borrowing N_overlap workers only when the predicted saving on the R
-    unfinished trajectories strictly exceeds T_toggle (at equality it stays off), and the
-    activation fits what is left of the training-idle window ``elapsed_s`` after it opened."""
+    unfinished trajectories strictly exceeds T_toggle (at equality it stays off)."""
     if N_ded < 0 or N_overlap < 0:
         raise ValueError(f"worker counts must be >= 0, got {N_ded} dedicated, {N_overlap} overlap")
-    if elapsed_s < 0:
-        raise ValueError(f"elapsed_s = {elapsed_s} must be >= 0 (seconds since the window opened)")
     if not 0 <= R <= profile.B:
         raise ValueError(f"remaining trajectories R = {R} must lie in [0, B = {profile.B}]")
     _, T_ded = best_makespan(profile, N_ded, cfg.prefill_max_utilization)
@@ -62,15 +51,13 @@ def borrow_gate(
     nothing = N_overlap == 0 or R == 0 or math.isnan(saving)
     benefit = 0.0 if nothing else R / profile.B * saving
     T_toggle, W = profile.T_toggle, profile.T_window
-    left = W - elapsed_s
     if benefit <= T_toggle:
         enabled, reason = False, f"benefit {benefit:.3g} s <= T_toggle {T_toggle:.3g} s (eq. 7)"
-    elif W > 0 and T_toggle > WINDOW_FRACTION * left:
+    elif W > 0 and T_toggle > WINDOW_FRACTION * W:
         enabled = False
-        where = "" if elapsed_s == 0 else f", {elapsed_s:.3g} s of it gone"
         reason = (
-            f"activation T_toggle {T_toggle:.3g} s > {WINDOW_FRACTION:g} x what is left of the "
-            f"{W:.3g} s training-idle window{where}: lent workers would barely serve"
+            f"activation T_toggle {T_toggle:.3g} s > {WINDOW_FRACTION:g} x the "
+            f"{W:.3g} s training-idle window: lent workers would barely serve"
         )
     else:
         enabled, reason = True, f"benefit {benefit:.3g} s > T_toggle {T_toggle:.3g} s (eq. 7)"

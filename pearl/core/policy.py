@@ -76,18 +76,10 @@ class Policy:
             best.target, best.predicted_makespan_s, d.alternatives, "policy: disaggregated"
         )
 
-    def gate(
-        self, profile: WorkloadProfile, N_ded: int, N_full: int, R: int, elapsed_s: float = 0.0
-    ) -> GateResult:
-        """Whether to borrow the training GPUs (N_full - N_ded overlap workers) now,
-        ``elapsed_s`` into the training-idle window."""
+    def gate(self, profile: WorkloadProfile, N_ded: int, N_full: int, R: int) -> GateResult:
+        """Whether to borrow the training GPUs (N_full - N_ded overlap workers) now."""
         result = borrow_gate(
-            profile,
-            N_ded,
-            N_full - N_ded,
-            min(max(R, 0), profile.B),
-            self.decision,
-            max(0.0, elapsed_s),
+            profile, N_ded, N_full - N_ded, min(max(R, 0), profile.B), self.decision
         )
         if self.borrow is Borrow.GATED:
             return result

@@ -740,12 +740,11 @@ def test_no_role_switch_while_training_gpus_are_lent() -> None:
     assert not any(isinstance(r, ev.PlanAbort) for r in h.records)
 
 
-def test_the_gate_weighs_the_window_just_measured_and_begins_no_borrow_at_its_end() -> None:
-    """Seen in the demo (issue 13): a 5 ms window (the batch was ready) set T_window; the next
-    window, 5.7 s, was measured at its Training Begin but reached the profile only with the
-    telemetry of the batch after, so the following gate still saw 5 ms and declined. And that
-    telemetry (the next batch's hand-out, R back to a whole batch) approved a borrow at the very
-    end of its window, which Training Begin then aborted before anything was lent."""
+def test_a_window_on_a_ready_batch_is_not_measured_and_no_borrow_begins_at_a_hand_out() -> None:
+    """Seen in the demo (issue 13): a window that opened on a complete batch lasted 5 ms and set
+    T_window, so the gate then declined a 5.7 s window; and the next batch's hand-out (R back to
+    a whole batch: it counts the batch after) approved a borrow at the very end of a window,
+    which Training Begin aborted before anything was lent."""
     import msgspec
 
     from pearl.core.policy import Borrow
@@ -754,30 +753,39 @@ def test_the_gate_weighs_the_window_just_measured_and_begins_no_borrow_at_its_en
     h.settle()
     h.send(ev.TrainingBegin(1))
     h.settle()
-    p = msgspec.structs.replace(h.s.profile, T_window=0.005, T_toggle=0.05)
+    p = msgspec.structs.replace(h.s.profile, T_toggle=0.05)
     h.s = dataclasses.replace(h.s, profile=p)
+    h.send(cmd.RolloutProgress(0))  # the next batch is complete: nothing to win
     h.send(ev.TrainingFinished(1, 1), dt=1.0)
-    assert not h.s.last_gate.enabled and "window" in h.s.last_gate.reason
-    h.send(ev.TrainingBegin(2), dt=5.7)  # a long window: measured now, telemetry comes later
+    assert not h.s.last_gate.enabled and h.table.plan is None
+    h.send(ev.TrainingBegin(2), dt=0.005)
+    h.send(_telemetry(h, 2))
+    assert h.s.profile.T_window == 0.0  # not measured: it says nothing of a borrow's window
+    h.send(cmd.RolloutProgress(h.s.profile.B))
     h.send(ev.TrainingFinished(2, 2), dt=2.0)
     assert h.s.last_gate.enabled, h.s.last_gate.reason
-    assert h.s.last_gate.T_window == pytest.approx(0.3 * 5.7 + 0.7 * 0.005)
     h.settle()
-    h.send(ev.TrainingBegin(3), dt=2.0)
+    h.send(ev.TrainingBegin(3), dt=5.7)
     h.settle()
     h.send(_telemetry(h, 3))
-    W = h.s.profile.T_window
-    assert 1.0 < W < 3.0
+    assert h.s.profile.T_window == pytest.approx(5.7 + 2 * 1.0, abs=3.0)  # measured
+    p = msgspec.structs.replace(h.s.profile, T_toggle=0.05)  # that cycle's hand-off took 2 s
+    h.s = dataclasses.replace(h.s, profile=p)
     plans = sum(isinstance(r, ev.PlanBegin) for r in h.records)
-    h.send(cmd.RolloutProgress(0))  # the next batch is complete: nothing to win
+    h.send(cmd.RolloutProgress(0))  # complete again: the gate declines at Training Finished
     h.send(ev.TrainingFinished(3, 3), dt=2.0)
     assert not h.s.last_gate.enabled and h.table.plan is None
-    h.send(cmd.RolloutProgress(h.s.profile.B), dt=W + 0.5)  # the hand-out, past the window
+    h.send(cmd.RolloutProgress(h.s.profile.B), dt=0.1)  # the hand-out: R counts the next batch
+    assert not h.s.last_gate.enabled and "handed out" in h.s.last_gate.reason
     h.send(_telemetry(h, 4))
-    assert not h.s.last_gate.enabled and "gone" in h.s.last_gate.reason
+    assert not h.s.last_gate.enabled and "handed out" in h.s.last_gate.reason
     assert h.table.plan is None and sum(isinstance(r, ev.PlanBegin) for r in h.records) == plans
-    # That window opened on a complete batch (R = 0): it is not a window a borrow lives in, and
-    # is not measured.
+    # The other order: the telemetry of the hand-out first.
     h.send(ev.TrainingBegin(4), dt=0.1)
-    h.send(_telemetry(h, 5))
-    assert h.s.profile.T_window == W
+    h.settle()
+    h.send(cmd.RolloutProgress(0))
+    h.send(ev.TrainingFinished(4, 4), dt=2.0)
+    h.send(_telemetry(h, 5), dt=0.5)
+    h.send(cmd.RolloutProgress(h.s.profile.B))
+    assert not h.s.last_gate.enabled and "handed out" in h.s.last_gate.reason
+    assert h.table.plan is None and sum(isinstance(r, ev.PlanBegin) for r in h.records) == plans

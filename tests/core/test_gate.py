@@ -92,21 +92,6 @@ def test_measured_toggle_costs_close_the_gate() -> None:
     assert g.T_toggle == pytest.approx(10.0) and not g.enabled
 
 
-def test_activation_must_fit_what_is_left_of_the_window() -> None:
-    """T_toggle 5 s against a measured 30 s window: fits at its start (5 <= 0.5 x 30), not once
-    21 s of it are gone (5 > 0.5 x 9), and never after the window's expected end."""
-    p = msgspec.structs.replace(P, T_window=30.0)
-    assert borrow_gate(p, 4, 4, 32, CFG).enabled
-    assert borrow_gate(p, 4, 4, 32, CFG, elapsed_s=19.0).enabled  # 5 <= 0.5 x 11
-    late = borrow_gate(p, 4, 4, 32, CFG, elapsed_s=21.0)
-    assert not late.enabled and "21 s of it gone" in late.reason
-    assert not borrow_gate(p, 4, 4, 32, CFG, elapsed_s=45.0).enabled
-    # Not measured yet (T_window 0): the window does not decide.
-    assert borrow_gate(P, 4, 4, 32, CFG, elapsed_s=45.0).enabled
-    with pytest.raises(ValueError, match="elapsed_s"):
-        borrow_gate(p, 4, 4, 32, CFG, elapsed_s=-1.0)
-
-
 @pytest.mark.parametrize(
     ("N_ded", "N_overlap", "R"), [(-1, 4, 1), (4, -1, 1), (4, 4, 65), (4, 4, -1)]
 )
