@@ -88,14 +88,18 @@ class PipelineActor(PearlActor):
     async def _progress(self) -> None:
         # A stale count makes the gate approve a borrow for a batch that is already complete:
         # the plan is then cut short by the Training Begin that follows at once.
-        last, told = -1, 0.0
+        # R also rises when ready groups are dropped as stale (more work to do, a borrow may pay)
+        # and when a batch is handed out (the window is ending): the report says which.
+        last, told, taken = -1, 0.0, self.pipeline.handed_out
         while True:
             await asyncio.sleep(PROGRESS_POLL_S)
+            handed = self.pipeline.handed_out
             missing = max(0, self.cfg.batch - self.pipeline.ready_trajectories)
             now = self._loop.time()
-            if missing != last or now - told >= PROGRESS_S:
-                self.directory.tell("orchestrator", cmd.RolloutProgress(missing))
-                last, told = missing, now
+            if missing != last or handed != taken or now - told >= PROGRESS_S:
+                report = cmd.RolloutProgress(missing, handed_out=handed != taken)
+                self.directory.tell("orchestrator", report)
+                last, told, taken = missing, now, handed
 
     def _on_batch(self, batch: Batch, report: StepReport) -> None:
         self.directory.tell(

@@ -168,9 +168,12 @@ class WorkerLost(WireStruct, tag="worker-lost", frozen=True):
 
 @COMMANDS.add
 class RolloutProgress(WireStruct, tag="rollout-progress", frozen=True):
-    """R of the current batch's B trajectories are not complete yet (for the borrowing gate)."""
+    """R of the current batch's B trajectories are not complete yet (for the borrowing gate).
+    ``handed_out``: a batch was handed out since the last report, so R now counts the batch after
+    it (inside a training-idle window, Training Begin follows)."""
 
     remaining: int
+    handed_out: bool = False
 
 
 @COMMANDS.add

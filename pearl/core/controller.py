@@ -267,12 +267,11 @@ class Controller:
                 tx.set(lost=tx.s.lost | {event.worker})
                 self._interrupt(tx, f"worker {event.worker} lost")
         elif isinstance(event, cmd.RolloutProgress):
-            # Within a window R only falls as trajectories complete; it rises when the next
-            # batch is handed out (R then counts the batch after it): the window is ending.
-            rising = s.remaining is not None and event.remaining > s.remaining
+            # A batch handed out inside a window: R counts the batch after it, and the window
+            # is ending (R also rises when ready groups go stale: that is more work, not this).
             tx.set(
                 remaining=max(0, event.remaining),
-                handed_out=s.handed_out or (rising and s.idle_since is not None),
+                handed_out=s.handed_out or (event.handed_out and s.idle_since is not None),
             )
         elif isinstance(event, cmd.Tick):
             self._tick(tx)

@@ -149,6 +149,11 @@ class Pipeline:
         return self._generating
 
     @property
+    def handed_out(self) -> int:
+        """Batches handed out so far."""
+        return self._step
+
+    @property
     def ready_trajectories(self) -> int:
         with self._cv:
             return sum(len(g.trajectories) for g in self._ready)

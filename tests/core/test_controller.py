@@ -775,17 +775,26 @@ def test_a_window_on_a_ready_batch_is_not_measured_and_no_borrow_begins_at_a_han
     h.send(cmd.RolloutProgress(0))  # complete again: the gate declines at Training Finished
     h.send(ev.TrainingFinished(3, 3), dt=2.0)
     assert not h.s.last_gate.enabled and h.table.plan is None
-    h.send(cmd.RolloutProgress(h.s.profile.B), dt=0.1)  # the hand-out: R counts the next batch
-    assert not h.s.last_gate.enabled and "handed out" in h.s.last_gate.reason
+    h.send(cmd.RolloutProgress(4), dt=0.1)  # ready groups dropped as stale: more work, not the end
+    assert h.s.last_gate.enabled, h.s.last_gate.reason
+    h.settle()
+    h.send(ev.TrainingBegin(4), dt=1.0)
+    h.settle()
     h.send(_telemetry(h, 4))
+    plans = sum(isinstance(r, ev.PlanBegin) for r in h.records)
+    h.send(cmd.RolloutProgress(0))
+    h.send(ev.TrainingFinished(4, 4), dt=2.0)
+    h.send(cmd.RolloutProgress(h.s.profile.B, handed_out=True), dt=0.1)  # R counts the next
+    assert not h.s.last_gate.enabled and "handed out" in h.s.last_gate.reason
+    h.send(_telemetry(h, 5))
     assert not h.s.last_gate.enabled and "handed out" in h.s.last_gate.reason
     assert h.table.plan is None and sum(isinstance(r, ev.PlanBegin) for r in h.records) == plans
     # The other order: the telemetry of the hand-out first.
-    h.send(ev.TrainingBegin(4), dt=0.1)
+    h.send(ev.TrainingBegin(5), dt=0.1)
     h.settle()
     h.send(cmd.RolloutProgress(0))
-    h.send(ev.TrainingFinished(4, 4), dt=2.0)
-    h.send(_telemetry(h, 5), dt=0.5)
+    h.send(ev.TrainingFinished(5, 5), dt=2.0)
+    h.send(_telemetry(h, 6), dt=0.5)
     h.send(cmd.RolloutProgress(h.s.profile.B))
     assert not h.s.last_gate.enabled and "handed out" in h.s.last_gate.reason
     assert h.table.plan is None and sum(isinstance(r, ev.PlanBegin) for r in h.records) == plans
