@@ -90,10 +90,10 @@ class PipelineActor(PearlActor):
         # the plan is then cut short by the Training Begin that follows at once.
         # R also rises when ready groups are dropped as stale (more work to do, a borrow may pay)
         # and when a batch is handed out (the window is ending): the report says which.
-        last, told, taken = -1, 0.0, self.pipeline.handed_out
+        last, told, taken = -1, 0.0, self.pipeline.batches_handed_out
         while True:
             await asyncio.sleep(PROGRESS_POLL_S)
-            handed = self.pipeline.handed_out
+            handed = self.pipeline.batches_handed_out
             missing = max(0, self.cfg.batch - self.pipeline.ready_trajectories)
             now = self._loop.time()
             if missing != last or handed != taken or now - told >= PROGRESS_S:

@@ -112,7 +112,9 @@ class ControllerState:
     toggle_cut: float = 0.0  # longest borrow activation cut short since then (censored, >= it)
     idle_since: float | None = None  # when the trainer last finished a step (window opens)
     window_R: int | None = None  # R when the window opened (None: not reported)
-    handed_out: bool = False  # the next batch's telemetry came in this window: it is ending
+    # The next batch was handed out in this window (its telemetry came, or the pipeline's
+    # RolloutProgress said so): Training Begin follows, no borrow begins.
+    handed_out: bool = False
     window_measured: float | None = None  # last training-idle window, not yet in telemetry
     toggle_done: float = 0.0  # when the plan in flight finished its last hand-off step
     cycle: bc.BorrowCycle | None = None  # the borrow cycle of the current or last idle window

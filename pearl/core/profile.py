@@ -284,12 +284,6 @@ _EMA_FIELDS = ("S", "delta_L", "r", "theta", "A", "b", "t_prefill", "T_env")
 _FLOW_FIELDS = ("B_flight", "delta_P", "r_crit")
 
 
-def fold_window(T_window: float, window_s: float, alpha: float) -> float:
-    """T_window after one more measured training-idle window: the first one replaces the
-    unmeasured 0, later ones move it by the EMA's alpha."""
-    return window_s if T_window == 0 else alpha * window_s + (1.0 - alpha) * T_window
-
-
 class RuntimeTracker:
     """Keeps the workload profile: summarize a step's telemetry, observe (fold) the summary.
 
@@ -416,7 +410,8 @@ class RuntimeTracker:
             T_toggle = a * summary.toggle_min_s + (1.0 - a) * T_toggle
         new["T_toggle"] = T_toggle
         if summary.window_s is not None:
-            new["T_window"] = fold_window(p.T_window, summary.window_s, a)
+            w = summary.window_s
+            new["T_window"] = w if p.T_window == 0 else a * w + (1.0 - a) * p.T_window
         new["K_seq"] = p.K * context_tokens(new["S"], new["delta_L"], new["r"], self.L_max)
         self._profile = msgspec.structs.replace(p, B=summary.batch, observed=p.observed + 1, **new)
         self.steps += 1
@@ -435,6 +430,5 @@ __all__ = [
     "fit_decode",
     "fit_iterations",
     "fit_prefill",
-    "fold_window",
     "prior_profile",
 ]

@@ -149,8 +149,8 @@ class Pipeline:
         return self._generating
 
     @property
-    def handed_out(self) -> int:
-        """Batches handed out so far."""
+    def batches_handed_out(self) -> int:
+        """Batches handed out so far (by :meth:`take`)."""
         return self._step
 
     @property
