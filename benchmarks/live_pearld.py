@@ -105,6 +105,17 @@ class Host:
         return False
 
 
+def _forked_ids(pid: int) -> tuple[int, int] | None:
+    """(worker, incarnation) of a host forked by pearld's fork server, from its process name
+    (pearl-w3.12); None for the server itself."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            m = re.fullmatch(r"pearl-w(\d+)\.(\d+)", f.read().strip())
+    except OSError:
+        return None
+    return (int(m[1]), int(m[2])) if m else None
+
+
 def _arg(argv: list[str], flag: str) -> str:
     return argv[argv.index(flag) + 1] if flag in argv[:-1] else ""
 
@@ -200,12 +211,18 @@ class Pearld:
                 continue
             pid = int(entry)
             argv = _cmdline(pid)
-            if "actors.worker_host" not in argv or _arg(argv, "--state-dir") != state:
+            if _arg(argv, "--state-dir") != state:
+                continue
+            if "actors.worker_host" in argv:  # a subprocess: its own command line
+                ids = (int(_arg(argv, "--worker")), int(_arg(argv, "--incarnation")))
+            elif "actors.forkserver" in argv and (found := _forked_ids(pid)) is not None:
+                ids = found  # forked: the server's command line, and a name of its own
+            else:
                 continue
             st = _stat(pid)
             if st is None or st[0] == "Z":
                 continue
-            h = Host(pid, st[1], int(_arg(argv, "--worker")), int(_arg(argv, "--incarnation")))
+            h = Host(pid, st[1], *ids)
             self.seen_hosts.setdefault(pid, h)
             out.append(h)
         return out

@@ -145,7 +145,10 @@ class DaemonConfig:
     pd: str = "adaptive"  # adaptive | colocated | disaggregated
     # Prometheus metrics over HTTP ("127.0.0.1:9440"; port 0: any free port); "" turns them off.
     metrics: str = ""
-    launcher: str = "local"  # local: subprocesses here | ray: Ray actors on the GPUs' nodes
+    launcher: str = "local"  # local: processes here | ray: Ray actors on the GPUs' nodes
+    # local: fork worker hosts from one process that imported the engine once (actors.forkserver;
+    # a torch host then starts without its ~6 CPU-s of imports); false: one cold subprocess each.
+    fork_hosts: bool = True
 
 
 @dataclass(frozen=True)

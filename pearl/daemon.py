@@ -242,10 +242,15 @@ class Daemon:
 
     def _make_launcher(self) -> None:
         from actors.launcher import LocalProcessLauncher
+        from actors.worker_host import ENGINE_MODULES
 
-        self.launcher, self._ray = (
-            self._ray or LocalProcessLauncher(self.state_dir / "workers"),
-            None,
+        if self._ray is not None:  # joined at start
+            self.launcher, self._ray = self._ray, None
+            return
+        engine = ENGINE_MODULES.get(self.cfg.engine.kind, "pearl.engines.base")
+        preload = ("actors.worker_host", engine) if self.cfg.daemon.fork_hosts else ()
+        self.launcher = LocalProcessLauncher(
+            self.state_dir / "workers", preload, str(self.state_dir)
         )
 
     def _reap_workers(self, failed: bool) -> None:

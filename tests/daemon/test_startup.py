@@ -123,8 +123,8 @@ def test_a_failure_after_hosts_started_stops_them_and_every_actor(
         specs = real(self, recovered)
 
         def boom() -> Any:
-            wait_until(lambda: self.launcher._children, 30, "worker hosts to be launched")
-            launched.extend(self.launcher._children)
+            wait_until(lambda: self.launcher.launched(), 30, "worker hosts to be launched")
+            launched.extend(self.launcher.launched())
             raise PearlError("boom: the last actor cannot start")
 
         return {**specs, "boom": boom}
