@@ -11,11 +11,10 @@ ordinary process named by its pid; the kernel reaps it when it exits (SIGCHLD is
 
 Requests are JSON lines on stdin, ``{"module", "argv", "env", "log", "name"}`` (``name``, if
 given, becomes the child's process name in ``ps`` and ``top``: its command line is the server's);
-every line on stdout is a
-reply: ``{"ready": true, "pid", "loaded", "failed"}`` once the imports are done, then ``{"pid"}``
-or ``{"error"}`` per request. At end of input the server exits; its children live on (pearld's
-``--keep-workers``). It starts no thread before a fork (torch's import starts none that a child
-needs), and a child re-seeds the random generators the parent imported.
+every line on stdout is a reply: ``{"ready": true, "pid", "loaded", "failed"}`` once the imports
+are done, then ``{"pid"}`` or ``{"error"}`` per request. At end of input the server exits; its
+children live on (pearld's ``--keep-workers``). It starts no thread before a fork (torch's import
+starts none that a child needs), and a child re-seeds the random generators the parent imported.
 
     python -m actors.forkserver --preload actors.worker_host,pearl.engines.torch --state-dir S
 

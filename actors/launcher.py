@@ -197,7 +197,7 @@ class ForkServer:
                 self._ready = self._next(self.ready_timeout_s, "with its imports")
                 if self._ready.get("failed"):
                     log.warning("the fork server could not preload %s", self._ready["failed"])
-            log_path = out and str(out)
+            log_path = None if out is None else str(out)
             req = {"module": module, "argv": argv, "env": env, "log": log_path, "name": name}
             assert self.proc.stdin is not None
             try:
@@ -334,8 +334,7 @@ class LocalProcessLauncher:
 
     def kill(self, pid: Handle, force: bool = False) -> None:
         assert isinstance(pid, int)
-        if not self.alive(pid):
-            self._children.pop(pid, None)
+        if not self.alive(pid):  # gone already (alive forgot a child or forked host)
             return
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL if force else signal.SIGTERM)
