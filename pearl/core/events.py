@@ -194,6 +194,7 @@ class Telemetry(LogRecord, tag="telemetry", frozen=True):
     B_flight: float | None = None
     delta_P: float | None = None
     r_crit: float | None = None
+    T_over: float | None = None
 
 
 Record = Any  # any class registered in RECORDS

@@ -7,7 +7,7 @@ B in the per-worker terms is the batch's concurrency, ``p.concurrency`` (B_fligh
 pipeline keeps more than one batch in flight, so a worker decodes B_flight / N sequences at once;
 B where it was not measured), and the prefilled tokens per turn are ``p.prefill_per_turn``
 (delta_P: prefix reuse leaves only the new tokens of a turn; delta_L where not measured). The KV
-transfer of eq. 3 still moves delta_L tokens' worth per turn.
+transfer of eq. 3 still moves delta_L tokens' worth per turn, over the links the pools span.
 
 Capacity constraints (a disaggregated configuration is feasible when both hold):
 
@@ -62,10 +62,45 @@ def T_decode(p: WorkloadProfile, N_D: Count) -> Count:
     return p.S * (p.r_path * p.A + p.r * p.b * p.concurrency / (N_D * k)) * k
 
 
-def T_prefill(p: WorkloadProfile, N_P: Count) -> Count:
-    """Eq. 3: prefill-path makespan, S (B dP / N_P t_prefill + B dL K / BW)."""
+def T_prefill(p: WorkloadProfile, N_P: Count, N_D: Count) -> Count:
+    """Eq. 3: prefill-path makespan, S max(B dP / N_P t_prefill, B dL K / BW x share).
+
+    Two departures from the paper's sum, both measured (docs/pd.md):
+
+    - the pool computes and transfers at once (SGLang's prefill server moves a request's KV from
+      its in-flight queue while the next batch runs), so the path is bound by the larger term;
+    - BW is one link's rate, and the transfers spread over the links the two pools span:
+      ``share`` is the busiest link's part of the volume (:func:`link_share`).
+    """
     B = p.concurrency
-    return p.S * (B * p.prefill_per_turn / N_P * p.t_prefill + B * p.delta_L * p.K / p.BW)
+    compute = B * p.prefill_per_turn / N_P * p.t_prefill
+    transfer = B * p.delta_L * p.K / p.BW * link_share(p.workers_per_link, N_P, N_D)
+    return p.S * np.maximum(compute, transfer)
+
+
+def link_share(per_link: int, N_P: Count, N_D: Count) -> Count:
+    """The busiest link's share of the prefill-to-decode KV volume.
+
+    Workers are packed onto links ``per_link`` at a time (a node's NIC; prefill workers first,
+    then decode) and every prefill worker sends to every decode worker alike (the router balances
+    load). A link carries what its prefill workers send to decode workers elsewhere, or what its
+    decode workers receive from prefill workers elsewhere; transfers within a link's node ride
+    NVLink and are free here. ``per_link`` 0: both pools share one link (eq. 3 as written), 1.0.
+    """
+    if per_link <= 0:
+        return 1.0
+    n_p = np.asarray(N_P, dtype=np.float64)[..., None]
+    n_d = np.asarray(N_D, dtype=np.float64)[..., None]
+    n = n_p + n_d
+    links = int(np.ceil(float(np.max(n)) / per_link))
+    first = np.arange(links, dtype=np.float64) * per_link  # first worker on each link
+    size = np.clip(n - first, 0.0, per_link)
+    p_here = np.clip(n_p - first, 0.0, size)
+    d_here = size - p_here
+    out = p_here * (n_d - d_here)
+    inn = d_here * (n_p - p_here)
+    share = np.max(np.maximum(out, inn), axis=-1) / np.maximum(n_p * n_d, 1.0)[..., 0]
+    return share if np.ndim(N_P) or np.ndim(N_D) else float(share)
 
 
 # The prefill pool's utilisation at which its queue is taken to saturate (1 / (1 - rho) <= 10).
@@ -86,7 +121,7 @@ def T_handoff(p: WorkloadProfile, N_P: Count, N_D: Count) -> Count:
 
 def T_dis(p: WorkloadProfile, N_P: Count, N_D: Count) -> Count:
     """Disaggregated makespan: max(T_prefill (eq. 3), T_decode (eq. 2) + T_handoff) + T_env."""
-    return np.maximum(T_prefill(p, N_P), T_decode(p, N_D) + T_handoff(p, N_P, N_D)) + p.T_env
+    return np.maximum(T_prefill(p, N_P, N_D), T_decode(p, N_D) + T_handoff(p, N_P, N_D)) + p.T_env
 
 
 def lambda_P(p: WorkloadProfile) -> float:
@@ -149,7 +184,7 @@ def sweep(p: WorkloadProfile, N: int, max_util: float) -> Sweep:
         return Sweep(N, float("inf"), empty.astype(np.int64), empty, empty.astype(np.int8))
     n_p = np.arange(1, N, dtype=np.int64)
     n_d = N - n_p
-    t_pre = T_prefill(p, n_p.astype(np.float64))
+    t_pre = T_prefill(p, n_p.astype(np.float64), n_d.astype(np.float64))
     t_dec = T_decode(p, n_d.astype(np.float64))
     t_hand = T_handoff(p, n_p.astype(np.float64), n_d.astype(np.float64))
     t_dis = np.maximum(t_pre, t_dec + t_hand) + p.T_env
@@ -173,6 +208,7 @@ __all__ = [
     "T_prefill",
     "decode_hbm_ok",
     "lambda_P",
+    "link_share",
     "prefill_keeps_up",
     "prefill_utilization",
     "sweep",

@@ -61,6 +61,9 @@ class WorkloadProfile(Value, frozen=True):
     B_flight: float | None = None  # trajectories in flight while a batch runs (None: B)
     delta_P: float | None = None  # prompt tokens prefilled per turn (None: delta_L)
     r_crit: float | None = None  # generated tokens per turn on the critical path (None: r)
+    # Workers sharing one link to other nodes (a node's NIC), packed in order: eq. 3's transfers
+    # spread over the links the pools span (0: both pools share one link, eq. 3 as written).
+    workers_per_link: int = 0
     observed: int = 0  # step summaries folded in (the EMA weight of the next is max(alpha, 1/k))
 
     def __post_init__(self) -> None:
@@ -206,6 +209,9 @@ class StepTelemetry(Value, frozen=True):
     ``active_fraction``: samples of f, the share of unfinished trajectories actively decoding.
     ``toggle_s``: measured activation + return time when the step borrowed training GPUs.
     ``in_flight``: mean trajectories in flight while the batch ran (0: not measured, then B).
+    ``switch_s``: colocation's switching overhead per turn (T_over) as the decoding sequences
+    paid it: seconds a turn's decode was stalled by prefills inserted into its running batch,
+    beyond their compute (None: not measured). ``prefill_s`` then holds the compute only.
     """
 
     step: int
@@ -221,6 +227,7 @@ class StepTelemetry(Value, frozen=True):
     mixed_batch: tuple[int, ...] = ()
     mixed_tokens: tuple[int, ...] = ()
     mixed_s: tuple[float, ...] = ()
+    switch_s: float | None = None
 
     def __post_init__(self) -> None:
         if len(self.decode_batch) != len(self.decode_s):
@@ -365,6 +372,7 @@ class RuntimeTracker:
             B_flight=t.in_flight if t.in_flight > 0 else float(len(trs)),
             delta_P=delta_P,
             r_crit=max(r, r_crit),
+            T_over=t.switch_s,
         )
 
     def observe(self, summary: Telemetry) -> WorkloadProfile:
@@ -386,7 +394,7 @@ class RuntimeTracker:
             raise SchemaError(
                 f"telemetry step {summary.step}: batch = {summary.batch}, expected >= 1"
             )
-        for name in ("toggle_s", "toggle_min_s", "window_s", *_FLOW_FIELDS):
+        for name in ("toggle_s", "toggle_min_s", "window_s", "T_over", *_FLOW_FIELDS):
             v = getattr(summary, name)
             if v is not None and not (math.isfinite(v) and v >= 0):
                 raise SchemaError(f"telemetry step {summary.step}: {name} = {v!r}")
@@ -401,6 +409,8 @@ class RuntimeTracker:
         new["delta_P"] = w * delta_P + (1.0 - w) * p.prefill_per_turn
         r_crit = summary.r if summary.r_crit is None else summary.r_crit
         new["r_crit"] = w * r_crit + (1.0 - w) * p.r_path
+        if summary.T_over is not None:  # measured only where workers ran colocated
+            new["T_over"] = w * summary.T_over + (1.0 - w) * p.T_over
         # T_toggle and T_window keep their own rules: they are measured only on some steps.
         T_toggle = p.T_toggle
         if summary.toggle_s is not None:

@@ -16,8 +16,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import msgspec
-
 from pearl.core.makespan import T_coloc, T_dis
 from pearl.core.profile import RuntimeTracker, WorkloadProfile
 from pearl.sim.costs import EngineParams, worker_costs
@@ -122,10 +120,9 @@ def prediction_errors(
             spans += res.makespans
             for raw in res.telemetry:
                 tracker.observe(tracker.summarize(raw))
-        # eq. 1-3 take the fitted profile as is (the EMA has converged over the batches)
-        p = msgspec.structs.replace(
-            tracker.profile, T_over=sc.engine.insert_s * sc.engine.time_scale
-        )
+        # eq. 1-3 take the fitted profile as is (the EMA has converged over the batches; T_over
+        # is the switching stall measured on colocated workers, the prior's on split ones)
+        p = tracker.profile
         pred = float(T_coloc(p, float(n_c))) if n_c else float(T_dis(p, float(n_p), float(n_d)))
         sim = sum(spans) / len(spans)
         name = f"{n_c}C" if n_c else f"{n_p}P{n_d}D"

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+import msgspec
+
 from pearl import config as pconfig
 from pearl.core.errors import ConfigError
 from pearl.core.policy import PD, Borrow, Policy
@@ -148,8 +150,8 @@ class Scenario:
                 group_size=self.workload.group_size,
                 max_trajectory_tokens=self.workload.max_tokens,
                 staleness=self.staleness,
-                # T_over is never refit from telemetry: the operator sets it to the engine's
-                # measured cost of switching a colocated worker from decode to prefill.
+                # T_over's prior: one insertion's cost. The tracker then measures the stall a
+                # colocated turn pays (every prefill inserted into its batch while it decodes).
                 turn_overhead_s=self.engine.insert_s * self.engine.time_scale,
             ),
             decision=self.decision,
@@ -157,7 +159,11 @@ class Scenario:
         )
 
     def prior(self, reserved_gpus: int) -> WorkloadProfile:
-        return prior_profile(self.config(reserved_gpus))
+        """The config's priors, and the deployment's links: a node's workers share its NIC."""
+        per_link = max(1, self.engine.gpus_per_node // self.tp)
+        return msgspec.structs.replace(
+            prior_profile(self.config(reserved_gpus)), workers_per_link=per_link
+        )
 
     def policy(self, spec: PolicySpec) -> Policy:
         return Policy(

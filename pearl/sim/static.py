@@ -52,7 +52,9 @@ def telemetry_of(
     """The raw telemetry a real deployment would record for one rollout step: per trajectory
     also the prompt tokens really prefilled (prefix reuse, recomputation after a move or an
     abort), and ``in_flight``, the mean number of the batch's trajectories not yet finished over
-    its makespan (the concurrency the workers really share as stragglers thin the batch out)."""
+    its makespan (the concurrency the workers really share as stragglers thin the batch out),
+    and colocation's switching stall per decode turn (eq. 1's T_over; the prefill seconds are
+    then compute only)."""
     dec = sorted(stats.decode.items())
     return StepTelemetry(
         step=step,
@@ -69,6 +71,7 @@ def telemetry_of(
         active_fraction=(min(1.0, max(0.0, f_active)),),
         makespan_s=makespan,
         in_flight=in_flight,
+        switch_s=stats.switch_stall / stats.colocated_turns if stats.colocated_turns else None,
     )
 
 

@@ -55,6 +55,7 @@ class Traj:
         "pf_rem",
         "pf_tokens",
         "t_tok",
+        "t_ins",
         "V_start",
         "home",
         "home_tokens",
@@ -82,6 +83,7 @@ class Traj:
         self.pf_rem = 0.0
         self.pf_tokens = 0
         self.t_tok = 0.0
+        self.t_ins = 0.0  # of t_tok x tokens: the colocated insertion cost
         self.V_start = 0.0
         self.home: SimWorker | None = None  # worker holding the full KV (colocated / decode)
         self.home_tokens = 0

@@ -38,6 +38,8 @@ class StepStats:
         "decode_tokens",
         "prefill_time",
         "decode_time",
+        "switch_stall",
+        "colocated_turns",
     )
 
     def __init__(self) -> None:
@@ -47,6 +49,10 @@ class StepStats:
         self.decode_tokens = 0.0
         self.prefill_time = 0.0  # worker-seconds spent on prefill chunks
         self.decode_time = 0.0  # worker-seconds spent on decode
+        # Colocation's switching overhead as the decoding sequences pay it: sequence-seconds a
+        # prefill's insertion stalled them, and the decode turns started on colocated workers.
+        self.switch_stall = 0.0
+        self.colocated_turns = 0
 
 
 class SimWorker:
@@ -135,6 +141,9 @@ class SimWorker:
             tokens = iters * self.costs.chunk_tokens
             head.pf_rem -= tokens
             st.prefill_time += tokens * head.t_tok
+            if self.n and head.t_ins:
+                # the insertion's share of these iterations stalls every decoding sequence
+                st.switch_stall += tokens * head.t_ins / head.pf_tokens * self.n
 
     def recompute(self) -> None:
         """Iteration time for the current batch (call after any change, once advanced)."""
@@ -171,6 +180,8 @@ class SimWorker:
     def start_decode(self, tr: Traj, tokens: int) -> None:
         self._seq += 1
         tr.V_start = self.V
+        if self.role == COLOCATED:
+            self.stats.colocated_turns += 1
         heapq.heappush(self.dec, (self.V + tokens, self._seq, tr))
         self.n += 1
         self.ctx_off += tr.ctx - self.V
@@ -193,7 +204,9 @@ class SimWorker:
     def enqueue_prefill(self, tr: Traj, tokens: int, prefix: int) -> None:
         tr.pf_rem = float(tokens)
         tr.pf_tokens = tokens
-        tr.t_tok = self.costs.prefill_token(prefix, tokens, self.role == COLOCATED)
+        colocated = self.role == COLOCATED
+        tr.t_tok = self.costs.prefill_token(prefix, tokens, colocated)
+        tr.t_ins = self.costs.insert_s if colocated and tokens > 0 else 0.0
         self.pq.append(tr)
 
     def pop_prefilled(self) -> Traj | None:
@@ -201,7 +214,7 @@ class SimWorker:
             tr = self.pq.popleft()
             st = self.stats
             st.prefill_tokens += tr.pf_tokens
-            st.prefill_s += tr.pf_tokens * tr.t_tok
+            st.prefill_s += tr.pf_tokens * tr.t_tok - tr.t_ins  # compute only: no insertion
             tr.prefilled += tr.pf_tokens
             return tr
         return None

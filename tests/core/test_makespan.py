@@ -42,8 +42,10 @@ def test_concurrency_in_flight_and_prefilled_tokens_replace_B_and_delta_L() -> N
     q = msgspec.structs.replace(P, B_flight=128.0, delta_P=500.0)
     assert ms.T_coloc(q, 8) == pytest.approx(10 * (0.8 + 2.6 + 0.2) + 50)
     assert ms.T_decode(q, 4) == pytest.approx(1000 * (0.01 + 0.001 * 128 / 8) * 2)
-    # The KV of eq. 3 still ships delta_L tokens a turn.
-    assert ms.T_prefill(q, 4) == pytest.approx(10 * (64000 / 4 * 1e-4 + 128000 * 1e5 / 1e10))
+    # The KV of eq. 3 still ships delta_L tokens a turn: 128 x 1000 x 1e5 / 1e10 = 1.28 s, less
+    # than the pool's 128 x 500 / 4 x 1e-4 = 1.6 s of compute, which it overlaps.
+    assert ms.T_prefill(q, 4, 4) == pytest.approx(10 * 1.6)
+    assert ms.T_prefill(q, 8, 4) == pytest.approx(10 * 1.28)
     assert ms.lambda_P(q) == 128 * 10 * 500
 
 
@@ -53,10 +55,37 @@ def test_eq2_decode_path() -> None:
     assert ms.T_decode(P, 2) == pytest.approx(52.0)
 
 
-def test_eq3_prefill_path() -> None:
-    # S (B dL / N_P t_prefill + B dL K / BW) = 10 * (64000 / 4 * 1e-4 + 64000 * 1e5 / 1e10)
-    assert ms.T_prefill(P, 4) == pytest.approx(22.4)
-    assert ms.T_prefill(P, 1) == pytest.approx(70.4)
+def test_eq3_prefill_path_is_bound_by_compute_or_transfer() -> None:
+    # S max(B dL / N_P t_prefill, B dL K / BW) = 10 * max(64000 / 4 * 1e-4, 64000 * 1e5 / 1e10):
+    # the pool transfers one request's KV while it computes the next.
+    assert ms.T_prefill(P, 4, 4) == pytest.approx(16.0)
+    assert ms.T_prefill(P, 1, 7) == pytest.approx(64.0)
+    assert ms.T_prefill(P, 16, 4) == pytest.approx(6.4)  # transfer-bound: 64 GB at 10 GB/s
+
+
+def test_link_share_is_the_busiest_links_part_of_the_transfers() -> None:
+    # No topology: one link carries everything (eq. 3 as written).
+    assert ms.link_share(0, 4, 4) == 1.0
+    # 4 workers a link, prefill packed first. 4P4D: node 0 sends everything to node 1.
+    assert ms.link_share(4, 4, 4) == pytest.approx(1.0)
+    # 2P6D: node 0 = P P D D, node 1 = D D D D. Node 0 sends 2 x 4 of the 12 pairs out,
+    # node 1 receives 4 x 2 of them in: 2/3 of the volume on the busiest link.
+    assert ms.link_share(4, 2, 6) == pytest.approx(8 / 12)
+    # 3P5D: node 0 = P P P D sends 3 x 4 of 15 pairs; node 1 receives 4 x 3.
+    assert ms.link_share(4, 3, 5) == pytest.approx(12 / 15)
+    # 2P3D on 5 workers: node 0 = P P D D sends 2 x 1 of 6; node 1 = D receives 1 x 2.
+    assert ms.link_share(4, 2, 3) == pytest.approx(2 / 6)
+    # A link per worker: the smaller pool's links carry it all, 1 / min(N_P, N_D).
+    assert ms.link_share(1, 3, 5) == pytest.approx(1 / 3)
+    assert ms.link_share(1, 6, 2) == pytest.approx(1 / 2)
+    # Vectorised over the splits of one budget, equal to the scalar form.
+    n_p = np.arange(1.0, 8.0)
+    got = ms.link_share(4, n_p, 8 - n_p)
+    assert got == pytest.approx([ms.link_share(4, int(k), 8 - int(k)) for k in n_p])
+    # The prefill path takes the share: 4P4D on 4-worker links moves it all over one link.
+    q = msgspec.structs.replace(P, workers_per_link=4, t_prefill=1e-6)
+    assert ms.T_prefill(q, 4, 4) == pytest.approx(10 * 0.64)
+    assert ms.T_prefill(q, 2, 6) == pytest.approx(10 * 0.64 * 8 / 12)
 
 
 def test_handoff_each_turn_waits_for_its_prefill_and_its_kv() -> None:
@@ -69,7 +98,7 @@ def test_handoff_each_turn_waits_for_its_prefill_and_its_kv() -> None:
 
 def test_disaggregated_is_the_longer_path_plus_env() -> None:
     assert ms.T_dis(P, 4, 4) == pytest.approx(36.0 + 1.9 + 50)  # decode-bound, with the handoff
-    assert ms.T_dis(P, 1, 7) == pytest.approx(70.4 + 50)  # prefill-bound
+    assert ms.T_dis(P, 1, 7) == pytest.approx(64.0 + 50)  # prefill-bound
 
 
 def test_bubbles_slow_the_decode_path_only() -> None:
@@ -83,7 +112,9 @@ def test_monotone_in_worker_counts() -> None:
     n = np.arange(1.0, 65.0)
     assert np.all(np.diff(ms.T_coloc(P, n)) < 0)
     assert np.all(np.diff(ms.T_decode(P, n)) < 0)
-    assert np.all(np.diff(ms.T_prefill(P, n)) < 0)
+    pre = ms.T_prefill(P, n, 64 - n)
+    assert np.all(np.diff(pre) <= 0)  # compute falls until the transfer bounds it
+    assert np.all(np.diff(pre[:9]) < 0) and np.all(pre[10:] == pytest.approx(6.4))
 
 
 def test_decode_hbm_constraint() -> None:

@@ -261,6 +261,24 @@ def test_unpaired_samples_are_rejected() -> None:
         StepTelemetry(step=1, trajectories=(), decode_batch=(1, 2), decode_s=(0.1,))
 
 
+def test_T_over_follows_the_switching_stall_where_it_was_measured() -> None:
+    p = _profile()
+    t = RuntimeTracker(p, alpha=0.25, L_max=1e9)
+    rng = np.random.default_rng(3)
+    raw = _synthetic_step(rng)
+    # A step on split workers measures no colocation overhead: T_over keeps its value.
+    s = t.summarize(raw)
+    assert s.T_over is None
+    assert t.observe(s).T_over == p.T_over
+    # Colocated workers measured the stall a turn paid; it folds in like the other fields (the
+    # second observation weighs 1/2).
+    s = t.summarize(msgspec.structs.replace(raw, step=2, switch_s=2.0))
+    assert s.T_over == 2.0
+    assert t.observe(s).T_over == pytest.approx(0.5 * 2.0 + 0.5 * p.T_over)
+    with pytest.raises(SchemaError, match="T_over"):
+        t.observe(msgspec.structs.replace(s, step=3, T_over=-1.0))
+
+
 def test_observe_is_an_ema_whose_first_observations_replace_the_prior() -> None:
     p = _profile()
     t = RuntimeTracker(p, alpha=0.25, L_max=1e9)

@@ -109,6 +109,23 @@ def test_abort_keeps_the_generated_prefix() -> None:
     assert tr.generated == 400  # nothing generated twice, nothing lost
 
 
+def test_colocated_insertions_are_measured_as_a_stall_not_as_prefill_compute() -> None:
+    eng = EngineParams(insert_s=0.02)
+    wl = uniform(turns=4, batch=8)
+    res = run_static("qwen3-8b", 2, workload=wl, engine=eng, batches=1)
+    tel, st = res.telemetry[0], res.stats[0]
+    c = worker_costs("qwen3-8b", eng)
+    # prefill seconds are compute only; the busy time still holds every turn's insertion
+    turns = 8 * 4
+    assert st.prefill_time - st.prefill_s == pytest.approx(turns * c.insert_s, rel=1e-6)
+    # a decoding sequence waits out insertions on its worker: between 0 and every one of them
+    assert tel.switch_s is not None and 0 < tel.switch_s < turns * c.insert_s
+    # no colocated worker, nothing to measure
+    split = run_static("qwen3-8b", 0, 1, 1, workload=wl, engine=eng, batches=1)
+    assert split.telemetry[0].switch_s is None
+    assert split.stats[0].prefill_s == pytest.approx(split.stats[0].prefill_time, rel=1e-6)
+
+
 def test_disaggregated_path_transfers_kv_and_decodes() -> None:
     ro, clock, done = _cluster([PREFILL, DECODE])
     specs = [TrajectorySpec(0, (3000, 800), (60, 60), (0.5, 0.0)) for _ in range(3)]
