@@ -14,10 +14,10 @@ Capacity constraints (a disaggregated configuration is feasible when both hold):
 - decode HBM: the decode workers hold the whole batch's KV cache, ``B * K_seq <= N_D * H_max``
   (K_seq at its mean residency over the step);
 - prefill throughput: per step the prefill pool receives ``lambda_P = B * S * delta_P`` tokens and
-  is busy ``lambda_P * t_prefill / N_P`` seconds. Those tokens arrive while the decode path runs,
-  so prefill keeps up when that busy time is at most ``max_util`` times the decode-path time
-  (eq. 2). Past that utilisation prefill queues grow and delay decode (an M/D/1 queue at 90%
-  already waits ~4.5 service times).
+  is busy ``lambda_P * t_prefill / N_P`` seconds. Those tokens arrive once per trajectory cycle
+  (decode path, then the wait for the pool and the KV), so prefill keeps up when its utilisation
+  over that cycle (:func:`prefill_utilization`) is at most ``max_util``. Past it prefill queues
+  grow and delay decode (an M/M/1 queue at 90% already waits 10 service times).
 
 Colocation has no constraint here: it is the fallback the paper names when no split is feasible.
 """
@@ -142,8 +142,23 @@ def decode_hbm_ok(p: WorkloadProfile, N_D: Count) -> Bools:
 
 
 def prefill_utilization(p: WorkloadProfile, N_P: Count, N_D: Count) -> Count:
-    """Prefill-pool busy time lambda_P t_prefill / N_P over the decode-path time (eq. 2)."""
-    return lambda_P(p) * p.t_prefill / N_P / T_decode(p, N_D)
+    """The prefill pool's utilisation rho: its busy time lambda_P t_prefill / N_P over the time a
+    trajectory's cycle takes, which includes the waits for the pool itself.
+
+    Each turn of a trajectory decodes (eq. 2), then waits for its prefill, queued behind the
+    others (``T_handoff``: a sojourn of 1 / (1 - rho) service times), and for its KV. The pool
+    serves every turn once per cycle, so rho = X / (D + H1 + H0 / (1 - rho)) with X its busy
+    time, D the decode path, H0 and H1 the per-trajectory prefill service and transfer over the
+    step. The root in (0, 1) of (D + H1) rho^2 - (D + H1 + H0 + X) rho + X = 0 always exists; a
+    pool that cannot keep up shows as rho near 1 (long queues), not as rho > 1.
+    """
+    X = lambda_P(p) * p.t_prefill / N_P
+    H0 = p.S * p.prefill_per_turn * p.t_prefill
+    a = T_decode(p, N_D) + p.S * p.delta_L * p.K / p.BW
+    c = a + H0 + X
+    # the smaller root, in the form that stays finite as a -> 0
+    root = c + np.sqrt(np.maximum(c * c - 4.0 * a * X, 0.0))
+    return np.where(root > 0, 2.0 * X / np.where(root > 0, root, 1.0), 0.0)
 
 
 def prefill_keeps_up(p: WorkloadProfile, N_P: Count, N_D: Count, max_util: float) -> Bools:
@@ -188,9 +203,9 @@ def sweep(p: WorkloadProfile, N: int, max_util: float) -> Sweep:
     t_dec = T_decode(p, n_d.astype(np.float64))
     t_hand = T_handoff(p, n_p.astype(np.float64), n_d.astype(np.float64))
     t_dis = np.maximum(t_pre, t_dec + t_hand) + p.T_env
-    # Same quantities as decode_hbm_ok / prefill_keeps_up, reusing t_dec.
+    # Same quantities as decode_hbm_ok / prefill_keeps_up.
     hbm_bad = p.concurrency * p.K_seq * KV_RESIDENCY > n_d * p.H_max
-    slow = lambda_P(p) * p.t_prefill / n_p > max_util * t_dec
+    slow = prefill_utilization(p, n_p.astype(np.float64), n_d.astype(np.float64)) > max_util
     excluded = np.where(hbm_bad, 1, np.where(slow, 2, 0)).astype(np.int8)
     return Sweep(N, float(T_coloc(p, float(N))), n_p, t_dis, excluded)
 

@@ -16,9 +16,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
+
 from pearl.core.makespan import T_coloc, T_dis
 from pearl.core.profile import RuntimeTracker, WorkloadProfile
 from pearl.sim.costs import EngineParams, worker_costs
+from pearl.sim.runner import transfer_bandwidth
 from pearl.sim.scenario import Scenario
 from pearl.sim.static import run_static
 from pearl.sim.workload import WorkloadParams
@@ -120,9 +123,10 @@ def prediction_errors(
             spans += res.makespans
             for raw in res.telemetry:
                 tracker.observe(tracker.summarize(raw))
-        # eq. 1-3 take the fitted profile as is (the EMA has converged over the batches; T_over
-        # is the switching stall measured on colocated workers, the prior's on split ones)
-        p = tracker.profile
+        # eq. 1-3 take the fitted profile (the EMA has converged over the batches; T_over is the
+        # switching stall measured on colocated workers, the prior's on split ones) and the KV
+        # link at the rate the deployment pays, as the decision engine's history profile does
+        p = msgspec.structs.replace(tracker.profile, BW=transfer_bandwidth(sc, tracker.profile))
         pred = float(T_coloc(p, float(n_c))) if n_c else float(T_dis(p, float(n_p), float(n_d)))
         sim = sum(spans) / len(spans)
         name = f"{n_c}C" if n_c else f"{n_p}P{n_d}D"

@@ -89,15 +89,23 @@ def test_link_share_is_the_busiest_links_part_of_the_transfers() -> None:
 
 
 def test_handoff_each_turn_waits_for_its_prefill_and_its_kv() -> None:
-    # 4P4D: the pool is busy 16 s of the decode path's 36 (rho = 4/9); a turn waits
-    # 1000 * 1e-4 / (1 - 4/9) = 0.18 s for its prefill and 1000 * 1e5 / 1e10 = 0.01 s for its KV.
-    assert ms.T_handoff(P, 4, 4) == pytest.approx(10 * (0.1 / (5 / 9) + 0.01))
-    # A saturated pool (1P7D: 64 s of prefill for a 29 s decode path) stretches it 10x at most.
+    # 4P4D: the pool is busy X = 16 s a step; a trajectory's cycle is the decode path (36 s), its
+    # KV (S dL K / BW = 0.1 s) and its prefills (S dP t_prefill = 1 s, stretched 1 / (1 - rho)
+    # by the queue). rho solves rho = 16 / (36.1 + 1 / (1 - rho)): 0.4229.
+    rho = float(ms.prefill_utilization(P, 4, 4))
+    assert rho == pytest.approx(16 / (36.1 + 1 / (1 - rho)), rel=1e-9)
+    assert rho == pytest.approx(0.4229, abs=1e-4)
+    # a turn waits 1000 * 1e-4 / (1 - rho) for its prefill and 1000 * 1e5 / 1e10 for its KV
+    assert ms.T_handoff(P, 4, 4) == pytest.approx(10 * (0.1 / (1 - rho) + 0.01))
+    # A saturated pool (1P7D: 64 s of prefill a step, rho 0.97) stretches it 10x at most.
+    assert float(ms.prefill_utilization(P, 1, 7)) == pytest.approx(0.9726, abs=1e-4)
     assert ms.T_handoff(P, 1, 7) == pytest.approx(10 * (0.1 / (1 - 0.9) + 0.01))
 
 
 def test_disaggregated_is_the_longer_path_plus_env() -> None:
-    assert ms.T_dis(P, 4, 4) == pytest.approx(36.0 + 1.9 + 50)  # decode-bound, with the handoff
+    rho = float(ms.prefill_utilization(P, 4, 4))
+    hand = 10 * (0.1 / (1 - rho) + 0.01)  # 1.83
+    assert ms.T_dis(P, 4, 4) == pytest.approx(36.0 + hand + 50)  # decode-bound, with the handoff
     assert ms.T_dis(P, 1, 7) == pytest.approx(64.0 + 50)  # prefill-bound
 
 
@@ -128,35 +136,45 @@ def test_decode_hbm_constraint() -> None:
 
 
 def test_prefill_throughput_constraint() -> None:
-    # lambda_P = 64 * 10 * 1000 tokens: the pool is busy 64 / N_P seconds.
+    # lambda_P = 64 * 10 * 1000 tokens: the pool is busy 64 / N_P seconds a step, over a cycle
+    # that includes the waits for the pool itself (rho solves rho = X / (D + 0.1 + 1 / (1 - rho))).
     assert ms.lambda_P(P) == 640_000
-    assert ms.prefill_utilization(P, 4, 4) == pytest.approx(16 / 36)
-    assert ms.prefill_utilization(P, 2, 6) == pytest.approx(32 / ms.T_decode(P, 6))
-    assert not ms.prefill_keeps_up(P, 2, 6, 0.9)  # 104% busy
-    assert ms.prefill_keeps_up(P, 3, 5, 0.9)
+    for n_p, expected in ((4, 0.4229), (2, 0.8524), (1, 0.9726)):
+        rho = float(ms.prefill_utilization(P, n_p, 8 - n_p))
+        D = float(ms.T_decode(P, 8 - n_p))
+        assert rho == pytest.approx(64 / n_p / (D + 0.1 + 1 / (1 - rho)), rel=1e-9)
+        assert rho == pytest.approx(expected, abs=1e-4)
+    assert ms.prefill_keeps_up(P, 2, 6, 0.9)  # 85% busy
+    assert not ms.prefill_keeps_up(P, 2, 6, 0.85)
+    assert not ms.prefill_keeps_up(P, 1, 7, 0.9)  # 97%
     u = float(ms.prefill_utilization(P, 3, 5))
     assert ms.prefill_keeps_up(P, 3, 5, u * (1 + 1e-9))
     assert not ms.prefill_keeps_up(P, 3, 5, u * (1 - 1e-9))
+    # Even a pool with more work than the decode path's time stays below 1: its queue grows.
+    busy = msgspec.structs.replace(P, t_prefill=1e-3)
+    assert 0.9 < float(ms.prefill_utilization(busy, 1, 7)) < 1.0
 
 
 def test_sweep_excludes_exactly_the_violating_splits() -> None:
     s = ms.sweep(P, 8, 0.9)
     got = [ms.EXCLUDED_BY[c] for c in s.excluded]
-    # N_P = 1, 2: prefill cannot keep up; N_P = 5..7 leave fewer than 4 decode workers.
+    # N_P = 1: prefill cannot keep up; N_P = 5..7 leave fewer than 4 decode workers.
     assert got == [
         ms.PREFILL_THROUGHPUT,
-        ms.PREFILL_THROUGHPUT,
+        None,
         None,
         None,
         ms.DECODE_HBM,
         ms.DECODE_HBM,
         ms.DECODE_HBM,
     ]
-    # N_P = 3: decode 1000 * (0.01 + 0.0064) * 2 = 32.8 > prefill 10 * (6.4 / 3 + 0.64) = 27.7;
-    # the handoff adds 10 * (0.1 / (1 - 21.33 / 32.8) + 0.01) = 2.96.
+    # N_P = 3: decode 1000 * (0.01 + 0.0064) * 2 = 32.8 > prefill 10 * max(6.4 / 3, 0.64) = 21.3;
+    # the handoff adds 10 * (0.1 / (1 - rho) + 0.01) = 2.62 at rho 0.6024. 2P6D (87.54) and 4P4D
+    # (87.83) are slower.
     assert s.best_split() == 2
-    assert s.T_dis[2] == pytest.approx(32.8 + 10 * (0.1 / (1 - 64 / 3 / 32.8) + 0.01) + 50)
-    assert s.T_dis[3] == pytest.approx(87.9)
+    assert s.T_dis[2] == pytest.approx(32.8 + 10 * (0.1 / (1 - 0.6024) + 0.01) + 50, abs=1e-3)
+    assert s.T_dis[1] == pytest.approx(87.54, abs=1e-2)
+    assert s.T_dis[3] == pytest.approx(87.83, abs=1e-2)
     assert s.T_coloc == pytest.approx(78.0)
 
 

@@ -50,10 +50,12 @@ BASE = [
     "daemon.launcher=ray",
     f"ray.namespace={NS}",
     "ray.poll_s=0.2",
-    # Priors under which 2 workers run colocated and 4 disaggregated (pearl decide).
+    # Priors under which 2 workers run colocated and 4 as 2P2D (pearl decide; 1P3D's prefill
+    # pool would be 90% busy).
     "workload.batch=24",
     "workload.group_size=4",
     "workload.turn_overhead_s=2",
+    "workload.new_tokens_per_turn=3000",
 ]
 
 

@@ -30,12 +30,12 @@ SETS = (
     "daemon.heartbeat_s=1.0",
     "daemon.tick_s=0.1",
     # Priors (no batch is taken before the switches, so no telemetry replaces them): with 2
-    # workers no split keeps up with prefill (colocated); with 3, a split is predicted ~37%
-    # faster than colocation, and no hysteresis holds it back.
+    # workers no split keeps up with prefill (1P1D's pool 91% busy: colocated); with 3, 2P1D is
+    # predicted ~37% faster than colocation, and no hysteresis holds it back.
     "decision.mode_switch_threshold=0.0",
     "workload.batch=16",
     "workload.group_size=4",
-    "workload.new_tokens_per_turn=40",
+    "workload.new_tokens_per_turn=60",
     "workload.generated_tokens_per_turn=8",
     "workload.turn_overhead_s=0.05",
     "workload.max_trajectory_tokens=1024",
