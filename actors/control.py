@@ -99,6 +99,7 @@ class RuntimeTracker(PearlActor):
             mixed_batch=tuple(n for n, _, _ in self.mixed),
             mixed_tokens=tuple(k for _, k, _ in self.mixed),
             mixed_s=tuple(s for _, _, s in self.mixed),
+            start_spread_s=msg.start_spread_s,
         )
         self.decode, self.prefill, self.mixed = [], [], []
         summary = Tracker(self.profile, self.alpha, self.L_max).summarize(t)

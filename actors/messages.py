@@ -131,6 +131,7 @@ class RolloutStep(WireStruct, tag="rollout-step", frozen=True):
     makespan_s: float
     active_fraction: tuple[float, ...] = ()
     in_flight: float = 0.0  # mean trajectories in flight while the batch ran (0: not measured)
+    start_spread_s: float | None = None  # its last group started this long after its first
 
 
 @MESSAGES.add

@@ -110,6 +110,7 @@ class PipelineActor(PearlActor):
                 report.makespan_s,
                 report.active_fraction,
                 report.in_flight,
+                report.start_spread_s,
             ),
         )
 

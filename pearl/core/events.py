@@ -174,7 +174,10 @@ class Telemetry(LogRecord, tag="telemetry", frozen=True):
     ``B_flight`` is the mean number of trajectories in flight while the batch ran and ``delta_P``
     the prompt tokens really prefilled per turn (None in records that predate them: B, delta_L).
     ``r_crit`` is the critical path's generated tokens per turn: the most any trajectory of the
-    batch generated, over S (None in records that predate it: r).
+    batch generated, over S (None in records that predate it: r). ``T_over`` is colocation's
+    measured switching stall per turn (None where no worker ran colocated, or not measured);
+    ``T_start`` how long after the batch's first trajectories its last ones started (None: not
+    measured).
     """
 
     step: int
@@ -195,6 +198,7 @@ class Telemetry(LogRecord, tag="telemetry", frozen=True):
     delta_P: float | None = None
     r_crit: float | None = None
     T_over: float | None = None
+    T_start: float | None = None
 
 
 Record = Any  # any class registered in RECORDS

@@ -45,7 +45,8 @@ EXCLUDED_BY: tuple[str | None, ...] = (None, DECODE_HBM, PREFILL_THROUGHPUT)
 def T_coloc(p: WorkloadProfile, N: Count) -> Count:
     """Eq. 1: colocated makespan, S [B dP / N t_prefill + r_c A + r b B / N + T_over] + T_env
     (B the concurrency in flight, dP the tokens prefilled per turn, r_c the critical path's
-    tokens per turn: its iterations, each costing A; r every trajectory's: the b term's work)."""
+    tokens per turn: its iterations, each costing A; r every trajectory's: the b term's work),
+    plus T_start, the measured spread of the batch's start times (0 where it starts at once)."""
     per_worker = p.concurrency / N
     turn = (
         per_worker * p.prefill_per_turn * p.t_prefill
@@ -53,7 +54,7 @@ def T_coloc(p: WorkloadProfile, N: Count) -> Count:
         + p.r * p.b * per_worker
         + p.T_over
     )
-    return p.S * turn + p.T_env
+    return p.S * turn + p.T_env + p.T_start
 
 
 def T_decode(p: WorkloadProfile, N_D: Count) -> Count:
@@ -120,8 +121,10 @@ def T_handoff(p: WorkloadProfile, N_P: Count, N_D: Count) -> Count:
 
 
 def T_dis(p: WorkloadProfile, N_P: Count, N_D: Count) -> Count:
-    """Disaggregated makespan: max(T_prefill (eq. 3), T_decode (eq. 2) + T_handoff) + T_env."""
-    return np.maximum(T_prefill(p, N_P, N_D), T_decode(p, N_D) + T_handoff(p, N_P, N_D)) + p.T_env
+    """Disaggregated makespan: max(T_prefill (eq. 3), T_decode (eq. 2) + T_handoff) + T_env
+    (+ T_start, as eq. 1)."""
+    t = np.maximum(T_prefill(p, N_P, N_D), T_decode(p, N_D) + T_handoff(p, N_P, N_D))
+    return t + p.T_env + p.T_start
 
 
 def lambda_P(p: WorkloadProfile) -> float:
@@ -202,7 +205,7 @@ def sweep(p: WorkloadProfile, N: int, max_util: float) -> Sweep:
     t_pre = T_prefill(p, n_p.astype(np.float64), n_d.astype(np.float64))
     t_dec = T_decode(p, n_d.astype(np.float64))
     t_hand = T_handoff(p, n_p.astype(np.float64), n_d.astype(np.float64))
-    t_dis = np.maximum(t_pre, t_dec + t_hand) + p.T_env
+    t_dis = np.maximum(t_pre, t_dec + t_hand) + p.T_env + p.T_start
     # Same quantities as decode_hbm_ok / prefill_keeps_up.
     hbm_bad = p.concurrency * p.K_seq * KV_RESIDENCY > n_d * p.H_max
     slow = prefill_utilization(p, n_p.astype(np.float64), n_d.astype(np.float64)) > max_util

@@ -64,6 +64,9 @@ class WorkloadProfile(Value, frozen=True):
     # Workers sharing one link to other nodes (a node's NIC), packed in order: eq. 3's transfers
     # spread over the links the pools span (0: both pools share one link, eq. 3 as written).
     workers_per_link: int = 0
+    # A batch's last trajectories start this long after its first: an asynchronous pipeline
+    # starts groups as capacity frees, so the batch's makespan spans that spread as well.
+    T_start: float = 0.0
     observed: int = 0  # step summaries folded in (the EMA weight of the next is max(alpha, 1/k))
 
     def __post_init__(self) -> None:
@@ -212,6 +215,8 @@ class StepTelemetry(Value, frozen=True):
     ``switch_s``: colocation's switching overhead per turn (T_over) as the decoding sequences
     paid it: seconds a turn's decode was stalled by prefills inserted into its running batch,
     beyond their compute (None: not measured). ``prefill_s`` then holds the compute only.
+    ``start_spread_s``: how long after the batch's first trajectories its last ones started (an
+    asynchronous pipeline starts groups as capacity frees; None: not measured).
     """
 
     step: int
@@ -228,6 +233,7 @@ class StepTelemetry(Value, frozen=True):
     mixed_tokens: tuple[int, ...] = ()
     mixed_s: tuple[float, ...] = ()
     switch_s: float | None = None
+    start_spread_s: float | None = None
 
     def __post_init__(self) -> None:
         if len(self.decode_batch) != len(self.decode_s):
@@ -373,6 +379,7 @@ class RuntimeTracker:
             delta_P=delta_P,
             r_crit=max(r, r_crit),
             T_over=t.switch_s,
+            T_start=t.start_spread_s,
         )
 
     def observe(self, summary: Telemetry) -> WorkloadProfile:
@@ -394,7 +401,7 @@ class RuntimeTracker:
             raise SchemaError(
                 f"telemetry step {summary.step}: batch = {summary.batch}, expected >= 1"
             )
-        for name in ("toggle_s", "toggle_min_s", "window_s", "T_over", *_FLOW_FIELDS):
+        for name in ("toggle_s", "toggle_min_s", "window_s", "T_over", "T_start", *_FLOW_FIELDS):
             v = getattr(summary, name)
             if v is not None and not (math.isfinite(v) and v >= 0):
                 raise SchemaError(f"telemetry step {summary.step}: {name} = {v!r}")
@@ -411,6 +418,8 @@ class RuntimeTracker:
         new["r_crit"] = w * r_crit + (1.0 - w) * p.r_path
         if summary.T_over is not None:  # measured only where workers ran colocated
             new["T_over"] = w * summary.T_over + (1.0 - w) * p.T_over
+        if summary.T_start is not None:
+            new["T_start"] = w * summary.T_start + (1.0 - w) * p.T_start
         # T_toggle and T_window keep their own rules: they are measured only on some steps.
         T_toggle = p.T_toggle
         if summary.toggle_s is not None:

@@ -72,7 +72,8 @@ class StepReport:
 
     ``in_flight`` and ``workers`` are means over the batch's span (first group started -> last
     group finished): trajectories in flight, and active rollout workers by role (colocated,
-    prefill, decode) as the Orchestrator last published them.
+    prefill, decode) as the Orchestrator last published them. ``start_spread_s``: how long after
+    the batch's first group its last one started (groups start as capacity frees).
     """
 
     step: int
@@ -82,6 +83,7 @@ class StepReport:
     dropped_groups: int
     in_flight: float = 0.0
     workers: dict[str, float] = field(default_factory=dict)
+    start_spread_s: float = 0.0
 
 
 @dataclass
@@ -219,7 +221,8 @@ class Pipeline:
             role: sum(x[2][i] for x in flight) / len(flight)
             for i, role in enumerate(("colocated", "prefill", "decode"))
         }
-        return StepReport(batch.step, stats, t1 - t0, samples, dropped, in_flight, workers)
+        spread = max(g.started for g in groups) - t0
+        return StepReport(batch.step, stats, t1 - t0, samples, dropped, in_flight, workers, spread)
 
     def _poke(self) -> None:
         if self._loop is not None and self._wake is not None:

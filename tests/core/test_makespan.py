@@ -109,6 +109,17 @@ def test_disaggregated_is_the_longer_path_plus_env() -> None:
     assert ms.T_dis(P, 1, 7) == pytest.approx(64.0 + 50)  # prefill-bound
 
 
+def test_a_staggered_start_adds_to_either_mode() -> None:
+    # A pipeline that starts the batch's last groups 0.7 s after its first: the batch lasts that
+    # much longer whichever configuration runs it, so no comparison between them moves.
+    q = msgspec.structs.replace(P, T_start=0.7)
+    assert ms.T_coloc(q, 8) == pytest.approx(ms.T_coloc(P, 8) + 0.7)
+    assert ms.T_dis(q, 4, 4) == pytest.approx(ms.T_dis(P, 4, 4) + 0.7)
+    s, t = ms.sweep(q, 8, 0.9), ms.sweep(P, 8, 0.9)
+    assert s.T_coloc == pytest.approx(t.T_coloc + 0.7)
+    assert s.T_dis == pytest.approx(t.T_dis + 0.7) and list(s.excluded) == list(t.excluded)
+
+
 def test_bubbles_slow_the_decode_path_only() -> None:
     calm = WorkloadProfile(**{**_fields(P), "theta": 0.0})
     assert ms.T_decode(calm, 4) == pytest.approx(1000 * (0.01 + 0.001 * 16))

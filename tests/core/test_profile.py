@@ -279,6 +279,18 @@ def test_T_over_follows_the_switching_stall_where_it_was_measured() -> None:
         t.observe(msgspec.structs.replace(s, step=3, T_over=-1.0))
 
 
+def test_T_start_follows_the_measured_spread_of_a_batchs_start_times() -> None:
+    p = _profile()
+    assert p.T_start == 0.0
+    t = RuntimeTracker(p, alpha=0.25, L_max=1e9)
+    raw = _synthetic_step(np.random.default_rng(4))
+    s = t.summarize(raw)
+    assert s.T_start is None and t.observe(s).T_start == 0.0  # not measured: kept
+    s = t.summarize(msgspec.structs.replace(raw, step=2, start_spread_s=0.6))
+    assert s.T_start == 0.6
+    assert t.observe(s).T_start == pytest.approx(0.5 * 0.6)  # the second summary weighs 1/2
+
+
 def test_observe_is_an_ema_whose_first_observations_replace_the_prior() -> None:
     p = _profile()
     t = RuntimeTracker(p, alpha=0.25, L_max=1e9)

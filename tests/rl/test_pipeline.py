@@ -50,3 +50,13 @@ def test_a_batch_reports_its_concurrency_workers_and_prefilled_tokens() -> None:
     assert report.in_flight == 8.0
     assert report.workers == {"colocated": 2.5, "prefill": 0.0, "decode": 0.0}
     assert [t.prefilled_tokens for t in report.trajectories] == [80, 40, 40, 40]
+
+
+def test_a_batch_reports_how_far_apart_its_groups_started() -> None:
+    p = Pipeline(PipelineConfig(batch=4, group_size=2, staleness=1), PromptBuilder(ByteTokenizer()))  # type: ignore[arg-type]
+    late = group("g2", 0)
+    late.started, late.finished = 0.4, 1.5  # started when capacity freed, 0.4 s after g1
+    p._ready.extend([group("g1", 0), late])
+    assert p.take(timeout_s=0.01) is not None
+    report = p.reports[-1]
+    assert report.makespan_s == 1.5 and report.start_spread_s == 0.4
