@@ -51,6 +51,7 @@ from pearl.core.profile import (  # noqa: E402
     TrajectoryStats,
     WorkloadProfile,
 )
+from pearl.core.schema import to_plain  # noqa: E402
 from pearl.engines.device import available_cores, check_fits, default_share  # noqa: E402
 
 
@@ -221,13 +222,7 @@ def analyse(points: list[Point], a: argparse.Namespace, K: float, BW: float) -> 
                 "pick_vs_best": pt.tokens_per_s(pick) / pt.tokens_per_s(best),
                 "predicted_s": predicted[pick],
                 "measured_s": statistics.median(pt.makespans[pick]),
-                "profile": {
-                    k: getattr(profile, k)
-                    for k in (
-                        *("A", "b", "t_prefill", "theta", "delta_L", "delta_P"),
-                        *("r", "r_crit", "S"),
-                    )
-                },
+                "profile": to_plain(profile),  # all of it: predictions can be re-evaluated
                 "configs": configs,
             }
         )
