@@ -11,8 +11,8 @@ configurations, so drift on the shared machine hits all of them alike.
 For each point the table prints the measured best configuration and its gain over colocation,
 the decision engine's pick and its measured throughput relative to the best. The pick is
 ``pearl.core.decision.decide`` (the code pearld runs) on the profile the Runtime Tracker
-(``pearl.core.profile.RuntimeTracker``) summarises from the first round's colocated run of that
-point — the telemetry a colocated cluster would have when it decides — with the KV bytes per
+(``pearl.core.profile.RuntimeTracker``) folds from the point's colocated runs, one step per
+round — what a colocated cluster knows after that many steps when it decides — with the KV bytes per
 token and the link rate measured between two of the workers. Every configuration's eq. 1-3
 prediction (``pearl.core.makespan.sweep``) is printed against its measured makespan.
 
@@ -68,7 +68,7 @@ class Point:
     B: int
     makespans: dict[int, list[float]] = field(default_factory=dict)  # n_p -> seconds per round
     tokens: dict[int, int] = field(default_factory=dict)  # n_p -> tokens generated a run
-    first: dict[int, Run] = field(default_factory=dict)  # n_p -> the first round's run
+    colocated: list[Run] = field(default_factory=list)  # the colocated runs, round by round
 
     def tokens_per_s(self, n_p: int) -> float:
         return self.tokens[n_p] / statistics.median(self.makespans[n_p])
@@ -80,7 +80,7 @@ class Point:
 # -- the tracker's view of a run ------------------------------------------------------------------
 
 
-def step_telemetry(run: Run, a: argparse.Namespace, B: int) -> StepTelemetry:
+def step_telemetry(run: Run, a: argparse.Namespace, B: int, step: int = 1) -> StepTelemetry:
     """A run as the pipeline reports a rollout step: every worker's iterations (pure decode, pure
     prefill, mixed), each trajectory's counts, the active fraction, the makespan."""
     its = [i for t in run.telemetry for i in t["iterations"]]
@@ -98,7 +98,7 @@ def step_telemetry(run: Run, a: argparse.Namespace, B: int) -> StepTelemetry:
         for t, c in run.traj.items()
     )
     return StepTelemetry(
-        step=1,
+        step=step,
         trajectories=trajs,
         decode_batch=tuple(n for n, _ in dec),
         decode_s=tuple(d for _, d in dec),
@@ -114,9 +114,10 @@ def step_telemetry(run: Run, a: argparse.Namespace, B: int) -> StepTelemetry:
 
 
 def tracked_profile(
-    run: Run, a: argparse.Namespace, B: int, K: float, BW: float
+    runs: list[Run], a: argparse.Namespace, B: int, K: float, BW: float
 ) -> WorkloadProfile:
-    """What the Runtime Tracker makes of ``run`` (its first summary replaces the prior)."""
+    """What the Runtime Tracker makes of ``runs``, one step each (its EMA: the first summary
+    replaces the prior, the k-th weighs max(alpha, 1/k))."""
     L_max = a.first_prompt + a.turns * (a.gen + a.obs)
     prior = WorkloadProfile(
         B=B,
@@ -136,7 +137,10 @@ def tracked_profile(
         T_toggle=0.0,
     )
     tracker = RuntimeTracker(prior, alpha=0.3, L_max=L_max)
-    return tracker.observe(tracker.summarize(step_telemetry(run, a, B)))
+    profile = prior
+    for k, run in enumerate(runs, 1):
+        profile = tracker.observe(tracker.summarize(step_telemetry(run, a, B, step=k)))
+    return profile
 
 
 def link_rate(src: Worker, dst: Worker, nbytes: int, n: int = 20) -> float:
@@ -169,8 +173,8 @@ def measure(workers: list[Worker], a: argparse.Namespace) -> list[Point]:
                 run = play(f"r{r}-{pt.N}-{pt.B}-{name}", workers[: pt.N], n_p, a, batch=pt.B)
                 pt.makespans.setdefault(n_p, []).append(run.makespan_s)
                 pt.tokens[n_p] = run.generated
-                if r == 0:
-                    pt.first[n_p] = run
+                if n_p == 0:
+                    pt.colocated.append(run)
                 done += 1
                 elapsed = time.monotonic() - t_start
                 print(
@@ -187,7 +191,7 @@ def analyse(points: list[Point], a: argparse.Namespace, K: float, BW: float) -> 
     cfg = DecisionConfig()
     rows = []
     for pt in points:
-        profile = tracked_profile(pt.first[0], a, pt.B, K, BW)
+        profile = tracked_profile(pt.colocated, a, pt.B, K, BW)
         dec = decide(profile, pt.N, None, cfg)
         s = sweep(profile, pt.N, cfg.prefill_max_utilization)
         predicted = {0: s.T_coloc} | {int(n): float(t) for n, t in zip(s.N_P, s.T_dis, strict=True)}
