@@ -60,3 +60,22 @@ def test_a_batch_reports_how_far_apart_its_groups_started() -> None:
     assert p.take(timeout_s=0.01) is not None
     report = p.reports[-1]
     assert report.makespan_s == 1.5 and report.start_spread_s == 0.4
+
+
+def test_no_group_starts_that_would_be_too_stale_when_its_batch_is_taken() -> None:
+    # Batches of 2 groups, staleness 1: two batches ahead while rollout runs alone, one while the
+    # trainer trains on a batch (a group started then is taken two versions later and dropped).
+    p = Pipeline(PipelineConfig(batch=4, group_size=2, staleness=1), PromptBuilder(ByteTokenizer()))  # type: ignore[arg-type]
+    assert p.admission_target() == 4
+    p._ready.extend([group("g1", 0), group("g2", 0)])
+    assert p.take(timeout_s=0.01) is not None  # training step 1 begins
+    assert p.admission_target() == 2
+    p.set_version(0)  # not a new version: still training
+    assert p.admission_target() == 2
+    p.set_version(1)  # step 1's weights are published
+    assert p.admission_target() == 4
+    # On-policy (staleness 0) keeps one batch in flight: never none, or nothing would be taken.
+    q = Pipeline(PipelineConfig(batch=4, group_size=2, staleness=0), PromptBuilder(ByteTokenizer()))  # type: ignore[arg-type]
+    q._ready.extend([group("g1", 0), group("g2", 0)])
+    assert q.take(timeout_s=0.01) is not None
+    assert q.admission_target() == 2
