@@ -17,7 +17,12 @@ from transports.rpc import RemoteError, RequestTimeout
 
 pytestmark = pytest.mark.slow
 
-ROUNDS = 30
+ROUNDS = 30  # kills at least
+# Kills must land inside transitions (a plan in flight) often enough to test recovery from them.
+# Where they land depends on timing: 11-15 of 30 here on an idle VM, 2 of 30 in one fresh-clone
+# run. So the soak goes on, up to MAX_ROUNDS, until IN_TRANSITION of them have.
+MAX_ROUNDS = 90
+IN_TRANSITION = 5
 PREEMPTIBLE = list(range(8, 16))
 
 
@@ -63,7 +68,7 @@ def test_kill_minus_nine_soak(pearld_factory: Any) -> None:
     d: Pearld = pearld_factory("daemon.borrow=always", start=False)
     acked: dict[int, Any] = {}
     kills = in_flight = 0
-    for _ in range(ROUNDS):
+    while kills < ROUNDS or (in_flight < IN_TRANSITION and kills < MAX_ROUNDS):
         d.start()
         returned_before_training(d)
         for _ in range(rng.randint(1, 3)):
@@ -87,9 +92,8 @@ def test_kill_minus_nine_soak(pearld_factory: Any) -> None:
     d.start()
     returned_before_training(d)
     s = d.settled(60)
-    assert kills == ROUNDS
     print(f"{in_flight} of {kills} kills landed during a transition")
-    assert in_flight >= 5, f"only {in_flight} kills landed during a transition"
+    assert in_flight >= IN_TRANSITION, f"only {in_flight} of {kills} kills landed in a transition"
     validate(d.replayed())
     table = d.replayed(s["seq"]).to_json()
     assert (table["seq"], table["workers"]) == (s["seq"], s["workers"])
