@@ -26,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pearl import demo  # noqa: E402
+from pearl.report import makespan_errors  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "local-cpu.toml"
 POLICIES = {
@@ -33,16 +34,6 @@ POLICIES = {
     "fixed colocated": ("daemon.pd=colocated", "daemon.borrow=never"),
     "always borrow": ("daemon.pd=colocated", "daemon.borrow=always"),
 }
-
-
-def makespan_errors(report: dict, field: str = "predicted_makespan_s") -> list[float]:
-    """|predicted - measured| / measured of each step from step 3 on (priors may rule before)."""
-    out = []
-    for r in report["records"][2:]:
-        p, m = r.get(field), r.get("measured_makespan_s")
-        if p is not None and m:
-            out.append(abs(p - m) / m)
-    return out
 
 
 def main() -> int:
@@ -89,8 +80,8 @@ def main() -> int:
             f"{1e3 * mean_ret:>10.0f}ms {1e3 * max_ret:>9.0f}ms"
         )
     pearl = results["pearl"]
-    errors = [e for s in pearl for e in makespan_errors(s)]
-    forecast = [e for s in pearl for e in makespan_errors(s, "forecast_makespan_s")]
+    errors = [abs(e) for s in pearl for e in makespan_errors(s["records"])]
+    forecast = [abs(e) for s in pearl for e in makespan_errors(s["records"], "forecast_makespan_s")]
     approved = sum(s["borrow"]["approved"] for s in pearl)
     served = sum(s["borrow"]["served"] for s in pearl)
     figures = {

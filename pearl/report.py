@@ -196,6 +196,20 @@ def summary_plot(
 _TRACE = re.compile(r"([+-])(\d+) preemptible")
 
 
+def makespan_errors(
+    records: list[dict[str, Any]], field: str = "predicted_makespan_s", first_step: int = 3
+) -> list[float]:
+    """predicted / measured - 1 of each step from ``first_step`` on (priors may rule before),
+    ``field`` the prediction (``forecast_makespan_s``: the one made before the batch was handed
+    out). Steps without a prediction or a measurement are left out."""
+    out = []
+    for r in records[first_step - 1 :]:
+        predicted, measured = r.get(field), r.get("measured_makespan_s")
+        if predicted is not None and measured:
+            out.append(predicted / measured - 1)
+    return out
+
+
 def _quarter_means(values: list[float]) -> tuple[float, float] | None:
     if not values:
         return None
@@ -276,11 +290,7 @@ def summary_table(report: dict[str, Any]) -> str:
                 f"{groups.get('stale', 0)} dropped as too stale",
             )
         )
-    errors = sorted(
-        abs(r["predicted_makespan_s"] / r["measured_makespan_s"] - 1)
-        for r in recs[2:]
-        if r.get("predicted_makespan_s") and r.get("measured_makespan_s")
-    )
+    errors = sorted(abs(e) for e in makespan_errors(recs))
     if errors:
         median = errors[len(errors) // 2]
         rows.append(

@@ -253,7 +253,7 @@ class Pipeline:
     # -- the asyncio side --------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Keep up to (1 + staleness) batches of groups in flight or ready until ``stop``."""
+        """Keep :meth:`admission_target` groups in flight or ready until ``stop``."""
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         tasks: set[asyncio.Task[None]] = set()

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from pearl import demo
+from pearl.report import makespan_errors
 
 pytestmark = pytest.mark.slow
 
@@ -43,12 +44,8 @@ STEPS = 10  # steps 4-10 are judged
 
 
 def _median_abs_error(records: list[dict], field: str) -> tuple[float, list[float]]:
-    errors = []
-    for r in records:
-        measured, predicted = r["measured_makespan_s"], r[field]
-        assert measured and measured > 0, r
-        assert predicted is not None, (field, r)
-        errors.append(predicted / measured - 1)
+    errors = makespan_errors(records, field, first_step=4)
+    assert len(errors) == len(records) - 3, (field, records)  # every judged step has both
     return float(statistics.median(abs(e) for e in errors)), errors
 
 
@@ -56,10 +53,9 @@ def test_prediction_after_three_steps_is_within_35_percent(tmp_path: Path) -> No
     report = demo.run(CONFIG, STEPS, tmp_path / "run", overrides=STEADY, quiet=True)
     records = report["records"]
     assert len(records) == STEPS and not report["interrupted"]
-    judged = records[3:]
     # Made before each batch was handed out, from the profile of the steps before it.
-    forecast, errors = _median_abs_error(judged, "forecast_makespan_s")
+    forecast, errors = _median_abs_error(records, "forecast_makespan_s")
     assert forecast <= TOLERANCE, (forecast, errors)
     # The same profile for the workers and concurrency each batch really had.
-    predicted, errors = _median_abs_error(judged, "predicted_makespan_s")
+    predicted, errors = _median_abs_error(records, "predicted_makespan_s")
     assert predicted <= TOLERANCE, (predicted, errors)
