@@ -1,5 +1,9 @@
 """Virtual devices: a slot holds a fixed share of one core, so two slots give twice the throughput.
 
+A step that names its work is charged its CPU time over the host's current inflation (CPU time
+against the work's typical cost): the host's noise (cold caches after an idle, a step at the same
+moment as the other slot's) is not billed.
+
 The throughput test runs each slot as its own process (one torch engine, one torch thread, its own
 VirtualDevice), as worker hosts do: threads of one process would share the GIL, and two slots that
 wait for one lock are not two devices.
@@ -94,6 +98,40 @@ def test_compute_stretched_by_other_processes_is_made_up_within_the_credit() -> 
             c.cpu += 0.004
             c.wall += 0.004
     assert sum(c.sleeps[2:]) == pytest.approx(40 * 0.012 - device.MAX_CREDIT_S, rel=0.05)
+
+
+def test_keyed_steps_are_charged_their_cpu_time_over_the_hosts_inflation() -> None:
+    c = FakeClock()
+    d = VirtualDevice(
+        0.5,
+        floor_window=3,
+        inflation_gain=0.5,
+        cpu_clock=lambda: c.cpu,
+        clock=lambda: c.wall,
+        sleep=c.sleep,
+    )
+
+    def step(work: object, cpu: float) -> float:
+        before = d.charged_s
+        with d.step(work):
+            c.cpu += cpu
+            c.wall += cpu
+        return d.charged_s - before
+
+    # no typical cost yet (fewer than 3 runs): charged what they took
+    assert [step("decode-8", x) for x in (0.002, 0.004)] == pytest.approx([0.002, 0.004])
+    assert step("decode-8", 0.003) == pytest.approx(0.003)  # the median: inflation stays 1
+    # 6 ms against a median of 4 (of 4, 3, 6): 1.5x, inflation 1 -> 1.25
+    assert step("decode-8", 0.006) == pytest.approx(0.006 / 1.25)
+    assert d.inflation == pytest.approx(1.25)
+    assert step("prefill-64", 0.009) == pytest.approx(0.009 / 1.25)  # the host's, for all work
+    # a fast run (2 ms against a median of 3): the host's inflation falls below 1 as well
+    assert step("decode-8", 0.002) == pytest.approx(0.002 / (1.25 + 0.5 * (2 / 3 - 1.25)))
+    with d.step():  # a step that names no work: charged what it took
+        c.cpu += 0.007
+        c.wall += 0.007
+    assert d.compute_s == pytest.approx(0.033)  # the CPU really spent is still counted
+    assert d.wall_s >= d.charged_s / 0.5 * 0.99  # held at the share of what it was charged
 
 
 def test_real_compute_is_held_at_the_share() -> None:

@@ -15,7 +15,7 @@ forecasts. Over 30 steps (3-8 of five runs) single-step errors spread -4..+67% (
 22%, highest at steps 3-6) and -11..+37% (the batch's own workers and concurrency, median 12%); one
 step 4 failed CI at -39% when the test judged it alone. So the test takes the median of seven
 steps, each predicted from all the steps before it, from the fourth step on (medians 2-21% in five
-runs).
+runs; 4-17% in five once the virtual devices stopped billing the host's noise).
 """
 
 from __future__ import annotations

@@ -128,7 +128,14 @@ class TorchEngine(ServingEngine):
         assert self.runner is not None
         if self.virtual_device is None:
             return self._compute(segments)
-        with self.virtual_device.step():  # thread CPU time of the step, then idle in proportion
+        # The work: sequences, tokens computed, and their context in 256-token buckets (attention
+        # grows with it); the device charges the least CPU time this work took lately.
+        work = (
+            len(segments),
+            sum(g.end - g.start for g in segments),
+            sum(g.end for g in segments) >> 8,
+        )
+        with self.virtual_device.step(work):  # CPU time of the step, then idle in proportion
             return self._compute(segments)
 
     def _compute(self, segments: list[Segment]) -> list[tuple[int, float]]:
