@@ -125,9 +125,6 @@ class DecisionConfig:
 class GateConfig:
     enabled: bool = True
     toggle_cost_s: float = 9.44  # prior T_toggle: activation 6.26 s + return 3.18 s (Table 3)
-    # prior T_role: one worker's role switch, "tens of seconds" (§4.3.2); a borrow window re-roles
-    # the dedicated workers only when the window's predicted saving pays two of them
-    role_switch_cost_s: float = 20.0
 
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:7440"

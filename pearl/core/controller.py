@@ -110,7 +110,6 @@ class ControllerState:
     plan_began: float = 0.0  # when the plan in flight began
     toggle_measured: float = 0.0  # hand-off seconds of borrow cycles since the last telemetry
     toggle_cut: float = 0.0  # longest borrow activation cut short since then (censored, >= it)
-    role_measured: float | None = None  # longest role switch (SetRole) since the last telemetry
     idle_since: float | None = None  # when the trainer last finished a step (window opens)
     window_R: int | None = None  # R when the window opened (None: not reported)
     # The next batch was handed out in this window (its telemetry came, or the pipeline's
@@ -253,7 +252,6 @@ class Controller:
                 last_makespan_s=event.makespan_s if event.makespan_s > 0 else s.last_makespan_s,
                 toggle_measured=0.0,
                 toggle_cut=0.0,
-                role_measured=None,
                 window_measured=None,
                 # Telemetry is made when a batch is handed out (the pipeline's take): inside
                 # a window, the trainer is about to begin its step.
@@ -321,8 +319,7 @@ class Controller:
     @staticmethod
     def _measured(s: ControllerState, t: ev.Telemetry) -> ev.Telemetry:
         """Telemetry with what the controller itself measured since the last one: hand-off time
-        of completed borrow cycles, the censored bound of cut-short ones, the idle window, the
-        longest role switch."""
+        of completed borrow cycles, the censored bound of cut-short ones, the idle window."""
         changes: dict[str, Any] = {}
         if t.toggle_s is None and s.toggle_measured > 0:
             changes["toggle_s"] = s.toggle_measured
@@ -330,8 +327,6 @@ class Controller:
             changes["toggle_min_s"] = s.toggle_cut
         if t.window_s is None and s.window_measured is not None:
             changes["window_s"] = s.window_measured
-        if t.role_switch_s is None and s.role_measured is not None:
-            changes["role_switch_s"] = s.role_measured
         return msgspec.structs.replace(t, **changes) if changes else t
 
     @staticmethod
@@ -504,9 +499,6 @@ class Controller:
             # A return that failed still returned the GPUs: the host is killed if needed.
             if not r.ok:
                 tx.commands.append(step_command(tx.table, p.plan, r.step, step, force=True))
-            if r.ok and step.op is StepOp.SET_ROLE:  # T_role: from its start (deadline - timeout)
-                spent = tx.now - (tx.s.started[r.step] - self.config.timeouts[step.op])
-                tx.set(role_measured=max(spent, tx.s.role_measured or 0.0))
             self._done(tx, r.step)
             return
         if step.op is StepOp.SET_ROLE:  # the worker is broken; its supervisor restarts it
@@ -734,7 +726,7 @@ class Controller:
             current = _counts(Membership(m.survivors, (), (), ()))
             decision = self.policy.decide(tx.s.profile, m.N, current)
             if m.lend is not None or m.reactivate or overlap or _lends_training_gpus(t):
-                decision = keeping_roles(decision, current, tx.s.profile)
+                decision = keeping_roles(decision, current)
             target = decision.target
             cause = "expand" if m.reactivate or m.new_groups else "rebalance"
         new = plan(t, target, m)

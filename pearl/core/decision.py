@@ -11,7 +11,6 @@ workers (wrong size, an empty role, violated constraints) is replaced by the bes
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, overload
@@ -141,17 +140,12 @@ class Decision:
         }
 
 
-def keeping_roles(d: Decision, current: Target, profile: WorkloadProfile) -> Decision:
-    """``d`` for a plan that borrows: restricted to targets that keep every current worker's role
-    (the best feasible alternative of ``current``'s mode with at least its prefill and decode
-    workers; borrowed workers then only add capacity) unless re-roling pays within the window.
-
-    A re-role for a training-idle window is undone after the return, so it pays two role switches
-    (2 T_role) out of what it saves while the borrowed workers serve: the window less their
-    activation, (T_window - T_toggle), times the share of the makespan it removes,
-    1 - T(d) / T(kept). With no window measured yet the roles are kept. ``d`` itself when it
-    already keeps them, when no alternative does, or when it is forced (the current configuration
-    is infeasible)."""
+def keeping_roles(d: Decision, current: Target) -> Decision:
+    """``d`` restricted to targets that keep every current worker's role: the best feasible
+    alternative of ``current``'s mode with at least its prefill and decode workers (borrowed
+    workers then only add capacity; re-roling the dedicated pool for a training-idle window
+    of seconds would be undone at the return). ``d`` itself when it already keeps them, when no
+    alternative does, or when it is forced (the current configuration is infeasible)."""
     t = d.target
     if d.forced:  # the current configuration is infeasible (a role missing): fix it now
         return d
@@ -167,16 +161,7 @@ def keeping_roles(d: Decision, current: Target, profile: WorkloadProfile) -> Dec
     if not fits:
         return d
     best = min(fits, key=lambda a: a.predicted_makespan_s)
-    serve = max(0.0, profile.T_window - profile.T_toggle)
-    gain = 1.0 - d.predicted_makespan_s / best.predicted_makespan_s
-    saving, cost = serve * gain, 2.0 * profile.T_role
-    weighed = (
-        f"re-roling saves {saving:.3g} s of the {profile.T_window:.3g} s window "
-        f"({_pct(gain)} for {serve:.3g} s) against 2 x T_role = {cost:.3g} s"
-    )
-    if profile.T_window > 0 and saving > cost:
-        return dataclasses.replace(d, reason=f"borrowing re-roles: {weighed}; {d.reason}")
-    reason = f"borrowing keeps the dedicated roles ({current}): {weighed}; unconstrained: {t}"
+    reason = f"borrowing keeps the dedicated roles ({current}); unconstrained: {t} ({d.reason})"
     return Decision(best.target, best.predicted_makespan_s, d.alternatives, reason, d.forced)
 
 

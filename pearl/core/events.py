@@ -177,8 +177,7 @@ class Telemetry(LogRecord, tag="telemetry", frozen=True):
     batch generated, over S (None in records that predate it: r). ``T_over`` is colocation's
     measured switching stall per turn (None where no worker ran colocated, or not measured);
     ``T_start`` how long after the batch's first trajectories its last ones started (None: not
-    measured); ``role_switch_s`` the longest role switch (a SetRole step, started to done) since
-    the last telemetry (None: none switched).
+    measured).
     """
 
     step: int
@@ -200,7 +199,6 @@ class Telemetry(LogRecord, tag="telemetry", frozen=True):
     r_crit: float | None = None
     T_over: float | None = None
     T_start: float | None = None
-    role_switch_s: float | None = None
 
 
 Record = Any  # any class registered in RECORDS

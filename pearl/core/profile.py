@@ -67,8 +67,6 @@ class WorkloadProfile(Value, frozen=True):
     # A batch's last trajectories start this long after its first: an asynchronous pipeline
     # starts groups as capacity frees, so the batch's makespan spans that spread as well.
     T_start: float = 0.0
-    # One worker's role switch (SetRole: drain, rebind, back in routing); what re-roling costs.
-    T_role: float = 0.0
     observed: int = 0  # step summaries folded in (the EMA weight of the next is max(alpha, 1/k))
 
     def __post_init__(self) -> None:
@@ -138,8 +136,6 @@ class _Named(Protocol):
 class _Gate(Protocol):
     @property
     def toggle_cost_s(self) -> float: ...
-    @property
-    def role_switch_cost_s(self) -> float: ...
 
 
 class ConfigLike(Protocol):
@@ -157,8 +153,7 @@ class ConfigLike(Protocol):
 
 def prior_profile(cfg: ConfigLike, batch: int | None = None) -> WorkloadProfile:
     """The profile before any telemetry: catalog roofline for cluster.gpu/model.name/cluster.tp,
-    workload priors for S, delta_L, r, theta, T_env, T_over, gate.toggle_cost_s for T_toggle and
-    gate.role_switch_cost_s for T_role.
+    workload priors for S, delta_L, r, theta, T_env, T_over, and gate.toggle_cost_s for T_toggle.
 
     b and t_prefill are taken at the mean context over a trajectory (it grows linearly from 0 to
     K_seq / K); K_seq at the context the slowest trajectory reaches, capped by the length limit.
@@ -190,7 +185,6 @@ def prior_profile(cfg: ConfigLike, batch: int | None = None) -> WorkloadProfile:
         H_max=roof.H_max,
         BW=roof.BW,
         T_toggle=cfg.gate.toggle_cost_s,
-        T_role=cfg.gate.role_switch_cost_s,
     )
 
 
@@ -395,8 +389,7 @@ class RuntimeTracker:
         B becomes the summary's batch; K_seq follows the new S, delta_L and r; T_window follows
         the measured training-idle windows; T_toggle is the EMA of measured activation + return
         times (it moves only on steps that borrowed), raised toward the lower bound that a borrow
-        cycle cut short gives (a censored observation, §4.6); T_role is the EMA of measured role
-        switches (it moves only on steps that switched one).
+        cycle cut short gives (a censored observation, §4.6).
         """
         for name in (*_EMA_FIELDS, "makespan_s"):
             v = getattr(summary, name)
@@ -408,15 +401,7 @@ class RuntimeTracker:
             raise SchemaError(
                 f"telemetry step {summary.step}: batch = {summary.batch}, expected >= 1"
             )
-        for name in (
-            "toggle_s",
-            "toggle_min_s",
-            "window_s",
-            "role_switch_s",
-            "T_over",
-            "T_start",
-            *_FLOW_FIELDS,
-        ):
+        for name in ("toggle_s", "toggle_min_s", "window_s", "T_over", "T_start", *_FLOW_FIELDS):
             v = getattr(summary, name)
             if v is not None and not (math.isfinite(v) and v >= 0):
                 raise SchemaError(f"telemetry step {summary.step}: {name} = {v!r}")
@@ -443,8 +428,6 @@ class RuntimeTracker:
             # Censored: the cost is at least toggle_min_s. Move toward that bound, never down.
             T_toggle = a * summary.toggle_min_s + (1.0 - a) * T_toggle
         new["T_toggle"] = T_toggle
-        if summary.role_switch_s is not None:  # measured only on steps that switched a role
-            new["T_role"] = a * summary.role_switch_s + (1.0 - a) * p.T_role
         if summary.window_s is not None:
             w = summary.window_s
             new["T_window"] = w if p.T_window == 0 else a * w + (1.0 - a) * p.T_window

@@ -7,7 +7,6 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-import msgspec
 import pytest
 
 from pearl import config
@@ -521,29 +520,6 @@ def _telemetry(h: Harness, step: int) -> ev.Telemetry:
     return ev.Telemetry(
         step, p.B, p.S, p.delta_L, p.r, p.theta, p.A, p.b, p.t_prefill, p.T_env, makespan_s=60.0
     )
-
-
-def test_role_switches_are_timed_into_telemetry_and_T_role() -> None:
-    """The longest SetRole since the last telemetry (its start to its result, on the controller's
-    clock) goes into the next telemetry as role_switch_s, and the tracker folds it into T_role."""
-    h = Harness()
-    h.settle()
-    h.send(msgspec.structs.replace(_telemetry(h, 1), T_over=50.0))  # colocation stalls a lot
-    h.send(ev.GpusAdded((8, 9, 10, 11, 12, 13)))  # 2 -> 5 workers: a split, the 2 re-roled
-    assert h.s.last_decision.target.mode is Mode.DISAGGREGATED
-    h.answer(lambda c: isinstance(c, cmd.StartWorker))
-    switches = [c for c in h.pending if isinstance(c, cmd.SetRole)]
-    assert len(switches) == 2
-    prior = h.s.profile.T_role
-    h.answer(lambda c: isinstance(c, cmd.SetRole), dt=7.0)  # one after 7 s, the other after 14 s
-    h.settle()
-    h.send(_telemetry(h, 2))
-    t = next(r for r in reversed(h.records) if isinstance(r, ev.Telemetry))
-    assert t.role_switch_s == pytest.approx(14.0)
-    assert h.s.profile.T_role < prior
-    h.send(_telemetry(h, 3))  # nothing switched since: no measurement, T_role stays
-    t = next(r for r in reversed(h.records) if isinstance(r, ev.Telemetry))
-    assert t.role_switch_s is None
 
 
 def test_a_borrow_cut_short_raises_T_toggle_until_the_gate_declines() -> None:

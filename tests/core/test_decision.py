@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from pearl.config import DecisionConfig
 from pearl.core import makespan as ms
-from pearl.core.decision import Decision, best_makespan, decide, keeping_roles
+from pearl.core.decision import Decision, best_makespan, decide
 from pearl.core.profile import WorkloadProfile
 from pearl.core.state import Mode, Target
 
@@ -178,30 +178,6 @@ def test_a_budget_change_keeps_the_mode_unless_the_switch_clears_its_threshold()
 def test_keeping_the_best_is_not_a_switch() -> None:
     d = decide(P, 8, coloc(8), CFG)
     assert d.target == coloc(8) and d.reason == "best: kept" and not d.forced
-
-
-def test_a_borrow_window_re_roles_only_when_the_saving_pays_two_role_switches() -> None:
-    # 2P2D dedicated + 4 borrowed: colocation (78 s) beats the best split that keeps 2P2D's roles
-    # (3P5D, 85.42 s) by 8.69%; serving 500 s of a 505 s window that saves 43.4 s.
-    d = decide(P, 8, None, NO_HYSTERESIS)
-    assert d.target == coloc(8)
-    gain = 1 - 78 / T35
-
-    def borrow(**kw: float) -> Decision:
-        return keeping_roles(d, split(2, 2), with_(P, **kw))
-
-    kept = borrow(T_window=0.0, T_role=0.0)  # no window measured yet: roles kept
-    assert kept.target == split(3, 5) and kept.predicted_makespan_s == pytest.approx(T35, rel=1e-4)
-    assert "keeps the dedicated roles (2P2D)" in kept.reason
-    paid = borrow(T_window=505.0, T_role=20.0)  # 43.4 s > 2 x 20 s
-    assert paid.target == coloc(8) and paid.predicted_makespan_s == pytest.approx(78.0)
-    assert "borrowing re-roles" in paid.reason and f"{500 * gain:.3g} s" in paid.reason
-    assert borrow(T_window=505.0, T_role=22.0).target == split(3, 5)  # 43.4 s < 44 s
-    assert borrow(T_window=5.0, T_role=0.0).target == split(3, 5)  # activation eats the window
-    # a target that keeps the roles, or a forced one, is d itself
-    assert keeping_roles(d, coloc(4), with_(P, T_window=0.0)) is d
-    forced = dataclasses.replace(d, forced=True)
-    assert keeping_roles(forced, split(2, 2), with_(P, T_window=0.0)) is forced
 
 
 def test_hysteresis_suppresses_flapping_on_noisy_profiles_and_lets_real_changes_through() -> None:
