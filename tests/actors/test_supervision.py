@@ -4,13 +4,14 @@ reported lost, and the controller then quarantines its GPUs."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from actors.base import Directory
+from actors.base import Directory, PearlActor, start
 from actors.launcher import LaunchError, LocalProcessLauncher, WorkerSpec
 from actors.messages import Supervise
 from actors.supervisor import Host, Liveboard, RoleSupervisor, Spawn
@@ -121,3 +122,24 @@ def test_the_local_launcher_says_which_host_could_not_start(tmp_path: Path) -> N
     assert launcher._children == {}
     with pytest.raises(LaunchError):
         launcher.launch(replace(spec, worker=4))
+
+
+def test_a_tell_to_a_stopped_actor_is_dropped_quietly_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """pearld stops the orchestrator first at shutdown; a late report to it is dropped by design,
+    not a warning (``make demo`` printed one). Any other failure still warns."""
+
+    class Quiet(PearlActor):
+        name = "quiet"
+
+    d = Directory()
+    ref = start(d, Quiet)
+    assert d.tell("quiet", "hello") is True
+    ref.ref.stop()
+    caplog.clear()  # (the live actor logged that it does not handle a str)
+    with caplog.at_level(logging.DEBUG, logger="actors.base"):
+        assert d.tell("quiet", "hello") is False
+    assert [r.levelno for r in caplog.records if "dropped" in r.message] == [logging.DEBUG]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert d.tell("missing", "hello") is False
