@@ -21,9 +21,9 @@ runs (the work's typical cost), and that ratio is averaged (EMA, gain ``inflatio
 keys. Every keyed step is charged its CPU time divided by the inflation: a slow second (or a fast
 one) of the host is not billed, and in expectation the inflation is 1, so the device keeps the
 speed of the work's typical cost from the first step to the last. (A per-key minimum would remove
-more noise, but it falls with every run: the device sped up over a run by 30-50% and the tracker
-over-predicted every step.) The CPU really spent is still counted (``compute_s``), next to what
-was charged (``charged_s``).
+more noise, but it falls with every run: the device sped up over a run and the tracker
+over-predicted almost every step.) The inflation is held within ``INFLATION_RANGE``. The CPU
+really spent is still counted (``compute_s``), next to what was charged (``charged_s``).
 
 What this models: fixed per-device compute throughput (more devices, more throughput; a busy
 device is slower than an idle one by exactly its queue). What it does not: memory bandwidth, KV
@@ -52,6 +52,7 @@ MAX_CREDIT_S = 0.1  # steps slowed by other processes (or a late wake-up) are ma
 FLOOR_WINDOW = 64  # a work key's typical cost: the median CPU time of its last this many runs
 WARM_RUNS = 8  # runs of a key before its typical cost is trusted
 INFLATION_GAIN = 0.05  # EMA gain of CPU time / typical cost over keyed steps (~20 steps)
+INFLATION_RANGE = (0.25, 4.0)  # beyond these the host is not noisy but another machine
 MAX_WORK_KEYS = 4096  # work keys remembered (the oldest forgotten first)
 
 
@@ -168,7 +169,9 @@ class VirtualDevice:
         if len(runs) >= min(WARM_RUNS, self._floor_window):
             typical = statistics.median(runs)
             if typical > 0.0:
-                self.inflation += self._gain * (compute / typical - self.inflation)
+                lo, hi = INFLATION_RANGE
+                x = self.inflation + self._gain * (compute / typical - self.inflation)
+                self.inflation = min(max(x, lo), hi)
         return compute / self.inflation
 
     def run(self, fn: Callable[[], T], work: Hashable | None = None) -> T:

@@ -134,6 +134,31 @@ def test_keyed_steps_are_charged_their_cpu_time_over_the_hosts_inflation() -> No
     assert d.wall_s >= d.charged_s / 0.5 * 0.99  # held at the share of what it was charged
 
 
+def test_the_inflation_is_held_within_its_range() -> None:
+    c = FakeClock()
+    d = VirtualDevice(
+        0.5,
+        floor_window=3,
+        inflation_gain=1.0,
+        cpu_clock=lambda: c.cpu,
+        clock=lambda: c.wall,
+        sleep=c.sleep,
+    )
+
+    def step(cpu: float) -> float:
+        before = d.charged_s
+        with d.step("decode-8"):
+            c.cpu += cpu
+            c.wall += cpu
+        return d.charged_s - before
+
+    for _ in range(3):
+        step(0.004)
+    step(0.0)  # 0 against a median of 4 ms: the floor, not 0 (the next charge would divide by it)
+    assert d.inflation == device.INFLATION_RANGE[0]
+    assert step(0.1) == pytest.approx(0.1 / device.INFLATION_RANGE[1])  # 25x the median: capped
+
+
 def test_real_compute_is_held_at_the_share() -> None:
     d = VirtualDevice(0.2)
     t0 = time.monotonic()
