@@ -16,7 +16,7 @@ CPU on average from one round of 48 steps to the next (1.4 ms when the engine ra
 idling), so one slot's tokens/s moved by +-30% from one second to the next. A device of fixed
 throughput does not. So a step that names its work (``step(work=key)``; the torch engine passes
 its batch and context) feeds an estimate of the host's current inflation: once a key has run
-``WARM_RUNS`` times, each run's CPU time is divided by the median of its last ``floor_window``
+``WARM_RUNS`` times, each run's CPU time is divided by the median of its last ``typical_window``
 runs (the work's typical cost), and that ratio is averaged (EMA, gain ``inflation_gain``) over all
 keys. Every keyed step is charged its CPU time divided by the inflation: a slow second (or a fast
 one) of the host is not billed, and in expectation the inflation is 1, so the device keeps the
@@ -49,7 +49,7 @@ T = TypeVar("T")
 
 MIN_SLEEP_S = 0.001  # idle owed below this waits for the next step (sleep has ~50 us overhead)
 MAX_CREDIT_S = 0.1  # steps slowed by other processes (or a late wake-up) are made up within this
-FLOOR_WINDOW = 64  # a work key's typical cost: the median CPU time of its last this many runs
+TYPICAL_WINDOW = 64  # a work key's typical cost: the median CPU time of its last this many runs
 WARM_RUNS = 8  # runs of a key before its typical cost is trusted
 INFLATION_GAIN = 0.05  # EMA gain of CPU time / typical cost over keyed steps (~20 steps)
 INFLATION_RANGE = (0.25, 4.0)  # beyond these the host is not noisy but another machine
@@ -111,7 +111,7 @@ class VirtualDevice:
         *,
         min_sleep_s: float = MIN_SLEEP_S,
         max_credit_s: float = MAX_CREDIT_S,
-        floor_window: int = FLOOR_WINDOW,
+        typical_window: int = TYPICAL_WINDOW,
         inflation_gain: float = INFLATION_GAIN,
         cpu_clock: Callable[[], float] = time.thread_time,
         clock: Callable[[], float] = time.monotonic,
@@ -121,7 +121,7 @@ class VirtualDevice:
         self.min_sleep_s, self.max_credit_s = min_sleep_s, max_credit_s
         self._cpu, self._clock, self._sleep = cpu_clock, clock, sleep
         self._owed = 0.0  # idle still to be taken (negative: overslept, credited)
-        self._floor_window, self._gain = floor_window, inflation_gain
+        self._typical_window, self._gain = typical_window, inflation_gain
         self._runs: dict[Hashable, deque[float]] = {}  # work key -> CPU times of its last runs
         self.inflation = 1.0  # CPU time / typical cost, EMA over keyed steps
         self.compute_s = 0.0  # thread CPU time of the steps
@@ -161,12 +161,12 @@ class VirtualDevice:
         cost."""
         runs = self._runs.pop(work, None)  # re-inserted last: the dict runs least recent first
         if runs is None:
-            runs = deque(maxlen=self._floor_window)
+            runs = deque(maxlen=self._typical_window)
             if len(self._runs) >= MAX_WORK_KEYS:
                 del self._runs[next(iter(self._runs))]
         runs.append(compute)
         self._runs[work] = runs
-        if len(runs) >= min(WARM_RUNS, self._floor_window):
+        if len(runs) >= min(WARM_RUNS, self._typical_window):
             typical = statistics.median(runs)
             if typical > 0.0:
                 lo, hi = INFLATION_RANGE

@@ -39,10 +39,18 @@ class FakeClock:
         self.sleeps.append(s)
         self.wall += s * 1.05  # the OS wakes us a little late
 
-    def device(self, share: float) -> VirtualDevice:
+    def device(self, share: float, **kw: Any) -> VirtualDevice:
         return VirtualDevice(
-            share, cpu_clock=lambda: self.cpu, clock=lambda: self.wall, sleep=self.sleep
+            share, cpu_clock=lambda: self.cpu, clock=lambda: self.wall, sleep=self.sleep, **kw
         )
+
+    def charged(self, d: VirtualDevice, work: object, cpu: float) -> float:
+        """One step of ``work`` that takes ``cpu`` seconds; what the device charged for it."""
+        before = d.charged_s
+        with d.step(work):
+            self.cpu += cpu
+            self.wall += cpu
+        return d.charged_s - before
 
 
 def test_idle_is_in_proportion_to_compute() -> None:
@@ -102,21 +110,10 @@ def test_compute_stretched_by_other_processes_is_made_up_within_the_credit() -> 
 
 def test_keyed_steps_are_charged_their_cpu_time_over_the_hosts_inflation() -> None:
     c = FakeClock()
-    d = VirtualDevice(
-        0.5,
-        floor_window=3,
-        inflation_gain=0.5,
-        cpu_clock=lambda: c.cpu,
-        clock=lambda: c.wall,
-        sleep=c.sleep,
-    )
+    d = c.device(0.5, typical_window=3, inflation_gain=0.5)
 
     def step(work: object, cpu: float) -> float:
-        before = d.charged_s
-        with d.step(work):
-            c.cpu += cpu
-            c.wall += cpu
-        return d.charged_s - before
+        return c.charged(d, work, cpu)
 
     # no typical cost yet (fewer than 3 runs): charged what they took
     assert [step("decode-8", x) for x in (0.002, 0.004)] == pytest.approx([0.002, 0.004])
@@ -136,21 +133,10 @@ def test_keyed_steps_are_charged_their_cpu_time_over_the_hosts_inflation() -> No
 
 def test_the_inflation_is_held_within_its_range() -> None:
     c = FakeClock()
-    d = VirtualDevice(
-        0.5,
-        floor_window=3,
-        inflation_gain=1.0,
-        cpu_clock=lambda: c.cpu,
-        clock=lambda: c.wall,
-        sleep=c.sleep,
-    )
+    d = c.device(0.5, typical_window=3, inflation_gain=1.0)
 
     def step(cpu: float) -> float:
-        before = d.charged_s
-        with d.step("decode-8"):
-            c.cpu += cpu
-            c.wall += cpu
-        return d.charged_s - before
+        return c.charged(d, "decode-8", cpu)
 
     for _ in range(3):
         step(0.004)

@@ -129,7 +129,7 @@ class TorchEngine(ServingEngine):
         if self.virtual_device is None:
             return self._compute(segments)
         # The work: sequences, tokens computed, and their context in 256-token buckets (attention
-        # grows with it); the device charges the least CPU time this work took lately.
+        # grows with it); the device compares its CPU time with this work's typical cost.
         work = (
             len(segments),
             sum(g.end - g.start for g in segments),
