@@ -21,7 +21,8 @@ from pearl.sim import availability as av
 from pearl.sim import experiments as ex
 from pearl.sim import plots
 from pearl.sim.agreement import lockstep, prediction_errors, uniform
-from pearl.sim.calibration import evaluate, table
+from pearl.sim.calibration import _mean_makespan, evaluate, table
+from pearl.sim.implied import FORMS, rollout_time, segment_range
 from pearl.sim.report import PAPER_VS_RLBOOST, PAPER_VS_ROLL
 from pearl.sim.runner import Simulation
 from pearl.sim.scenario import (
@@ -99,6 +100,40 @@ def decomposition(models: tuple[str, ...], seeds: int) -> dict[str, Any]:
             out[f"{model}/{seg}"] = {k: statistics.mean(v) for k, v in gains.items()} | {
                 "borrowed_share": statistics.mean(duty)}
     return out
+
+
+def _gain(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:+.1f}%"
+
+
+def implied(doc: dict[str, Any]) -> dict[str, Any]:
+    """What §3.1, Table 3 and §6.2's pools imply for borrowing (pearl/sim/implied.py), beside
+    the paper's figure and the simulator's (from the e2e and decomposition sections), and the
+    simulator's colocated scale-out against the two readings of §3.1."""
+    cal = CALIBRATED["qwen3-8b"]
+    eng = dataclasses.replace(cal.engine, time_scale=1.0)
+    spans = {n: _mean_makespan("qwen3-8b", (n, 0, 0), cal.workload, eng, (0, 1), 3)[0]
+             for n in (4, 5, 6, 7, 8, 12, 15, 16)}
+    scaling = {2 * n: {"simulator": s / spans[8]} | {f: rollout_time(2 * n, f) for f in FORMS}
+               for n, s in spans.items()}
+    gains: dict[str, Any] = {}
+    lines = ["| model | segment | mean pool | implied by §3.1 + Table 3 | paper (PEARL) | "
+             "simulator PEARL | simulator borrowing only |", "|---|---|---:|---:|---:|---:|---:|"]
+    for model in MODELS:
+        for seg in SEGS:
+            lo, hi = segment_range(seg, model)
+            key = f"{model}/{seg}"
+            rows = doc.get("e2e", {}).get(key, [])
+            sim = statistics.mean(r["throughput"]["pearl"] / r["throughput"]["rlboost+"] - 1
+                                  for r in rows) if rows else None
+            dec = doc.get("decomposition", {}).get(key, {}).get("borrowing only (colocated)")
+            gains[key] = {"least": lo.gain, "most": hi.gain, "paper": PAPER_VS_RLBOOST[model][seg],
+                          "simulator_pearl": sim, "simulator_borrow_only": dec}
+            lines.append(f"| {model} | {seg} | {lo.pool_gpus:.1f} | {_gain(lo.gain)} to "
+                         f"{_gain(hi.gain)} | {_gain(PAPER_VS_RLBOOST[model][seg])} | "
+                         f"{_gain(sim)} | {_gain(dec)} |")
+    print("## Borrowing gain implied by the paper's own figures\n" + "\n".join(lines) + "\n")
+    return {"scaling": scaling, "gains": gains}
 
 
 def _borrowed_share(r: Any) -> float:
@@ -179,6 +214,8 @@ def main() -> int:
         print("## End to end at time_scale 1\n" + e2e_table(doc["e2e_scale1"]) + "\n")
     if "decomposition" not in skip:
         doc["decomposition"] = decomposition(MODELS, min(a.seeds, 3))
+    if "implied" not in skip:
+        doc["implied"] = implied(doc)
     if "experiments" not in skip:
         for m in MODELS:
             sc = scenario(m)
