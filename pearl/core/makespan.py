@@ -43,10 +43,19 @@ EXCLUDED_BY: tuple[str | None, ...] = (None, DECODE_HBM, PREFILL_THROUGHPUT)
 
 
 def T_coloc(p: WorkloadProfile, N: Count) -> Count:
-    """Eq. 1: colocated makespan, S [B dP / N t_prefill + r_c A + r b B / N + T_over] + T_env
-    (B the concurrency in flight, dP the tokens prefilled per turn, r_c the critical path's
-    tokens per turn: its iterations, each costing A; r every trajectory's: the b term's work),
-    plus T_start, the measured spread of the batch's start times (0 where it starts at once)."""
+    """Eq. 1: colocated makespan, the longer of the workers' work S [B dP / N t_prefill + r_c A +
+    r b B / N + T_over] and the slowest trajectory's own path (:func:`T_path_coloc`, which holds
+    T_env), plus T_start, the measured spread of the batch's start times (0 where it starts at
+    once). B is the concurrency in flight, dP the tokens prefilled per turn, r_c the critical
+    path's tokens per turn (its iterations, each costing A), r every trajectory's (the b term's
+    work).
+
+    The paper adds T_env to the work. Its own premise for eq. 1 is work conservation (§4.3.1:
+    "when trajectories leave decode for environment interactions, prefill consumes the freed GPU
+    capacity"), under which the environment overlaps the other trajectories' work and only the
+    slowest trajectory's own turns wait for it; a sum counts it twice once the work fills the
+    workers (docs/pd.md, "Environment time": +12% to +27% on 2-8 colocated workers in the
+    simulator with the environment time really measured, within 6% as the longer of the two)."""
     per_worker = p.concurrency / N
     turn = (
         per_worker * p.prefill_per_turn * p.t_prefill
@@ -54,7 +63,16 @@ def T_coloc(p: WorkloadProfile, N: Count) -> Count:
         + p.r * p.b * per_worker
         + p.T_over
     )
-    return p.S * turn + p.T_env + p.T_start
+    return np.maximum(p.S * turn, T_path_coloc(p, N)) + p.T_start
+
+
+def T_path_coloc(p: WorkloadProfile, N: Count) -> Count:
+    """The slowest trajectory's path on a colocated worker: its S turns, each its own prefill,
+    r_c iterations at the worker's batch and the switching stall, then its environment time,
+    S [dP t_prefill + r_c (A + b B / N) + T_over] + T_env."""
+    per_worker = p.concurrency / N
+    own = p.prefill_per_turn * p.t_prefill + p.r_path * p.A + p.r * p.b * per_worker + p.T_over
+    return p.S * own + p.T_env
 
 
 def T_decode(p: WorkloadProfile, N_D: Count) -> Count:
@@ -120,11 +138,27 @@ def T_handoff(p: WorkloadProfile, N_P: Count, N_D: Count) -> Count:
     return p.S * (p.prefill_per_turn * p.t_prefill / (1.0 - rho) + p.delta_L * p.K / p.BW)
 
 
+def T_path_dis(p: WorkloadProfile, N_P: Count, N_D: Count) -> Count:
+    """The slowest trajectory's path under disaggregation: its S turns, each r_c iterations at
+    the decode pool's active batch B / (N_D (1 + theta)) and the hand-off (:func:`T_handoff`),
+    then its environment time, S r_c (A + b B / (N_D (1 + theta))) + T_handoff + T_env."""
+    return _path_dis(p, N_D, T_handoff(p, N_P, N_D))
+
+
+def _path_dis(p: WorkloadProfile, N_D: Count, handoff: Count) -> Count:
+    active = p.concurrency / (N_D * (1.0 + p.theta))
+    return p.S * (p.r_path * p.A + p.r * p.b * active) + handoff + p.T_env
+
+
 def T_dis(p: WorkloadProfile, N_P: Count, N_D: Count) -> Count:
-    """Disaggregated makespan: max(T_prefill (eq. 3), T_decode (eq. 2) + T_handoff) + T_env
-    (+ T_start, as eq. 1)."""
-    t = np.maximum(T_prefill(p, N_P, N_D), T_decode(p, N_D) + T_handoff(p, N_P, N_D))
-    return t + p.T_env + p.T_start
+    """Disaggregated makespan: the longest of the prefill pool's work (eq. 3), the decode pool's
+    (eq. 2) with the hand-off latency, and the slowest trajectory's path (:func:`T_path_dis`,
+    which holds T_env), + T_start as eq. 1. The paper adds T_env to the longer path; eq. 2's
+    1 + theta already stretches the decode pool's work by the environment's bubbles, and the
+    environment is on the slowest trajectory's path, as under colocation (:func:`T_coloc`)."""
+    handoff = T_handoff(p, N_P, N_D)
+    work = np.maximum(T_prefill(p, N_P, N_D), T_decode(p, N_D) + handoff)
+    return np.maximum(work, _path_dis(p, N_D, handoff)) + p.T_start
 
 
 def lambda_P(p: WorkloadProfile) -> float:
@@ -202,13 +236,13 @@ def sweep(p: WorkloadProfile, N: int, max_util: float) -> Sweep:
         return Sweep(N, float("inf"), empty.astype(np.int64), empty, empty.astype(np.int8))
     n_p = np.arange(1, N, dtype=np.int64)
     n_d = N - n_p
-    t_pre = T_prefill(p, n_p.astype(np.float64), n_d.astype(np.float64))
-    t_dec = T_decode(p, n_d.astype(np.float64))
-    t_hand = T_handoff(p, n_p.astype(np.float64), n_d.astype(np.float64))
-    t_dis = np.maximum(t_pre, t_dec + t_hand) + p.T_env + p.T_start
+    f_p, f_d = n_p.astype(np.float64), n_d.astype(np.float64)
+    t_hand = T_handoff(p, f_p, f_d)
+    work = np.maximum(T_prefill(p, f_p, f_d), T_decode(p, f_d) + t_hand)
+    t_dis = np.maximum(work, _path_dis(p, f_d, t_hand)) + p.T_start
     # Same quantities as decode_hbm_ok / prefill_keeps_up.
     hbm_bad = p.concurrency * p.K_seq * KV_RESIDENCY > n_d * p.H_max
-    slow = prefill_utilization(p, n_p.astype(np.float64), n_d.astype(np.float64)) > max_util
+    slow = prefill_utilization(p, f_p, f_d) > max_util
     excluded = np.where(hbm_bad, 1, np.where(slow, 2, 0)).astype(np.int8)
     return Sweep(N, float(T_coloc(p, float(N))), n_p, t_dis, excluded)
 
@@ -223,6 +257,8 @@ __all__ = [
     "T_decode",
     "T_dis",
     "T_handoff",
+    "T_path_coloc",
+    "T_path_dis",
     "T_prefill",
     "decode_hbm_ok",
     "lambda_P",

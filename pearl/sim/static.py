@@ -48,19 +48,25 @@ def telemetry_of(
     f_active: float,
     makespan: float,
     in_flight: float = 0.0,
+    env_scale: float = 1.0,
 ) -> StepTelemetry:
     """The raw telemetry a real deployment would record for one rollout step: per trajectory
     also the prompt tokens really prefilled (prefix reuse, recomputation after a move or an
     abort), and ``in_flight``, the mean number of the batch's trajectories not yet finished over
     its makespan (the concurrency the workers really share as stragglers thin the batch out),
     and colocation's switching stall per decode turn (eq. 1's T_over; the prefill seconds are
-    then compute only)."""
+    then compute only). Environment seconds are those the tools really took: the workload's,
+    dilated by the engine's ``env_scale`` as the rollout runs them."""
     dec = sorted(stats.decode.items())
     return StepTelemetry(
         step=step,
         trajectories=tuple(
             TrajectoryStats(
-                tr.spec.turns, sum(tr.spec.new), sum(tr.spec.gen), sum(tr.spec.env), tr.prefilled
+                tr.spec.turns,
+                sum(tr.spec.new),
+                sum(tr.spec.gen),
+                sum(tr.spec.env) * env_scale,
+                tr.prefilled,
             )
             for tr in trs
         ),
@@ -123,7 +129,9 @@ def run_static(
         out.makespans.append(span)
         out.stats.append(ro.stats)
         out.telemetry.append(
-            telemetry_of(k + 1, trs, ro.stats, f, span, unf / span if span > 0 else 0.0)
+            telemetry_of(
+                k + 1, trs, ro.stats, f, span, unf / span if span > 0 else 0.0, ro.env_scale
+            )
         )
         out.generated.append(sum(tr.spec.gen[i] for tr in trs for i in range(tr.spec.turns)))
         out.tokens.append(sum(tr.spec.tokens for tr in trs))

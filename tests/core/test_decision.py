@@ -28,7 +28,8 @@ P = WorkloadProfile(
     A=0.01,
     b=0.001,
     t_prefill=1e-4,
-    T_env=50.0,
+    T_env=0.0,
+    T_start=50.0,  # an additive constant; the environment is on the critical path (below)
     T_over=0.2,
     K=1e5,
     K_seq=2e9,
@@ -183,7 +184,7 @@ def test_keeping_the_best_is_not_a_switch() -> None:
 def test_hysteresis_suppresses_flapping_on_noisy_profiles_and_lets_real_changes_through() -> None:
     # Colocation and 3P5D are within 0.1%: every noisy refit may rank them differently.
     base = with_(P, T_over=0.94)
-    noisy = ("S", "delta_L", "r", "theta", "A", "b", "t_prefill", "T_env", "T_over")
+    noisy = ("S", "delta_L", "r", "theta", "A", "b", "t_prefill", "T_start", "T_over")
 
     def run(cfg: DecisionConfig, seed: int) -> int:
         rng = np.random.default_rng(seed)
@@ -203,7 +204,7 @@ def test_hysteresis_suppresses_flapping_on_noisy_profiles_and_lets_real_changes_
     # with short environment waits (colocation 16% faster). Both clear the mode threshold.
     moved = decide(with_(base, T_over=2.0), 8, coloc(8), CFG)
     assert moved.target == split(3, 5) and moved.reason.startswith("best: 3P5D over 8C")
-    back = decide(with_(base, T_over=0.0, T_env=10.0), 8, moved.target, CFG)
+    back = decide(with_(base, T_over=0.0, T_start=10.0), 8, moved.target, CFG)
     assert back.target == coloc(8) and back.reason.startswith("best: 8C over 3P5D")
 
 

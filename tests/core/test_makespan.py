@@ -19,7 +19,8 @@ P = WorkloadProfile(
     A=0.01,
     b=0.001,
     t_prefill=1e-4,
-    T_env=50.0,
+    T_env=0.0,
+    T_start=50.0,  # an additive constant; the environment is on the critical path (below)
     T_over=0.2,
     K=1e5,
     K_seq=2e9,
@@ -31,7 +32,8 @@ P = WorkloadProfile(
 
 def test_eq1_colocation() -> None:
     # B/N = 8 per worker: prefill 8*1000*1e-4 = 0.8, decode 100*(0.01 + 0.001*8) = 1.8,
-    # T_over 0.2 -> 2.8 per turn, times S = 10, plus T_env = 50.
+    # T_over 0.2 -> 2.8 per turn, times S = 10, plus T_start = 50 (the work is longer than the
+    # slowest trajectory's own path with T_env = 0: see test_the_environment_is_on_the_path).
     assert ms.T_coloc(P, 8) == pytest.approx(78.0)
     assert ms.T_coloc(P, 4) == pytest.approx(10 * (1.6 + 100 * 0.026 + 0.2) + 50)
 
@@ -102,17 +104,40 @@ def test_handoff_each_turn_waits_for_its_prefill_and_its_kv() -> None:
     assert ms.T_handoff(P, 1, 7) == pytest.approx(10 * (0.1 / (1 - 0.9) + 0.01))
 
 
-def test_disaggregated_is_the_longer_path_plus_env() -> None:
+def test_disaggregated_is_the_longest_of_the_pools_work_and_the_path() -> None:
     rho = float(ms.prefill_utilization(P, 4, 4))
     hand = 10 * (0.1 / (1 - rho) + 0.01)  # 1.83
     assert ms.T_dis(P, 4, 4) == pytest.approx(36.0 + hand + 50)  # decode-bound, with the handoff
     assert ms.T_dis(P, 1, 7) == pytest.approx(64.0 + 50)  # prefill-bound
 
 
+def test_the_environment_is_on_the_path_not_added_to_the_work() -> None:
+    """Work conservation (§4.3.1): other trajectories' work fills a worker while one waits for
+    its tools, so T_env counts only on the slowest trajectory's own path."""
+    q = msgspec.structs.replace(P, T_env=15.0, T_start=0.0)
+    # Colocated, 8 workers: work 28 s (test_eq1_colocation); the path is the slowest
+    # trajectory's own prefill 1000 * 1e-4 = 0.1, 100 iterations at 0.01 + 0.001 * 8 and the
+    # stall 0.2 a turn: 10 * 2.1 = 21 s, + 15 s of environment = 36 s > 28 s.
+    assert ms.T_path_coloc(q, 8) == pytest.approx(36.0)
+    assert ms.T_coloc(q, 8) == pytest.approx(36.0)
+    # On 2 workers the work (32 a worker: prefill 3.2, decode 100 * (0.01 + 0.032) = 4.2) is
+    # longer than the path (10 * (0.1 + 4.2 + 0.2) + 15 = 60): 10 * 7.6 = 76 s, no environment.
+    assert ms.T_coloc(q, 2) == pytest.approx(76.0)
+    # 4P4D: decode 36 s + handoff 1.83 s of work; the path is 100 iterations a turn at the
+    # active batch 64 / (4 x 2) = 8, 10 * 100 * 0.018 = 18 s, + the handoff + 15 s = 34.83 s.
+    hand = float(ms.T_handoff(q, 4, 4))
+    assert ms.T_path_dis(q, 4, 4) == pytest.approx(18.0 + hand + 15.0)
+    assert ms.T_dis(q, 4, 4) == pytest.approx(36.0 + hand)
+    far = msgspec.structs.replace(q, T_env=40.0)  # now the path: 18 + 1.83 + 40 > 37.83 s
+    assert ms.T_dis(far, 4, 4) == pytest.approx(18.0 + hand + 40.0)
+    s = ms.sweep(far, 8, 0.9)
+    assert s.T_coloc == pytest.approx(61.0) and s.T_dis[3] == pytest.approx(18.0 + hand + 40.0)
+
+
 def test_a_staggered_start_adds_to_either_mode() -> None:
     # A pipeline that starts the batch's last groups 0.7 s after its first: the batch lasts that
     # much longer whichever configuration runs it, so no comparison between them moves.
-    q = msgspec.structs.replace(P, T_start=0.7)
+    q = msgspec.structs.replace(P, T_start=P.T_start + 0.7)
     assert ms.T_coloc(q, 8) == pytest.approx(ms.T_coloc(P, 8) + 0.7)
     assert ms.T_dis(q, 4, 4) == pytest.approx(ms.T_dis(P, 4, 4) + 0.7)
     s, t = ms.sweep(q, 8, 0.9), ms.sweep(P, 8, 0.9)

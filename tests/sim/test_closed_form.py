@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from pearl.sim.agreement import lockstep, prediction_errors, uniform
+from pearl.sim.costs import EngineParams
 from pearl.sim.scenario import scenario
 
 # Where eq. 1's assumptions hold (identical trajectories in lockstep, colocated, no elasticity)
@@ -15,8 +18,22 @@ LOCKSTEP_TOLERANCE = 0.05
 @pytest.mark.parametrize("model", ["qwen3-8b", "qwen3-30b-a3b"])
 @pytest.mark.parametrize("N", [1, 2, 4, 8])
 def test_lockstep_colocated_agrees_with_eq1(model: str, N: int) -> None:
-    sim, closed = lockstep(model, N, uniform(turns=6, batch=16))
+    sim, closed = lockstep(model, N, uniform(turns=6, batch=16, env_s=0.0))
     assert closed == pytest.approx(sim, rel=LOCKSTEP_TOLERANCE)
+
+
+@pytest.mark.parametrize("N", [1, 2, 4, 8])
+def test_lockstep_environment_lies_between_overlapped_and_added(N: int) -> None:
+    """Trajectories in lockstep enter their tools together, so nothing fills the workers while
+    they wait: the one case where work conservation (eq. 1's premise, which overlaps T_env with
+    the other trajectories' prefill) does not hold. The simulator then lies between eq. 1 and eq.
+    1 with T_env added whole (the paper's sum), and nearer the sum."""
+    wl = uniform(turns=6, batch=16, env_s=0.5)
+    sim, closed = lockstep("qwen3-8b", N, wl)
+    work = lockstep("qwen3-8b", N, dataclasses.replace(wl, env_s=0.0))[1]
+    added = work + (wl.turns - 1) * wl.env_s * EngineParams().time_scale
+    assert closed * (1 - LOCKSTEP_TOLERANCE) <= sim <= added * (1 + LOCKSTEP_TOLERANCE)
+    assert abs(sim - added) < abs(sim - closed)
 
 
 def test_lockstep_agreement_can_fail() -> None:
