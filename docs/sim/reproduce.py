@@ -199,8 +199,12 @@ def main() -> int:
         doc["calibration"] = r
         print("## Calibration\n" + table(r) + "\n")
     if "agreement" not in skip:
-        doc["lockstep"] = {f"{m}/{n}": lockstep(m, n, uniform(turns=6, batch=16))
+        # without tools (eq. 1 exact), and with them (every trajectory waits at once: the
+        # simulator lies near the paper's sum, eq. 1's work + T_env; docs/pd.md)
+        doc["lockstep"] = {f"{m}/{n}": lockstep(m, n, uniform(turns=6, batch=16, env_s=0.0))
                            for m in MODELS for n in (1, 2, 4, 8)}
+        doc["lockstep_env"] = {f"{m}/{n}": lockstep(m, n, uniform(turns=6, batch=16))
+                               for m in MODELS for n in (1, 2, 4, 8)}
         doc["prediction_errors"] = {
             m: prediction_errors(scenario(m), [(2, 0, 0), (4, 0, 0), (8, 0, 0), (12, 0, 0),
                                               (0, 2, 2), (0, 3, 5), (0, 4, 4), (0, 5, 7),
