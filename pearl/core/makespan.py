@@ -67,9 +67,11 @@ def T_coloc(p: WorkloadProfile, N: Count) -> Count:
 
 
 def T_path_coloc(p: WorkloadProfile, N: Count) -> Count:
-    """The slowest trajectory's path on a colocated worker: its S turns, each its own prefill,
-    r_c iterations at the worker's batch and the switching stall, then its environment time,
-    S [dP t_prefill + r_c (A + b B / N) + T_over] + T_env."""
+    """The slowest trajectory's path on a colocated worker: its S turns, each its own prefill (not
+    the worker's), its r_c iterations (their per-sequence cost r b B / N as in the work: the batch
+    thins as the others finish their turn) and the switching stall, then its environment time,
+    S [dP t_prefill + r_c A + r b B / N + T_over] + T_env. Longer than the work exactly when T_env
+    exceeds the other trajectories' prefill, S (B / N - 1) dP t_prefill, that fills its waits."""
     per_worker = p.concurrency / N
     own = p.prefill_per_turn * p.t_prefill + p.r_path * p.A + p.r * p.b * per_worker + p.T_over
     return p.S * own + p.T_env
@@ -139,9 +141,9 @@ def T_handoff(p: WorkloadProfile, N_P: Count, N_D: Count) -> Count:
 
 
 def T_path_dis(p: WorkloadProfile, N_P: Count, N_D: Count) -> Count:
-    """The slowest trajectory's path under disaggregation: its S turns, each r_c iterations at
+    """The slowest trajectory's path under disaggregation: its S turns, each its r_c iterations at
     the decode pool's active batch B / (N_D (1 + theta)) and the hand-off (:func:`T_handoff`),
-    then its environment time, S r_c (A + b B / (N_D (1 + theta))) + T_handoff + T_env."""
+    then its environment time, S (r_c A + r b B / (N_D (1 + theta))) + T_handoff + T_env."""
     return _path_dis(p, N_D, T_handoff(p, N_P, N_D))
 
 
