@@ -8,6 +8,9 @@ pipeline keeps more than one batch in flight, so a worker decodes B_flight / N s
 B where it was not measured), and the prefilled tokens per turn are ``p.prefill_per_turn``
 (delta_P: prefix reuse leaves only the new tokens of a turn; delta_L where not measured). The KV
 transfer of eq. 3 still moves delta_L tokens' worth per turn, over the links the pools span.
+T_env, the slowest trajectory's tool time, lies on that trajectory's path (``T_path_coloc``,
+``T_path_dis``), not on the workers' work, which the other trajectories keep busy while it waits
+(work conservation, §4.3.1): a makespan is the longer of the two.
 
 Capacity constraints (a disaggregated configuration is feasible when both hold):
 
