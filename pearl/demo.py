@@ -95,11 +95,17 @@ def borrow_summary(records: list[StepRecord]) -> dict[str, Any]:
 
 def returned_line(step: int, cycle: dict[str, Any], waited_s: float) -> str:
     """What the return did, in words: never a return that did not happen."""
-    n = cycle.get("returning", 0)
+    n, why = cycle.get("returning", 0), cycle.get("aborted")
+    back = f"back in {waited_s * 1e3:.0f} ms"
+    if n and why:  # the plan had begun handing the GPUs over when it was cut short
+        return (
+            f"training step {step}: borrow cut short before serving ({why}); "
+            f"{n} workers on their way in {back}"
+        )
     if n:
-        return f"training step {step}: {n} borrowed workers back in {waited_s * 1e3:.0f} ms"
-    if cycle.get("aborted"):
-        return f"training step {step}: borrow cancelled before serving ({cycle['aborted']})"
+        return f"training step {step}: {n} borrowed workers {back}"
+    if why:
+        return f"training step {step}: borrow cancelled before serving ({why})"
     return f"training step {step}: nothing was lent"
 
 

@@ -139,3 +139,18 @@ def test_the_seed_fixes_tasks_sampling_and_weights_and_evals_end_the_run() -> No
     every4 = Learning(eval_every=4)
     assert [s for s in range(1, 11) if eval_due(every4, s, last=10)] == [4, 8, 10]
     assert not eval_due(None, 4, last=10) and not eval_due(Learning(eval_every=0), 10, last=10)
+
+
+def test_the_return_line_says_what_the_borrow_did() -> None:
+    returned_line = demo.returned_line
+    served = {"returning": 2, "served_s": 0.8}
+    assert returned_line(3, served, 0.021) == "training step 3: 2 borrowed workers back in 21 ms"
+    cut = {"returning": 2, "aborted": "training-begin"}
+    assert returned_line(4, cut, 0.03) == (
+        "training step 4: borrow cut short before serving (training-begin); "
+        "2 workers on their way in back in 30 ms"
+    )
+    assert returned_line(5, {"aborted": "training-begin"}, 0.0) == (
+        "training step 5: borrow cancelled before serving (training-begin)"
+    )
+    assert returned_line(6, {}, 0.0) == "training step 6: nothing was lent"
