@@ -59,14 +59,9 @@ def T_coloc(p: WorkloadProfile, N: Count) -> Count:
     slowest trajectory's own turns wait for it; a sum counts it twice once the work fills the
     workers (docs/pd.md, "Environment time": +12% to +27% on 2-8 colocated workers in the
     simulator with the environment time really measured, within 6% as the longer of the two)."""
-    per_worker = p.concurrency / N
-    turn = (
-        per_worker * p.prefill_per_turn * p.t_prefill
-        + p.r_path * p.A
-        + p.r * p.b * per_worker
-        + p.T_over
-    )
-    return np.maximum(p.S * turn, T_path_coloc(p, N)) + p.T_start
+    per_worker, own, rest = _coloc_turn(p, N)
+    work = p.S * (per_worker * own + rest)
+    return np.maximum(work, p.S * (own + rest) + p.T_env) + p.T_start
 
 
 def T_path_coloc(p: WorkloadProfile, N: Count) -> Count:
@@ -75,9 +70,16 @@ def T_path_coloc(p: WorkloadProfile, N: Count) -> Count:
     thins as the others finish their turn) and the switching stall, then its environment time,
     S [dP t_prefill + r_c A + r b B / N + T_over] + T_env. Longer than the work exactly when T_env
     exceeds the other trajectories' prefill, S (B / N - 1) dP t_prefill, that fills its waits."""
+    _, own, rest = _coloc_turn(p, N)
+    return p.S * (own + rest) + p.T_env
+
+
+def _coloc_turn(p: WorkloadProfile, N: Count) -> tuple[Count, float, Count]:
+    """A colocated turn's parts: trajectories per worker, one trajectory's prefill, and what
+    every trajectory on the worker shares (r_c A + r b B / N + T_over)."""
     per_worker = p.concurrency / N
-    own = p.prefill_per_turn * p.t_prefill + p.r_path * p.A + p.r * p.b * per_worker + p.T_over
-    return p.S * own + p.T_env
+    rest = p.r_path * p.A + p.r * p.b * per_worker + p.T_over
+    return per_worker, p.prefill_per_turn * p.t_prefill, rest
 
 
 def T_decode(p: WorkloadProfile, N_D: Count) -> Count:
@@ -146,13 +148,15 @@ def T_handoff(p: WorkloadProfile, N_P: Count, N_D: Count) -> Count:
 def T_path_dis(p: WorkloadProfile, N_P: Count, N_D: Count) -> Count:
     """The slowest trajectory's path under disaggregation: its S turns, each its r_c iterations at
     the decode pool's active batch B / (N_D (1 + theta)) and the hand-off (:func:`T_handoff`),
-    then its environment time, S (r_c A + r b B / (N_D (1 + theta))) + T_handoff + T_env."""
-    return _path_dis(p, N_D, T_handoff(p, N_P, N_D))
+    then its environment time, S (r_c A + r b B / (N_D (1 + theta))) + T_handoff + T_env: eq. 2
+    without its 1 + theta stretch, plus the hand-off and the tools."""
+    return T_decode(p, N_D) / (1.0 + p.theta) + T_handoff(p, N_P, N_D) + p.T_env
 
 
-def _path_dis(p: WorkloadProfile, N_D: Count, handoff: Count) -> Count:
-    active = p.concurrency / (N_D * (1.0 + p.theta))
-    return p.S * (p.r_path * p.A + p.r * p.b * active) + handoff + p.T_env
+def _decode_leg(p: WorkloadProfile, decode: Count) -> Count:
+    """The longer of the decode pool's work (eq. 2, ``decode``) and the slowest trajectory's own
+    iterations plus its tools (eq. 2 unstretched + T_env): the hand-off adds to either."""
+    return np.maximum(decode, decode / (1.0 + p.theta) + p.T_env)
 
 
 def T_dis(p: WorkloadProfile, N_P: Count, N_D: Count) -> Count:
@@ -161,9 +165,8 @@ def T_dis(p: WorkloadProfile, N_P: Count, N_D: Count) -> Count:
     which holds T_env), + T_start as eq. 1. The paper adds T_env to the longer path; eq. 2's
     1 + theta already stretches the decode pool's work by the environment's bubbles, and the
     environment is on the slowest trajectory's path, as under colocation (:func:`T_coloc`)."""
-    handoff = T_handoff(p, N_P, N_D)
-    work = np.maximum(T_prefill(p, N_P, N_D), T_decode(p, N_D) + handoff)
-    return np.maximum(work, _path_dis(p, N_D, handoff)) + p.T_start
+    leg = _decode_leg(p, T_decode(p, N_D)) + T_handoff(p, N_P, N_D)
+    return np.maximum(T_prefill(p, N_P, N_D), leg) + p.T_start
 
 
 def lambda_P(p: WorkloadProfile) -> float:
@@ -242,9 +245,8 @@ def sweep(p: WorkloadProfile, N: int, max_util: float) -> Sweep:
     n_p = np.arange(1, N, dtype=np.int64)
     n_d = N - n_p
     f_p, f_d = n_p.astype(np.float64), n_d.astype(np.float64)
-    t_hand = T_handoff(p, f_p, f_d)
-    work = np.maximum(T_prefill(p, f_p, f_d), T_decode(p, f_d) + t_hand)
-    t_dis = np.maximum(work, _path_dis(p, f_d, t_hand)) + p.T_start
+    leg = _decode_leg(p, T_decode(p, f_d)) + T_handoff(p, f_p, f_d)
+    t_dis = np.maximum(T_prefill(p, f_p, f_d), leg) + p.T_start
     # Same quantities as decode_hbm_ok / prefill_keeps_up.
     hbm_bad = p.concurrency * p.K_seq * KV_RESIDENCY > n_d * p.H_max
     slow = prefill_utilization(p, f_p, f_d) > max_util
