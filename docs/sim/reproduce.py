@@ -21,7 +21,7 @@ from pearl.sim import availability as av
 from pearl.sim import experiments as ex
 from pearl.sim import plots
 from pearl.sim.agreement import lockstep, prediction_errors, uniform
-from pearl.sim.calibration import _mean_makespan, evaluate, table
+from pearl.sim.calibration import evaluate, scale_out, table
 from pearl.sim.implied import FORMS, rollout_time, segment_range
 from pearl.sim.report import PAPER_VS_RLBOOST, PAPER_VS_ROLL
 from pearl.sim.runner import Simulation
@@ -112,10 +112,9 @@ def implied(doc: dict[str, Any]) -> dict[str, Any]:
     simulator's colocated scale-out against the two readings of §3.1."""
     cal = CALIBRATED["qwen3-8b"]
     eng = dataclasses.replace(cal.engine, time_scale=1.0)
-    spans = {n: _mean_makespan("qwen3-8b", (n, 0, 0), cal.workload, eng, (0, 1), 3)[0]
-             for n in (4, 5, 6, 7, 8, 12, 15, 16)}
-    scaling = {2 * n: {"simulator": s / spans[8]} | {f: rollout_time(2 * n, f) for f in FORMS}
-               for n, s in spans.items()}
+    rel = scale_out("qwen3-8b", (4, 5, 6, 7, 8, 12, 15, 16), cal.workload, eng)
+    scaling = {2 * n: {"simulator": r} | {f: rollout_time(2 * n, f) for f in FORMS}
+               for n, r in rel.items()}
     gains: dict[str, Any] = {}
     lines = ["| model | segment | mean pool | implied by §3.1 + Table 3 | paper (PEARL) | "
              "simulator PEARL | simulator borrowing only |", "|---|---|---:|---:|---:|---:|---:|"]

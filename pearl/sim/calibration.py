@@ -72,6 +72,23 @@ def _mean_makespan(
     return sum(spans) / len(spans), last
 
 
+def scale_out(
+    model: str,
+    workers: Iterable[int],
+    wl: WorkloadParams,
+    eng: EngineParams,
+    *,
+    base: int = 8,
+    seeds: Iterable[int] = (0, 1),
+    batches: int = 3,
+) -> dict[int, float]:
+    """§3.1's measure on any pool: a batch's colocated rollout time on each number of workers,
+    relative to ``base`` workers (mean over ``seeds`` x ``batches``)."""
+    seeds, want = tuple(seeds), tuple(workers)
+    span = {n: _mean_makespan(model, (n, 0, 0), wl, eng, seeds, batches)[0] for n in {*want, base}}
+    return {n: span[n] / span[base] for n in want}
+
+
 def _job(args: tuple[Any, ...]) -> tuple[tuple[Any, ...], float, Any]:
     key, model, cfg, wl, eng, seeds, batches = args
     span, res = _mean_makespan(model, cfg, wl, eng, seeds, batches)
@@ -158,4 +175,12 @@ def table(reached: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["PAPER_TRAIN_8GPU_S", "PD_BATCHES", "TARGETS", "Target", "evaluate", "table"]
+__all__ = [
+    "PAPER_TRAIN_8GPU_S",
+    "PD_BATCHES",
+    "TARGETS",
+    "Target",
+    "evaluate",
+    "scale_out",
+    "table",
+]

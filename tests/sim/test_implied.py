@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from pearl.sim.calibration import PAPER_TRAIN_8GPU_S
+from pearl.sim.calibration import PAPER_TRAIN_8GPU_S, scale_out
 from pearl.sim.implied import (
     SECTION31_GPUS,
     SECTION31_TIME,
@@ -16,7 +16,6 @@ from pearl.sim.implied import (
     segment_range,
 )
 from pearl.sim.scenario import CALIBRATED
-from pearl.sim.static import run_static
 
 
 @pytest.mark.parametrize("form", ["linear", "amdahl"])
@@ -80,16 +79,7 @@ def test_the_simulator_scales_out_as_the_amdahl_reading_of_section_3_1() -> None
     points: the simulator's borrowing gain is what §3.1 implies, not a property of its own."""
     cal = CALIBRATED["qwen3-8b"]
     eng = dataclasses.replace(cal.engine, time_scale=1.0)
-
-    def span(workers: int) -> float:
-        runs = [
-            run_static("qwen3-8b", workers, workload=cal.workload, engine=eng, seed=s).makespans
-            for s in (0, 1)
-        ]
-        return sum(sum(r) for r in runs) / sum(len(r) for r in runs)
-
-    base = span(8)
-    for workers in (4, 6, 12, 16):
-        assert span(workers) / base == pytest.approx(
+    for workers, rel in scale_out("qwen3-8b", (4, 6, 12, 16), cal.workload, eng).items():
+        assert rel == pytest.approx(
             rollout_time(2 * workers, "amdahl") / rollout_time(16, "amdahl"), rel=0.05
         )
