@@ -97,7 +97,8 @@ class PipelineActor(PearlActor):
             missing = max(0, self.cfg.batch - self.pipeline.ready_trajectories)
             now = self._loop.time()
             if missing != last or handed != taken or now - told >= PROGRESS_S:
-                report = cmd.RolloutProgress(missing, handed_out=handed != taken)
+                eta = self.pipeline.next_batch_eta_s()
+                report = cmd.RolloutProgress(missing, handed_out=handed != taken, eta_s=eta)
                 self.directory.tell("orchestrator", report)
                 last, told, taken = missing, now, handed
 

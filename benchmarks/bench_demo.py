@@ -11,7 +11,11 @@ the profile of the steps before, for the workers and concurrency the batch ran w
 forecast made before the batch was handed out), and the share of gate-approved borrow windows in
 which lent workers really served.
 
-    .venv/bin/python benchmarks/bench_demo.py [--steps 16] [--rounds 2] [--json FILE] [--keep DIR]
+    .venv/bin/python benchmarks/bench_demo.py [--steps 16] [--rounds 2] [--segment S2]
+        [--set KEY=VALUE ...] [--json FILE] [--keep DIR]
+
+``--set`` changes the job for every policy alike (e.g. ``--set workload.batch=48``); the figures
+in the README are for the default job.
 """
 
 from __future__ import annotations
@@ -41,6 +45,13 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--segment", default="S2")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override for every policy's run (e.g. workload.batch=48); repeatable",
+    )
     ap.add_argument("--json", type=Path, help="write the figures as JSON to this file")
     ap.add_argument("--keep", type=Path, help="keep each run's directory (report.json) under DIR")
     args = ap.parse_args()
@@ -59,7 +70,7 @@ def main() -> int:
                     out,
                     segment=args.segment,
                     trace_s=trace_s,
-                    overrides=overrides,
+                    overrides=(*args.set, *overrides),
                     quiet=True,
                 )
                 results[name].append(s)

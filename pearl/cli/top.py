@@ -216,7 +216,8 @@ def _gate(s: dict[str, Any]) -> list[str]:
     return [
         f"gate {verdict}: benefit {_secs(g.get('benefit_s'))} vs T_toggle "
         f"{_secs(g.get('T_toggle'), 2)}  T_ded {_secs(g.get('T_ded'))}  T_full "
-        f"{_secs(g.get('T_full'))}  T_window {_secs(g.get('T_window'))}",
+        f"{_secs(g.get('T_full'))}  T_window {_secs(g.get('T_window'))}  left "
+        f"{_secs(g.get('window_left_s'))}",
         f"  why: {_v(g.get('reason'))}",
     ]
 

@@ -170,10 +170,13 @@ class WorkerLost(WireStruct, tag="worker-lost", frozen=True):
 class RolloutProgress(WireStruct, tag="rollout-progress", frozen=True):
     """R of the current batch's B trajectories are not complete yet (for the borrowing gate).
     ``handed_out``: a batch was handed out since the last report, so R now counts the batch after
-    it (inside a training-idle window, Training Begin follows)."""
+    it (inside a training-idle window, Training Begin follows). ``eta_s``: seconds until that
+    batch is expected complete, from the latency of the groups finished so far (None: not known
+    yet); inside a window it is how long the window has left."""
 
     remaining: int
     handed_out: bool = False
+    eta_s: float | None = None
 
 
 @COMMANDS.add

@@ -115,6 +115,7 @@ class ControllerState:
     # The next batch was handed out in this window (its telemetry came, or the pipeline's
     # RolloutProgress said so): Training Begin follows, no borrow begins.
     handed_out: bool = False
+    batch_due: float | None = None  # when the next batch is expected complete (None: not known)
     window_measured: float | None = None  # last training-idle window, not yet in telemetry
     toggle_done: float = 0.0  # when the plan in flight finished its last hand-off step
     cycle: bc.BorrowCycle | None = None  # the borrow cycle of the current or last idle window
@@ -274,6 +275,7 @@ class Controller:
             tx.set(
                 remaining=max(0, event.remaining),
                 handed_out=s.handed_out or (event.handed_out and s.idle_since is not None),
+                batch_due=None if event.eta_s is None else now + max(0.0, event.eta_s),
             )
         elif isinstance(event, cmd.Tick):
             self._tick(tx)
@@ -784,7 +786,9 @@ class Controller:
         n_ded = membership(t, False, frozenset(tx.s.quarantine), tx.s.lost).N
         n_overlap = len(t.training_gpus) // t.tp
         R = tx.s.profile.B if tx.s.remaining is None else tx.s.remaining
-        verdict = self.policy.gate(tx.s.profile, n_ded, n_ded + n_overlap, R)
+        due = tx.s.batch_due
+        left = None if due is None else max(0.0, due - tx.now)
+        verdict = self.policy.gate(tx.s.profile, n_ded, n_ded + n_overlap, R, left)
         if verdict.enabled and tx.s.handed_out:
             # The next batch's telemetry came in this window: it is handed out and Training
             # Begin follows; R counts the batch after it. A borrow begun now would be cut short

@@ -12,6 +12,11 @@ A borrow also has to fit the training-idle window it lives in: lent workers serv
 activation, and Training Begin takes them back. Once the window has been measured (T_window > 0),
 the gate declines when activation would eat more than ``WINDOW_FRACTION`` of it — the workers
 would barely serve before they are returned, and the cycle would likely be aborted unfinished.
+The same rule holds for this window when its end can be foreseen: the pipeline expects the next
+batch complete (and Training Begin to follow) in ``window_left_s``, from the latency of the
+groups it has seen finish. Windows differ a lot from step to step (an asynchronous pipeline
+alternates long and nearly empty ones), so their mean alone approves borrows in windows that
+close a few ms later, before anything was lent.
 """
 
 from __future__ import annotations
@@ -32,16 +37,26 @@ class GateResult(Value, frozen=True):
     T_full: float
     T_toggle: float
     T_window: float = 0.0  # measured training-idle window (0: not measured yet)
+    window_left_s: float | None = None  # until the next batch is expected complete (None: unknown)
     reason: str = ""
 
 
 def borrow_gate(
-    profile: WorkloadProfile, N_ded: int, N_overlap: int, R: int, cfg: DecisionParams
+    profile: WorkloadProfile,
+    N_ded: int,
+    N_overlap: int,
+    R: int,
+    cfg: DecisionParams,
+    *,
+    window_left_s: float | None = None,
 ) -> GateResult:
     """Eq. 7: enable borrowing N_overlap workers only when the predicted saving on the R
-    unfinished trajectories strictly exceeds T_toggle (at equality it stays off)."""
+    unfinished trajectories strictly exceeds T_toggle (at equality it stays off), and the
+    activation fits the training-idle window (measured, and ``window_left_s`` when known)."""
     if N_ded < 0 or N_overlap < 0:
         raise ValueError(f"worker counts must be >= 0, got {N_ded} dedicated, {N_overlap} overlap")
+    if window_left_s is not None and not window_left_s >= 0:
+        raise ValueError(f"window_left_s must be >= 0 seconds, got {window_left_s}")
     if not 0 <= R <= profile.B:
         raise ValueError(f"remaining trajectories R = {R} must lie in [0, B = {profile.B}]")
     _, T_ded = best_makespan(profile, N_ded, cfg.prefill_max_utilization)
@@ -59,6 +74,12 @@ def borrow_gate(
             f"activation T_toggle {T_toggle:.3g} s > {WINDOW_FRACTION:g} x the "
             f"{W:.3g} s training-idle window: lent workers would barely serve"
         )
+    elif window_left_s is not None and T_toggle > WINDOW_FRACTION * window_left_s:
+        enabled = False
+        reason = (
+            f"the next batch is expected complete in {window_left_s:.3g} s: activation "
+            f"T_toggle {T_toggle:.3g} s > {WINDOW_FRACTION:g} x it, lent workers would barely serve"
+        )
     else:
         enabled, reason = True, f"benefit {benefit:.3g} s > T_toggle {T_toggle:.3g} s (eq. 7)"
     return GateResult(
@@ -68,6 +89,7 @@ def borrow_gate(
         T_full=T_full,
         T_toggle=T_toggle,
         T_window=W,
+        window_left_s=window_left_s,
         reason=reason,
     )
 

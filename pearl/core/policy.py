@@ -76,10 +76,23 @@ class Policy:
             best.target, best.predicted_makespan_s, d.alternatives, "policy: disaggregated"
         )
 
-    def gate(self, profile: WorkloadProfile, N_ded: int, N_full: int, R: int) -> GateResult:
-        """Whether to borrow the training GPUs (N_full - N_ded overlap workers) now."""
+    def gate(
+        self,
+        profile: WorkloadProfile,
+        N_ded: int,
+        N_full: int,
+        R: int,
+        window_left_s: float | None = None,
+    ) -> GateResult:
+        """Whether to borrow the training GPUs (N_full - N_ded overlap workers) now;
+        ``window_left_s``: when the next batch is expected complete (see :func:`borrow_gate`)."""
         result = borrow_gate(
-            profile, N_ded, N_full - N_ded, min(max(R, 0), profile.B), self.decision
+            profile,
+            N_ded,
+            N_full - N_ded,
+            min(max(R, 0), profile.B),
+            self.decision,
+            window_left_s=window_left_s,
         )
         if self.borrow is Borrow.GATED:
             return result

@@ -21,9 +21,11 @@ environment (f, so theta = (1 - f) / f).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import itertools
 import logging
+import statistics
 import threading
 import time
 from collections import deque
@@ -124,6 +126,9 @@ class Pipeline:
         self._samples: list[float] = []
         # (time, trajectories in flight, active workers by role), ten a second, for B_flight
         self._flight: deque[tuple[float, int, tuple[int, int, int]]] = deque(maxlen=36_000)
+        self._running_groups: dict[str, float] = {}  # group id -> when it started
+        # Seconds from start to finish of the latest groups (the next batch's ETA uses them).
+        self._group_s: deque[float] = deque(maxlen=4 * cfg.groups_per_batch)
         self._workers: tuple[int, int, int] = (0, 0, 0)
         self._prefilled: dict[str, int] = {}  # trajectory id -> prompt tokens really prefilled
         self._aborted: dict[str, float] = {}  # trajectory id -> when its generation was aborted
@@ -165,6 +170,30 @@ class Pipeline:
     def ready_trajectories(self) -> int:
         with self._cv:
             return sum(len(g.trajectories) for g in self._ready)
+
+    def next_batch_eta_s(self) -> float | None:
+        """Seconds until the next batch is expected complete: 0 when enough groups are ready;
+        None before any group has finished (no latency measured yet).
+
+        A running group that has run e seconds is expected to need the median of L - e over
+        the latest finished groups' latencies L > e (0 if none took that long); the batch is
+        complete when the (G - ready)-th running group finishes. The borrowing gate uses it to
+        see a training-idle window that is about to close: a borrow begun then would be cut
+        short before it serves.
+        """
+        with self._cv:
+            missing = self.cfg.groups_per_batch - len(self._ready)
+            if missing <= 0:
+                return 0.0
+            if not self._group_s:
+                return None
+            seen = sorted(self._group_s)
+            now = self.clock()
+            ran = [now - t for t in self._running_groups.values()]
+        if len(ran) < missing:
+            return None  # groups not started yet: nothing to go by
+        left = sorted(_expected_left(seen, e) for e in ran)
+        return left[missing - 1]
 
     def take(self, timeout_s: float) -> Batch | None:
         """The next batch of B fresh trajectories, or None after ``timeout_s``."""
@@ -286,10 +315,15 @@ class Pipeline:
         started = self.clock()
         with self._cv:
             self.counts["started"] += 1
-        results = await asyncio.gather(
-            *(self._trajectory(task, gid, k) for k in range(self.cfg.group_size)),
-            return_exceptions=True,
-        )
+            self._running_groups[gid] = started
+        try:
+            results = await asyncio.gather(
+                *(self._trajectory(task, gid, k) for k in range(self.cfg.group_size)),
+                return_exceptions=True,
+            )
+        finally:
+            with self._cv:
+                self._running_groups.pop(gid, None)
         trajectories = [r for r in results if isinstance(r, Trajectory)]
         failed = [r for r in results if not isinstance(r, Trajectory)]
         if failed:  # GRPO needs the whole group: a failed member drops it (it is re-generated)
@@ -301,7 +335,9 @@ class Pipeline:
             log.warning("group %s dropped: %s", gid, failed[0])
             return
         with self._cv:
-            self._ready.append(_Group(gid, trajectories, started, self.clock()))
+            finished = self.clock()
+            self._ready.append(_Group(gid, trajectories, started, finished))
+            self._group_s.append(finished - started)
             self._cv.notify_all()
 
     async def _trajectory(self, task: Task, gid: str, k: int) -> Trajectory:
@@ -364,6 +400,13 @@ class Pipeline:
                     self._samples.append(self._generating / self._running)
                     if len(self._samples) > 10_000:
                         del self._samples[: len(self._samples) // 2]
+
+
+def _expected_left(latencies: list[float], elapsed: float) -> float:
+    """The median time left of a group that has run ``elapsed`` s, over the (sorted) latencies
+    of groups seen finish that took longer; 0 if none did."""
+    longer = latencies[bisect.bisect_right(latencies, elapsed) :]
+    return statistics.median(longer) - elapsed if longer else 0.0
 
 
 __all__ = ["Pipeline", "PipelineConfig", "StepReport"]

@@ -740,6 +740,36 @@ def test_no_role_switch_while_training_gpus_are_lent() -> None:
     assert not any(isinstance(r, ev.PlanAbort) for r in h.records)
 
 
+def test_no_borrow_begins_in_a_window_the_pipeline_expects_to_close() -> None:
+    """Seen in the demo (issue 13): windows that closed 13-35 ms after Training Finished had the
+    gate's approval (R trajectories left, each worth borrowing for), and Training Begin cut the
+    plans short before anything was lent. The pipeline's ETA for the next batch says so first."""
+    import msgspec
+
+    from pearl.core.policy import Borrow
+
+    h = Harness(borrow=Borrow.GATED)
+    h.settle()
+    h.send(ev.TrainingBegin(1))
+    h.settle()
+    h.s = dataclasses.replace(h.s, profile=msgspec.structs.replace(h.s.profile, T_toggle=0.05))
+    plans = sum(isinstance(r, ev.PlanBegin) for r in h.records)
+    h.send(cmd.RolloutProgress(4, eta_s=0.06))  # 4 left, all due within 60 ms
+    h.send(ev.TrainingFinished(1, 1), dt=0.02)
+    g = h.s.last_gate
+    assert not g.enabled and "expected complete in 0.04 s" in g.reason, g.reason
+    assert g.window_left_s == pytest.approx(0.04)
+    assert h.table.plan is None and sum(isinstance(r, ev.PlanBegin) for r in h.records) == plans
+    h.send(ev.TrainingBegin(2), dt=0.04)
+    h.settle()
+    assert not any(isinstance(r, ev.PlanAbort) for r in h.records)
+    # A window with time left is borrowed for as before.
+    h.send(cmd.RolloutProgress(4, eta_s=1.5))
+    h.send(ev.TrainingFinished(2, 2), dt=0.2)
+    assert h.s.last_gate.enabled, h.s.last_gate.reason
+    assert h.s.last_gate.window_left_s == pytest.approx(1.3)
+
+
 def test_a_window_on_a_ready_batch_is_not_measured_and_no_borrow_begins_at_a_hand_out() -> None:
     """Seen in the demo (issue 13): a window that opened on a complete batch lasted 5 ms and set
     T_window, so the gate then declined a 5.7 s window; and the next batch's hand-out (R back to

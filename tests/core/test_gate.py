@@ -93,6 +93,19 @@ def test_measured_toggle_costs_close_the_gate() -> None:
     assert g.T_toggle == pytest.approx(10.0) and not g.enabled
 
 
+def test_a_window_about_to_close_is_declined() -> None:
+    """Worth it by eq. 7 (8 s > 5 s), but the next batch is due in 9 s: activation would take
+    more than half of what is left, and Training Begin would cut the borrow short."""
+    p = msgspec.structs.replace(P, T_toggle=5.0)
+    assert borrow_gate(p, 4, 4, 32, CFG, window_left_s=10.0).enabled  # 5 s = half: it fits
+    g = borrow_gate(p, 4, 4, 32, CFG, window_left_s=9.0)
+    assert not g.enabled and g.window_left_s == 9.0 and g.benefit_s == pytest.approx(8.0)
+    assert "expected complete in 9 s" in g.reason
+    assert borrow_gate(p, 4, 4, 32, CFG, window_left_s=None).enabled  # not known: eq. 7 alone
+    with pytest.raises(ValueError, match="window_left_s"):
+        borrow_gate(p, 4, 4, 32, CFG, window_left_s=-1.0)
+
+
 @pytest.mark.parametrize(
     ("N_ded", "N_overlap", "R"), [(-1, 4, 1), (4, -1, 1), (4, 4, 65), (4, 4, -1)]
 )

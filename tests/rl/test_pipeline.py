@@ -79,3 +79,29 @@ def test_no_group_starts_that_would_be_too_stale_when_its_batch_is_taken() -> No
     q._ready.extend([group("g1", 0), group("g2", 0)])
     assert q.take(timeout_s=0.01) is not None
     assert q.admission_target() == 2
+
+
+def test_the_next_batch_eta_follows_the_running_groups_and_the_latencies_seen() -> None:
+    """The borrowing gate's view of how long a training-idle window has left (issue 13: a
+    borrow approved in a window that closed 13-35 ms later was cut short before it lent)."""
+    now = [10.0]
+    p = Pipeline(
+        PipelineConfig(batch=4, group_size=2, staleness=1),
+        PromptBuilder(ByteTokenizer()),  # type: ignore[arg-type]
+        clock=lambda: now[0],
+    )
+    p._running_groups.update({"g1": 9.0, "g2": 8.0})
+    assert p.next_batch_eta_s() is None  # no group has finished: no latency to go by
+    p._group_s.extend([2.0, 3.0, 4.0])
+    # g1 ran 1 s: every latency seen is longer, median 3 s, so 2 s left; g2 ran 2 s: of 3 and 4,
+    # median 3.5, so 1.5 s left. Both are needed: the batch is due when the later one is.
+    assert p.next_batch_eta_s() == 2.0
+    p._ready.append(group("g0", 0))  # one group ready: the first to finish completes the batch
+    assert p.next_batch_eta_s() == 1.5
+    now[0] = 13.0  # g2 has now run longer than any group seen: it is due any moment
+    assert p.next_batch_eta_s() == 0.0
+    p._ready.append(group("g3", 0))
+    assert p.next_batch_eta_s() == 0.0  # complete
+    p._ready.clear()
+    p._running_groups.pop("g2")
+    assert p.next_batch_eta_s() is None  # a group the batch needs has not started
