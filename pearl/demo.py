@@ -66,6 +66,7 @@ def borrow_record(cycle: dict[str, Any] | None) -> dict[str, Any]:
         "window_s": c.get("window_s"),
         "gate": c.get("gate", "none"),
         "gate_reason": c.get("gate_reason", ""),
+        "window_left_s": c.get("window_left_s"),
         "lent": c.get("lent", 0),
         "activated": c.get("activated", 0),
         "activation_s": c.get("activation_s"),

@@ -22,6 +22,7 @@ class BorrowCycle(Value, frozen=True):
     opened: float  # Training Finished
     gate: str = "none"  # "approved" | "declined" | "none" (never asked: nothing to lend)
     gate_reason: str = ""
+    window_left_s: float | None = None  # the window's time left as the gate saw it (None: unknown)
     plan: int = 0  # the borrow plan (0: none began)
     planned: float | None = None  # when it began
     lent: int = 0  # training workers that released their GPUs
@@ -61,6 +62,7 @@ class BorrowCycle(Value, frozen=True):
             "window_s": self.window_s,
             "gate": self.gate,
             "gate_reason": self.gate_reason,
+            "window_left_s": self.window_left_s,
             "plan": self.plan or None,
             "lent": self.lent,
             "activated": self.activated,
@@ -72,12 +74,15 @@ class BorrowCycle(Value, frozen=True):
         }
 
 
-def gated(c: BorrowCycle | None, enabled: bool, reason: str) -> BorrowCycle | None:
-    """The gate's verdict in an open window (the latest one counts until a borrow begins)."""
+def gated(
+    c: BorrowCycle | None, enabled: bool, reason: str, window_left_s: float | None = None
+) -> BorrowCycle | None:
+    """The gate's verdict in an open window (the latest one counts until a borrow begins);
+    ``window_left_s``: the pipeline's ETA for the next batch it went by."""
     if c is None or c.closed is not None or c.plan:
         return c
     gate = "approved" if enabled else "declined"
-    return msgspec.structs.replace(c, gate=gate, gate_reason=reason)
+    return msgspec.structs.replace(c, gate=gate, gate_reason=reason, window_left_s=window_left_s)
 
 
 def planned(c: BorrowCycle | None, plan: int, now: float) -> BorrowCycle | None:

@@ -798,7 +798,8 @@ class Controller:
                 enabled=False,
                 reason=f"the next batch is handed out: Training Begin follows ({verdict.reason})",
             )
-        tx.set(last_gate=verdict, cycle=bc.gated(tx.s.cycle, verdict.enabled, verdict.reason))
+        cycle = bc.gated(tx.s.cycle, verdict.enabled, verdict.reason, verdict.window_left_s)
+        tx.set(last_gate=verdict, cycle=cycle)
         return bool(verdict.enabled)
 
 

@@ -25,6 +25,7 @@ import bisect
 import contextlib
 import itertools
 import logging
+import math
 import statistics
 import threading
 import time
@@ -173,13 +174,14 @@ class Pipeline:
 
     def next_batch_eta_s(self) -> float | None:
         """Seconds until the next batch is expected complete: 0 when enough groups are ready;
-        None before any group has finished (no latency measured yet).
+        None when it cannot be foreseen.
 
         A running group that has run e seconds is expected to need the median of L - e over
-        the latest finished groups' latencies L > e (0 if none took that long); the batch is
-        complete when the (G - ready)-th running group finishes. The borrowing gate uses it to
-        see a training-idle window that is about to close: a borrow begun then would be cut
-        short before it serves.
+        the latest finished groups' latencies L > e; the batch is complete when the
+        (G - ready)-th running group finishes. A group that has run longer than every group
+        seen (a straggler, or one slowed by a worker leaving) has no such bound, and neither
+        does the batch if it needs that group. The borrowing gate uses it to see a training-idle
+        window that is about to close: a borrow begun then would be cut short before it serves.
         """
         with self._cv:
             missing = self.cfg.groups_per_batch - len(self._ready)
@@ -192,8 +194,8 @@ class Pipeline:
             ran = [now - t for t in self._running_groups.values()]
         if len(ran) < missing:
             return None  # groups not started yet: nothing to go by
-        left = sorted(_expected_left(seen, e) for e in ran)
-        return left[missing - 1]
+        eta = sorted(_expected_left(seen, e) for e in ran)[missing - 1]
+        return None if eta == math.inf else eta
 
     def take(self, timeout_s: float) -> Batch | None:
         """The next batch of B fresh trajectories, or None after ``timeout_s``."""
@@ -404,9 +406,9 @@ class Pipeline:
 
 def _expected_left(latencies: list[float], elapsed: float) -> float:
     """The median time left of a group that has run ``elapsed`` s, over the (sorted) latencies
-    of groups seen finish that took longer; 0 if none did."""
+    of groups seen finish that took longer; inf (no bound) if none did."""
     longer = latencies[bisect.bisect_right(latencies, elapsed) :]
-    return statistics.median(longer) - elapsed if longer else 0.0
+    return statistics.median(longer) - elapsed if longer else math.inf
 
 
 __all__ = ["Pipeline", "PipelineConfig", "StepReport"]

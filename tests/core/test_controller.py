@@ -759,6 +759,7 @@ def test_no_borrow_begins_in_a_window_the_pipeline_expects_to_close() -> None:
     g = h.s.last_gate
     assert not g.enabled and "expected complete in 0.04 s" in g.reason, g.reason
     assert g.window_left_s == pytest.approx(0.04)
+    assert h.s.cycle.to_json()["window_left_s"] == pytest.approx(0.04)  # reported as it was
     assert h.table.plan is None and sum(isinstance(r, ev.PlanBegin) for r in h.records) == plans
     h.send(ev.TrainingBegin(2), dt=0.04)
     h.settle()

@@ -98,10 +98,13 @@ def test_the_next_batch_eta_follows_the_running_groups_and_the_latencies_seen() 
     assert p.next_batch_eta_s() == 2.0
     p._ready.append(group("g0", 0))  # one group ready: the first to finish completes the batch
     assert p.next_batch_eta_s() == 1.5
-    now[0] = 13.0  # g2 has now run longer than any group seen: it is due any moment
-    assert p.next_batch_eta_s() == 0.0
-    p._ready.append(group("g3", 0))
+    now[0] = 12.5  # g1 ran 3.5 s: only the 4 s group took longer, so 0.5 s left
+    assert p.next_batch_eta_s() == 0.5  # g2 (4.5 s, longer than any seen) is not needed
+    p._ready.clear()
+    assert p.next_batch_eta_s() is None  # both are: g2's end cannot be foreseen
+    p._ready.extend([group("g0", 0), group("g3", 0)])
     assert p.next_batch_eta_s() == 0.0  # complete
     p._ready.clear()
+    now[0] = 10.0
     p._running_groups.pop("g2")
     assert p.next_batch_eta_s() is None  # a group the batch needs has not started
