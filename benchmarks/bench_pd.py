@@ -94,6 +94,8 @@ def step_telemetry(run: Run, a: argparse.Namespace, B: int, step: int = 1) -> St
             generated_tokens=c["generated"],
             env_s=sum(env_seconds(a, t, k) for k in range(c["turns"] - 1)),
             prefilled_tokens=c["prefilled"],
+            seen_batch=c["batch_sum"] / c["steps"] if c.get("steps") else None,
+            latency_s=c["latency_ms"] / 1000 if "latency_ms" in c else None,
         )
         for t, c in run.traj.items()
     )

@@ -311,7 +311,8 @@ def play(
     contexts = {t: observation(t, 0, a.first_prompt) for t in range(B)}
     turns = dict.fromkeys(contexts, 0)
     run.traj = {
-        t: {"turns": 0, "new": a.first_prompt, "generated": 0, "prefilled": 0} for t in contexts
+        t: {"turns": 0, "new": a.first_prompt, "generated": 0, "prefilled": 0, "steps": 0}
+        for t in contexts
     }
     pending: dict[tuple[int, int], tuple[int, bool]] = {}  # (worker, id) -> (traj, is prefill)
     timers: list[tuple[float, int]] = []
@@ -369,11 +370,17 @@ def play(
                 continue
             run.generated += len(res["output_ids"])
             run.traj[t]["generated"] += len(res["output_ids"])
+            # the decode iterations it was in and the batch they held (the tracker's kappa)
+            run.traj[t]["steps"] += res.get("decode_steps", 0)
+            run.traj[t]["batch_sum"] = run.traj[t].get("batch_sum", 0) + res.get(
+                "decode_batch_sum", 0
+            )
             run.cached_tokens += res["cached_tokens"]
             turns[t] += 1
             run.traj[t]["turns"] = turns[t]
             if turns[t] == a.turns:
                 finished += 1
+                run.traj[t]["latency_ms"] = round(1000 * (time.monotonic() - t0))
                 continue
             contexts[t] = contexts[t] + tuple(res["output_ids"]) + observation(t, turns[t], a.obs)
             run.traj[t]["new"] += len(res["output_ids"]) + a.obs

@@ -177,7 +177,8 @@ class Telemetry(LogRecord, tag="telemetry", frozen=True):
     batch generated, over S (None in records that predate it: r). ``T_over`` is colocation's
     measured switching stall per turn (None where no worker ran colocated, or not measured);
     ``T_start`` how long after the batch's first trajectories its last ones started (None: not
-    measured).
+    measured). ``kappa`` the decode batch a decoding sequence saw over the mean decode batch
+    (None: not measured, or a record that predates it).
     """
 
     step: int
@@ -199,6 +200,7 @@ class Telemetry(LogRecord, tag="telemetry", frozen=True):
     r_crit: float | None = None
     T_over: float | None = None
     T_start: float | None = None
+    kappa: float | None = None
 
 
 Record = Any  # any class registered in RECORDS

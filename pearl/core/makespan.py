@@ -10,7 +10,9 @@ B where it was not measured), and the prefilled tokens per turn are ``p.prefill_
 transfer of eq. 3 still moves delta_L tokens' worth per turn, over the links the pools span.
 T_env, the slowest trajectory's tool time, lies on that trajectory's path (``T_path_coloc``,
 ``T_path_dis``), not on the workers' work, which the other trajectories keep busy while it waits
-(work conservation, §4.3.1): a makespan is the longer of the two.
+(work conservation, §4.3.1): a makespan is the longer of the two. The work counts each decode
+iteration once, at the mean batch B / N; the path counts the iterations its trajectory is in,
+whose batch is ``p.kappa`` times that (the fuller iterations hold more sequences; measured).
 
 Capacity constraints (a disaggregated configuration is feasible when both hold):
 
@@ -61,17 +63,20 @@ def T_coloc(p: WorkloadProfile, N: Count) -> Count:
     simulator with the environment time really measured, within 6% as the longer of the two)."""
     per_worker, own, rest = _coloc_turn(p, N)
     work = p.S * (per_worker * own + rest)
-    return np.maximum(work, p.S * (own + rest) + p.T_env) + p.T_start
+    return np.maximum(work, T_path_coloc(p, N)) + p.T_start
 
 
 def T_path_coloc(p: WorkloadProfile, N: Count) -> Count:
     """The slowest trajectory's path on a colocated worker: its S turns, each its own prefill (not
     the worker's), its r_c iterations (their per-sequence cost r b B / N as in the work: the batch
-    thins as the others finish their turn) and the switching stall, then its environment time,
-    S [dP t_prefill + r_c A + r b B / N + T_over] + T_env. Longer than the work exactly when T_env
-    exceeds the other trajectories' prefill, S (B / N - 1) dP t_prefill, that fills its waits."""
-    _, own, rest = _coloc_turn(p, N)
-    return p.S * (own + rest) + p.T_env
+    thins as the others finish their turn; times kappa, the batch its iterations hold over the
+    mean) and the switching stall, then its environment time,
+    S [dP t_prefill + r_c A + kappa r b B / N + T_over] + T_env. With kappa 1, longer than the
+    work exactly when T_env exceeds the other trajectories' prefill, S (B / N - 1) dP t_prefill,
+    that fills its waits."""
+    per_worker, own, rest = _coloc_turn(p, N)
+    seen = (p.kappa - 1.0) * p.r * p.b * per_worker
+    return p.S * (own + rest + seen) + p.T_env
 
 
 def _coloc_turn(p: WorkloadProfile, N: Count) -> tuple[Count, float, Count]:
@@ -147,16 +152,23 @@ def T_handoff(p: WorkloadProfile, N_P: Count, N_D: Count) -> Count:
 
 def T_path_dis(p: WorkloadProfile, N_P: Count, N_D: Count) -> Count:
     """The slowest trajectory's path under disaggregation: its S turns, each its r_c iterations at
-    the decode pool's active batch B / (N_D (1 + theta)) and the hand-off (:func:`T_handoff`),
-    then its environment time, S (r_c A + r b B / (N_D (1 + theta))) + T_handoff + T_env: eq. 2
-    without its 1 + theta stretch, plus the hand-off and the tools."""
-    return T_decode(p, N_D) / (1.0 + p.theta) + T_handoff(p, N_P, N_D) + p.T_env
+    the batch it sees on the decode pool, kappa B / (N_D (1 + theta)), and the hand-off
+    (:func:`T_handoff`), then its environment time,
+    S (r_c A + kappa r b B / (N_D (1 + theta))) + T_handoff + T_env: eq. 2 without its 1 + theta
+    stretch, at the batch the trajectory sees, plus the hand-off and the tools."""
+    return _decode_path(p, N_D) + T_handoff(p, N_P, N_D) + p.T_env
 
 
-def _decode_leg(p: WorkloadProfile, decode: Count) -> Count:
-    """The longer of the decode pool's work (eq. 2, ``decode``) and the slowest trajectory's own
-    iterations plus its tools (eq. 2 unstretched + T_env): the hand-off adds to either."""
-    return np.maximum(decode, decode / (1.0 + p.theta) + p.T_env)
+def _decode_path(p: WorkloadProfile, N_D: Count) -> Count:
+    """The slowest trajectory's own decode iterations,
+    S (r_c A + kappa r b B / (N_D (1 + theta)))."""
+    return p.S * (p.r_path * p.A + p.kappa * p.r * p.b * p.concurrency / (N_D * (1.0 + p.theta)))
+
+
+def _decode_leg(p: WorkloadProfile, N_D: Count) -> Count:
+    """The longer of the decode pool's work (eq. 2) and the slowest trajectory's own iterations
+    plus its tools (:func:`_decode_path` + T_env): the hand-off adds to either."""
+    return np.maximum(T_decode(p, N_D), _decode_path(p, N_D) + p.T_env)
 
 
 def T_dis(p: WorkloadProfile, N_P: Count, N_D: Count) -> Count:
@@ -165,7 +177,7 @@ def T_dis(p: WorkloadProfile, N_P: Count, N_D: Count) -> Count:
     which holds T_env), + T_start as eq. 1. The paper adds T_env to the longer path; eq. 2's
     1 + theta already stretches the decode pool's work by the environment's bubbles, and the
     environment is on the slowest trajectory's path, as under colocation (:func:`T_coloc`)."""
-    leg = _decode_leg(p, T_decode(p, N_D)) + T_handoff(p, N_P, N_D)
+    leg = _decode_leg(p, N_D) + T_handoff(p, N_P, N_D)
     return np.maximum(T_prefill(p, N_P, N_D), leg) + p.T_start
 
 
@@ -245,7 +257,7 @@ def sweep(p: WorkloadProfile, N: int, max_util: float) -> Sweep:
     n_p = np.arange(1, N, dtype=np.int64)
     n_d = N - n_p
     f_p, f_d = n_p.astype(np.float64), n_d.astype(np.float64)
-    leg = _decode_leg(p, T_decode(p, f_d)) + T_handoff(p, f_p, f_d)
+    leg = _decode_leg(p, f_d) + T_handoff(p, f_p, f_d)
     t_dis = np.maximum(T_prefill(p, f_p, f_d), leg) + p.T_start
     # Same quantities as decode_hbm_ok / prefill_keeps_up.
     hbm_bad = p.concurrency * p.K_seq * KV_RESIDENCY > n_d * p.H_max

@@ -67,6 +67,12 @@ class WorkloadProfile(Value, frozen=True):
     # A batch's last trajectories start this long after its first: an asynchronous pipeline
     # starts groups as capacity frees, so the batch's makespan spans that spread as well.
     T_start: float = 0.0
+    # The decode batch the critical path's iterations hold, over eq. 1-2's (r / r_c) B / N (1 where
+    # not measured). A worker's work counts every iteration once, at the mean batch; a
+    # trajectory's path counts the iterations it is in, and the fuller ones hold more sequences
+    # (a pool that grows and shrinks, uneven load: more than 1), or it runs alone at the end of a
+    # long tail (less than 1).
+    kappa: float = 1.0
     observed: int = 0  # step summaries folded in (the EMA weight of the next is max(alpha, 1/k))
 
     def __post_init__(self) -> None:
@@ -200,6 +206,9 @@ class TrajectoryStats(Value, frozen=True):
     generated_tokens: int
     env_s: float
     prefilled_tokens: int | None = None  # prompt tokens computed, not reused from a prefix
+    # The mean decode batch of the iterations that generated its tokens (None: not measured).
+    seen_batch: float | None = None
+    latency_s: float | None = None  # from its start to its end (None: not measured)
 
 
 class StepTelemetry(Value, frozen=True):
@@ -217,6 +226,8 @@ class StepTelemetry(Value, frozen=True):
     beyond their compute (None: not measured). ``prefill_s`` then holds the compute only.
     ``start_spread_s``: how long after the batch's first trajectories its last ones started (an
     asynchronous pipeline starts groups as capacity frees; None: not measured).
+    ``decode_weights[i]``: the iterations ``decode_batch[i]`` stands for, where a producer reports
+    one mean per batch size (the simulator); empty: one iteration each.
     """
 
     step: int
@@ -234,6 +245,7 @@ class StepTelemetry(Value, frozen=True):
     mixed_s: tuple[float, ...] = ()
     switch_s: float | None = None
     start_spread_s: float | None = None
+    decode_weights: tuple[float, ...] = ()  # iterations each decode_batch entry stands for
 
     def __post_init__(self) -> None:
         if len(self.decode_batch) != len(self.decode_s):
@@ -246,6 +258,11 @@ class StepTelemetry(Value, frozen=True):
                 f"mixed_batch, mixed_tokens and mixed_s have "
                 f"{len(self.mixed_batch)}, {len(self.mixed_tokens)} and "
                 f"{len(self.mixed_s)} samples; they must pair up"
+            )
+        if self.decode_weights and len(self.decode_weights) != len(self.decode_batch):
+            raise SchemaError(
+                f"decode_weights has {len(self.decode_weights)} entries, decode_batch "
+                f"{len(self.decode_batch)}; they must pair up (or decode_weights be empty)"
             )
         if len(self.prefill_tokens) != len(self.prefill_s):
             raise SchemaError(
@@ -264,6 +281,10 @@ def _check_samples(t: StepTelemetry) -> None:
             or tr.generated_tokens < 0
             or not tr.env_s >= 0
             or (tr.prefilled_tokens is not None and tr.prefilled_tokens < 0)
+            or any(
+                v is not None and not (math.isfinite(v) and v >= 0)
+                for v in (tr.seen_batch, tr.latency_s)
+            )
         ):
             raise SchemaError(
                 f"step {t.step}: trajectory {i} has {tr}; expected turns >= 1 and "
@@ -277,6 +298,7 @@ def _check_samples(t: StepTelemetry) -> None:
         "mixed_batch",
         "mixed_tokens",
         "mixed_s",
+        "decode_weights",
     ):
         v = np.asarray(getattr(t, name), dtype=float)
         if v.size and (not np.all(np.isfinite(v)) or v.min() < 0):
@@ -288,6 +310,28 @@ def _check_samples(t: StepTelemetry) -> None:
         raise SchemaError(
             f"step {t.step}: in_flight = {t.in_flight!r}, expected a finite value >= 0"
         )
+
+
+def _kappa(t: StepTelemetry, trs: tuple[TrajectoryStats, ...], S: float, r: float) -> float | None:
+    """kappa (:attr:`WorkloadProfile.kappa`). Eq. 1-2 charge the critical path S r b B / N for
+    its tokens' share of the batch (B / N the mean decode batch); the slowest trajectory really
+    paid g b n, its g generated tokens times the mean batch n of its own decode iterations. So
+    kappa = g n / (S r mean), the mean decode batch per iteration measured. The slowest is the
+    one that took longest; where latencies are not measured, the ones that generated the most.
+    None without the engines' measure or a decode iteration."""
+    if all(tr.latency_s is not None for tr in trs):
+        slowest = max(trs, key=lambda tr: tr.latency_s or 0.0)
+        crit: tuple[TrajectoryStats, ...] = (slowest,)
+    else:
+        most = max(tr.generated_tokens for tr in trs)
+        crit = tuple(tr for tr in trs if tr.generated_tokens == most)
+    w = t.decode_weights or (1.0,) * len(t.decode_batch)
+    iterations = sum(w) + len(t.mixed_batch)
+    tokens = sum(n * k for n, k in zip(t.decode_batch, w, strict=True)) + sum(t.mixed_batch)
+    if any(tr.seen_batch is None for tr in crit) or iterations <= 0 or tokens <= 0 or r <= 0:
+        return None
+    paid = sum(tr.generated_tokens * (tr.seen_batch or 0.0) for tr in crit) / len(crit)
+    return paid / (S * r * tokens / iterations)
 
 
 # -- the tracker ----------------------------------------------------------------------------------
@@ -380,6 +424,7 @@ class RuntimeTracker:
             r_crit=max(r, r_crit),
             T_over=t.switch_s,
             T_start=t.start_spread_s,
+            kappa=_kappa(t, trs, S, r),
         )
 
     def observe(self, summary: Telemetry) -> WorkloadProfile:
@@ -401,7 +446,15 @@ class RuntimeTracker:
             raise SchemaError(
                 f"telemetry step {summary.step}: batch = {summary.batch}, expected >= 1"
             )
-        for name in ("toggle_s", "toggle_min_s", "window_s", "T_over", "T_start", *_FLOW_FIELDS):
+        for name in (
+            "toggle_s",
+            "toggle_min_s",
+            "window_s",
+            "T_over",
+            "T_start",
+            "kappa",
+            *_FLOW_FIELDS,
+        ):
             v = getattr(summary, name)
             if v is not None and not (math.isfinite(v) and v >= 0):
                 raise SchemaError(f"telemetry step {summary.step}: {name} = {v!r}")
@@ -420,6 +473,8 @@ class RuntimeTracker:
             new["T_over"] = w * summary.T_over + (1.0 - w) * p.T_over
         if summary.T_start is not None:
             new["T_start"] = w * summary.T_start + (1.0 - w) * p.T_start
+        if summary.kappa is not None:
+            new["kappa"] = w * summary.kappa + (1.0 - w) * p.kappa
         # T_toggle and T_window keep their own rules: they are measured only on some steps.
         T_toggle = p.T_toggle
         if summary.toggle_s is not None:

@@ -60,6 +60,10 @@ class GenerateResult(Value, frozen=True):
     weights_version: int
     prompt_tokens: int
     cached_tokens: int = 0  # prompt tokens whose KV was reused instead of prefilled
+    # Decode iterations that generated its tokens, and their batch sizes summed: the batch its
+    # decode really shared (the Runtime Tracker's kappa); 0 where the engine does not say.
+    decode_steps: int = 0
+    decode_batch_sum: int = 0
 
 
 class IterationStat(Value, frozen=True):

@@ -33,6 +33,8 @@ class Seq:
     deadline: float = 0.0  # WAIT_KV: monotonic time after which the KV is given up
     kv: tuple[dict[str, Any], list[Any]] | None = None  # arrived KV waiting for pages
     state: Any = None  # the backend's per-sequence state (a sampling generator, a digest, ...)
+    decode_steps: int = 0  # decode iterations it was in
+    decode_batch_sum: int = 0  # their batch sizes, summed
 
     @property
     def rid(self) -> str:
@@ -66,6 +68,8 @@ class Seq:
             weights_version=version,
             prompt_tokens=len(self.req.input_ids),
             cached_tokens=max(self.cached_tokens, 0),
+            decode_steps=self.decode_steps,
+            decode_batch_sum=self.decode_batch_sum,
         )
 
 

@@ -331,7 +331,8 @@ class ServingEngine(Drainable, Engine, Backend):
             self._finish(sched.out_of_memory.pop(), FinishReason.LENGTH)
         if not segments:
             return
-        decode = sum(1 for g in segments if g.seq.phase is Phase.DECODE)
+        decoding = [g.seq for g in segments if g.seq.phase is Phase.DECODE]
+        decode = len(decoding)
         prefill = sum(g.end - g.start for g in segments if g.seq.phase is not Phase.DECODE)
         t0 = self._now()
         try:
@@ -343,6 +344,9 @@ class ServingEngine(Drainable, Engine, Backend):
             return
         with self._cv:
             self._iters.append(IterationStat(t0, self._now() - t0, decode, prefill))
+        for seq in decoding:
+            seq.decode_steps += 1
+            seq.decode_batch_sum += decode
         for seq in sched.commit(segments, samples):
             if self._role is Role.PREFILL:
                 self._ship(seq)

@@ -132,6 +132,9 @@ class Pipeline:
         self._group_s: deque[float] = deque(maxlen=4 * cfg.groups_per_batch)
         self._workers: tuple[int, int, int] = (0, 0, 0)
         self._prefilled: dict[str, int] = {}  # trajectory id -> prompt tokens really prefilled
+        # trajectory id -> (decode iterations, their batch sizes summed), as the engines said
+        self._seen: dict[str, tuple[int, int]] = {}
+        self._latency: dict[str, float] = {}  # trajectory id -> seconds from start to end
         self._aborted: dict[str, float] = {}  # trajectory id -> when its generation was aborted
         # Generations migrated (aborted by a role change or a removal, resumed from their prefix
         # elsewhere): (when aborted, prompt tokens the resumption prefilled again).
@@ -245,6 +248,8 @@ class Pipeline:
             if min(t.min_version for t in g.trajectories) < floor:
                 for t in g.trajectories:
                     self._prefilled.pop(t.id, None)
+                    self._seen.pop(t.id, None)
+                    self._latency.pop(t.id, None)
                 self._dropped += 1
                 self.counts["stale"] += 1
                 log.info("dropped group %s: weights older than v%d", g.id, floor)
@@ -260,6 +265,8 @@ class Pipeline:
                 generated_tokens=t.n_generated,
                 env_s=t.env_s,
                 prefilled_tokens=self._prefilled.pop(t.id, None),
+                seen_batch=_seen_batch(self._seen.pop(t.id, (0, 0))),
+                latency_s=self._latency.pop(t.id, None),
             )
             for t in batch.trajectories
         )
@@ -332,6 +339,8 @@ class Pipeline:
             with self._cv:
                 for k in range(self.cfg.group_size):
                     self._prefilled.pop(f"{gid}.{k}", None)
+                    self._seen.pop(f"{gid}.{k}", None)
+                    self._latency.pop(f"{gid}.{k}", None)
             self.failed += len(failed)
             self.counts["failed"] += 1
             log.warning("group %s dropped: %s", gid, failed[0])
@@ -352,8 +361,9 @@ class Pipeline:
             seed=seed,
         )
         self._running += 1
+        started = self.clock()
         try:
-            return await run_trajectory(
+            traj = await run_trajectory(
                 env,
                 task,
                 self._counted,
@@ -363,6 +373,9 @@ class Pipeline:
                 sampling=sampling,
                 clock=self.clock,
             )
+            with self._cv:
+                self._latency[traj.id] = self.clock() - started
+            return traj
         finally:
             self._running -= 1
 
@@ -384,6 +397,11 @@ class Pipeline:
         prefilled = max(0, result.prompt_tokens - result.cached_tokens)
         with self._cv:
             self._prefilled[trajectory_id] = self._prefilled.get(trajectory_id, 0) + prefilled
+            steps, total = self._seen.get(trajectory_id, (0, 0))
+            self._seen[trajectory_id] = (
+                steps + result.decode_steps,
+                total + result.decode_batch_sum,
+            )
             aborted = self._aborted.pop(trajectory_id, None)
             if aborted is not None:  # a resumption: everything it prefilled was computed before
                 self.migrations.append((aborted, prefilled))
@@ -402,6 +420,12 @@ class Pipeline:
                     self._samples.append(self._generating / self._running)
                     if len(self._samples) > 10_000:
                         del self._samples[: len(self._samples) // 2]
+
+
+def _seen_batch(seen: tuple[int, int]) -> float | None:
+    """The mean batch of a trajectory's decode iterations (None: the engines did not say)."""
+    steps, total = seen
+    return total / steps if steps > 0 else None
 
 
 def _expected_left(latencies: list[float], elapsed: float) -> float:

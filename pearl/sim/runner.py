@@ -230,7 +230,14 @@ class Simulation:
         f = 1.0 - (ro.int_env - self.acc0[1]) / unf if unf > 0 else 1.0
         span = now - self.t_batch
         raw = telemetry_of(
-            k, self.trs, ro.stats, f, span, unf / span if span > 0 else 0.0, ro.env_scale
+            k,
+            self.trs,
+            ro.stats,
+            f,
+            span,
+            unf / span if span > 0 else 0.0,
+            ro.env_scale,
+            start=self.t_batch,
         )
         assert self.s is not None
         tracker = RuntimeTracker(self.s.profile, self.policy.alpha, self.policy.L_max)

@@ -49,6 +49,7 @@ def telemetry_of(
     makespan: float,
     in_flight: float = 0.0,
     env_scale: float = 1.0,
+    start: float | None = None,
 ) -> StepTelemetry:
     """The raw telemetry a real deployment would record for one rollout step: per trajectory
     also the prompt tokens really prefilled (prefix reuse, recomputation after a move or an
@@ -56,7 +57,8 @@ def telemetry_of(
     its makespan (the concurrency the workers really share as stragglers thin the batch out),
     and colocation's switching stall per decode turn (eq. 1's T_over; the prefill seconds are
     then compute only). Environment seconds are those the tools really took: the workload's,
-    dilated by the engine's ``env_scale`` as the rollout runs them."""
+    dilated by the engine's ``env_scale`` as the rollout runs them. ``start``: when the batch's
+    trajectories started (their latency is measured from it; None: not measured)."""
     dec = sorted(stats.decode.items())
     return StepTelemetry(
         step=step,
@@ -67,6 +69,8 @@ def telemetry_of(
                 sum(tr.spec.gen),
                 sum(tr.spec.env) * env_scale,
                 tr.prefilled,
+                tr.seen_sum / tr.seen_steps if tr.seen_steps > 0 else None,
+                None if start is None else tr.t_end - start,
             )
             for tr in trs
         ),
@@ -78,6 +82,7 @@ def telemetry_of(
         makespan_s=makespan,
         in_flight=in_flight,
         switch_s=stats.switch_stall / stats.colocated_turns if stats.colocated_turns else None,
+        decode_weights=tuple(it for _, (_, it) in dec),  # one mean per batch size
     )
 
 
@@ -130,7 +135,14 @@ def run_static(
         out.stats.append(ro.stats)
         out.telemetry.append(
             telemetry_of(
-                k + 1, trs, ro.stats, f, span, unf / span if span > 0 else 0.0, ro.env_scale
+                k + 1,
+                trs,
+                ro.stats,
+                f,
+                span,
+                unf / span if span > 0 else 0.0,
+                ro.env_scale,
+                start=t0,
             )
         )
         out.generated.append(sum(tr.spec.gen[i] for tr in trs for i in range(tr.spec.turns)))

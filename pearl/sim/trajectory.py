@@ -57,6 +57,9 @@ class Traj:
         "t_tok",
         "t_ins",
         "V_start",
+        "W_start",
+        "seen_sum",
+        "seen_steps",
         "home",
         "home_tokens",
         "phome",
@@ -85,6 +88,9 @@ class Traj:
         self.t_tok = 0.0
         self.t_ins = 0.0  # of t_tok x tokens: the colocated insertion cost
         self.V_start = 0.0
+        self.W_start = 0.0
+        self.seen_sum = 0.0  # decode iterations it was in, summed over their batch sizes
+        self.seen_steps = 0.0  # and how many they were
         self.home: SimWorker | None = None  # worker holding the full KV (colocated / decode)
         self.home_tokens = 0
         self.phome: SimWorker | None = None  # prefill worker holding a cached prefix

@@ -65,6 +65,7 @@ class SimWorker:
         "accepting",
         "t_last",
         "V",
+        "W",
         "tau",
         "tau_dec",
         "n",
@@ -95,6 +96,7 @@ class SimWorker:
         self.alive = True
         self.t_last = now
         self.V = 0.0
+        self.W = 0.0  # sum over the decode iterations since V was 0 of their batch size
         self.tau = 0.0
         self.tau_dec = 0.0
         self.n = 0
@@ -128,6 +130,7 @@ class SimWorker:
         self.busy_s += dt
         if self.n:
             self.V += iters
+            self.W += iters * self.n
             d = st.decode.get(self.n)
             if d is None:
                 st.decode[self.n] = [iters * self.tau_dec, iters]
@@ -152,7 +155,7 @@ class SimWorker:
             self.tau_dec = c.decode_iteration(self.n, self.ctx_off + self.n * self.V)
         else:
             self.tau_dec = 0.0
-            self.V = 0.0
+            self.V = self.W = 0.0
             self.ctx_off = 0.0
         if self.pq:
             base = self.tau_dec if self.n else c.A_prefill + c.overhead_s
@@ -179,7 +182,7 @@ class SimWorker:
 
     def start_decode(self, tr: Traj, tokens: int) -> None:
         self._seq += 1
-        tr.V_start = self.V
+        tr.V_start, tr.W_start = self.V, self.W
         if self.role == COLOCATED:
             self.stats.colocated_turns += 1
         heapq.heappush(self.dec, (self.V + tokens, self._seq, tr))
@@ -192,6 +195,8 @@ class SimWorker:
         # must not leave a sequence one ulp short of done forever.
         if self.dec and (self.dec[0][0] - self.V) * self.tau <= 1e-9:
             _, _, tr = heapq.heappop(self.dec)
+            tr.seen_sum += self.W - tr.W_start
+            tr.seen_steps += self.V - tr.V_start
             self.n -= 1
             self.ctx_off -= tr.ctx - tr.V_start
             return tr
@@ -266,7 +271,7 @@ class SimWorker:
         self.pq.clear()
         self.admit_q.clear()
         self.n = 0
-        self.V = 0.0
+        self.V = self.W = 0.0
         self.ctx_off = 0.0
         self.kv_used = 0
         self.tau = self.tau_dec = 0.0

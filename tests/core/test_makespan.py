@@ -242,3 +242,23 @@ def test_nothing_feasible() -> None:
 
 def _fields(p: WorkloadProfile) -> dict[str, float]:
     return {f.name: getattr(p, f.name) for f in msgspec.structs.fields(p)}
+
+
+def test_the_path_pays_the_batch_its_iterations_held() -> None:
+    """kappa: the slowest trajectory's iterations held kappa times eq. 1-2's batch; the path pays
+    that, the work (every iteration once) does not."""
+    q = msgspec.structs.replace(P, T_env=15.0, T_start=0.0, kappa=1.5)
+    # Colocated, 8 workers: the path's b term 10 x 100 x 0.001 x 8 = 8 s grows by half, 36 -> 40.
+    assert ms.T_path_coloc(q, 8) == pytest.approx(36.0 + 4.0)
+    assert ms.T_coloc(q, 8) == pytest.approx(40.0)
+    # On 2 workers the work is unchanged (76 s); the path 60 + 0.5 x 10 x 100 x 0.001 x 32 = 76.
+    assert ms.T_coloc(q, 2) == pytest.approx(76.0)
+    # 4P4D: the decode path's b term 10 x 100 x 0.001 x 8 = 8 s grows to 12 s; the pool's work
+    # (eq. 2, 36 s) does not, and the path with its tools (22 + 15 s) is now the longer.
+    hand = float(ms.T_handoff(q, 4, 4))
+    assert ms.T_path_dis(q, 4, 4) == pytest.approx(18.0 + 4.0 + hand + 15.0)
+    assert ms.T_dis(q, 4, 4) == pytest.approx(37.0 + hand)
+    far = msgspec.structs.replace(q, T_env=40.0)
+    assert ms.T_dis(far, 4, 4) == pytest.approx(22.0 + hand + 40.0)
+    s = ms.sweep(far, 8, 0.9)
+    assert s.T_dis[3] == pytest.approx(22.0 + hand + 40.0)

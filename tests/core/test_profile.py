@@ -433,3 +433,51 @@ def test_replaying_logged_summaries_rebuilds_the_profile() -> None:
     replayed = RuntimeTracker.replay(prior, 0.3, 32768, (events.decode(m) for m in logged))
     assert replayed.profile == live.profile
     assert replayed.steps == live.steps == 8
+
+
+def test_kappa_is_the_batch_the_slowest_trajectorys_iterations_held() -> None:
+    """Eq. 1-2 charge the critical path S r b B / N; the slowest trajectory paid g b n (its
+    tokens at the mean batch of its own iterations): kappa = g n / (S r mean batch)."""
+    p = _profile()
+    trs = (
+        TrajectoryStats(4, 400, 100, 1.0, seen_batch=4.0, latency_s=1.0),
+        TrajectoryStats(4, 400, 60, 1.0, seen_batch=9.0, latency_s=2.5),  # the slowest
+    )
+    # Iterations held 4, 4, 8 and 8 sequences (mean 6); r = 160 / 8 = 20 tokens a turn, S = 4.
+    raw = StepTelemetry(
+        step=1,
+        trajectories=trs,
+        decode_batch=(4, 4, 8),
+        decode_s=(0.01, 0.01, 0.02),
+        mixed_batch=(8,),
+        mixed_tokens=(100,),
+        mixed_s=(0.03,),
+    )
+    s = RuntimeTracker(p, 0.5, 1e9).summarize(raw)
+    assert s.kappa == pytest.approx(60 * 9.0 / (4 * 20 * 6))
+    # Latencies not measured: the trajectories that generated the most stand for the path.
+    untimed = tuple(msgspec.structs.replace(tr, latency_s=None) for tr in trs)
+    s = RuntimeTracker(p, 0.5, 1e9).summarize(msgspec.structs.replace(raw, trajectories=untimed))
+    assert s.kappa == pytest.approx(100 * 4.0 / (4 * 20 * 6))
+    # A producer that reports one mean per batch size says how many iterations each stands for:
+    # 4 x 3 iterations and 8 x 1, mean (12 + 8 + 8) / 5 with the mixed one.
+    weighed = msgspec.structs.replace(
+        raw, decode_batch=(4, 8), decode_s=(0.01, 0.02), decode_weights=(3.0, 1.0)
+    )
+    s = RuntimeTracker(p, 0.5, 1e9).summarize(weighed)
+    assert s.kappa == pytest.approx(60 * 9.0 / (4 * 20 * (28 / 5)))
+    # The engines did not say: not measured, and the profile keeps its kappa.
+    blind = tuple(msgspec.structs.replace(tr, seen_batch=None) for tr in trs)
+    t = RuntimeTracker(p, 0.5, 1e9)
+    s = t.summarize(msgspec.structs.replace(raw, trajectories=blind))
+    assert s.kappa is None and t.observe(s).kappa == 1.0
+    s = t.summarize(raw)
+    assert t.observe(s).kappa == pytest.approx(0.5 * s.kappa + 0.5)  # the second weighs 1/2
+    with pytest.raises(SchemaError, match="decode_weights"):
+        StepTelemetry(
+            step=1,
+            trajectories=trs,
+            decode_batch=(4, 8),
+            decode_s=(0.01, 0.02),
+            decode_weights=(1.0,),
+        )

@@ -39,6 +39,14 @@ def test_many_concurrent_requests_complete_and_match_unbatched(engines: Engines)
     its = e.telemetry().iterations
     assert max(it.decode_batch for it in its) >= 16  # they really ran batched
     assert sum(it.prefill_tokens for it in its) == sum(len(r.input_ids) for r in reqs)
+    # Each result says which batches its decode shared: the first token comes from the prefill,
+    # every other from one decode iteration, and those iterations add up to the engine's.
+    for res in results:
+        assert res.decode_steps == len(res.output_ids) - 1
+        assert res.decode_steps <= res.decode_batch_sum <= res.decode_steps * len(reqs)
+    assert sum(r.decode_batch_sum for r in results) == sum(
+        it.decode_batch * it.decode_batch for it in its
+    )
 
 
 def test_chunked_prefill_interleaves_with_decode(engines: Engines) -> None:

@@ -36,8 +36,9 @@ def test_a_batch_reports_its_concurrency_workers_and_prefilled_tokens() -> None:
     p = Pipeline(PipelineConfig(batch=4, group_size=2, staleness=1), PromptBuilder(ByteTokenizer()))  # type: ignore[arg-type]
 
     async def generate(ids: tuple[int, ...], sp: SamplingParams, tid: str) -> GenerateResult:
-        # The worker reused 60 of the 100 prompt tokens from the trajectory's resident prefix.
-        return GenerateResult(f"r-{tid}", (2,), (-1.0,), FinishReason.STOP, 0, 100, 60)
+        # The worker reused 60 of the 100 prompt tokens from the trajectory's resident prefix,
+        # and decoded in 3 iterations that held 12 sequences between them.
+        return GenerateResult(f"r-{tid}", (2,), (-1.0,), FinishReason.STOP, 0, 100, 60, 3, 12)
 
     p.attach(generate)
     for tid in ("g1.0", "g1.0", "g1.1", "g2.0", "g2.1"):
@@ -50,6 +51,7 @@ def test_a_batch_reports_its_concurrency_workers_and_prefilled_tokens() -> None:
     assert report.in_flight == 8.0
     assert report.workers == {"colocated": 2.5, "prefill": 0.0, "decode": 0.0}
     assert [t.prefilled_tokens for t in report.trajectories] == [80, 40, 40, 40]
+    assert [t.seen_batch for t in report.trajectories] == [4.0, 4.0, 4.0, 4.0]
 
 
 def test_a_batch_reports_how_far_apart_its_groups_started() -> None:
@@ -108,3 +110,45 @@ def test_the_next_batch_eta_follows_the_running_groups_and_the_latencies_seen() 
     now[0] = 10.0
     p._running_groups.pop("g2")
     assert p.next_batch_eta_s() is None  # a group the batch needs has not started
+
+
+def test_a_running_pipeline_times_each_trajectory_and_reports_the_batch_it_decoded_in() -> None:
+    """What the Runtime Tracker's kappa is made of: each trajectory's start-to-end seconds and
+    the mean batch of its decode iterations, as the engines said."""
+    import asyncio
+    import threading
+
+    from pearl.engines.base import FinishReason, GenerateResult, SamplingParams
+
+    p = Pipeline(PipelineConfig(batch=4, group_size=2, staleness=1), PromptBuilder(ByteTokenizer()))  # type: ignore[arg-type]
+
+    async def generate(ids: tuple[int, ...], sp: SamplingParams, tid: str) -> GenerateResult:
+        await asyncio.sleep(0.01)
+        out = tuple(ByteTokenizer().encode("The answer is 7."))
+        lp = tuple(-1.0 for _ in out)
+        return GenerateResult(f"r-{tid}", out, lp, FinishReason.STOP, 0, len(ids), 0, 5, 15)
+
+    p.attach(generate)
+    stop = threading.Event()
+
+    def run() -> None:
+        async def main() -> None:
+            halt = asyncio.Event()
+            task = asyncio.create_task(p.run(halt))
+            while not stop.is_set():
+                await asyncio.sleep(0.01)
+            halt.set()
+            await task
+
+        asyncio.run(main())
+
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+        assert p.take(timeout_s=30) is not None
+    finally:
+        stop.set()
+        t.join(10)
+    trs = p.reports[-1].trajectories
+    assert all(tr.latency_s is not None and tr.latency_s >= 0.01 for tr in trs)
+    assert all(tr.seen_batch == 3.0 for tr in trs)

@@ -126,6 +126,18 @@ def test_colocated_insertions_are_measured_as_a_stall_not_as_prefill_compute() -
     assert split.stats[0].prefill_s == pytest.approx(split.stats[0].prefill_time, rel=1e-6)
 
 
+def test_each_trajectory_reports_its_latency_and_the_batch_its_decode_held() -> None:
+    """What the Runtime Tracker's kappa is made of, as a real deployment measures it."""
+    wl = uniform(turns=3, batch=8)
+    res = run_static("qwen3-8b", 2, workload=wl, batches=1)
+    tel, st = res.telemetry[0], res.stats[0]
+    # 8 uniform trajectories on 2 workers: 4 a worker, so every decode iteration held 1 to 4.
+    assert all(tr.seen_batch is not None and 1.0 <= tr.seen_batch <= 4.0 for tr in tel.trajectories)
+    assert max(tr.latency_s or 0.0 for tr in tel.trajectories) == pytest.approx(res.makespans[0])
+    # decode_batch holds one mean per batch size: the weights say how many iterations each is
+    assert tel.decode_weights == tuple(it for _, (_, it) in sorted(st.decode.items()))
+
+
 def test_disaggregated_path_transfers_kv_and_decodes() -> None:
     ro, clock, done = _cluster([PREFILL, DECODE])
     specs = [TrajectorySpec(0, (3000, 800), (60, 60), (0.5, 0.0)) for _ in range(3)]
