@@ -364,7 +364,7 @@ class _ViewCollector:
             prof = GaugeMetricFamily(
                 "pearl_profile", "Fitted workload profile (seconds, tokens)", labels=["param"]
             )
-            for name in ("A", "b", "t_prefill", "theta", "T_toggle", "T_window", "S", "r"):
+            for name in ("A", "b", "t_prefill", "theta", "T_toggle", "T_window", "S", "r", "kappa"):
                 prof.add_metric([name], float(getattr(p, name)))
             prof.add_metric(["delta_L"], float(p.delta_L))
             yield prof
