@@ -74,16 +74,16 @@ def T_path_coloc(p: WorkloadProfile, N: Count) -> Count:
     S [dP t_prefill + r_c A + kappa r b B / N + T_over] + T_env. With kappa 1, longer than the
     work exactly when T_env exceeds the other trajectories' prefill, S (B / N - 1) dP t_prefill,
     that fills its waits."""
-    per_worker, own, rest = _coloc_turn(p, N)
-    seen = (p.kappa - 1.0) * p.r * p.b * per_worker
-    return p.S * (own + rest + seen) + p.T_env
+    _, own, rest = _coloc_turn(p, N, p.kappa)
+    return p.S * (own + rest) + p.T_env
 
 
-def _coloc_turn(p: WorkloadProfile, N: Count) -> tuple[Count, float, Count]:
+def _coloc_turn(p: WorkloadProfile, N: Count, kappa: float = 1.0) -> tuple[Count, float, Count]:
     """A colocated turn's parts: trajectories per worker, one trajectory's prefill, and what
-    every trajectory on the worker shares (r_c A + r b B / N + T_over)."""
+    every trajectory on the worker shares (r_c A + kappa r b B / N + T_over; the work counts
+    the mean batch, kappa 1, a path the batch its iterations held)."""
     per_worker = p.concurrency / N
-    rest = p.r_path * p.A + p.r * p.b * per_worker + p.T_over
+    rest = p.r_path * p.A + kappa * p.r * p.b * per_worker + p.T_over
     return per_worker, p.prefill_per_turn * p.t_prefill, rest
 
 

@@ -131,10 +131,7 @@ class Pipeline:
         # Seconds from start to finish of the latest groups (the next batch's ETA uses them).
         self._group_s: deque[float] = deque(maxlen=4 * cfg.groups_per_batch)
         self._workers: tuple[int, int, int] = (0, 0, 0)
-        self._prefilled: dict[str, int] = {}  # trajectory id -> prompt tokens really prefilled
-        # trajectory id -> (decode iterations, their batch sizes summed), as the engines said
-        self._seen: dict[str, tuple[int, int]] = {}
-        self._latency: dict[str, float] = {}  # trajectory id -> seconds from start to end
+        self._measured: dict[str, _Measured] = {}  # trajectory id -> what it cost, so far
         self._aborted: dict[str, float] = {}  # trajectory id -> when its generation was aborted
         # Generations migrated (aborted by a role change or a removal, resumed from their prefix
         # elsewhere): (when aborted, prompt tokens the resumption prefilled again).
@@ -247,9 +244,7 @@ class Pipeline:
         for g in self._ready:
             if min(t.min_version for t in g.trajectories) < floor:
                 for t in g.trajectories:
-                    self._prefilled.pop(t.id, None)
-                    self._seen.pop(t.id, None)
-                    self._latency.pop(t.id, None)
+                    self._measured.pop(t.id, None)
                 self._dropped += 1
                 self.counts["stale"] += 1
                 log.info("dropped group %s: weights older than v%d", g.id, floor)
@@ -258,17 +253,18 @@ class Pipeline:
         self._ready = fresh
 
     def _report(self, batch: Batch, groups: list[_Group]) -> StepReport:
+        measured = [self._measured.pop(t.id, _Measured()) for t in batch.trajectories]
         stats = tuple(
             TrajectoryStats(
                 turns=t.n_turns,
                 new_tokens=sum(len(x.prompt_ids) for x in t.turns),
                 generated_tokens=t.n_generated,
                 env_s=t.env_s,
-                prefilled_tokens=self._prefilled.pop(t.id, None),
-                seen_batch=_seen_batch(self._seen.pop(t.id, (0, 0))),
-                latency_s=self._latency.pop(t.id, None),
+                prefilled_tokens=m.prefilled,
+                seen_batch=m.seen_batch,
+                latency_s=m.latency_s,
             )
-            for t in batch.trajectories
+            for t, m in zip(batch.trajectories, measured, strict=True)
         )
         samples, self._samples = tuple(self._samples), []
         dropped, self._dropped = self._dropped, 0
@@ -338,9 +334,7 @@ class Pipeline:
         if failed:  # GRPO needs the whole group: a failed member drops it (it is re-generated)
             with self._cv:
                 for k in range(self.cfg.group_size):
-                    self._prefilled.pop(f"{gid}.{k}", None)
-                    self._seen.pop(f"{gid}.{k}", None)
-                    self._latency.pop(f"{gid}.{k}", None)
+                    self._measured.pop(f"{gid}.{k}", None)
             self.failed += len(failed)
             self.counts["failed"] += 1
             log.warning("group %s dropped: %s", gid, failed[0])
@@ -374,7 +368,7 @@ class Pipeline:
                 clock=self.clock,
             )
             with self._cv:
-                self._latency[traj.id] = self.clock() - started
+                self._measured.setdefault(traj.id, _Measured()).latency_s = self.clock() - started
             return traj
         finally:
             self._running -= 1
@@ -396,12 +390,10 @@ class Pipeline:
             self._generating -= 1
         prefilled = max(0, result.prompt_tokens - result.cached_tokens)
         with self._cv:
-            self._prefilled[trajectory_id] = self._prefilled.get(trajectory_id, 0) + prefilled
-            steps, total = self._seen.get(trajectory_id, (0, 0))
-            self._seen[trajectory_id] = (
-                steps + result.decode_steps,
-                total + result.decode_batch_sum,
-            )
+            m = self._measured.setdefault(trajectory_id, _Measured())
+            m.prefilled = (m.prefilled or 0) + prefilled
+            m.decode_steps += result.decode_steps
+            m.decode_batch_sum += result.decode_batch_sum
             aborted = self._aborted.pop(trajectory_id, None)
             if aborted is not None:  # a resumption: everything it prefilled was computed before
                 self.migrations.append((aborted, prefilled))
@@ -422,10 +414,21 @@ class Pipeline:
                         del self._samples[: len(self._samples) // 2]
 
 
-def _seen_batch(seen: tuple[int, int]) -> float | None:
-    """The mean batch of a trajectory's decode iterations (None: the engines did not say)."""
-    steps, total = seen
-    return total / steps if steps > 0 else None
+@dataclass
+class _Measured:
+    """What one trajectory cost so far, as the engines and the pipeline's clock said (None: not
+    measured): the prompt tokens really prefilled, its decode iterations and their batch sizes
+    summed, and its seconds from start to end."""
+
+    prefilled: int | None = None
+    decode_steps: int = 0
+    decode_batch_sum: int = 0
+    latency_s: float | None = None
+
+    @property
+    def seen_batch(self) -> float | None:
+        """The mean batch of its decode iterations."""
+        return self.decode_batch_sum / self.decode_steps if self.decode_steps > 0 else None
 
 
 def _expected_left(latencies: list[float], elapsed: float) -> float:
