@@ -66,7 +66,8 @@ class PipelineActor(PearlActor):
         fut: asyncio.Future[GenerateResult] = self._loop.create_future()
         with self._lock:
             self._futures[rid] = fut
-        req = GenerateRequest(rid, ids, sampling, trajectory=trajectory_id)
+        critical = self.pipeline.is_critical(trajectory_id)
+        req = GenerateRequest(rid, ids, sampling, trajectory=trajectory_id, critical=critical)
         self.directory.tell("router", Route(req, reply_to=self.name))
         return await fut
 

@@ -12,6 +12,15 @@ worker just added or activated starts empty), in which case the least-loaded wor
 Measured on the CPU demo, least-loaded routing alone prefilled 1.5x a batch's new prompt tokens
 with 3 workers and 2x with 5 (every hop re-prefills the whole context).
 
+Workers on the trainer's GPUs (lent for a training-idle window, zone ``overlap``) serve the
+rollout's critical path: the turns of the groups the next batch still needs, the ones the trainer
+waits for (``GenerateRequest.critical``, set by the Pipeline Scheduler). Other turns go to them
+only when nothing else is routable: the batch after has a training step to finish in, and what
+runs on a lent worker when Training Begin takes it back is aborted and prefilled again elsewhere.
+A critical turn goes to the least-loaded worker unless its trajectory's worker is as lightly
+loaded (a decode iteration's cost grows with its batch; the move's re-prefill is paid within the
+turn).
+
 A request with nowhere to go waits until workers are routable again; a retryable failure
 (the KV never arrived, the worker was leaving) is routed again; an aborted request comes back with
 its generated prefix to whoever asked, who resubmits it.
@@ -48,6 +57,7 @@ import msgspec
 from actors.base import Directory, PearlActor
 from actors.messages import AbortRequest, Generate, GenerateDone, Route, StateChanged
 from pearl.core import notice
+from pearl.core.state import Zone
 from pearl.engines.base import GenerateRequest
 
 log = logging.getLogger(__name__)
@@ -138,6 +148,7 @@ class Router(PearlActor):
         # trajectory -> the worker that prefilled its last turn (holds its prefix), LRU order
         self.homes: OrderedDict[str, int] = OrderedDict()
         self.affine = 0  # turns sent back to their trajectory's worker
+        self.lent: set[int] = set()  # routable workers on the trainer's GPUs (borrowed)
 
     def state_changed(self, msg: StateChanged) -> None:
         v = View()
@@ -146,6 +157,7 @@ class Router(PearlActor):
             getattr(v, w.role.value).append(w.id)
         self.view, self.seq = v, msg.seq
         self.gone &= {w.id for w in routable}  # the table caught up with them
+        self.lent = {w.id for w in routable if w.zone is Zone.OVERLAP}
         self.profile = msg.view.profile
         noticed = dict(msg.view.table.leaving_gpus)
         self.leaving = {}
@@ -182,18 +194,23 @@ class Router(PearlActor):
         self.pending[rid] = Pending(msg, original=msg.request)
         self._dispatch(rid)
 
-    def _pick(self, pool: list[int], trajectory: str = "") -> int:
+    def _pick(self, pool: list[int], trajectory: str = "", critical: bool = False) -> int:
         """The least-loaded worker of ``pool``, or, when ``trajectory`` names one whose last turn
-        ran on a worker of ``pool`` that is within ``AFFINITY_SLACK`` of it, that worker."""
+        ran on a worker of ``pool`` that is within ``AFFINITY_SLACK`` of it (0 for a turn on the
+        critical path: a lighter batch pays its re-prefill within the turn), that worker. A turn
+        off the critical path goes to a lent worker only if the pool has nothing else."""
+        if not critical:
+            pool = [w for w in pool if w not in self.lent] or pool
         least = min(pool, key=lambda w: (self.load.get(w, 0), w))
         if not trajectory:
             return least
         home = self.homes.get(trajectory)
+        slack = 0 if critical else AFFINITY_SLACK
         if (
             home is not None
             and home != least
             and home in pool
-            and self.load.get(home, 0) <= self.load.get(least, 0) + AFFINITY_SLACK
+            and self.load.get(home, 0) <= self.load.get(least, 0) + slack
         ):
             self.affine += 1  # back home over a less loaded worker
             least = home
@@ -216,11 +233,12 @@ class Router(PearlActor):
             for pool in (self.view.colocated, self.view.prefill, self.view.decode)
         )
         if colocated:
-            w = self._pick(colocated, req.trajectory)
+            w = self._pick(colocated, req.trajectory, req.critical)
             p.workers = (w,)
             self._send(w, req)
         elif prefill and decode and all(d in self.kv for d in decode):
-            pw, dw = self._pick(prefill, req.trajectory), self._pick(decode)
+            pw = self._pick(prefill, req.trajectory, req.critical)
+            dw = self._pick(decode, critical=req.critical)
             transfer = f"{rid}#{p.attempt}"
             p.workers = (pw, dw)
             self._send(dw, msgspec.structs.replace(req, transfer_id=transfer, kv_peer=""))

@@ -78,6 +78,23 @@ def borrow_record(cycle: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
+def count_cut_short(
+    rt: Runtime, records: list[StepRecord], training: list[tuple[float, float]]
+) -> None:
+    """Adds to each record's borrow the generations aborted while its step trained (Training
+    Begin -> the step's end, monotonic: the lent workers' return, and any worker removal then),
+    each resumed from its prefix elsewhere, and the prompt tokens those resumptions prefilled
+    again. Counted at the end: a resumption is recorded when it completes."""
+    try:
+        p = rt.daemon.batches()
+        moved = list(p.migrations) if p is not None else []
+    except Exception:  # the report matters more than this figure
+        return
+    for r, (begin, end) in zip(records, training, strict=False):
+        during = [n for t, n in moved if begin <= t <= end]
+        r.borrow["migrated"], r.borrow["recomputed_tokens"] = len(during), sum(during)
+
+
 def borrow_summary(records: list[StepRecord]) -> dict[str, Any]:
     """Borrow windows of the run: how many the gate approved, and in how many lent workers
     really served (issue 13's target: >= 80%), and how many plans Training Begin cut short."""
@@ -91,6 +108,8 @@ def borrow_summary(records: list[StepRecord]) -> dict[str, Any]:
         "served_fraction": len(served) / len(approved) if approved else None,
         "aborted_by_training_begin": sum(b["abort_reason"] == "training-begin" for b in windows),
         "served_s": sum(b["served_s"] or 0.0 for b in windows),
+        "migrated": sum(r.borrow.get("migrated", 0) for r in records),
+        "recomputed_tokens": sum(r.borrow.get("recomputed_tokens", 0) for r in records),
     }
 
 
@@ -369,6 +388,7 @@ def run(
     timeline = Timeline(time.monotonic())
     state: dict[str, Any] = {}
     records: list[StepRecord] = []
+    training: list[tuple[float, float]] = []  # per record: Training Begin -> the step's end
     rt.start()
     share = cfg.engine.device_share  # the trainer holds all training slots on one thread
     trainer = GRPOTrainer(
@@ -400,6 +420,7 @@ def run(
             batch = rt.next_batch(timeout_s=BATCH_TIMEOUT_S)
             got = time.monotonic()
             s = rt.status()
+            began = time.monotonic()
             with rt.training(step, weights_version=step):
                 cycle = (rt.status().get("borrow") or {}).get("current") or {}
                 if cycle.get("step") != step - 1:
@@ -415,6 +436,7 @@ def run(
                 rt.publish_weights(weights, step)
                 train_s = time.monotonic() - t_train
             end = time.monotonic()
+            training.append((began, end))
             generated = sum(t.n_generated for t in batch)
             trained = int(metrics.get("tokens", sum(t.n_tokens for t in batch)))
             duration = end - last_end
@@ -473,6 +495,7 @@ def run(
         deaths = host_deaths(rt)
         groups = pipeline_counts(rt)
         switches = mode_switches(rt, timeline.t0)
+        count_cut_short(rt, records, training)
         rt.stop()
         held_out = evals.results() if evals is not None else []
     summary = write_report(

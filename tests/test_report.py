@@ -154,3 +154,19 @@ def test_the_return_line_says_what_the_borrow_did() -> None:
         "training step 5: borrow cancelled before serving (training-begin)"
     )
     assert returned_line(6, {}, 0.0) == "training step 6: nothing was lent"
+
+
+def test_generations_cut_short_while_a_step_trained_are_counted_on_its_record() -> None:
+    """A resumption is logged with its abort's time when it completes: each one counts on the
+    step that was training when it was aborted (Training Begin -> the step's end), none other."""
+    pipeline = types.SimpleNamespace(migrations=[(10.2, 300), (10.4, 120), (13.0, 50), (16.5, 9)])
+    rt = types.SimpleNamespace(daemon=types.SimpleNamespace(batches=lambda: pipeline))
+    records = [record(1, 0.1), record(2, 0.2), record(3, 0.3)]
+    demo.count_cut_short(rt, records, [(10.0, 11.0), (12.0, 12.9), (16.0, 17.0)])  # type: ignore[arg-type]
+    assert [(r.borrow["migrated"], r.borrow["recomputed_tokens"]) for r in records] == [
+        (2, 420),
+        (0, 0),  # 13.0 is after step 2 trained: a removal between steps, not counted
+        (1, 9),
+    ]
+    assert demo.borrow_summary(records)["migrated"] == 3
+    assert demo.borrow_summary(records)["recomputed_tokens"] == 429

@@ -50,6 +50,9 @@ class GenerateRequest(Value, frozen=True):
     return_logprobs: bool = True
     transfer_id: str = ""  # PD only: names this request's KV transfer prefill -> decode
     kv_peer: str = ""  # PD only, prefill side: address of the decode worker's KV inbox
+    # The trajectory is on the rollout's critical path: its group is one the next batch (the one
+    # the trainer waits for) still needs. The Router gives such turns the lent workers.
+    critical: bool = False
 
 
 class GenerateResult(Value, frozen=True):

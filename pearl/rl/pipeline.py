@@ -197,6 +197,16 @@ class Pipeline:
         eta = sorted(_expected_left(seen, e) for e in ran)[missing - 1]
         return None if eta == math.inf else eta
 
+    def is_critical(self, trajectory_id: str) -> bool:
+        """Whether the trajectory is on the rollout's critical path: its group is one of the
+        running groups the next batch still needs (the oldest started ones, as many as the batch
+        misses). The trainer waits for exactly those; the groups started after them have the
+        next training step to finish in."""
+        gid = trajectory_id.rpartition(".")[0]
+        with self._cv:
+            missing = self.cfg.groups_per_batch - len(self._ready)
+            return gid in itertools.islice(self._running_groups, max(0, missing))
+
     def take(self, timeout_s: float) -> Batch | None:
         """The next batch of B fresh trajectories, or None after ``timeout_s``."""
         deadline = self.clock() + timeout_s

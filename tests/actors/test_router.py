@@ -277,3 +277,22 @@ def test_a_turn_goes_back_to_its_trajectorys_worker_unless_that_one_is_much_busi
     assert r._pick([1, 2], "t") == 1  # home not routable (removed, lent back, dead)
     assert r._pick(pool, "") == 1  # no trajectory: least loaded
     assert r.stats()["affine"] == 2
+
+
+def test_lent_workers_take_the_critical_path_and_only_it() -> None:
+    """A borrowed (training) worker serves the turns of the batch the trainer waits for; the
+    batch after it stays on the dedicated workers (it has a training step to finish in, and a
+    lent worker is taken back when training begins). A critical turn leaves its trajectory's
+    worker for any less loaded one (a lighter batch pays the re-prefill within the turn)."""
+    r = Router(Directory())
+    pool = [1, 2, 3]
+    r.lent = {3}
+    r.load = {1: 2, 2: 3, 3: 0}
+    assert r._pick(pool, "a") == 1  # off the critical path: not the lent worker, though idle
+    assert r._pick(pool, "b", critical=True) == 3  # on it: the least loaded, lent or not
+    r.load = {1: 1, 2: 1, 3: 1}
+    assert r._pick(pool, "a", critical=True) == 1  # home, and no busier than the least
+    r.load = {1: 2, 2: 1, 3: 1}
+    assert r._pick(pool, "a", critical=True) == 2  # home one request busier: it moves
+    assert r._pick(pool, "c") == 2  # (ties: lowest id) and never 3
+    assert r._pick([3], "d") == 3  # nothing but lent workers: they serve everything

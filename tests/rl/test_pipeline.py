@@ -112,6 +112,19 @@ def test_the_next_batch_eta_follows_the_running_groups_and_the_latencies_seen() 
     assert p.next_batch_eta_s() is None  # a group the batch needs has not started
 
 
+def test_the_critical_path_is_the_oldest_running_groups_the_next_batch_still_needs() -> None:
+    p = Pipeline(PipelineConfig(batch=4, group_size=2, staleness=1), PromptBuilder(ByteTokenizer()))  # type: ignore[arg-type]
+    p._running_groups.update({"g1": 1.0, "g2": 2.0, "g3": 3.0, "g4": 4.0})  # in start order
+    # The batch needs 2 groups: g1 and g2 are its; g3 and g4 (the batch after) are not.
+    assert [p.is_critical(f"{g}.1") for g in ("g1", "g2", "g3", "g4")] == [1, 1, 0, 0]
+    p._ready.append(group("g3", 0))  # g3 finished first: the batch needs one group more
+    del p._running_groups["g3"]
+    assert [p.is_critical(f"{g}.0") for g in ("g1", "g2", "g4")] == [1, 0, 0]
+    p._ready.append(group("g2", 0))  # complete: nothing is waited for
+    assert not p.is_critical("g1.0")
+    assert not p.is_critical("g9.0")  # not running
+
+
 def test_a_running_pipeline_times_each_trajectory_and_reports_the_batch_it_decoded_in() -> None:
     """What the Runtime Tracker's kappa is made of: each trajectory's start-to-end seconds and
     the mean batch of its decode iterations, as the engines said."""
