@@ -106,6 +106,12 @@ def main() -> int:
             s["borrow"]["aborted_by_training_begin"] for s in pearl
         ),
         "return_max_s": max(x["max_return_s"] for v in results.values() for x in v),
+        "pearl_return_max_s": max(s["max_return_s"] for s in pearl),
+        # Generations aborted while a step trained (the return, a removal), mean per run.
+        "migrated_per_run": {
+            n: statistics.mean(x["borrow"].get("migrated", 0) for x in v)
+            for n, v in results.items()
+        },
         "throughput_tok_s": tput,
         "steps": args.steps,
         "rounds": args.rounds,
@@ -119,9 +125,12 @@ def main() -> int:
         "borrow_served_fraction",
         "borrow_aborted_by_training_begin",
         "return_max_s",
+        "pearl_return_max_s",
     ):
         v = figures[k]
         print(f"{k:<34} {'-' if v is None else f'{v:.3f}'}")
+    migrated = ", ".join(f"{n} {m:.1f}" for n, m in figures["migrated_per_run"].items())
+    print(f"{'migrated while training':<34} {migrated} (mean per run)")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
     return 0
