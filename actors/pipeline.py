@@ -14,6 +14,7 @@ from actors.base import Directory, PearlActor
 from actors.messages import GenerateDone, RolloutStep, Route, StateChanged
 from pearl.core import commands as cmd
 from pearl.core.errors import EngineError
+from pearl.core.state import Role, Zone
 from pearl.engines.base import GenerateRequest, GenerateResult, SamplingParams
 from pearl.rl.pipeline import Pipeline, StepReport
 from pearl.rl.trajectory import Batch
@@ -84,7 +85,9 @@ class PipelineActor(PearlActor):
     def state_changed(self, msg: StateChanged) -> None:
         self.pipeline.set_version(msg.view.weights_version)
         n = msg.view.serving
-        self.pipeline.set_workers(n.N_C, n.N_P, n.N_D)
+        lent = [w.role for w in msg.view.routable if w.zone is Zone.OVERLAP]
+        c, p, d = (lent.count(r) for r in (Role.COLOCATED, Role.PREFILL, Role.DECODE))
+        self.pipeline.set_workers(n.N_C, n.N_P, n.N_D, (c, p, d))
 
     async def _progress(self) -> None:
         # A stale count makes the gate approve a borrow for a batch that is already complete:

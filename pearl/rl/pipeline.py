@@ -43,6 +43,8 @@ from pearl.rl.trajectory import Batch, Trajectory
 
 log = logging.getLogger(__name__)
 
+Workers = tuple[int, int, int]  # rollout workers by role: colocated, prefill, decode
+
 
 @dataclass(frozen=True)
 class PipelineConfig:
@@ -77,7 +79,9 @@ class StepReport:
 
     ``in_flight`` and ``workers`` are means over the batch's span (first group started -> last
     group finished): trajectories in flight, and active rollout workers by role (colocated,
-    prefill, decode) as the Orchestrator last published them. ``start_spread_s``: how long after
+    prefill, decode) as the Orchestrator last published them that could serve the batch: a lent
+    worker counts only once the batch before was handed out (the Router gives lent workers the
+    critical path alone). ``start_spread_s``: how long after
     the batch's first group its last one started (groups start as capacity frees).
     """
 
@@ -126,11 +130,14 @@ class Pipeline:
         self._generating = 0  # of which waiting on a generation
         self._samples: list[float] = []
         # (time, trajectories in flight, active workers by role), ten a second, for B_flight
-        self._flight: deque[tuple[float, int, tuple[int, int, int]]] = deque(maxlen=36_000)
+        # (time, trajectories in flight, active workers by role, of which lent), ten a second
+        self._flight: deque[tuple[float, int, Workers, Workers]] = deque(maxlen=36_000)
         self._running_groups: dict[str, float] = {}  # group id -> when it started
         # Seconds from start to finish of the latest groups (the next batch's ETA uses them).
         self._group_s: deque[float] = deque(maxlen=4 * cfg.groups_per_batch)
-        self._workers: tuple[int, int, int] = (0, 0, 0)
+        self._workers: Workers = (0, 0, 0)
+        self._lent: Workers = (0, 0, 0)
+        self._handed_at = -math.inf  # when the last batch was handed out
         self._measured: dict[str, _Measured] = {}  # trajectory id -> what it cost, so far
         self._aborted: dict[str, float] = {}  # trajectory id -> when its generation was aborted
         # Generations migrated (aborted by a role change or a removal, resumed from their prefix
@@ -153,9 +160,12 @@ class Pipeline:
             self._version = max(self._version, version)
         self._poke()  # the admission target may have risen
 
-    def set_workers(self, colocated: int, prefill: int, decode: int) -> None:
-        """The active rollout workers by role, as the Orchestrator last published them."""
-        self._workers = (colocated, prefill, decode)
+    def set_workers(
+        self, colocated: int, prefill: int, decode: int, lent: Workers = (0, 0, 0)
+    ) -> None:
+        """The active rollout workers by role, as the Orchestrator last published them, and of
+        them the lent ones (on the trainer's GPUs) by role."""
+        self._workers, self._lent = (colocated, prefill, decode), lent
 
     @property
     def generating(self) -> int:
@@ -220,6 +230,7 @@ class Pipeline:
                     self._training = True
                     batch = Batch(self._step, tuple(t for g in groups for t in g.trajectories))
                     report = self._report(batch, groups)
+                    self._handed_at = self.clock()
                     break
                 left = deadline - self.clock()
                 if left <= 0:
@@ -280,11 +291,14 @@ class Pipeline:
         dropped, self._dropped = self._dropped, 0
         t0, t1 = min(g.started for g in groups), max(g.finished for g in groups)
         flight = [x for x in self._flight if t0 <= x[0] <= t1] or [
-            (t1, self._running, self._workers)  # shorter than one sample period
+            (t1, self._running, self._workers, self._lent)  # shorter than one sample period
         ]
         in_flight = sum(x[1] for x in flight) / len(flight)
+        # Lent workers serve only the critical path (the Router): this batch, from the moment
+        # the one before it was handed out.
+        critical = self._handed_at
         workers = {
-            role: sum(x[2][i] for x in flight) / len(flight)
+            role: sum(x[2][i] - (x[3][i] if x[0] < critical else 0) for x in flight) / len(flight)
             for i, role in enumerate(("colocated", "prefill", "decode"))
         }
         spread = max(g.started for g in groups) - t0
@@ -417,7 +431,7 @@ class Pipeline:
         while not stop.is_set():
             await asyncio.sleep(0.1)
             with self._cv:
-                self._flight.append((self.clock(), self._running, self._workers))
+                self._flight.append((self.clock(), self._running, self._workers, self._lent))
                 if self._running:
                     self._samples.append(self._generating / self._running)
                     if len(self._samples) > 10_000:

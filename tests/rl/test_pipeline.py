@@ -45,13 +45,39 @@ def test_a_batch_reports_its_concurrency_workers_and_prefilled_tokens() -> None:
         asyncio.run(p._counted((1,) * 100, SamplingParams(), tid))
     p._ready.extend([group("g1", 0), group("g2", 0)])  # both ran from t = 0 to t = 1
     # Samples inside the span count; the one after it (another batch's) does not.
-    p._flight.extend([(0.2, 6, (3, 0, 0)), (0.8, 10, (2, 0, 0)), (5.0, 99, (1, 0, 0))])
+    p._flight.extend(
+        [
+            (0.2, 6, (3, 0, 0), (0, 0, 0)),
+            (0.8, 10, (2, 0, 0), (0, 0, 0)),
+            (5.0, 99, (1, 0, 0), (0, 0, 0)),
+        ]
+    )
     assert p.take(timeout_s=0.01) is not None
     report = p.reports[-1]
     assert report.in_flight == 8.0
     assert report.workers == {"colocated": 2.5, "prefill": 0.0, "decode": 0.0}
     assert [t.prefilled_tokens for t in report.trajectories] == [80, 40, 40, 40]
     assert [t.seen_batch for t in report.trajectories] == [4.0, 4.0, 4.0, 4.0]
+
+
+def test_lent_workers_count_for_a_batch_only_once_it_is_the_one_waited_for() -> None:
+    """The Router gives lent workers the critical path alone: a batch started while the one
+    before was still running had them only after that one was handed out."""
+    now = [0.0]
+    p = Pipeline(
+        PipelineConfig(batch=2, group_size=2, staleness=1),
+        PromptBuilder(ByteTokenizer()),
+        clock=lambda: now[0],
+    )
+    # 3 colocated workers throughout, of which 2 lent (before and after batch 1's hand-out).
+    p._flight.extend([(0.2, 4, (3, 0, 0), (2, 0, 0)), (0.8, 4, (3, 0, 0), (2, 0, 0))])
+    p._ready.append(group("g1", 0))  # batch 1 ran from t = 0 to t = 1: waited for throughout
+    now[0] = 0.5
+    assert p.take(timeout_s=0.01) is not None
+    assert p.reports[-1].workers["colocated"] == 3.0
+    p._ready.append(group("g2", 0))  # batch 2 ran from t = 0 too: lent workers from t = 0.5
+    assert p.take(timeout_s=0.01) is not None
+    assert p.reports[-1].workers == {"colocated": 2.0, "prefill": 0.0, "decode": 0.0}  # (1 + 3) / 2
 
 
 def test_a_batch_reports_how_far_apart_its_groups_started() -> None:
