@@ -78,21 +78,30 @@ def borrow_record(cycle: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
-def count_cut_short(
-    rt: Runtime, records: list[StepRecord], training: list[tuple[float, float]]
-) -> None:
-    """Adds to each record's borrow the generations aborted while its step trained (Training
-    Begin -> the step's end, monotonic: the lent workers' return, and any worker removal then),
-    each resumed from its prefix elsewhere, and the prompt tokens those resumptions prefilled
-    again. Counted at the end: a resumption is recorded when it completes."""
+def migrations(rt: Runtime) -> list[tuple[float, int]] | None:
+    """The pipeline's migrated generations so far: (when aborted, monotonic; prompt tokens the
+    resumption prefilled again). A resumption is recorded when it completes. None if unknown."""
     try:
         p = rt.daemon.batches()
-        moved = list(p.migrations) if p is not None else []
-    except Exception:  # the report matters more than this figure
-        return
+        return list(p.migrations) if p is not None else []
+    except Exception:  # the report matters more than these figures
+        return None
+
+
+def migrated_between(moved: list[tuple[float, int]], begin: float, end: float) -> dict[str, int]:
+    """The generations aborted in [begin, end] and the prompt tokens prefilled again for them."""
+    during = [n for t, n in moved if begin <= t <= end]
+    return {"migrated": len(during), "recomputed_tokens": sum(during)}
+
+
+def count_cut_short(
+    moved: list[tuple[float, int]], records: list[StepRecord], training: list[tuple[float, float]]
+) -> None:
+    """Adds to each record's borrow the generations aborted while its step trained (Training
+    Begin -> the step's end: the lent workers' return, and any worker removal then), each resumed
+    from its prefix elsewhere, and the prompt tokens those resumptions prefilled again."""
     for r, (begin, end) in zip(records, training, strict=False):
-        during = [n for t, n in moved if begin <= t <= end]
-        r.borrow["migrated"], r.borrow["recomputed_tokens"] = len(during), sum(during)
+        r.borrow.update(migrated_between(moved, begin, end))
 
 
 def borrow_summary(records: list[StepRecord]) -> dict[str, Any]:
@@ -495,7 +504,9 @@ def run(
         deaths = host_deaths(rt)
         groups = pipeline_counts(rt)
         switches = mode_switches(rt, timeline.t0)
-        count_cut_short(rt, records, training)
+        moved = migrations(rt)
+        if moved is not None:
+            count_cut_short(moved, records, training)
         rt.stop()
         held_out = evals.results() if evals is not None else []
     summary = write_report(
@@ -528,24 +539,23 @@ def mode_switches(rt: Runtime, t0: float) -> list[dict[str, Any]]:
     plan begin -> commit, the generations it migrated (aborted and resumed from their prefix
     elsewhere) and the prompt tokens those resumptions prefilled again, and the decision's
     reason (its hysteresis arithmetic) and predicted makespan."""
+    moved = migrations(rt)
+    if moved is None:
+        return []
     try:
         spans = rt.daemon.plans.switches()
-        p = rt.daemon.batches()
-        moved = list(p.migrations) if p is not None else []
     except Exception:  # the report matters more than this figure
         return []
     out = []
     for sp in spans:
         end = sp.end if sp.end is not None else sp.begin
-        during = [n for t, n in moved if sp.begin <= t <= end]
         out.append(
             {
                 "at_s": sp.begin - t0,
                 "from": str(sp.before),
                 "to": str(sp.target),
                 "plan_s": end - sp.begin,
-                "migrated": len(during),
-                "recomputed_tokens": sum(during),
+                **migrated_between(moved, sp.begin, end),
                 "cause": sp.cause,
                 "decision": sp.decision,
                 "predicted_s": sp.predicted_s,

@@ -161,8 +161,10 @@ def test_generations_cut_short_while_a_step_trained_are_counted_on_its_record() 
     step that was training when it was aborted (Training Begin -> the step's end), none other."""
     pipeline = types.SimpleNamespace(migrations=[(10.2, 300), (10.4, 120), (13.0, 50), (16.5, 9)])
     rt = types.SimpleNamespace(daemon=types.SimpleNamespace(batches=lambda: pipeline))
+    moved = demo.migrations(rt)  # type: ignore[arg-type]
+    assert moved is not None
     records = [record(1, 0.1), record(2, 0.2), record(3, 0.3)]
-    demo.count_cut_short(rt, records, [(10.0, 11.0), (12.0, 12.9), (16.0, 17.0)])  # type: ignore[arg-type]
+    demo.count_cut_short(moved, records, [(10.0, 11.0), (12.0, 12.9), (16.0, 17.0)])
     assert [(r.borrow["migrated"], r.borrow["recomputed_tokens"]) for r in records] == [
         (2, 420),
         (0, 0),  # 13.0 is after step 2 trained: a removal between steps, not counted

@@ -129,8 +129,8 @@ class Pipeline:
         self._running = 0  # trajectories in flight
         self._generating = 0  # of which waiting on a generation
         self._samples: list[float] = []
-        # (time, trajectories in flight, active workers by role), ten a second, for B_flight
-        # (time, trajectories in flight, active workers by role, of which lent), ten a second
+        # (time, trajectories in flight, active workers by role, of which lent), ten a second,
+        # for B_flight and the workers a batch ran with
         self._flight: deque[tuple[float, int, Workers, Workers]] = deque(maxlen=36_000)
         self._running_groups: dict[str, float] = {}  # group id -> when it started
         # Seconds from start to finish of the latest groups (the next batch's ETA uses them).
