@@ -55,6 +55,12 @@ class LogLocked(LogError):
     """Another process holds the log open for writing."""
 
 
+class LogWriteFailed(LogError):
+    """An append was not acknowledged because the disk failed it (full, I/O error). Its message
+    says whether the log is exactly as before the append (the usual case) or, when even the cut
+    back failed, unknown until the log is reopened."""
+
+
 class EngineError(PearlError):
     """An engine cannot do what was asked (wrong role, busy, released, older weights, ...)."""
 

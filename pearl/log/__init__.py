@@ -5,7 +5,7 @@ commit and atomic snapshots; :class:`MemoryLog` is the same interface in memory.
 latest snapshot plus the folded tail (:meth:`EventLog.load`).
 """
 
-from pearl.core.errors import LogCorrupted, LogError, LogLocked, NotALog
+from pearl.core.errors import LogCorrupted, LogError, LogLocked, LogWriteFailed, NotALog
 from pearl.log.base import EventLog, Loaded, Visitor
 from pearl.log.file import SEGMENT_BYTES, FileLog
 from pearl.log.framing import MAX_RECORD
@@ -23,6 +23,7 @@ __all__ = [
     "LogCorrupted",
     "LogError",
     "LogLocked",
+    "LogWriteFailed",
     "MemoryLog",
     "MemoryStorage",
     "NotALog",

@@ -58,6 +58,11 @@ class EventLog(ABC):
     def read_snapshot(self, seq: int) -> tuple[ClusterState, dict[str, Any] | None]:
         """The (state, extra) stored by the snapshot at ``seq``."""
 
+    def reopen(self) -> None:
+        """Make the log writable again after a failed write left its disk state unknown; a
+        no-op on a healthy log (the default, for stores whose writes cannot half-fail)."""
+        return None
+
     @abstractmethod
     def close(self) -> None:
         """Release the log; later calls raise LogError. Idempotent."""

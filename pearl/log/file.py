@@ -14,12 +14,19 @@ When the last flush carried more appends than are queued now, the new leader kee
 appends are queued or the window closes: the writers it just released are about to append again
 and join this flush instead of the next. A single writer never waits.
 
-A failed write or sync poisons the log object: the bytes on disk are unknown, so every later call
-raises :class:`LogError` and the owner must reopen, which repairs a torn tail.
+A failed write or sync leaves the log exactly as it was before the flush: the segment is cut back
+to its last durable offset and synced before any caller hears of the failure, every append the
+flush carried (and every one queued behind it) raises :class:`LogWriteFailed`, and their sequence
+numbers are given again. No record that was not acknowledged is ever replayed. The log stays
+usable: once the disk takes writes again, appends succeed with no reopen. Only when the cut
+itself fails are the bytes on disk unknown: the object is then poisoned (every call raises
+:class:`LogError`) until :meth:`FileLog.reopen` cuts the tail it knows was never acknowledged.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
 import threading
@@ -28,7 +35,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from pearl.core.errors import LogCorrupted, LogError
+from pearl.core.errors import LogCorrupted, LogError, LogWriteFailed
 from pearl.core.events import Record
 from pearl.core.state import ClusterState
 from pearl.log import failpoints, framing, reader, segments, snapshot
@@ -40,6 +47,30 @@ log = logging.getLogger(__name__)
 SEGMENT_BYTES = 64 << 20
 GATHER_MAX_S = 1e-3  # longest gather window of a group-commit leader
 _sync = getattr(os, "fdatasync", os.fsync)  # the file size is data: fdatasync covers appends
+
+
+def _write(fd: int, data: memoryview) -> int:
+    return failpoints.write(fd, data) if failpoints.DISK else os.write(fd, data)
+
+
+def _sync_fd(fd: int) -> None:
+    if failpoints.DISK:
+        failpoints.sync(fd, _sync)
+    else:
+        _sync(fd)
+
+
+def _truncate(fd: int, size: int) -> None:
+    if failpoints.DISK:
+        failpoints.truncate(fd, size)
+    else:
+        os.ftruncate(fd, size)
+
+
+def _why(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.strerror:
+        return f"{e.strerror} ({errno.errorcode.get(e.errno or 0, e.errno)})"
+    return repr(e)
 
 
 def _yield() -> None:
@@ -77,7 +108,10 @@ class FileLog(EventLog):
         self._lock: segments.DirLock | None = None
         self._fd = -1
         self._closed = False
-        self._error: str | None = None
+        self._error: str | None = None  # set when the bytes on disk are unknown (poisoned)
+        # Bumped by every failed flush: an append queued under an older epoch was not logged.
+        self._epoch = 0
+        self._failure = ""  # why the last flush failed: what those appends raise
         self._mu = threading.Lock()  # guards the queue, the sequence numbers and the segments
         self._gate: threading.Lock | None = None  # held by the leader while its flush runs
         self._snap_lock = threading.Lock()
@@ -138,17 +172,21 @@ class FileLog(EventLog):
         mu.acquire()
         try:
             self._check_writable()
-            first = self._next
+            first, epoch = self._next, self._epoch
             if not self.group_commit:
                 for i, payload in enumerate(payloads):
                     self._next = first + i + 1
-                    self._flush_guarded(framing.frame(first + i, payload), first + i)
+                    self._flush_one(framing.frame(first + i, payload), first + i)
+                    if self._epoch != epoch:
+                        self._failed(first, first + i - 1)
                 return list(range(first, self._next))
             frame = framing.frame
             self._pending.append(b"".join([frame(first + i, p) for i, p in enumerate(payloads)]))
             last = self._next = first + len(payloads)
             last -= 1
             while self._durable < last:
+                if self._epoch != epoch:
+                    self._failed(first, first - 1)
                 self._check_writable()
                 gate = self._gate
                 if gate is None:
@@ -162,10 +200,17 @@ class FileLog(EventLog):
         finally:
             mu.release()
 
+    def _failed(self, first: int, kept: int) -> None:
+        """Raise for an append whose records from ``first`` on were not logged (``_mu`` held);
+        ``kept``: the last of its records a single-record flush made durable before."""
+        if kept >= first:  # group_commit=False: the records before the failed one are durable
+            raise LogWriteFailed(f"{self._failure} (its records {first}..{kept} were logged)")
+        raise LogWriteFailed(self._failure)
+
     def _lead(self) -> None:
         """Flush everything queued (``_mu`` held on entry and exit, released during the write
         and the sync). Followers wait on the leader's gate, a plain lock it releases when the
-        flush is published: one C-level handoff per follower, no Condition bookkeeping."""
+        flush is published or undone: one C-level handoff per follower."""
         gate = self._gate = threading.Lock()
         gate.acquire()
         self._gather()
@@ -182,14 +227,14 @@ class FileLog(EventLog):
         except BaseException as e:
             failure = e
         self._mu.acquire()
-        self._gate = None
-        if failure is None:
-            self._done(len(batch), upto, new)
-        else:
-            self._poison(failure)
-        gate.release()
-        if failure is not None:
-            raise LogError(self._error) from failure
+        try:
+            if failure is None:
+                self._done(len(batch), upto, new)
+            else:
+                self._undo(failure)
+        finally:
+            self._gate = None
+            gate.release()
 
     def _gather(self) -> None:
         """The bounded gather window (``_mu`` held): while fewer appends are queued than the last
@@ -207,16 +252,63 @@ class FileLog(EventLog):
             if len(self._pending) >= target or time.perf_counter() >= deadline:
                 return
 
-    def _flush_guarded(self, data: bytes, upto: int) -> None:
+    def _flush_one(self, data: bytes, upto: int) -> None:
+        """``group_commit=False``: write and sync one frame (``_mu`` held throughout)."""
         try:
             new = self._flush(data, upto)
         except BaseException as e:
-            self._poison(e)
-            raise LogError(self._error) from e
+            self._undo(e)
+            return
         self._done(len(data), upto, new)
 
-    def _poison(self, e: BaseException) -> None:
-        self._error = f"{self.path}: write failed ({e!r}); reopen the log to repair it"
+    def _undo(self, e: BaseException) -> None:
+        """A flush failed (``_mu`` held): cut the segment back to its last durable offset, so
+        the disk holds exactly what was acknowledged, and fail every append not yet durable.
+        If the cut fails too, nothing on disk can be vouched for: poison until reopened."""
+        self._epoch += 1
+        self._pending.clear()
+        self._next = self._durable + 1
+        seg = self._segments[-1]
+        try:
+            _truncate(self._fd, seg.size)
+            _sync_fd(self._fd)
+        except OSError as cut:
+            self._error = self._failure = (
+                f"{self.path}: write failed ({_why(e)}) and the unacknowledged tail of "
+                f"{seg.path.name} could not be cut ({_why(cut)}); whether the last event was "
+                "logged is unknown until the log is reopened"
+            )
+            log.error("%s", self._error)
+            return
+        self._failure = (
+            f"{self.path}: not logged: {_why(e)}; the log is as it was at seq {self._durable} "
+            "and takes events again once the disk does"
+        )
+        log.warning("%s", self._failure)
+
+    def reopen(self) -> None:
+        """Make a poisoned log usable again: cut what follows the last acknowledged record
+        (which this object knows, unlike a scan that would keep whole frames never
+        acknowledged), then go on appending. A no-op on a healthy log; raises LogError if
+        the disk still refuses."""
+        with self._mu:
+            if self._closed or self.readonly or self._error is None:
+                return
+            seg = self._segments[-1]
+            try:
+                for first, p in segments.list_segments(self.path):
+                    if first > seg.first_seq:  # a rotation that never published
+                        p.unlink()
+                if self._fd >= 0:
+                    os.close(self._fd)
+                    self._fd = -1
+                self._fd = os.open(seg.path, os.O_WRONLY | os.O_APPEND)
+                _truncate(self._fd, seg.size)
+                _sync_fd(self._fd)
+            except OSError as e:
+                raise LogError(f"{self.path}: cannot reopen the log: {_why(e)}") from e
+            self._error = None
+            log.warning("%s: reopened at seq %d", self.path, self._durable)
 
     def _flush(self, data: bytes, upto: int) -> Segment | None:
         """Write and sync ``data`` (frames through seq ``upto``); the new segment if it rotated.
@@ -227,11 +319,11 @@ class FileLog(EventLog):
             failpoints.hit("before-write")
         view = memoryview(data)
         while view:
-            view = view[os.write(self._fd, view) :]
+            view = view[_write(self._fd, view) :]
         if failpoints.ACTIVE:
             failpoints.hit("before-fsync")
         t0 = time.perf_counter()
-        _sync(self._fd)
+        _sync_fd(self._fd)
         if self.on_sync is not None:
             try:  # an observer's failure must not look like a failed write
                 self.on_sync(time.perf_counter() - t0)
@@ -241,8 +333,20 @@ class FileLog(EventLog):
             failpoints.hit("after-fsync")
         if self._segments[-1].size + len(data) < self.segment_bytes:
             return None
-        new = segments.create_segment(self.path, upto + 1)
-        fd = os.open(new.path, os.O_WRONLY | os.O_APPEND)
+        return self._rotate(upto + 1)
+
+    def _rotate(self, first_seq: int) -> Segment | None:
+        """Start the next segment. The records are durable already: a rotation that fails is
+        retried at the next flush, never reported as a failed write."""
+        p = self.path / segments.segment_name(first_seq)
+        try:
+            new = segments.create_segment(self.path, first_seq)
+            fd = os.open(new.path, os.O_WRONLY | os.O_APPEND)
+        except OSError as e:
+            log.warning("%s: cannot start segment %s (%s); will retry", self.path, p.name, _why(e))
+            with contextlib.suppress(OSError):
+                p.unlink(missing_ok=True)
+            return None
         os.close(self._fd)
         self._fd = fd
         return new

@@ -204,13 +204,21 @@ def write_file(directory: Path, seq: int, data: bytes) -> Path:
     final = directory / file_name(seq)
     tmp = directory / (file_name(seq) + TMP)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    write = failpoints.write if failpoints.DISK else os.write
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[write(fd, view) :]
+            if failpoints.DISK:
+                failpoints.sync(fd, os.fsync)
+            else:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk must not keep a dead half-snapshot
+        raise
     if failpoints.ACTIVE:
         failpoints.hit("snapshot-rename")
     os.replace(tmp, final)
