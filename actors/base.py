@@ -10,6 +10,11 @@ by :func:`serve_directory` delivers them to local actors.
 :class:`PearlActor` dispatches on the message's type to a method named in ``handles``. A failure
 while handling a ``tell`` stops a pykka actor; ``on_failure`` reports it to the supervisor
 callback so the daemon can restart the actor from the logged state (conventions §5).
+
+A :class:`PearlError` raised while answering an ``ask`` is an answer, not a fault: the caller gets
+it and says it once (a refused event is one warning line, by the ElasticScheduler). pykka logs
+every exception it returns to a caller with its traceback, once per actor along the chain of
+asks; :class:`AnswerFilter` drops those records for PearlErrors and keeps them for anything else.
 """
 
 from __future__ import annotations
@@ -31,6 +36,21 @@ from transports.rpc import Client
 log = logging.getLogger(__name__)
 
 DEFAULT_ASK_S = 10.0
+
+
+class AnswerFilter(logging.Filter):
+    """Drops pykka's "Exception returned from ... to caller" record when the exception is a
+    :class:`PearlError`: the caller receives it and reports it (an unexpected exception, a bug,
+    keeps its traceback)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        returned = isinstance(record.msg, str) and record.msg.startswith("Exception returned")
+        return not (returned and isinstance(exc, PearlError))
+
+
+_ANSWERS = AnswerFilter()
+logging.getLogger("pykka").addFilter(_ANSWERS)
 
 
 class ActorUnavailable(PearlError):
@@ -231,6 +251,7 @@ def start(directory: Directory, cls: type[PearlActor], *args: Any, **kwargs: Any
 
 __all__ = [
     "ActorUnavailable",
+    "AnswerFilter",
     "CourierRef",
     "Directory",
     "LocalRef",

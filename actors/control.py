@@ -12,6 +12,7 @@ DecisionEngine — each a thin shell around the pure core.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,9 +21,12 @@ from actors.messages import EngineTelemetryReport, RolloutStep, StateChanged
 from pearl.core import commands as cmd
 from pearl.core import events as ev
 from pearl.core.decision import decide
+from pearl.core.errors import PearlError
 from pearl.core.profile import RuntimeTracker as Tracker
 from pearl.core.profile import StepTelemetry, WorkloadProfile
 from pearl.core.state import Target
+
+log = logging.getLogger(__name__)
 
 
 class ElasticScheduler(PearlActor):
@@ -45,7 +49,11 @@ class ElasticScheduler(PearlActor):
         self.proceeded = 0
 
     def event(self, record: Any) -> Any:
-        return self.directory.get("orchestrator").ask(record)  # Ack(seq) once durable
+        try:
+            return self.directory.get("orchestrator").ask(record)  # Ack(seq) once durable
+        except PearlError as e:  # its caller gets it too; pearld's log says it once, here
+            log.warning("%s refused: %s", getattr(record, "KIND", type(record).__name__), e)
+            raise
 
     def proceed(self, c: cmd.TrainingMayProceed) -> None:
         self.proceeded = max(self.proceeded, c.step)
