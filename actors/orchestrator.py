@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +19,7 @@ from actors.messages import StateChanged
 from pearl.core import commands as cmd
 from pearl.core import events as ev
 from pearl.core.controller import Controller, ControllerState, Output
-from pearl.core.errors import InvalidEvent, InvariantViolation
+from pearl.core.errors import InvalidEvent, InvariantViolation, LogError, LogWriteFailed
 from pearl.core.view import ClusterView, cluster_view, status_json
 from pearl.log import EventLog
 from transports.protocol import Ack, StatusRequest
@@ -41,6 +42,8 @@ ROUTES: dict[type, str] = {
     cmd.ReclaimTraining: "toggle",
     cmd.TrainingMayProceed: "scheduler",
 }
+MAX_BACKLOG = 100_000  # reports kept while the disk refuses writes
+
 # Who hears about every logged change (status view, routable set, expected worker hosts).
 LISTENERS = (
     "router",
@@ -55,6 +58,12 @@ LISTENERS = (
 
 
 class Orchestrator(PearlActor):
+    """Client events (asked through the ElasticScheduler) are answered with their record's
+    sequence number, or with the error that kept them out of the log. Reports from inside
+    pearld (told: step results, worker ups and downs, telemetry) are facts with no one to
+    answer: one the disk refused waits in a backlog, in order, and is handled again before
+    anything else once the log takes writes; until then client events are refused."""
+
     name = "orchestrator"
     handles = {
         ev.GpusAdded: "on_event",
@@ -64,13 +73,13 @@ class Orchestrator(PearlActor):
         ev.TrainingBegin: "on_event",
         ev.TrainingFinished: "on_event",
         ev.WeightsPublished: "on_event",
-        ev.Telemetry: "on_event",
-        cmd.StepResult: "on_event",
-        cmd.WorkerDown: "on_event",
-        cmd.WorkerUp: "on_event",
-        cmd.WorkerLost: "on_event",
-        cmd.RolloutProgress: "on_event",
-        cmd.Tick: "on_event",
+        ev.Telemetry: "on_report",
+        cmd.StepResult: "on_report",
+        cmd.WorkerDown: "on_report",
+        cmd.WorkerUp: "on_report",
+        cmd.WorkerLost: "on_report",
+        cmd.RolloutProgress: "on_report",
+        cmd.Tick: "on_tick",
         StatusRequest: "status",
         Boot: "boot",
     }
@@ -95,18 +104,92 @@ class Orchestrator(PearlActor):
         self._since_snapshot = 0
         self.proceeded = 0  # last training step told it may proceed
         self.recoveries = 0  # controller invariant violations recovered from the log in place
+        self.backlog: deque[Any] = deque()  # reports the disk refused, oldest first
+        self._disk_error = ""  # why the log refused its last write ("": it takes writes)
 
-    def boot(self, _: Any = None) -> None:
+    def boot(self, msg: Boot | None = None) -> None:
         """Log and send what recovery decided. Not in on_start: peers must be able to answer,
-        and they find the orchestrator by name only once it is registered."""
+        and they find the orchestrator by name only once it is registered. A full disk keeps
+        it pending: the next event or tick tries again, and client events wait behind it."""
         if self._pending is None:
             return
-        out, self._pending = self._pending, None
-        if not self._commit(out):
+        try:
+            committed = self._commit(self._pending)
+        except LogError as e:
+            self._refused(e)
+            if msg is None:
+                raise  # called for an event: its sender hears why
+            return
+        self._pending = None
+        if not committed:
             self._broadcast()  # listeners need the recovered view even when nothing was logged
 
     def on_event(self, event: Any) -> Ack:
-        self.boot()
+        if not self._drain():
+            waiting = len(self.backlog) + (self._pending is not None)
+            raise LogWriteFailed(
+                f"not logged: {waiting} earlier record(s) from inside pearld wait for the disk "
+                f"first ({self._disk_error}); retry once it takes writes"
+            )
+        try:
+            first = self._handle(event)
+        except LogError as e:
+            self._refused(e)
+            raise
+        return Ack(first if first else self.log.last_seq)
+
+    def on_report(self, report: Any) -> None:
+        """A report from inside pearld: handled now, or kept (in order) until the disk takes it."""
+        self.backlog.append(report)
+        if len(self.backlog) > MAX_BACKLOG:
+            lost = self.backlog.popleft()
+            log.error("report backlog full (%d): dropped %r", MAX_BACKLOG, lost)
+        self._drain()
+
+    def on_tick(self, tick: cmd.Tick) -> None:
+        """The clock: timeouts and deadlines. A tick the disk refuses is not kept (the next
+        one comes within a tick interval); first it retries what waits."""
+        if self._drain():
+            try:
+                self._handle(tick)
+            except LogError as e:
+                self._refused(e)
+
+    def _drain(self) -> bool:
+        """Log what recovery decided, then the waiting reports, in order; False while the disk
+        refuses them."""
+        try:
+            self.boot()
+        except LogError:
+            return False
+        while self.backlog:
+            report = self.backlog[0]
+            try:
+                self._handle(report)
+            except LogError as e:
+                self._refused(e)
+                return False
+            except InvalidEvent as e:  # overtaken while it waited (e.g. its worker is gone)
+                log.warning("dropped a stale %s: %s", type(report).__name__, e)
+            self.backlog.popleft()
+        if self._disk_error:
+            log.warning("the event log takes writes again at seq %d", self.log.last_seq)
+            self._disk_error = ""
+        return True
+
+    def _refused(self, e: LogError) -> None:
+        """The disk refused a write; nothing of it was applied. Reopen a log whose disk state
+        is unknown (a no-op when the cut back succeeded) so the next write can try."""
+        if not self._disk_error:
+            log.error("the event log refused a write: %s", e)
+        self._disk_error = str(e)
+        try:
+            self.log.reopen()
+        except LogError as again:
+            log.debug("reopen: %s", again)
+
+    def _handle(self, event: Any) -> int:
+        """One event through the controller, then committed; the first record's seq (0: none)."""
         received = time.monotonic()
         try:
             out = self.controller.handle(self.state, event, time.monotonic(), time.time())
@@ -131,8 +214,7 @@ class Orchestrator(PearlActor):
             out.state = dataclasses.replace(
                 out.state, quarantine=before.quarantine, strikes=before.strikes
             )
-        first = self._commit(out, received)
-        return Ack(first if first else self.log.last_seq)
+        return self._commit(out, received)
 
     def _commit(self, out: Output, received: float | None = None) -> int:
         """Log, then apply, then send. Returns the first record's sequence number (0: none)."""
@@ -162,8 +244,11 @@ class Orchestrator(PearlActor):
                 self.metrics.committed(out.records, view, received, append_s)
             self._since_snapshot += len(out.records)
             if self._since_snapshot >= self.snapshot_every:
-                self.log.write_snapshot(self.state.table)
-                self._since_snapshot = 0
+                try:
+                    self.log.write_snapshot(self.state.table)
+                    self._since_snapshot = 0
+                except (OSError, LogError) as e:  # the records are durable: only replay is longer
+                    log.warning("snapshot at seq %d failed: %s", self.state.table.seq, e)
         return seqs[0] if seqs else 0
 
     def _broadcast(self) -> ClusterView:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from actors.base import Directory, start
-from actors.orchestrator import Orchestrator
+from actors.orchestrator import Boot, Orchestrator
 from pearl import config
 from pearl.core import commands as cmd
 from pearl.core import events as ev
@@ -58,3 +58,51 @@ def test_an_invariant_violation_is_logged_and_recovered_in_place(
         assert ref.ref.is_alive()
     finally:
         ref.ref.stop()
+
+
+def telemetry(step: int) -> ev.Telemetry:
+    return ev.Telemetry(
+        step=step, batch=1, S=1.0, delta_L=1.0, r=1.0, theta=0.0, A=0.0, b=0.0,
+        t_prefill=0.0, T_env=0.0, makespan_s=1.0,
+    )  # fmt: skip
+
+
+def test_a_full_disk_refuses_events_keeps_reports_and_heals_with_no_restart(tmp_path) -> None:
+    """While the disk is full: client events are refused with the reason, reports from inside
+    pearld wait in order, status answers, the actor lives. Once space returns, the reports are
+    logged first and client events are taken again."""
+    from pearl.core.errors import LogWriteFailed
+    from pearl.log import FileLog, failpoints
+    from transports.protocol import StatusRequest
+
+    c = CFG.cluster
+    path = tmp_path / "log"
+    log = FileLog(path)
+    log.append([ev.ClusterInit(c.tp, c.training_gpus, c.reserved_gpus, c.preemptible_gpus)])
+    ctl = Controller(Policy(CFG.decision))
+    recovered = ctl.recover(replay(r for _, r in log.read()), prior_profile(CFG), 0.0)
+    ref = start(Directory(), Orchestrator, Directory(), log, ctl, recovered)
+    try:
+        ref.ask(Boot(), timeout_s=5)
+        before = log.last_seq
+        failpoints.disk(space=7)  # part of a frame fits, then ENOSPC
+        ref.tell(telemetry(1))
+        ref.tell(cmd.Tick())  # a tick is not kept, and does not jump the queue
+        ref.tell(telemetry(2))
+        with pytest.raises(
+            LogWriteFailed, match=r"2 earlier record\(s\) .* wait for the disk first"
+        ):
+            ref.ask(ev.GpusAdded((20, 21)), timeout_s=5)
+        assert ref.ask(StatusRequest(), timeout_s=5)["seq"] == before
+        assert ref.ref.is_alive() and log.last_seq == before
+        failpoints.disk()
+        ack = ref.ask(ev.GpusAdded((20, 21)), timeout_s=5)
+        assert ack.seq == before + 3
+        assert not ref.ref.proxy().backlog.get()
+    finally:
+        failpoints.disk()
+        ref.ref.stop()
+        log.close()
+    with FileLog(path, readonly=True) as after:
+        kinds = [(type(r).__name__, getattr(r, "step", None)) for _, r in after.read(before + 1)]
+    assert kinds[:3] == [("Telemetry", 1), ("Telemetry", 2), ("GpusAdded", None)]
