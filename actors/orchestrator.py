@@ -158,6 +158,11 @@ class Orchestrator(PearlActor):
     def _drain(self) -> bool:
         """Log what recovery decided, then the waiting reports, in order; False while the disk
         refuses them."""
+        if self._disk_error:
+            try:
+                self.log.reopen()  # a log whose disk state was unknown: cut, then try again
+            except LogError as e:
+                log.debug("reopen: %s", e)
         try:
             self.boot()
         except LogError:
@@ -178,15 +183,11 @@ class Orchestrator(PearlActor):
         return True
 
     def _refused(self, e: LogError) -> None:
-        """The disk refused a write; nothing of it was applied. Reopen a log whose disk state
-        is unknown (a no-op when the cut back succeeded) so the next write can try."""
+        """The disk refused a write; nothing of it was applied. The next try reopens the log
+        first (a no-op when the cut back succeeded)."""
         if not self._disk_error:
             log.error("the event log refused a write: %s", e)
         self._disk_error = str(e)
-        try:
-            self.log.reopen()
-        except LogError as again:
-            log.debug("reopen: %s", again)
 
     def _handle(self, event: Any) -> int:
         """One event through the controller, then committed; the first record's seq (0: none)."""
