@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -12,6 +13,8 @@ from pearl.core.errors import InvariantViolation, LogCorrupted, LogError
 from pearl.core.events import Record
 from pearl.core.fold import fold_into
 from pearl.core.state import ClusterState
+
+log = logging.getLogger(__name__)
 
 Visitor = Callable[[int, Record], None]
 
@@ -71,15 +74,15 @@ class EventLog(ABC):
         """The table as of ``until`` (default: the last record): snapshot + folded tail.
 
         ``visit(seq, record)`` is called for every tail record folded after the snapshot, in
-        order (the controller refits its profile from the telemetry among them).
+        order (the controller refits its profile from the telemetry among them). A snapshot that
+        does not load is skipped with a warning for the next older one, or the whole log.
         """
         last = self.last_seq
         if until is None:
             until = last
         elif not 0 <= until <= last:
             raise LogError(f"cannot replay to seq {until}: the log holds seq 1..{last}")
-        snap = max((s for s in self.snapshots() if s <= until), default=0)
-        state, extra = self.read_snapshot(snap) if snap else (ClusterState(), None)
+        snap, state, extra = self._newest_readable([s for s in self.snapshots() if s <= until])
         builder = state.thaw()
         try:
             fold_into(builder, self.read(snap + 1, until), visit)
@@ -91,6 +94,20 @@ class EventLog(ABC):
         if builder.seq != until:
             raise LogCorrupted(f"replay stopped at seq {builder.seq}, expected {until}")
         return Loaded(builder.freeze(), extra, snap)
+
+    def _newest_readable(self, seqs: list[int]) -> tuple[int, ClusterState, dict[str, Any] | None]:
+        """(seq, state, extra) of the newest of the snapshots at ``seqs`` that loads; a damaged
+        one is skipped with a warning naming it, and (0, empty table, None) when none loads: the
+        log holds every record, a snapshot only shortens replay."""
+        for i in range(len(seqs) - 1, -1, -1):
+            try:
+                state, extra = self.read_snapshot(seqs[i])
+            except LogError as e:  # LogCorrupted too: damaged, unreadable, gone
+                instead = f"the snapshot at seq {seqs[i - 1]}" if i else "the start of the log"
+                log.warning("%s; replaying from %s instead", e, instead)
+                continue
+            return seqs[i], state, extra
+        return 0, ClusterState(), None
 
     def _check_snapshot(self, state: ClusterState) -> None:
         last = self.last_seq

@@ -170,10 +170,7 @@ def decode(data: bytes, where: str) -> tuple[ClusterState, dict[str, Any] | None
     magic, crc, length = _HEAD.unpack_from(data)
     body = data[_HEAD.size :]
     if magic != MAGIC or length != len(body) or crc32c(body) != crc:
-        raise LogCorrupted(
-            f"{where}: snapshot damaged (bad magic, length or CRC at offset 0); move it aside to "
-            "replay from the previous snapshot or the start of the log"
-        )
+        raise LogCorrupted(f"{where}: snapshot damaged (bad magic, length or CRC at offset 0)")
     try:
         m = msgpack.unpackb(body, raw=False, strict_map_key=False)
         if not isinstance(m, dict) or m.get("format") != FORMAT:

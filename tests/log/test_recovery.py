@@ -227,17 +227,41 @@ def test_stray_snapshot_temp_file_is_removed_by_a_writer(tmp_path: Path) -> None
     assert not stray.exists()
 
 
-def test_damaged_or_misplaced_snapshots_refuse(tmp_path: Path) -> None:
+def test_a_damaged_snapshot_falls_back_to_an_older_one_then_to_the_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "log"
+    write_log(path, RECORDS[:30])
+    with FileLog(path) as log:
+        for seq in (10, 20, 25):
+            log.write_snapshot(replay(RECORDS[:seq]))
+    snap = {seq: path / f"snapshot-{seq:016d}.snap" for seq in (10, 20, 25)}
+    whole = replay(RECORDS[:30])
+    damages = {
+        25: lambda b: b[:-1] + bytes([b[-1] ^ 1]),  # a flipped bit
+        20: lambda b: b[:7],  # shorter than its header
+        10: lambda b: b"",  # empty
+    }
+    expected = {25: 20, 20: 10, 10: 0}  # where replay starts once each is damaged, newest first
+    for seq, damage in damages.items():
+        snap[seq].write_bytes(damage(snap[seq].read_bytes()))
+        caplog.clear()
+        with FileLog(path) as log:
+            loaded = log.load()
+        assert loaded.state == whole and loaded.snapshot_seq == expected[seq]
+        instead = f"seq {expected[seq]}" if expected[seq] else "the start of the log"
+        warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert warned[-1].startswith(f"{snap[seq]}: ") and warned[-1].endswith(f"{instead} instead")
+    with FileLog(path, readonly=True) as log:  # until: only snapshots at or before it count
+        assert log.load(22).state == replay(RECORDS[:22])
+
+
+def test_a_snapshot_ahead_of_the_log_refuses(tmp_path: Path) -> None:
     path = tmp_path / "log"
     write_log(path, RECORDS[:10])
     with FileLog(path) as log:
         log.write_snapshot(replay(RECORDS[:8]))
     snap = path / "snapshot-0000000000000008.snap"
-    good = snap.read_bytes()
-    snap.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
-    with FileLog(path) as log, pytest.raises(LogCorrupted, match=str(snap)):
-        log.load()
-    snap.write_bytes(good)
     os.rename(snap, path / "snapshot-0000000000000011.snap")
     with pytest.raises(LogCorrupted, match="ahead of the log"):
         FileLog(path)
