@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +31,7 @@ from actors.base import Directory, PearlActor
 from actors.messages import StateChanged
 from pearl.config import Config, NodeConfig, format_gpus, parse_gpus
 from pearl.core import events as ev
-from pearl.core.errors import ConfigError
+from pearl.core.errors import ConfigError, InvalidEvent
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +184,8 @@ def node_events(
         if n.drain_deadline is None and (before is None or not up(before.get(nid)))
         for g in held(cfg, n)
     }
-    added = sorted(joined & set(cfg.cluster.preemptible_gpus) - present)
+    # A node that died and came back within one look: reclaimed above, and added again here.
+    added = sorted(joined & set(cfg.cluster.preemptible_gpus) - (present - gone))
     if added:
         out.append(ev.GpusAdded(tuple(added)))
     return out
@@ -222,8 +224,11 @@ class RayNodeWatcher(PearlActor):
         super().__init__()
         self.directory, self.cfg, self.read, self.clock = directory, cfg, read, clock
         self.before: Mapping[str, RayNode] | None = None
+        # Granted (present or regranted) and leaving GPUs as the table has them, with what was
+        # delivered since the view; the outbox holds what was not delivered yet, in order.
         self.present: set[int] = set()
         self.leaving: set[int] = set()
+        self.outbox: deque[Any] = deque()
         self.seq = -1  # of the view the sets come from
         if initial is not None:
             self.state_changed(initial)
@@ -251,30 +256,58 @@ class RayNodeWatcher(PearlActor):
 
     def state_changed(self, msg: StateChanged) -> None:
         t = msg.view.table
-        self.present = set(t.present_gpus)
+        self.present = set(t.present_gpus) | set(t.regranted_gpus)
         self.leaving = {g for g, _ in t.leaving_gpus}
         self.seq = msg.seq
 
     def seen(self, msg: NodesSeen) -> None:
-        records = node_events(
-            self.cfg, self.before, msg.nodes, self.present, self.leaving, self.clock()
+        """One look: what changed since the last is queued behind what is still undelivered
+        (judged against the table as those will leave it), then the queue is delivered."""
+        present, leaving = set(self.present), set(self.leaving)
+        for record in self.outbox:
+            _apply(record, present, leaving)
+        self.outbox.extend(
+            node_events(self.cfg, self.before, msg.nodes, present, leaving, self.clock())
         )
         self.before = msg.nodes
-        for record in records:
+        self._deliver()
+
+    def _deliver(self) -> None:
+        """Send the outbox in order. The world's events are facts: one that could not be
+        delivered (pearld busy, its disk full) stays, with all after it, for the next look;
+        only one the table refuses as not fitting (already so) is dropped."""
+        while self.outbox:
+            record = self.outbox[0]
             try:
                 ack = self.directory.get("scheduler").ask(record, 30.0)
-            except Exception as e:  # refused (already present, ...): the log is unchanged
+            except InvalidEvent as e:  # the table already says so: nothing to deliver
                 log.warning("node event %s refused: %s", type(record).__name__, e)
+                self.outbox.popleft()
                 continue
+            except Exception as e:
+                log.warning(
+                    "node event %s not delivered (%s); %d event(s) wait for the next look",
+                    type(record).__name__,
+                    e,
+                    len(self.outbox),
+                )
+                return
+            self.outbox.popleft()
             gpus = format_gpus(record.gpus)
             log.info("Ray nodes changed: %s %s logged at seq %s", record.KIND, gpus, ack.seq)
             # Applied at once: the next look must not send it again before the view arrives.
-            if isinstance(record, ev.GpusAdded):
-                self.present |= set(record.gpus)
-            elif isinstance(record, ev.GpusReclaimed):
-                self.present -= set(record.gpus)
-            else:
-                self.leaving |= set(record.gpus)
+            _apply(record, self.present, self.leaving)
+
+
+def _apply(record: Any, present: set[int], leaving: set[int]) -> None:
+    """What a delivered node event does to the granted and leaving GPUs."""
+    if isinstance(record, ev.GpusAdded):
+        present |= set(record.gpus)
+    elif isinstance(record, ev.GpusReclaimed):
+        present -= set(record.gpus)
+        leaving -= set(record.gpus)
+    else:
+        leaving |= set(record.gpus)
 
 
 __all__ = [

@@ -138,6 +138,8 @@ class ClusterState:
     preemptible_gpus: frozenset[int] = frozenset()
     present_gpus: frozenset[int] = frozenset()  # preemptible GPUs available now
     reclaiming_gpus: frozenset[int] = frozenset()  # reclaimed, still bound to a departing worker
+    # Reclaiming GPUs granted again before their old worker left: present once it is gone.
+    regranted_gpus: frozenset[int] = frozenset()
     workers: Mapping[int, Worker] = field(default_factory=lambda: MappingProxyType({}))
     # Present GPUs under a preemption notice -> its deadline (Unix seconds): usable until then,
     # their workers take no new turns.
@@ -216,6 +218,7 @@ class ClusterState:
                 "reserved": sorted(self.reserved_gpus),
                 "present": sorted(self.present_gpus),
                 "reclaiming": sorted(self.reclaiming_gpus),
+                "regranted": sorted(self.regranted_gpus),
                 "leaving": leaving_json(self.leaving_gpus),
             },
             "phase": self.phase.value,
@@ -240,6 +243,7 @@ class TableBuilder:
         self.preemptible_gpus = s.preemptible_gpus
         self.present_gpus = set(s.present_gpus)
         self.reclaiming_gpus = set(s.reclaiming_gpus)
+        self.regranted_gpus = set(s.regranted_gpus)
         self.leaving_gpus: dict[int, float] = dict(s.leaving_gpus)
         self.workers: dict[int, Worker] = dict(s.workers)
         self.phase = s.phase
@@ -267,6 +271,7 @@ class TableBuilder:
             preemptible_gpus=self.preemptible_gpus,
             present_gpus=frozenset(self.present_gpus),
             reclaiming_gpus=frozenset(self.reclaiming_gpus),
+            regranted_gpus=frozenset(self.regranted_gpus),
             workers=MappingProxyType(dict(self.workers)),
             leaving_gpus=MappingProxyType(dict(self.leaving_gpus)),
             phase=self.phase,
@@ -321,6 +326,9 @@ class TableBuilder:
             )
 
     def add_gpus(self, gpus: Iterable[int]) -> None:
+        """Preemptible GPUs are granted. One whose old worker is still leaving it (a reclaim
+        and a re-grant faster than a worker stops) is a fact too: it is noted as regranted
+        and becomes present when that worker is gone."""
         gpus = list(gpus)
         self._need_init()
         if not gpus:
@@ -331,17 +339,15 @@ class TableBuilder:
                     f"GPU {g} is not a preemptible GPU of this cluster "
                     f"(preemptible ids: {_span(self.preemptible_gpus)})"
                 )
-            if g in self.reclaiming_gpus:
-                raise InvalidEvent(
-                    f"GPU {g} is still being reclaimed: worker {self._rollout_owner.get(g, '?')} "
-                    "is still leaving it; add it again once that worker is gone ("
-                    "`pearl status --json` lists it under gpus.reclaiming until then)"
-                )
-            if g in self.present_gpus:
+            if g in self.present_gpus or g in self.regranted_gpus:
                 raise InvalidEvent(f"GPU {g} is already present")
         if len(set(gpus)) != len(gpus):
             raise InvalidEvent(f"gpus-added names a GPU twice: {gpus}")
-        self.present_gpus.update(gpus)
+        for g in gpus:
+            if g in self.reclaiming_gpus:
+                self.regranted_gpus.add(g)
+            else:
+                self.present_gpus.add(g)
 
     def reclaim_gpus(self, gpus: Iterable[int]) -> None:
         """Preemptible GPUs are gone: unbound ones leave now, bound ones wait for their worker."""
@@ -352,13 +358,16 @@ class TableBuilder:
         for g in gpus:
             if g in self.reserved_gpus or g in self.training_gpus:
                 raise InvalidEvent(f"GPU {g} is reserved, not preemptible; it cannot be reclaimed")
-            if g not in self.present_gpus:
+            if g not in self.present_gpus and g not in self.regranted_gpus:
                 raise InvalidEvent(f"GPU {g} is not present, so it cannot be reclaimed")
         if len(set(gpus)) != len(gpus):
             raise InvalidEvent(f"gpus-reclaimed names a GPU twice: {gpus}")
         for g in gpus:
-            self.present_gpus.discard(g)
             self.leaving_gpus.pop(g, None)  # a notice ends when its reclaim arrives
+            if g in self.regranted_gpus:  # gone again before its old worker left it
+                self.regranted_gpus.discard(g)
+                continue
+            self.present_gpus.discard(g)
             owner = self._rollout_owner.get(g)
             if owner is None:
                 continue
@@ -387,7 +396,7 @@ class TableBuilder:
                     f"GPU {g} already has a reclaim notice (deadline {self.leaving_gpus[g]:.3f}); "
                     "send gpus-reclaim-cancelled for it first to give a new deadline"
                 )
-            if g not in self.present_gpus:
+            if g not in self.present_gpus and g not in self.regranted_gpus:
                 present = _span(self.present_gpus) if self.present_gpus else "none"
                 raise InvalidNotice(
                     f"GPU {g} is not present, so no reclaim notice can name it (present "
@@ -495,7 +504,11 @@ class TableBuilder:
         self._overlap.discard(wid)
         for g in w.gpus:
             del self._rollout_owner[g]
-            self.reclaiming_gpus.discard(g)  # returned
+            if g in self.reclaiming_gpus:
+                self.reclaiming_gpus.discard(g)  # returned
+                if g in self.regranted_gpus:  # and granted again meanwhile: usable now
+                    self.regranted_gpus.discard(g)
+                    self.present_gpus.add(g)
 
     def set_role(self, wid: int, role: Role) -> None:
         w = self._worker(wid)
@@ -701,7 +714,9 @@ def validate(s: ClusterState) -> None:
         raise InvariantViolation("a reclaimed GPU is pending return but bound to no worker")
     if s.present_gpus & s.reclaiming_gpus or not s.present_gpus <= s.preemptible_gpus:
         raise InvariantViolation("present GPUs must be preemptible and not reclaimed")
-    if not set(s.leaving_gpus) <= s.present_gpus:
+    if not s.regranted_gpus <= s.reclaiming_gpus:
+        raise InvariantViolation("a regranted GPU must still be bound to its departing worker")
+    if not set(s.leaving_gpus) <= s.present_gpus | s.regranted_gpus:
         raise InvariantViolation("GPUs under a reclaim notice must be present")
     for g in s.leaving_gpus:
         owner = rollout_owner.get(g)

@@ -81,6 +81,7 @@ _FIELDS: dict[str, tuple[_Enc, _Dec]] = {
     "preemptible_gpus": _GPUS,
     "present_gpus": _GPUS,
     "reclaiming_gpus": _GPUS,
+    "regranted_gpus": _GPUS,
     "workers": (lambda ws: [to_plain(ws[i]) for i in sorted(ws)], _workers),
     "phase": (lambda p: p.value, _phase),
     "training_step": _INT,
@@ -91,7 +92,7 @@ _FIELDS: dict[str, tuple[_Enc, _Dec]] = {
     "leaving_gpus": (lambda m: [[g, m[g]] for g in sorted(m)], lambda v, n: _leaving(v, n)),
 }
 # Fields a snapshot written before they existed lacks: their defaults are right for it.
-_OPTIONAL = frozenset({"leaving_gpus"})
+_OPTIONAL = frozenset({"leaving_gpus", "regranted_gpus"})
 
 
 def _leaving(v: Any, name: str) -> Any:

@@ -161,3 +161,75 @@ def test_pearld_imports_ray_only_for_the_ray_launcher() -> None:
     modules = "pearl.daemon, actors.api, actors.supervisor, actors.launcher, actors.ray_nodes"
     code = f"import sys, {modules}, actors.worker_host; sys.exit('ray' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, timeout=60).returncode == 0
+
+
+def test_a_node_that_restarts_within_one_look_is_reclaimed_then_added() -> None:
+    c = cfg()
+    before = {"1": A, "2": B}
+    restarted = {"1": A, "9": node("9", 2, "2-3")}  # B died; it came back under a new id
+    assert node_events(c, before, restarted, present={0, 1, 2, 3}, leaving=set(), wall=1.0) == [
+        ev.GpusReclaimed((2, 3)),
+        ev.GpusAdded((2, 3)),
+    ]
+
+
+class Scheduler:
+    """The ElasticScheduler as the watcher sees it: refuses what does not fit, and is
+    unreachable for the first ``down`` asks."""
+
+    name = "scheduler"
+
+    def __init__(self, down: int = 0, refuse: tuple[object, ...] = ()) -> None:
+        self.down, self.refuse, self.got = down, refuse, []  # type: list[object]
+
+    def tell(self, msg: object) -> None:
+        raise AssertionError("node events are asked, so a refusal is heard")
+
+    def ask(self, msg: object, timeout_s: float = 10.0) -> object:
+        from actors.base import ActorUnavailable
+        from pearl.core.errors import InvalidEvent
+        from transports.protocol import Ack
+
+        if self.down:
+            self.down -= 1
+            raise ActorUnavailable("actor orchestrator did not answer within 30s")
+        if msg in self.refuse:
+            raise InvalidEvent("GPU 2 is already present")
+        self.got.append(msg)
+        return Ack(len(self.got))
+
+
+def watcher(s: Scheduler, present: set[int]):  # type: ignore[no-untyped-def]
+    from actors.base import Directory
+    from actors.ray_nodes import RayNodeWatcher
+
+    d = Directory()
+    d.register(s)  # type: ignore[arg-type]
+    w = RayNodeWatcher(d, cfg(), read=dict, clock=lambda: 100.0)  # never started: no poller
+    w.before, w.present = {"1": A, "2": B}, set(present)
+    return w
+
+
+def test_the_watcher_keeps_what_it_could_not_deliver_and_sends_it_in_order() -> None:
+    from actors.ray_nodes import NodesSeen
+
+    s = Scheduler(down=1)
+    w = watcher(s, {0, 1, 2, 3})
+    restarted = {"1": A, "9": node("9", 2, "2-3")}
+    w.seen(NodesSeen(restarted))  # pearld does not answer: nothing is lost
+    assert s.got == [] and list(w.outbox) == [ev.GpusReclaimed((2, 3)), ev.GpusAdded((2, 3))]
+    joined = {**restarted, "3": C}
+    w.seen(NodesSeen(joined))  # the next look: the old events first, then the new one
+    assert s.got == [ev.GpusReclaimed((2, 3)), ev.GpusAdded((2, 3)), ev.GpusAdded((4, 5, 6, 7))]
+    assert not w.outbox and w.present == {0, 1, 2, 3, 4, 5, 6, 7}
+    w.seen(NodesSeen(joined))
+    assert len(s.got) == 3  # delivered once
+
+
+def test_the_watcher_drops_only_what_the_table_refuses_as_not_fitting() -> None:
+    from actors.ray_nodes import NodesSeen
+
+    s = Scheduler(refuse=(ev.GpusAdded((4, 5, 6, 7)),))
+    w = watcher(s, {0, 1, 2, 3})
+    w.seen(NodesSeen({"1": A, "2": B, "3": C}))
+    assert s.got == [] and not w.outbox  # already so in the table: nothing to retry

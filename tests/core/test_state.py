@@ -145,7 +145,6 @@ def test_reclaimed_gpus_stop_routing_and_return_with_their_worker() -> None:
     s = apply(s, ev.GpusReclaimed((6, 7)))
     assert s.workers[1].activity is T and s.reclaiming_gpus == {6} and s.present_gpus == set()
     rejects(s, ev.ActivityChanged(1, A), r"GPUs \[6\] were reclaimed")
-    rejects(s, ev.GpusAdded((6,)), "GPU 6 is still being reclaimed: worker 1", InvalidEvent)
     rejects(s, ev.WorkerAdded(3, (7,), Role.DECODE, Zone.DEDICATED), "not available")
     s = apply(s, ev.WorkerRemoved(1))
     assert 1 not in s.workers and s.reclaiming_gpus == set()
@@ -153,6 +152,31 @@ def test_reclaimed_gpus_stop_routing_and_return_with_their_worker() -> None:
     s = apply(s, ev.GpusAdded((6,)))  # the reclaim has finished: it may come back
     assert s.present_gpus == {6}
     rejects(s, ev.GpusAdded((6,)), "GPU 6 is already present", InvalidEvent)
+
+
+def test_a_gpu_granted_again_while_its_old_worker_leaves_is_a_fact() -> None:
+    """Reclaimed and re-granted faster than a worker stops: the grant is logged, the GPU waits
+    (regranted, no new worker on it) and is present the moment its old worker is gone."""
+    s = apply(table(ev.GpusAdded((6, 7)), *dedicated(1, 6)), ev.GpusReclaimed((6, 7)))
+    s = apply(s, ev.GpusAdded((6, 7)))  # 7 was free: present now; 6 waits for worker 1
+    assert (s.present_gpus, s.reclaiming_gpus, s.regranted_gpus) == ({7}, {6}, {6})
+    validate(s)
+    rejects(s, ev.GpusAdded((6,)), "GPU 6 is already present", InvalidEvent)
+    rejects(s, ev.WorkerAdded(3, (6,), Role.DECODE, Zone.DEDICATED), "not available")
+    rejects(s, ev.ActivityChanged(1, A), r"GPUs \[6\] were reclaimed")
+    left = apply(s, ev.WorkerRemoved(1))
+    assert (left.present_gpus, left.reclaiming_gpus, left.regranted_gpus) == ({6, 7}, set(), set())
+    validate(left)
+    # Reclaimed again before worker 1 left: the second grant is over, the first reclaim goes on.
+    again = apply(s, ev.GpusReclaimed((6,)))
+    assert (again.reclaiming_gpus, again.regranted_gpus) == ({6}, set())
+    assert apply(again, ev.WorkerRemoved(1)).present_gpus == {7}
+    # A notice for it is a fact as well: it comes in leaving, and no worker starts on it.
+    noticed = apply(s, ev.GpusReclaiming((6,), 1e12))
+    validate(noticed)
+    gone = apply(noticed, ev.WorkerRemoved(1))
+    assert 6 in gone.present_gpus and 6 in gone.leaving_gpus
+    validate(gone)
 
 
 def test_active_workers_must_drain_before_removal_or_role_change() -> None:
