@@ -285,7 +285,8 @@ class RemoteRuntime(_Base):
 
             with tempfile.TemporaryDirectory(prefix="pearl-upload-") as tmp:
                 data = WeightStore(tmp).publish(version, weights).read_bytes()
-        reply = self.client.request(WeightsUpload(version), 60.0, frames=(data,))
+        # One retry: the request's 60 s are shared by its attempts, each sending every byte.
+        reply = self.client.request(WeightsUpload(version), 60.0, frames=(data,), retries=1)
         return str(reply.value)
 
     def stop(self) -> None:
@@ -304,7 +305,8 @@ def connect(
     """A client of the pearld at ``endpoint`` with the :class:`Runtime` methods.
 
     ``keys_dir``: the directory pearld was started with (``daemon.keys_dir``) when it uses CURVE.
-    When nobody answers, the error says whether authentication failed or nothing listens there.
+    ``timeout_s`` bounds each request, its retries included: when nobody answers, the error comes
+    within it and says whether authentication failed or nothing listens there.
     """
     rt = RemoteRuntime(endpoint, keys_dir, timeout_s)
     rt.status()  # fail now, clearly, when nobody answers

@@ -33,6 +33,9 @@ _VERDICTS = {
 }
 
 
+PROBE_S = 1.0  # the longest a diagnosis waits for a handshake
+
+
 def probe(
     address: str,
     keys: ClientKeys | None,
@@ -45,7 +48,8 @@ def probe(
     ``OK``, ``NEEDS_KEYS``, ``NO_CURVE``, ``DENIED``, ``BAD_SERVER_KEY``, ``UNREACHABLE``.
 
     For diagnosing a request that got no reply: it sends nothing, and takes at most
-    ``timeout_s`` (the whole of it only when nothing answers at all).
+    ``timeout_s`` (the whole of it only when nothing answers at all: a refused connection is
+    ``UNREACHABLE`` at once).
     """
     from zmq.utils.monitor import recv_monitor_message
 
@@ -59,6 +63,7 @@ def probe(
         | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
         | zmq.EVENT_HANDSHAKE_FAILED_AUTH
         | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+        | zmq.EVENT_CONNECT_RETRIED
     )
     verdict = UNREACHABLE
     try:
@@ -66,6 +71,8 @@ def probe(
         deadline = time.monotonic() + timeout_s
         while (left := deadline - time.monotonic()) > 0 and mon.poll(int(left * 1000) + 1):
             event = recv_monitor_message(mon)["event"]
+            if event == zmq.EVENT_CONNECT_RETRIED:
+                break  # refused (no listener, no socket file): unreachable, known at once
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 verdict = OK
             elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
@@ -121,20 +128,46 @@ def diagnose(
 
 class DiagnosingClient(Client):
     """A :class:`~transports.rpc.Client` whose final timeout says why: its
-    :class:`~transports.rpc.RequestTimeout` carries :func:`diagnose`'s sentence and advice."""
+    :class:`~transports.rpc.RequestTimeout` carries :func:`diagnose`'s sentence and advice.
+
+    The client of a person or a trainer: ``timeout_s`` bounds the whole request, retries and
+    diagnosis included (``whole_timeout``); the diagnosis takes a fifth of it, 1 s at most."""
 
     def __init__(
-        self, address: str, *, keys_dir: str = "", option: str = "--keys-dir", **kw: Any
+        self,
+        address: str,
+        *,
+        keys_dir: str = "",
+        option: str = "--keys-dir",
+        whole_timeout: bool = True,
+        **kw: Any,
     ) -> None:
-        super().__init__(address, **kw)
+        super().__init__(address, whole_timeout=whole_timeout, **kw)
         self.keys_dir, self.option = keys_dir, option
 
-    def request_envelope(self, msg: Any, *args: Any, **kw: Any) -> Any:
+    def request_envelope(
+        self, msg: Any, timeout_s: float | None = None, *args: Any, **kw: Any
+    ) -> Any:
+        total = self.timeout_s if timeout_s is None else timeout_s
+        probe_s = min(PROBE_S, total / 5) if self.whole_timeout else PROBE_S
         try:
-            return super().request_envelope(msg, *args, **kw)
+            return super().request_envelope(
+                msg, total - probe_s if self.whole_timeout else total, *args, **kw
+            )
         except RequestTimeout as e:
-            what = str(e).partition(";")[0]  # "no reply from X to 'status' after N attempt(s)"
-            why = diagnose(self.address, self.keys, self.keys_dir, option=self.option, ctx=self.ctx)
+            what = (
+                f"no reply from {self.address} to {msg.KIND!r} within {total:g}s"
+                if self.whole_timeout
+                else str(e).partition(";")[0]  # "no reply from X to 'status' after N attempt(s)"
+            )
+            why = diagnose(
+                self.address,
+                self.keys,
+                self.keys_dir,
+                option=self.option,
+                timeout_s=probe_s,
+                ctx=self.ctx,
+            )
             raise RequestTimeout(f"{what}: {why}") from None
 
 

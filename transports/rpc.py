@@ -14,7 +14,10 @@ Bad input never stops a server: whatever the codec rejects gets an ``error`` rep
 
 Clients retry the *same* request id after a timeout, on a new socket (Lazy Pirate); the server
 remembers recent replies by ``(sender, id)`` and answers a retry from that cache, so a handler
-never runs twice for one request while it is remembered.
+never runs twice for one request while it is remembered. A client's ``timeout_s`` bounds each
+attempt, or with ``whole_timeout`` the whole request, its retries shared out within it: what an
+interactive client promises its user (a dead server is reported within the timeout, not after
+``1 + retries`` of them).
 
 Thread safety: ZeroMQ sockets are not thread-safe. A server's socket is touched only by its
 thread. A client serialises callers with an internal lock (one request in flight at a time);
@@ -282,6 +285,10 @@ class Server:
             self._cache.popitem(last=False)
 
 
+def _left(end: float) -> float:
+    return max(0.0, end - time.monotonic())
+
+
 class Client:
     """A DEALER that sends one request at a time and waits for its reply (Lazy Pirate)."""
 
@@ -297,8 +304,10 @@ class Client:
         retries: int = REQUEST_RETRIES,
         backoff_s: float = 0.05,
         max_backoff_s: float = 2.0,
+        whole_timeout: bool = False,
     ) -> None:
         self.address = address
+        self.whole_timeout = whole_timeout  # timeout_s bounds the request, not each attempt
         self.ctx = ctx or zmq.Context.instance()
         self.keys = keys
         self.codec = Codec(limits)
@@ -358,34 +367,44 @@ class Client:
                 raise PearlError(f"client of {self.address} is closed")
             rid = next(self._ids)
             out = self.codec.encode(msg, id=rid, sender=self.name, frames=frames)
+            end = time.monotonic() + timeout if self.whole_timeout else None
             backoff = self.backoff_s
             for attempt in range(tries):
                 if attempt:
-                    time.sleep(backoff)  # the server may be restarting: give it room
+                    # The server may be restarting: give it room.
+                    time.sleep(backoff if end is None else min(backoff, _left(end)))
                     backoff = min(backoff * 2, self.max_backoff_s)
                     self._reconnect()
+                # Whole: this attempt's share of what is left (a retry the server has answered
+                # already is answered again from its reply cache: a short share costs nothing).
+                wait = timeout if end is None else _left(end) / (tries - attempt)
                 sock = self._sock
                 try:
                     sock.send_multipart(out, zmq.NOBLOCK, copy=False)
                 except zmq.Again:
-                    time.sleep(timeout)  # nowhere to queue it: counts as a lost attempt
+                    time.sleep(wait)  # nowhere to queue it: counts as a lost attempt
                     continue
-                reply = self._await(sock, rid, time.monotonic() + timeout)
+                reply = self._await(sock, rid, time.monotonic() + wait)
                 if reply is not None:
                     return reply
                 log.info(
                     "no reply from %s to %r within %.2fs (attempt %d/%d)",
                     self.address,
                     msg.KIND,
-                    timeout,
+                    wait,
                     attempt + 1,
                     tries,
                 )
             # The request may still sit in the old socket's queue; never deliver it later.
             self._reconnect()
+            took = (
+                f"within {timeout:g}s ({tries} attempt{'s' if tries > 1 else ''})"
+                if end is not None
+                else f"after {tries} attempt(s) of {timeout:g}s"
+            )
             raise RequestTimeout(
-                f"no reply from {self.address} to {msg.KIND!r} after {tries} attempt(s) of "
-                f"{timeout:g}s; is the server running and is the address right?"
+                f"no reply from {self.address} to {msg.KIND!r} {took}; is the server running "
+                "and is the address right?"
             )
 
     def _await(self, sock: zmq.Socket[Any], rid: int, deadline: float) -> Envelope | None:

@@ -30,6 +30,7 @@ EVENTS = (
     "training-finished",
 )
 RETURN_WAIT_S = 60.0  # training-begin: how long to wait for borrowed workers, by default
+REQUEST_S = 1.5  # a request's whole wait, retries included: pearld answers in milliseconds
 
 
 def connection_options(p: argparse.ArgumentParser, top: bool = False) -> None:
@@ -53,7 +54,12 @@ def connection_options(p: argparse.ArgumentParser, top: bool = False) -> None:
 
 def _common(p: argparse.ArgumentParser) -> None:
     connection_options(p)
-    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for pearld")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=REQUEST_S,
+        help="seconds to wait for pearld's answer, retries included (default %(default)s)",
+    )
 
 
 def _training_begin(p: argparse.ArgumentParser) -> None:

@@ -1,12 +1,14 @@
-"""The remote CLI's key handling, without a daemon."""
+"""The remote CLI without a daemon: its key handling, and how fast it says nobody answers."""
 
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 import pytest
 
+from pearl.cli import main
 from pearl.cli.remote import _reachable, client
 from pearl.core.errors import PearlError
 
@@ -22,3 +24,15 @@ def test_a_bad_keys_dir_names_the_option(tmp_path: Path) -> None:
     args = argparse.Namespace(endpoint="tcp://127.0.0.1:1", keys_dir=str(tmp_path), timeout=0.1)
     with pytest.raises(PearlError, match=r"check --keys-dir: .*client\.key_secret"):
         client(args)
+
+
+def test_status_with_no_daemon_fails_in_one_line_within_two_seconds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    t0 = time.monotonic()
+    assert main(["status", "--endpoint", f"ipc://{tmp_path}/api.sock"]) == 1
+    took = time.monotonic() - t0
+    err = capsys.readouterr().err
+    assert took < 2.0, took  # 11.5 s before: two attempts of 5 s, then a diagnosis
+    assert err.count("\n") == 1 and err.startswith("pearl status: no reply from ipc://"), err
+    assert "is unreachable" in err and "within 1.5s" in err

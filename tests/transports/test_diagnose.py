@@ -3,6 +3,7 @@ listens; and what to check (``--keys-dir``)."""
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,9 +56,15 @@ def test_probe_names_each_way_a_handshake_ends(ctx: Ctx, keydir: Path, servers: 
         t0 = time.monotonic()
         assert dg.probe(address, keys, ctx=ctx) == verdict, (address, verdict)
         assert time.monotonic() - t0 < 0.5  # a handshake answers at once
-    t0 = time.monotonic()
-    assert dg.probe("tcp://127.0.0.1:1", good, timeout_s=0.3, ctx=ctx) == dg.UNREACHABLE
-    assert 0.25 < time.monotonic() - t0 < 1.0  # bounded by its timeout
+    t0 = time.monotonic()  # refused: said at once, not after the timeout
+    assert dg.probe("tcp://127.0.0.1:1", good, timeout_s=30, ctx=ctx) == dg.UNREACHABLE
+    assert dg.probe(f"ipc://{keydir}/none.sock", None, timeout_s=30, ctx=ctx) == dg.UNREACHABLE
+    assert time.monotonic() - t0 < 5.0
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # TCP accepted, never a ZMTP greeting
+        t0 = time.monotonic()
+        address = f"tcp://127.0.0.1:{silent.getsockname()[1]}"
+        assert dg.probe(address, good, timeout_s=0.3, ctx=ctx) == dg.UNREACHABLE
+        assert 0.25 < time.monotonic() - t0 < 5.0  # bounded by its timeout
     assert dg.probe("tcp://no such host", None, ctx=ctx) == dg.UNREACHABLE
 
 
@@ -91,3 +98,15 @@ def test_diagnosing_client_says_authentication_failed_and_what_to_check(
         pytest.raises(RequestTimeout, match="unreachable.*check the endpoint"),
     ):
         c.request(Ping(nonce=3))
+
+
+def test_diagnosing_client_answers_within_its_timeout_retries_and_diagnosis_included(
+    ctx: Ctx, tmp_path: Path
+) -> None:
+    for address in ("tcp://127.0.0.1:1", f"ipc://{tmp_path}/none.sock"):
+        with dg.DiagnosingClient(address, ctx=ctx, timeout_s=1.0, retries=3) as c:
+            t0 = time.monotonic()
+            with pytest.raises(RequestTimeout, match=r"within 1s: .* is unreachable") as e:
+                c.request(Ping(nonce=1))
+            assert time.monotonic() - t0 < 2.0  # 4 attempts of 1 s each before
+            assert "\n" not in str(e.value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
@@ -255,6 +256,48 @@ def test_timeout_then_reconnect_when_the_server_comes_up(
             for s in holder:
                 s.close()
         assert c.reconnects >= 3
+
+
+def test_a_whole_timeout_bounds_the_request_with_its_retries(
+    ctx: Ctx, ipc: Callable[[], str]
+) -> None:
+    with Client(ipc(), ctx=ctx, timeout_s=1.0, retries=3, whole_timeout=True) as c:
+        t0 = time.monotonic()
+        with pytest.raises(RequestTimeout, match=r"within 1s \(4 attempts\)"):
+            c.request(Ping(nonce=1))
+        assert time.monotonic() - t0 < 2.5  # per attempt, the same client took 4 s and more
+        assert c.reconnects >= 4  # every attempt was made, on its share of the second
+
+
+def test_a_whole_timeout_retry_is_answered_from_the_reply_cache(
+    ctx: Ctx, ipc: Callable[[], str], caplog: pytest.LogCaptureFixture
+) -> None:
+    gave_up = threading.Event()  # the client's first attempt has timed out
+    calls: list[int] = []
+
+    class Told(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "attempt 1/" in record.getMessage():
+                gave_up.set()
+
+    def slow(env: Envelope) -> Pong:  # answers only once the first attempt gave up on it
+        calls.append(env.msg.nonce)
+        assert gave_up.wait(10.0)
+        return Pong(env.msg.nonce)
+
+    told = Told()
+    logging.getLogger("transports.rpc").addHandler(told)
+    caplog.set_level(logging.INFO, "transports.rpc")
+    address = ipc()
+    try:
+        with (
+            Server(address, dispatch({Ping: slow}), ctx=ctx),
+            Client(address, ctx=ctx, timeout_s=8.0, retries=3, whole_timeout=True) as c,
+        ):
+            assert c.request(Ping(nonce=7)) == Pong(nonce=7)
+            assert calls == [7] and c.reconnects >= 1  # retried, and the handler ran once
+    finally:
+        logging.getLogger("transports.rpc").removeHandler(told)
 
 
 def test_server_restart_mid_session(ctx: Ctx, ipc: Callable[[], str], api: Api) -> None:
