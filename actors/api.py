@@ -107,6 +107,37 @@ def bind_failed(endpoint: str, address: str, e: zmq.ZMQError) -> BindFailed:
     )
 
 
+class ApiSockets:
+    """The API's ROUTER and PUB sockets, bound and not yet served: pearld binds them before it
+    writes anything, so that an address it cannot listen on fails the start with the state
+    directory untouched. Requests wait in ZeroMQ's queue until an :class:`ApiEndpoint` serves."""
+
+    def __init__(self, endpoint: str, keys: ServerKeys | None, board: Liveboard) -> None:
+        pub = pub_address(endpoint)
+        self.publisher: Publisher | None = None
+        try:
+            self.publisher = Publisher(pub, keys=keys)
+            pub = ""  # from here on, a failure is the API endpoint's
+            self.server = Server(
+                endpoint,
+                None,
+                keys=keys,
+                name="pearld",
+                liveness=board.ear,  # any message from a host is a heartbeat
+            )
+        except BaseException as e:
+            if self.publisher is not None:
+                self.publisher.close()
+            if isinstance(e, zmq.ZMQError):
+                raise bind_failed(endpoint, pub or endpoint, e) from None
+            raise
+
+    def close(self) -> None:
+        self.server.close()
+        if self.publisher is not None:
+            self.publisher.close()
+
+
 class ApiEndpoint(PearlActor):
     name = "api"
     handles = {StateChanged: "state_changed", HostsChanged: "hosts_changed"}
@@ -121,6 +152,7 @@ class ApiEndpoint(PearlActor):
         batches: Callable[[float], Any] | None = None,
         weights: Callable[[int, bytes], str] | None = None,
         observer: Observer | None = None,  # told every message answered (pearld's metrics)
+        bound: ApiSockets | None = None,  # bound by pearld before it started (None: bind here)
     ) -> None:
         super().__init__()
         self.batches, self.weights = batches, weights
@@ -134,17 +166,15 @@ class ApiEndpoint(PearlActor):
         self._view_seq = threading.Condition()
         self.server: Server | None = None
         self.publisher: Publisher | None = None
-        # Bound here, on the starting thread, not in on_start: a failed bind is raised to the
-        # daemon as a BindFailed it can report in one line, instead of killing the actor.
-        self._bind()
+        # Bound here (unless pearld bound first), on the starting thread, not in on_start: a
+        # failed bind is raised to the daemon as a BindFailed it can report in one line.
+        self._serve(bound or ApiSockets(endpoint, keys, board))
 
-    def _bind(self) -> None:
-        pub = pub_address(self.endpoint)
+    def _serve(self, bound: ApiSockets) -> None:
+        self.publisher, self.server = bound.publisher, bound.server
         try:
-            self.publisher = Publisher(pub, keys=self.keys)
-            pub = ""  # from here on, a failure is the API endpoint's
-            self.server = Server(
-                self.endpoint,
+            self.server.observer = self.observer
+            self.server.serve(
                 dispatch(
                     {
                         Ping: lambda env: Pong(env.msg.nonce),
@@ -157,20 +187,15 @@ class ApiEndpoint(PearlActor):
                         WeightsUpload: self._upload,
                         Call: serve_directory(self.directory),
                     }
-                ),
-                keys=self.keys,
-                name="pearld",
-                liveness=self.board.ear,  # any message from a host is a heartbeat
-                observer=self.observer,
+                )
             )
-        except BaseException as e:
-            if self.publisher is not None:
-                self.publisher.close()
-            if isinstance(e, zmq.ZMQError):
-                raise bind_failed(self.endpoint, pub or self.endpoint, e) from None
+        except BaseException:
+            bound.close()
             raise
         log.info(
-            "pearld listening on %s (changes on %s)", self.server.address, self.publisher.address
+            "pearld listening on %s (changes on %s)",
+            self.server.address,
+            self.publisher.address if self.publisher else "",
         )
 
     @property
@@ -238,4 +263,11 @@ class ApiEndpoint(PearlActor):
             self.publisher.close()
 
 
-__all__ = ["ApiEndpoint", "BindFailed", "bind_failed", "check_endpoint", "pub_address"]
+__all__ = [
+    "ApiEndpoint",
+    "ApiSockets",
+    "BindFailed",
+    "bind_failed",
+    "check_endpoint",
+    "pub_address",
+]

@@ -2,12 +2,14 @@
 
 ``pearld --config FILE [--state-dir DIR] [--set section.key=value ...] [--endpoint ADDR]``
 
-Start-up: open (or create) the event log in the state directory (a second pearld on the same
-directory is refused), replay it (latest snapshot + tail) and refit the workload profile from the
-logged telemetry, let the controller recover (resend the commands of started steps, cancel an
-expansion that never committed, complete a shrink or a GPU return), then start the actors in
-dependency order, confirming each is alive; the API binds last. Worker hosts that survived a
-restart re-register and are adopted; unknown ones are stopped.
+Start-up: bind the API's sockets (an address pearld cannot listen on fails the start before
+anything is written; requests wait until the API serves), open (or create) the event log in the
+state directory (a second pearld on the same directory is refused), replay it (latest snapshot +
+tail) and refit the workload profile from the logged telemetry, let the controller recover
+(resend the commands of started steps, cancel an expansion that never committed, complete a
+shrink or a GPU return), then start the actors in dependency order, confirming each is alive; the
+API serves last but one. Worker hosts that survived a restart re-register and are adopted;
+unknown ones are stopped.
 
 Signals: SIGTERM/SIGINT stop the actors in reverse order and the worker hosts with them;
 SIGUSR1 dumps every thread's traceback to stderr. Logs are one structured line per event.
@@ -70,6 +72,24 @@ def init_records(cfg: config_mod.Config) -> list[Any]:
     return out
 
 
+def cluster_diff(logged: Any, configured: ev.ClusterInit) -> str:
+    """Where a log's ``cluster-init`` and the config's differ, in config keys:
+    ``cluster.tp=2, this config has cluster.tp=4``."""
+    if not isinstance(logged, ev.ClusterInit):
+        kind = getattr(logged, "KIND", type(logged).__name__)
+        return f"a {kind} record first, not a cluster-init (is it a PEARL state directory?)"
+
+    def value(init: ev.ClusterInit, field: str) -> str:
+        v = getattr(init, field)
+        return str(v) if field == "tp" else config_mod.format_gpus(v)
+
+    fields = ("tp", "training_gpus", "reserved_gpus", "preemptible_gpus")
+    differ = [f for f in fields if getattr(logged, f) != getattr(configured, f)]
+    was = ", ".join(f"cluster.{f}={value(logged, f)}" for f in differ)
+    now = ", ".join(f"cluster.{f}={value(configured, f)}" for f in differ)
+    return f"{was}; this config has {now}"
+
+
 def lock_holder(log_dir: Path) -> str:
     """The pid written in a log directory's lock file, or "unknown"."""
     try:
@@ -96,8 +116,9 @@ def open_log(cfg: config_mod.Config, state_dir: Path) -> FileLog:
             expected = init_records(cfg)[0]
             if first != expected:
                 raise ConfigError(
-                    f"{state_dir} holds the log of another cluster ({first}); the config describes "
-                    f"{expected}. Use another --state-dir or the config the log was created with"
+                    f"{state_dir} holds the log of another cluster: it was created with "
+                    f"{cluster_diff(first, expected)}. Use another --state-dir, or the config the "
+                    "log was created with"
                 )
     except BaseException:
         event_log.close()
@@ -156,6 +177,7 @@ class Daemon:
         self.keys: Any = None
         self._ticker: threading.Thread | None = None
         self.event_log: FileLog | None = None
+        self._api_sockets: Any = None  # actors.api.ApiSockets, bound until the API actor serves
         self.directory: Any = None
         self.launcher: Any = None
         self._ray: Any = None  # a RayLauncher joined at start, until the launcher part takes it
@@ -214,7 +236,9 @@ class Daemon:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
         # pearld's parts in start order; stop() takes down the ones that started, in reverse.
+        # The API binds first: nothing durable is written before pearld can serve.
         parts: list[tuple[str, Callable[[], None], Callable[[bool], None]]] = [
+            ("api", self._bind_api, self._unbind_api),
             ("log", self._open_log, self._close_log),
             ("launcher", self._make_launcher, self._reap_workers),
             ("metrics", self._start_metrics, self._stop_metrics),
@@ -231,6 +255,17 @@ class Daemon:
             self.state_dir,
             self.boot_id,
         )
+
+    def _bind_api(self) -> None:
+        from actors.api import ApiSockets
+
+        self._api_sockets = ApiSockets(self.endpoint, self.keys, self.board)
+        self.address = self._api_sockets.server.address  # worker hosts dial the bound address
+
+    def _unbind_api(self, failed: bool) -> None:
+        if self._api_sockets is not None:  # never handed to the API actor (it closes its own)
+            self._api_sockets.close()
+            self._api_sockets = None
 
     def _open_log(self) -> None:
         self.event_log = open_log(self.cfg, self.state_dir)
@@ -347,6 +382,7 @@ class Daemon:
 
         def api() -> Any:
             take = self.pipeline.take if self.pipeline is not None else None
+            bound, self._api_sockets = self._api_sockets, None  # at start; a restart binds anew
             ref = base.start(
                 d,
                 ApiEndpoint,
@@ -358,8 +394,9 @@ class Daemon:
                 take,
                 self.store_weights,
                 self.metrics.api_request if self.metrics is not None else None,
+                bound,
             )
-            self.address = ref.ref.proxy().address.get()  # worker hosts dial the bound address
+            self.address = ref.ref.proxy().address.get()
             return ref
 
         def orchestrator(controller: Any = None, out: Any = None) -> Any:

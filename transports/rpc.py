@@ -93,6 +93,10 @@ class RequestTimeout(PearlError):
     """No reply after every retry."""
 
 
+def _unserved(env: Envelope) -> Any:
+    raise PearlError(f"{env.kind!r} reached a server with no handler")  # never: serve() sets one
+
+
 def dispatch(table: Mapping[type, Callable[[Envelope], Any]]) -> Handler:
     """A handler calling ``table[type(env.msg)]``; other kinds get an ``unexpected`` error."""
 
@@ -114,12 +118,16 @@ def _socket(ctx: zmq.Context[Any], kind: int, limits: Limits) -> zmq.Socket[Any]
 
 
 class Server:
-    """A ROUTER endpoint answering requests on its own thread until :meth:`close`."""
+    """A ROUTER endpoint answering requests on its own thread until :meth:`close`.
+
+    Made with ``handler`` None, it is bound but not served: requests wait in ZeroMQ's queue until
+    :meth:`serve` (a daemon binds first, so that a taken address fails it before it changes
+    anything, and answers once it can)."""
 
     def __init__(
         self,
         address: str,
-        handler: Handler,
+        handler: Handler | None,
         *,
         ctx: zmq.Context[Any] | None = None,
         keys: ServerKeys | None = None,
@@ -129,7 +137,7 @@ class Server:
         observer: Observer | None = None,
     ) -> None:
         check_bind(address, keys)
-        self.handler = handler
+        self.handler: Handler = handler or _unserved
         self.name = name
         self.liveness = liveness
         self.observer = observer
@@ -159,6 +167,14 @@ class Server:
         self.address: str = self._sock.get_string(zmq.LAST_ENDPOINT)
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"rpc-{name}", daemon=True)
+        if handler is not None:
+            self._thread.start()
+
+    def serve(self, handler: Handler) -> None:
+        """Start answering, with ``handler``, a server made without one."""
+        if self._thread.is_alive() or self._closed:
+            raise PearlError(f"rpc server {self.name} is already serving or closed")
+        self.handler = handler
         self._thread.start()
 
     def close(self, timeout_s: float = 5.0) -> None:
@@ -166,10 +182,11 @@ class Server:
         if self._closed:
             return
         self._closed = True
-        self._wake_tx.send(b"", zmq.NOBLOCK)
-        self._thread.join(timeout_s)
-        if self._thread.is_alive():
-            raise PearlError(f"rpc server {self.name} did not stop within {timeout_s}s")
+        if self._thread.ident is not None:  # started
+            self._wake_tx.send(b"", zmq.NOBLOCK)
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                raise PearlError(f"rpc server {self.name} did not stop within {timeout_s}s")
         self._close_sockets()
 
     def _close_sockets(self) -> None:

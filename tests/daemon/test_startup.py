@@ -66,8 +66,26 @@ def test_a_taken_port_exits_fast_and_frees_the_lock(pearld_factory: Any, taken_p
     line = the_problem(err)
     assert f"tcp://127.0.0.1:{taken_port}" in line and "already in use" in line, line
     assert "--endpoint" in line, line  # the fix
+    assert not (d.state / "log").exists()  # bound before anything was written
+    d.sets = [*d.sets, "cluster.tp=4"]  # so the state directory is bound to no config yet
     d.start()  # the lock is free: a pearld on the same state directory comes up
-    assert d.settled()["seq"] > 0
+    assert d.settled()["seq"] > 0 and d.status()["tp"] == 4
+
+
+def test_a_log_of_another_cluster_is_refused_in_config_keys(tmp_path: Path) -> None:
+    from pearl.daemon import open_log
+
+    state = tmp_path / "state"
+    open_log(config_mod.load(CONFIG, SMALL), state).close()
+    other = config_mod.load(CONFIG, [*SMALL, "cluster.tp=4", "cluster.reserved_gpus=4-7,16-19"])
+    with pytest.raises(PearlError) as e:
+        open_log(other, state)
+    assert str(e.value) == (
+        f"{state} holds the log of another cluster: it was created with cluster.tp=2, "
+        "cluster.reserved_gpus=4-7; this config has cluster.tp=4, cluster.reserved_gpus=4-7,16-19. "
+        "Use another --state-dir, or the config the log was created with"
+    )
+    FileLog(state / "log").close()  # refused, and the lock is free
 
 
 @pytest.mark.parametrize(

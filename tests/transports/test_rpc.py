@@ -13,7 +13,7 @@ import msgpack
 import pytest
 import zmq
 
-from pearl.core.errors import InvalidEvent
+from pearl.core.errors import InvalidEvent, PearlError
 from pearl.core.events import GpusAdded, TrainingBegin
 from tests.transports.test_codec import BAD, OVERSIZE, SMALL, _envelope
 from transports.codec import Codec, Envelope
@@ -298,6 +298,27 @@ def test_a_whole_timeout_retry_is_answered_from_the_reply_cache(
             assert calls == [7] and c.reconnects >= 1  # retried, and the handler ran once
     finally:
         logging.getLogger("transports.rpc").removeHandler(told)
+
+
+def test_a_bound_server_answers_what_waited_once_it_serves(
+    ctx: Ctx, ipc: Callable[[], str], api: Api
+) -> None:
+    address = ipc()
+    Server(address, None, ctx=ctx).close()  # bound, never served: closes at once
+    server = Server(address, None, ctx=ctx)
+    raw = ctx.socket(zmq.DEALER)
+    raw.linger = 0
+    try:
+        raw.connect(address)
+        raw.send_multipart(Codec().encode(Ping(nonce=5), id=1, sender="early"))
+        assert not raw.poll(100)  # bound, queued, not answered yet
+        server.serve(api.handler())
+        assert recv_reply(raw).msg == Pong(nonce=5)
+        with pytest.raises(PearlError, match="already serving"):
+            server.serve(api.handler())
+    finally:
+        raw.close()
+        server.close()
 
 
 def test_server_restart_mid_session(ctx: Ctx, ipc: Callable[[], str], api: Api) -> None:
