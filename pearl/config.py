@@ -145,6 +145,8 @@ class DaemonConfig:
     pd: str = "adaptive"  # adaptive | colocated | disaggregated
     # Prometheus metrics over HTTP ("127.0.0.1:9440"; port 0: any free port); "" turns them off.
     metrics: str = ""
+    # Serve metrics on a non-loopback address (no authentication on that port): an explicit yes.
+    metrics_public: bool = False
     launcher: str = "local"  # local: processes here | ray: Ray actors on the GPUs' nodes
     # local: fork worker hosts from one process that imported the engine once (actors.forkserver;
     # a torch host then starts without its ~6 CPU-s of imports); false: one cold subprocess each.
@@ -297,9 +299,10 @@ class Config:
         _one_of("daemon.borrow", self.daemon.borrow, ("gated", "always", "never"))
         _one_of("daemon.pd", self.daemon.pd, ("adaptive", "colocated", "disaggregated"))
         if self.daemon.metrics:
-            from pearl.metrics import parse_address
+            from pearl.metrics_http import check_exposure, parse_address
 
             parse_address(self.daemon.metrics)
+            check_exposure(self.daemon.metrics, self.daemon.metrics_public)
         _one_of("daemon.launcher", self.daemon.launcher, ("local", "ray"))
         self._check_nodes()
         if self.ray.poll_s <= 0:

@@ -6,10 +6,12 @@ and the new :class:`~pearl.core.view.ClusterView`) and renders, at scrape time, 
 latest view plus counters and histograms it kept from the records. :class:`HostMetrics` is fed by
 a worker host's WorkerActor (the engine telemetry it reports, its role, its engine). A
 :class:`MetricsServer` serves either as ``GET /metrics`` (text exposition format) over HTTP:
-pearld's on ``[daemon] metrics = "HOST:PORT"``, each worker host's on a free loopback port when
-pearld's is on. Every other path is 404 and no other method is served. Nothing they expose is a
-control, a key path or a task's content. :func:`write_targets` keeps ``targets.json`` in pearld's
-state directory: where Prometheus finds all of them (``file_sd_configs``).
+pearld's on ``[daemon] metrics = "HOST:PORT"`` (loopback unless ``daemon.metrics_public``: the
+port has no authentication), each worker host's on a free loopback port when pearld's is on. Every
+other path is 404 and no other method is served. Nothing they expose is a control, a key path or a
+task's content; the server is a bounded surface (:mod:`pearl.metrics_http`). :func:`write_targets`
+keeps ``targets.json`` in pearld's state directory: where Prometheus finds all of them
+(``file_sd_configs``).
 
 Names follow Prometheus conventions: a ``pearl_`` prefix, base units (seconds), ``_total``
 counters. The list is in the README (Observability).
@@ -18,17 +20,14 @@ counters. The list is in the README (Observability).
 from __future__ import annotations
 
 import bisect
-import http.server
 import itertools
 import json
 import os
-import socket
-import socketserver
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import (
@@ -38,13 +37,18 @@ from prometheus_client.core import (
     InfoMetricFamily,
     Metric,
 )
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from pearl.core import events as ev
-from pearl.core.errors import ConfigError
 from pearl.core.makespan import T_coloc
 from pearl.core.state import Activity, Mode, Role, Target
 from pearl.core.view import ClusterView
+from pearl.metrics_http import (
+    MAX_CONNECTIONS,
+    READ_TIMEOUT_S,
+    MetricsServer,
+    check_exposure,
+    parse_address,
+)
 from transports.rpc import MALFORMED
 
 if TYPE_CHECKING:
@@ -56,18 +60,6 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 PLAN_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 ITERATION_BUCKETS = LATENCY_BUCKETS[1:]  # 1 ms .. 10 s
 TARGETS = "targets.json"  # in pearld's state directory
-
-
-def parse_address(value: str, where: str = "daemon.metrics") -> tuple[str, int]:
-    """``HOST:PORT`` (port 0: any free port) -> (host, port); a clear error otherwise."""
-    host, sep, port = value.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(
-            f"{where} = {value!r}: expected HOST:PORT (e.g. 127.0.0.1:9440; port 0 picks a free "
-            'one), or "" to turn the metrics endpoint off'
-        )
-    return host, int(port)
 
 
 class Metrics:
@@ -527,75 +519,15 @@ def _scrapable(address: str) -> str:
     return f"{loopback}:{port}" if loopback else address
 
 
-class Exposition(Protocol):
-    def exposition(self) -> bytes: ...
-
-
-class MetricsServer:
-    """``GET /metrics`` of ``metrics`` over HTTP on a daemon thread; 404 for any other path.
-    ``where`` names the setting of ``address`` in errors."""
-
-    def __init__(self, metrics: Exposition, address: str, where: str = "daemon.metrics") -> None:
-        host, port = parse_address(address, where)
-        handler = _handler(metrics)
-        server = _Server6 if ":" in host else _Server
-        try:
-            self._server = server((host, port), handler)
-        except OSError as e:
-            raise ConfigError(f"{where} = {address!r}: cannot listen there: {e}") from None
-        bound = self._server.server_address[1]
-        self.address = f"[{host}]:{bound}" if ":" in host else f"{host}:{bound}"
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="metrics-http", daemon=True
-        )
-        self._thread.start()
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(5.0)
-
-
-class _Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
-    def server_bind(self) -> None:
-        # HTTPServer.server_bind asks DNS for the host's full name: slow or hanging on a machine
-        # without a resolver, and only used for a CGI variable.
-        socketserver.TCPServer.server_bind(self)
-        host, port = self.server_address[:2]
-        self.server_name, self.server_port = str(host), int(port)
-
-
-class _Server6(_Server):
-    address_family = socket.AF_INET6
-
-
-def _handler(metrics: Exposition) -> type[http.server.BaseHTTPRequestHandler]:
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-            if self.path.split("?", 1)[0] != "/metrics":
-                self.send_error(404, "only /metrics is served here")
-                return
-            body = metrics.exposition()
-            self.send_response(200)
-            self.send_header("Content-Type", CONTENT_TYPE_LATEST)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-            pass  # scrapes every few seconds would drown pearld's log
-
-    return Handler
-
-
 __all__ = [
     "ELASTIC",
     "TARGETS",
     "HostMetrics",
+    "MAX_CONNECTIONS",
+    "READ_TIMEOUT_S",
     "Metrics",
     "MetricsServer",
+    "check_exposure",
     "kv_used_ratio",
     "parse_address",
     "render_targets",
