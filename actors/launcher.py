@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from actors import worker_files
 from actors.messages import WorkerHello
 from pearl.config import EngineConfig
 from pearl.core.errors import PearlError
@@ -237,6 +238,8 @@ class LocalProcessLauncher:
         self._forked: dict[int, str | None] = {}
         self._adopted: set[int] = set()  # hosts of an earlier pearld that registered with us
         self._forks: ForkServer | None = None
+        if log_dir is not None:  # what earlier runs left: old logs, pid files of dead hosts
+            worker_files.prune(log_dir)
         if preload:
             try:
                 server_log = log_dir / "forkserver.log" if log_dir is not None else None
@@ -259,7 +262,10 @@ class LocalProcessLauncher:
         try:
             if self.log_dir is not None:
                 self.log_dir.mkdir(parents=True, exist_ok=True)
-                path = self.log_dir / f"worker-{spec.worker}-{spec.incarnation}.log"
+                # Room for this one among the slot's last few (a host that dies before it
+                # prunes its slot itself still leaves a bounded folder).
+                worker_files.prune(self.log_dir, spec.worker, worker_files.KEEP - 1)
+                path = worker_files.log_path(self.log_dir, spec.worker, spec.incarnation)
             if self._forks is not None:
                 try:
                     name = f"pearl-w{spec.worker}.{spec.incarnation}"

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from actors import worker_files
 from actors.base import Directory, LocalRef, serve_directory
 from actors.heart import HostHeart, host_name
 from actors.messages import WorkerHello
@@ -196,20 +197,23 @@ def main(argv: list[str] | None = None) -> int:
         handle=a.handle,
     )
 
-    pid_file = (
-        Path(a.state_dir) / "workers" / f"worker-{a.worker}-{a.incarnation}.pid"
-        if a.state_dir
-        else None
-    )
-    if pid_file is not None:  # lets operators (and tests) find and stop hosts by pid
+    folder = Path(a.state_dir) / "workers" if a.state_dir else None
+    pid_file = bound = None
+    if folder is not None:  # operators (and tests) find and stop hosts by pid
+        pid_file = worker_files.pid_path(folder, a.worker, a.incarnation)
+        bound = worker_files.LogBound(worker_files.log_path(folder, a.worker, a.incarnation))
         pid_file.parent.mkdir(parents=True, exist_ok=True)
         pid_file.write_text(f"{os.getpid()}\n")
+        # Earlier incarnations of this slot: their logs beyond the last few, dead pid files.
+        worker_files.prune(folder, a.worker)
     # An import holds the interpreter (torch's shared libraries load under the GIL for about a
     # second): have the engine's imports done before pearld starts counting this host's beats.
     importlib.import_module(ENGINE_MODULES.get(engine_cfg.kind, "pearl.engines.base"))
     telemetry = threading.Event()  # a report is queued: do not pile more behind a busy actor
 
     def on_beat() -> None:
+        if bound is not None:
+            bound.check()  # the log stays within worker_files.LOG_BYTES
         if not telemetry.is_set():
             telemetry.set()
             actor.tell(ReportTelemetry(telemetry))
