@@ -16,32 +16,52 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pearl.core.bounds import MAX_GPU_ID, MAX_GPUS, gpu_ids_problem
 from pearl.core.errors import ConfigError
 
 GpuList = tuple[int, ...]
 
 
 def parse_gpus(value: Any, where: str = "gpus") -> GpuList:
-    """``[0, 1, 2]``, ``"0-3"``, ``"0-3,8"`` or ``""`` -> a sorted tuple of distinct ids."""
+    """``[0, 1, 2]``, ``"0-3"``, ``"0-3,8"`` or ``""`` -> a sorted tuple of distinct ids.
+
+    Ids are 0..MAX_GPU_ID, at most MAX_GPUS of them (:mod:`pearl.core.bounds`); a range is checked
+    before it is expanded, so a typo such as ``24-2000000000`` is one line, not the machine's
+    memory."""
     if isinstance(value, int) and not isinstance(value, bool):
         value = [value]
     if isinstance(value, str):
-        out: list[int] = []
+        spans: list[tuple[int, int]] = []
+        count = 0
         for part in filter(None, (p.strip() for p in value.split(","))):
             lo, sep, hi = part.partition("-")
+            shown = part if len(part) <= 40 else part[:37] + "..."
             try:
                 a = int(lo)
                 b = int(hi) if sep else a
             except ValueError:
-                raise ConfigError(f"{where}: {part!r} is not a GPU id or range like 0-15") from None
+                raise ConfigError(
+                    f"{where}: {shown!r} is not a GPU id or range like 0-15"
+                ) from None
             if b < a:
-                raise ConfigError(f"{where}: range {part!r} runs backwards")
-            out.extend(range(a, b + 1))
-        value = out
+                raise ConfigError(f"{where}: range {shown!r} runs backwards")
+            if a < 0 or b > MAX_GPU_ID:
+                raise ConfigError(f"{where}: {shown!r} is out of range: GPU ids are 0-{MAX_GPU_ID}")
+            count += b - a + 1
+            if count > MAX_GPUS:
+                raise ConfigError(
+                    f"{where}: more than {MAX_GPUS} GPU ids (at {shown!r}); at most {MAX_GPUS} "
+                    "in one list"
+                )
+            spans.append((a, b))
+        value = [g for a, b in spans for g in range(a, b + 1)]
     if not isinstance(value, list | tuple) or not all(
-        isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in value
+        isinstance(g, int) and not isinstance(g, bool) for g in value
     ):
         raise ConfigError(f"{where}: expected GPU ids (a list of ints >= 0 or a range string)")
+    why = gpu_ids_problem(value)
+    if why is not None:
+        raise ConfigError(f"{where}: {why}")
     if len(set(value)) != len(value):
         raise ConfigError(f"{where}: a GPU id appears twice")
     return tuple(sorted(value))
