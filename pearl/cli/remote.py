@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Any
 
-from pearl.config import DEFAULT_ENDPOINT, parse_gpus
+from pearl.config import DEFAULT_ENDPOINT, format_gpus, parse_gpus
 from pearl.core import events as ev
 from pearl.core.errors import PearlError
 
@@ -219,11 +219,22 @@ def render(s: dict[str, Any]) -> str:
         f"{b.get('training_gpus', 0)} training GPUs {'lent' if b.get('lent') else 'kept'}; "
         f"tp {s['tp']}",
     ]
+    stranded = b.get("stranded_gpus")
+    if stranded:
+        one = len(stranded) == 1
+        lines.append(
+            f"stranded: GPU{'' if one else 's'} {format_gpus(stranded)} present but unused: "
+            f"too few free GPUs for a TP{s['tp']} worker"
+        )
     d = s.get("decision")
     if d:
-        lines.append(
-            f"decision: {d['target']} predicted {d['predicted_makespan_s']:.1f}s ({d['reason']})"
-        )
+        line = f"decision: {d['target']} predicted {d['predicted_makespan_s']:.1f}s ({d['reason']})"
+        if d.get("current") is False:
+            line = (
+                f"decision (for {d['workers']} workers, before the budget changed to "
+                f"{b.get('workers')}): {d['target']} predicted {d['predicted_makespan_s']:.1f}s"
+            )
+        lines.append(line)
     for t in s.get("transitions", []):
         state = f"aborting ({t['aborting']})" if t.get("aborting") else "in flight"
         lines.append(

@@ -12,6 +12,7 @@ Pure: no I/O, no clock.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from types import MappingProxyType
 from typing import Any
 
@@ -170,6 +171,31 @@ def cluster_view(
     )
 
 
+def stranded_gpus(t: ClusterState, quarantined: Iterable[int] = ()) -> list[int]:
+    """Present GPUs of the dedicated zone that no worker can use: free (no rollout worker holds
+    them, not quarantined, under no notice) and left over once the free ones are grouped by the
+    tensor-parallel degree, as the planner groups them (``plan._groups``: sorted, ``tp`` at a
+    time). TP2 workers on 20-23 and ``gpus-reclaimed 22``: GPU 23."""
+    if t.tp <= 0:
+        return []
+    bound = {g for w in t.rollout_workers() for g in w.gpus}
+    free = sorted(t.dedicated_gpus - bound - set(quarantined) - t.leaving_gpus.keys())
+    return free[len(free) - len(free) % t.tp :]
+
+
+def budget_workers(t: ClusterState) -> int:
+    """Rollout workers in the budget now (the decision's N): those not inactive whose GPUs are
+    neither reclaimed nor under a notice. While a plan runs, its target's N."""
+    if t.plan is not None:
+        return t.plan.target.N
+    going = t.reclaiming_gpus | t.leaving_gpus.keys()
+    return sum(
+        1
+        for w in t.rollout_workers()
+        if w.activity is not Activity.INACTIVE and going.isdisjoint(w.gpus)
+    )
+
+
 def status_json(v: ClusterView) -> dict[str, Any]:
     """The ``pearl status --json`` object (without the API's own endpoint fields)."""
     t = v.table.state()
@@ -179,6 +205,8 @@ def status_json(v: ClusterView) -> dict[str, Any]:
         "dedicated_gpus": len(t.dedicated_gpus),
         "training_gpus": len(t.training_gpus),
         "lent": bool(trainers) and all(w.activity is Activity.INACTIVE for w in trainers),
+        "workers": budget_workers(t),
+        "stranded_gpus": stranded_gpus(t, v.quarantined_gpus),
     }
     p = t.plan
     out["transitions"] = (
@@ -205,6 +233,10 @@ def status_json(v: ClusterView) -> dict[str, Any]:
             "target": str(d.target),
             "predicted_makespan_s": d.predicted_makespan_s,
             "reason": d.reason,
+            "workers": d.target.N,  # the budget it was made for
+            # False: the budget changed since (a return plans no decision) and none was made
+            # for the budget now; the decision shown is the one before.
+            "current": out["budget"]["workers"] == d.target.N,
         }
     )
     out["measured_makespan_s"] = v.measured_makespan_s
@@ -220,4 +252,12 @@ def status_json(v: ClusterView) -> dict[str, Any]:
     return out
 
 
-__all__ = ["ClusterView", "DecisionView", "TableSnapshot", "cluster_view", "status_json"]
+__all__ = [
+    "ClusterView",
+    "DecisionView",
+    "TableSnapshot",
+    "budget_workers",
+    "cluster_view",
+    "status_json",
+    "stranded_gpus",
+]

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from pearl.cli import main
-from pearl.cli.remote import _reachable, client
+from pearl.cli.remote import _reachable, client, render
 from pearl.core.errors import PearlError
 
 
@@ -36,3 +37,23 @@ def test_status_with_no_daemon_fails_in_one_line_within_two_seconds(
     assert took < 2.0, took  # 11.5 s before: two attempts of 5 s, then a diagnosis
     assert err.count("\n") == 1 and err.startswith("pearl status: no reply from ipc://"), err
     assert "is unreachable" in err and "within 1.5s" in err
+
+
+def test_status_names_stranded_gpus_and_a_decision_for_another_budget() -> None:
+    s: dict[str, Any] = {
+        "seq": 23, "mode": "colocated", "N_P": 0, "N_D": 0, "N_C": 3, "phase": "idle",
+        "training_step": 0, "weights_version": 0, "tp": 2, "workers": [],
+        "budget": {"dedicated_gpus": 7, "training_gpus": 16, "lent": False, "workers": 3,
+                   "stranded_gpus": [23]},
+        "decision": {"target": "4C", "predicted_makespan_s": 94.6, "reason": "budget 2 -> 4",
+                     "workers": 4, "current": False},
+    }  # fmt: skip
+    lines = render(s).splitlines()
+    assert lines[2] == "stranded: GPU 23 present but unused: too few free GPUs for a TP2 worker"
+    assert (
+        lines[3] == "decision (for 4 workers, before the budget changed to 3): 4C predicted 94.6s"
+    )
+    s["decision"] = {**s["decision"], "target": "3C", "workers": 3, "current": True}
+    s["budget"] = {**s["budget"], "stranded_gpus": []}
+    lines = render(s).splitlines()
+    assert lines[2] == "decision: 3C predicted 94.6s (budget 2 -> 4)"

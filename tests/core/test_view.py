@@ -120,6 +120,8 @@ def test_status_json_keeps_the_documented_shape() -> None:
         "dedicated_gpus": len(h.table.dedicated_gpus),
         "training_gpus": len(h.table.training_gpus),
         "lent": True,
+        "workers": p.target.N,  # a plan in flight: its target's
+        "stranded_gpus": [],
     }
     assert out["training_may_proceed"] == 3 and out["boot_id"] == "boot"
     assert out["controller_recoveries"] == 1
@@ -132,7 +134,36 @@ def test_status_json_of_an_empty_view() -> None:
     assert list(out) == STATUS_KEYS
     assert out["transitions"] == [] and out["profile"] is None and out["decision"] is None
     assert out["gate"] is None and out["borrow"] == {"current": None, "last": None}
-    assert out["budget"] == {"dedicated_gpus": 0, "training_gpus": 0, "lent": False}
+    assert out["budget"] == {
+        "dedicated_gpus": 0,
+        "training_gpus": 0,
+        "lent": False,
+        "workers": 0,
+        "stranded_gpus": [],
+    }
+
+
+def test_status_names_stranded_gpus_and_the_budget_of_its_decision() -> None:
+    """TP2 workers on 8-11 and ``gpus-reclaimed 10``: GPU 11 is present and no worker can use
+    it; the decision shown says which budget it was made for, and whether that is today's."""
+    h = Harness()
+    h.settle()
+    h.send(ev.GpusAdded((8, 9, 10, 11)))
+    h.settle()
+    out = status_json(cluster_view(h.s))
+    assert out["budget"]["stranded_gpus"] == [] and out["budget"]["workers"] == 4
+    assert out["decision"]["workers"] == 4 and out["decision"]["current"] is True
+    h.send(ev.GpusReclaimed((10,)))
+    h.settle()
+    out = status_json(cluster_view(h.s))
+    assert out["budget"]["stranded_gpus"] == [11] and out["budget"]["workers"] == 3
+    d = out["decision"]
+    # A return plans no decision: until the controller decides for the budget after it, the one
+    # shown is for 4 workers, and says so.
+    assert d["current"] is (d["workers"] == 3)
+    h.send(ev.GpusAdded((10,)))  # back: 10 and 11 form a group again
+    h.settle()
+    assert status_json(cluster_view(h.s))["budget"]["stranded_gpus"] == []
 
 
 def test_status_carries_the_last_measured_makespan() -> None:
