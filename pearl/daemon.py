@@ -74,7 +74,7 @@ def init_records(cfg: config_mod.Config) -> list[Any]:
 
 def cluster_diff(logged: Any, configured: ev.ClusterInit) -> str:
     """Where a log's ``cluster-init`` and the config's differ, in config keys:
-    ``cluster.tp=2, this config has cluster.tp=4``."""
+    ``cluster.tp=2; this config has cluster.tp=4``."""
     if not isinstance(logged, ev.ClusterInit):
         kind = getattr(logged, "KIND", type(logged).__name__)
         return f"a {kind} record first, not a cluster-init (is it a PEARL state directory?)"
