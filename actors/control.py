@@ -20,6 +20,7 @@ from actors.base import Directory, PearlActor
 from actors.messages import EngineTelemetryReport, RolloutStep, StateChanged
 from pearl.core import commands as cmd
 from pearl.core import events as ev
+from pearl.core.bounds import check_event
 from pearl.core.decision import decide
 from pearl.core.errors import PearlError
 from pearl.core.profile import RuntimeTracker as Tracker
@@ -50,6 +51,9 @@ class ElasticScheduler(PearlActor):
 
     def event(self, record: Any) -> Any:
         try:
+            # Events from the API were checked when decoded; those from inside the process (the
+            # embedded Runtime, a weights upload) are checked here, before anything is logged.
+            check_event(record)
             return self.directory.get("orchestrator").ask(record)  # Ack(seq) once durable
         except PearlError as e:  # its caller gets it too; pearld's log says it once, here
             log.warning("%s refused: %s", getattr(record, "KIND", type(record).__name__), e)

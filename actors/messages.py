@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pearl.core.bounds import version_problem
+from pearl.core.errors import SchemaError
 from pearl.core.profile import TrajectoryStats
 from pearl.core.schema import WireStruct
 from pearl.core.state import Role
@@ -153,6 +155,12 @@ class WeightsUpload(WireStruct, tag="weights-upload", frozen=True):
     """Weights ``version`` as one bulk frame (safetensors bytes) for pearld's weight store."""
 
     version: int
+
+    def __post_init__(self) -> None:
+        # Refused when decoded, before the store writes a file no log record could name.
+        why = version_problem(self.version)
+        if why is not None:
+            raise SchemaError(f"weights-upload refused: {why}; nothing was stored or logged")
 
 
 __all__ = [

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pearl.core.bounds import check_event
 from pearl.core.errors import SchemaError
 from pearl.core.events import (
     GpusAdded,
@@ -115,8 +116,9 @@ class Event(WireStruct, tag="event", frozen=True):
     """An elastic event for the ElasticScheduler: one of :data:`ELASTIC_EVENTS`, typed.
 
     On the wire ``record`` is the record's own mapping (kind, version, fields); msgspec decodes it
-    through the tagged union of the elastic kinds, so any other kind or a bad field is a schema
-    error before the scheduler sees it. Build it with :meth:`of`; :attr:`decoded` is the record.
+    through the tagged union of the elastic kinds, so any other kind, a bad field or a number out
+    of bounds (:func:`pearl.core.bounds.check_event`) is a schema error before the scheduler sees
+    it. Build it with :meth:`of`; :attr:`decoded` is the record.
     """
 
     record: (
@@ -134,6 +136,9 @@ class Event(WireStruct, tag="event", frozen=True):
                 f"Event.record: expected one of {sorted(ELASTIC_EVENTS)}, "
                 f"got {type(self.record).__name__}"
             )
+        # The edge: a step, version, GPU id or deadline out of bounds is refused here, when the
+        # message is decoded (and when a client builds it), never logged (pearl.core.bounds).
+        check_event(self.record)
 
     @classmethod
     def of(cls, record: Any) -> Event:

@@ -2,15 +2,26 @@
 preemption deadlines.
 
 Checked at the edge, before anything is expanded or logged: :func:`pearl.config.parse_gpus`
-(config files, ``--gpus``, Ray node labels) checks a range before it expands it.
+(config files, ``--gpus``, Ray node labels) checks a range before it expands it, and
+:func:`check_event` runs where an elastic event enters pearld (the API's ``event`` message, the
+embedded Runtime) and where a weights version arrives. A log record must stay encodable (msgpack
+holds ints up to 2**64 - 1) and every step has a next one, so steps and versions stop at
+2**63 - 1; training steps count from 1 (``training-begin`` step 0 never ran in PEARL).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
+
+from pearl.core import events as ev
+from pearl.core.errors import SchemaError
 
 MAX_GPU_ID = (1 << 20) - 1  # GPU ids are 0..1,048,575
 MAX_GPUS = 1 << 16  # at most 65,536 GPU ids in one list
+MAX_STEP = (1 << 63) - 1  # training steps are 1..2**63 - 1
+MAX_VERSION = (1 << 63) - 1  # weights versions are 0..2**63 - 1
+MAX_DEADLINE = float(1 << 34)  # a Unix time before the year 2514
 
 
 def gpu_ids_problem(gpus: Any) -> str | None:
@@ -27,8 +38,72 @@ def gpu_ids_problem(gpus: Any) -> str | None:
     return None
 
 
+def _int_problem(name: str, value: Any, lo: int, hi: int) -> str | None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        return f"{name} {value!r} is not an int"
+    if not lo <= value <= hi:
+        top = "2**63 - 1" if hi == (1 << 63) - 1 else str(hi)
+        return f"{name} {value} is out of range: {name}s run from {lo} to {top}"
+    return None
+
+
+def step_problem(step: Any) -> str | None:
+    """Why ``step`` is not a training step (1..2**63 - 1), or None."""
+    return _int_problem("training step", step, 1, MAX_STEP)
+
+
+def version_problem(version: Any) -> str | None:
+    """Why ``version`` is not a weights version (0..2**63 - 1), or None."""
+    return _int_problem("weights version", version, 0, MAX_VERSION)
+
+
+def deadline_problem(deadline: Any) -> str | None:
+    """Why ``deadline`` is not a Unix time PEARL can wait for, or None."""
+    if not isinstance(deadline, int | float) or isinstance(deadline, bool):
+        return f"deadline {deadline!r} is not a number"
+    if not (math.isfinite(deadline) and 0 <= deadline <= MAX_DEADLINE):
+        return f"deadline {deadline} is out of range: a Unix time in seconds, 0..{MAX_DEADLINE:.0f}"
+    return None
+
+
+def event_problem(record: Any) -> str | None:
+    """Why an elastic event or ``weights-published`` holds a number out of bounds, or None."""
+    if isinstance(
+        record, ev.GpusAdded | ev.GpusReclaimed | ev.GpusReclaiming | ev.GpusReclaimCancelled
+    ):
+        why = gpu_ids_problem(record.gpus)
+        if why is None and isinstance(record, ev.GpusReclaiming):
+            why = deadline_problem(record.deadline)
+        return why
+    if isinstance(record, ev.TrainingBegin):
+        return step_problem(record.step)
+    if isinstance(record, ev.TrainingFinished):
+        why = step_problem(record.step)
+        if why is None and record.weights_version is not None:
+            why = version_problem(record.weights_version)
+        return why
+    if isinstance(record, ev.WeightsPublished):
+        return version_problem(record.version)
+    return None
+
+
+def check_event(record: Any) -> None:
+    """Refuse, in one line, a record with a number out of bounds."""
+    why = event_problem(record)
+    if why is not None:
+        raise SchemaError(f"{why}; nothing was logged")
+
+
 __all__ = [
+    "MAX_DEADLINE",
     "MAX_GPUS",
     "MAX_GPU_ID",
+    "MAX_STEP",
+    "MAX_VERSION",
+    "check_event",
+    "deadline_problem",
+    "event_problem",
     "gpu_ids_problem",
+    "step_problem",
+    "version_problem",
 ]

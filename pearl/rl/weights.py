@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pearl.core.bounds import version_problem
 from pearl.core.errors import PearlError
 
 if TYPE_CHECKING:  # readers (path, latest) need no torch; publishing a state dict imports it
@@ -76,8 +77,9 @@ class WeightStore:
 
     def publish(self, version: int, weights: Mapping[str, torch.Tensor] | str | Path) -> Path:
         """Write ``version`` once, atomically; older or equal versions are refused."""
-        if not isinstance(version, int) or version < 0:
-            raise WeightStoreError(f"a weights version is an int >= 0, got {version!r}")
+        why = version_problem(version)  # before a file is written no log record could name
+        if why is not None:
+            raise WeightStoreError(why)
         with self._lock:
             latest = self.latest()
             if latest is not None and version <= latest:

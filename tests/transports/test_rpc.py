@@ -54,8 +54,8 @@ class Api:
     def event(self, env: Envelope) -> Ack:
         self.calls += 1
         rec = env.msg.decoded
-        if isinstance(rec, TrainingBegin) and rec.step < 0:
-            raise InvalidEvent(f"training step must be >= 0, got {rec.step}")
+        if isinstance(rec, TrainingBegin) and rec.step > 1000:  # within bounds, refused here
+            raise InvalidEvent(f"training step must be <= 1000, got {rec.step}")
         self.events.append(rec)
         return Ack(seq=len(self.events))
 
@@ -129,7 +129,7 @@ def test_bulk_frames_both_ways(client: Client) -> None:
 
 def test_handler_errors_become_error_replies(client: Client, server: Server) -> None:
     with pytest.raises(RemoteError) as e:
-        client.request(Event.of(TrainingBegin(step=-1)))
+        client.request(Event.of(TrainingBegin(step=1001)))
     assert e.value.code == ErrorCode.REJECTED and "InvalidEvent" in str(e.value)
     with pytest.raises(RemoteError) as e:
         client.request(Call("w", "boom", {}))
@@ -402,7 +402,7 @@ def test_the_observer_hears_every_message_with_its_kind_and_outcome(ctx: Ctx, ap
         c.request(Ping(nonce=1))
         c.request(Event.of(GpusAdded(gpus=(8,))))
         with pytest.raises(RemoteError):
-            c.request(Event.of(TrainingBegin(step=-1)))
+            c.request(Event.of(TrainingBegin(step=1001)))
         with pytest.raises(RemoteError):
             c.request(Call("w", "boom", {}))
         with pytest.raises(RemoteError):
