@@ -1,12 +1,14 @@
 """Chaos run: random elastic events and training cycles against pearld while its worker hosts are
-SIGKILLed and SIGSTOPped and pearld itself is SIGKILLed (issue 21, item 7).
+SIGKILLed and SIGSTOPped, pearld itself is SIGKILLed, its log disk fills (or fails its syncs) for
+a few seconds, and its metrics port is flooded with idle connections (issues 21 and 35).
 
-A Python client (``pearl.connect``) plays gpus-added / gpus-reclaimed of the preemptible range,
-training cycles (Training Begin, wait until it may proceed, weights published, Training Finished;
-sometimes a reclaim right after, the storm's sequence) against pearld on ``configs/sim-32.toml``
-(sim engines, loopback TCP). Beside it, :mod:`faults` kills and stops worker hosts and kills
-pearld, restarting it on the same state dir. Bounded in count and time; every process the run
-started is stopped by pid at the end, also on Ctrl-C or SIGTERM.
+A Python client (``pearl.connect``) plays the world's gpus-added / gpus-reclaimed of the
+preemptible range (sometimes a reclaim and the re-grant of the same GPUs at once), each a fact
+retried until acknowledged, and training cycles (Training Begin, wait until it may proceed,
+weights published, Training Finished; sometimes a reclaim right after, the storm's sequence)
+against pearld on ``configs/sim-32.toml`` (sim engines, loopback TCP). Beside it, :mod:`faults`
+injects the faults above, restarting pearld on the same state dir after a kill. Bounded in count
+and time; every process the run started is stopped by pid at the end, also on Ctrl-C or SIGTERM.
 
 Reported (``--json``): ``cycles``; Training Begin -> may proceed (median, max) for returns no
 fault came near (``return_max_s``, the figure the <= 3.2 s target is about) and for the others;
@@ -14,8 +16,12 @@ fault came near (``return_max_s``, the figure the <= 3.2 s target is about) and 
 killed starts afresh and logs none); ``false_deaths`` (hosts declared dead for missed heartbeats
 that the run did not kill or stop); ``events_lost`` (acknowledged events, and uploaded weight
 versions, missing from the log after a pearld kill, after its restart or at the end);
+``facts_refused`` (the world's GPU changes pearld refused); ``reported_failed_but_durable``
+(events pearld answered with an error that the log holds anyway); ``world_equals_table``;
+``metrics_flood_threads_max`` (pearld threads added while 1,000 idle connections were held);
 ``replay_equal`` (``pearl status --json`` == ``pearl log replay DIR --until SEQ --json`` at the
-end). Targets (10 minutes): 0 / 0 / 0 lost, restarts, status != replay; 0 false deaths.
+end). Targets (10 minutes): 0 lost, restarts, facts refused, failed-but-durable; status ==
+replay; 0 false deaths; at most +64 threads under a flood.
 
     .venv/bin/python benchmarks/chaos.py [--minutes 10] [--seed 1] [--json FILE] [--keep DIR]
 """
@@ -49,27 +55,67 @@ from live_pearld import (  # noqa: E402
 )
 
 from pearl.core import events as ev  # noqa: E402
+from pearl.log.failpoints import DISK_ENV  # noqa: E402
 
 TARGET_RETURN_S = 3.2
-NEAR_S = {"kill-host": 10.0, "stop-host": 10.0, "kill-pearld": 15.0, "pearld-exit": 15.0}
+NEAR_S = {
+    "kill-host": 10.0,
+    "stop-host": 10.0,
+    "kill-pearld": 15.0,
+    "pearld-exit": 15.0,
+    "disk-full": 5.0,  # a training-begin refused meanwhile is retried after the window
+    "metrics-flood": 5.0,
+}
 MAX_PRESENT = 8  # preemptible GPUs present at most: bounds the hosts on a small machine
 QUIET_TAIL_S = 10.0  # no new fault this close to the end
 
 
 class Play:
-    """The client's side: one elastic event or training cycle at a time, chosen from status."""
+    """The world and the trainer: one elastic event or training cycle at a time.
 
-    def __init__(self, t: Trainer, rng: random.Random) -> None:
+    The GPU changes are the world's, kept in :attr:`world` (the preemptible GPUs granted now),
+    not read back from pearld: a reclaim and a re-grant of the same GPUs can follow each other
+    at once (a node that restarts within one poll), whatever pearld's workers are doing. Each
+    is a fact: sent until pearld acknowledges it, also through disk-full windows and pearld
+    restarts; a refusal that is not a duplicate of an unanswered attempt counts in
+    :attr:`facts_refused`."""
+
+    def __init__(self, t: Trainer, rng: random.Random, world: set[int]) -> None:
         self.t, self.rng = t, rng
+        self.world = set(world)
         self.blob = safetensors_blob()
         self.published: set[int] = set()
         self.returns: list[dict[str, Any]] = []  # Training Begin -> may proceed, one per cycle
         self.cycles = 0
         self.events: dict[str, int] = {}
+        self.facts_refused: list[str] = []
+        self.disk_refusals = 0  # events refused while pearld's disk refused writes (retried)
+        self.flaps = 0  # reclaims followed at once by the re-grant of the same GPUs
 
     def send(self, record: Any) -> int | None:
         self.events[record.KIND] = self.events.get(record.KIND, 0) + 1
-        return self.t.event(record)
+        seq = self.t.event(record)
+        if seq is None and "LogWriteFailed" in self.t.last_refusal:
+            self.disk_refusals += 1
+        return seq
+
+    def fact(self, record: Any, patience_s: float = 90.0) -> bool:
+        """Deliver a fact: retried while pearld is down or its disk refuses writes, never
+        dropped for that. False only when pearld refused it as not fitting."""
+        unanswered = False
+        deadline = time.monotonic() + patience_s
+        while time.monotonic() < deadline:
+            if self.send(record) is not None:
+                return True
+            refusal = self.t.last_refusal
+            if refusal and "LogWriteFailed" not in refusal and "LogError" not in refusal:
+                if not unanswered:  # else a duplicate of an attempt that may have been logged
+                    self.facts_refused.append(f"{record}: {refusal[:160]}")
+                return False
+            unanswered = unanswered or not refusal
+            time.sleep(0.05)
+        self.facts_refused.append(f"{record}: not delivered in {patience_s:.0f}s")
+        return False
 
     def step(self) -> None:
         try:
@@ -80,25 +126,37 @@ class Play:
         if s["phase"] == "training":  # a cycle cut short by a kill: finish it
             k = s["training_step"]
             if s["training_may_proceed"] >= k or self.t.wait_proceed(k, 60.0) is not None:
-                self.send(ev.TrainingFinished(k))
+                if self.send(ev.TrainingFinished(k)) is None:
+                    time.sleep(0.05)  # refused (a disk-full window): the next step tries again
             return
-        present = [g for g in s["gpus"]["present"] if g in PREEMPTIBLE]
-        busy = set(present) | set(s["gpus"]["reclaiming"])
+        present = sorted(self.world)
         absent = [
-            p for p in zip(PREEMPTIBLE[::2], PREEMPTIBLE[1::2], strict=True) if not busy & set(p)
+            p
+            for p in zip(PREEMPTIBLE[::2], PREEMPTIBLE[1::2], strict=True)
+            if not self.world & set(p)
         ]
         options = [("cycle", 3.0)]
         if absent and len(present) < MAX_PRESENT:
             options.append(("add", 1.2))
         if present:
-            options.append(("reclaim", 1.0))
+            options += [("reclaim", 1.0), ("flap", 0.6)]
         what = self.rng.choices([o for o, _ in options], [w for _, w in options])[0]
         if what == "add":
             n = self.rng.choice((1, 1, 2))
-            gpus = [g for p in self.rng.sample(absent, min(n, len(absent))) for g in p]
-            self.send(ev.GpusAdded(tuple(sorted(gpus))))
+            gpus = tuple(sorted(g for p in self.rng.sample(absent, min(n, len(absent))) for g in p))
+            self.world |= set(gpus)
+            self.fact(ev.GpusAdded(gpus))
         elif what == "reclaim":
-            self.send(ev.GpusReclaimed(self._some(present)))
+            gone = self._some(present)
+            self.world -= set(gone)
+            self.fact(ev.GpusReclaimed(gone))
+        elif what == "flap":  # gone and back within one look of an event source
+            gpus = self._some(present)
+            self.world -= set(gpus)
+            self.fact(ev.GpusReclaimed(gpus))
+            self.world |= set(gpus)
+            self.fact(ev.GpusAdded(gpus))
+            self.flaps += 1
         else:
             self.cycle(s["training_step"] + 1, present)
         time.sleep(self.rng.uniform(0.0, 0.3))
@@ -127,8 +185,10 @@ class Play:
         if self.send(ev.TrainingFinished(k, version)) is None:
             return
         self.cycles += 1
-        if present and self.rng.random() < 0.4:  # the storm's sequence: reclaim during lending
-            self.send(ev.GpusReclaimed(self._some(present)))
+        if self.world and self.rng.random() < 0.4:  # the storm's sequence: reclaim during lending
+            gone = self._some(sorted(self.world))
+            self.world -= set(gone)
+            self.fact(ev.GpusReclaimed(gone))
             if self.rng.random() < 0.6:
                 wait_until(lambda: self._lending(), 10.0, 0.01)
                 self.cycle(k + 1, [])
@@ -196,7 +256,13 @@ def hosts_vs_table(d: Pearld, s: dict[str, Any]) -> dict[str, Any]:
 
 def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     rng = random.Random(args.seed)
-    d = Pearld(tmp, list(args.set))
+    port = live.free_port()
+    d = Pearld(
+        tmp,
+        [f"daemon.metrics=127.0.0.1:{port}", *args.set],
+        metrics_port=port,
+        env={DISK_ENV: str(tmp / "disk-full")},  # the injector's disk-full windows
+    )
     t0 = time.monotonic()
     end = t0 + args.minutes * 60.0
     out: dict[str, Any] = {
@@ -211,10 +277,15 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     try:
         print(f"pearld up in {d.start():.1f}s at {d.endpoint} (state {d.state})", flush=True)
         t = Trainer(d.endpoint)
-        play = Play(t, random.Random(rng.random()))
+        world = {g for g in t.status()["gpus"]["present"] if g in PREEMPTIBLE}
+        play = Play(t, random.Random(rng.random()), world)
         m = max(args.minutes, 1.0)
         lim = Limits(
-            max_kill_host=int(3 * m), max_stop_host=int(3 * m), max_kill_pearld=max(1, int(0.8 * m))
+            max_kill_host=int(3 * m),
+            max_stop_host=int(3 * m),
+            max_kill_pearld=max(1, int(0.8 * m)),
+            max_disk_full=max(1, int(2 * m)),
+            max_metrics_flood=max(1, int(0.6 * m)),
         )
         trainer = t
         inj = Injector(
@@ -283,7 +354,8 @@ def report(
         if r["ok"]:
             (faulted if kinds_near else clean).append(took)
     verify = pearl_cli("log", "verify", str(d.state))  # non-zero on any damage
-    kinds = ("kill-host", "stop-host", "kill-pearld", "pearld-exit")
+    kinds = ("kill-host", "stop-host", "kill-pearld", "pearld-exit", "disk-full", "metrics-flood")
+    granted = set(s["gpus"]["present"]) | set(s["gpus"].get("regranted", []))
     return {
         "cycles": play.cycles,
         "returns_clean": summary(clean),
@@ -308,6 +380,18 @@ def report(
         "events_unacked": t.unacked,
         "events_refused": t.refused,
         "weights_published": len(play.published),
+        "facts_refused": len(play.facts_refused),
+        "facts_refused_detail": play.facts_refused[:20],
+        "reported_failed_but_durable": len(
+            failed_durable := t.reported_failed_but_durable(d.state)
+        ),
+        "reported_failed_but_durable_detail": failed_durable[:20],
+        "disk_refusals": play.disk_refusals,
+        "flaps": play.flaps,
+        "world_equals_table": {g for g in granted if g in PREEMPTIBLE} == play.world,
+        "world_vs_table": {"world": sorted(play.world), "table": sorted(granted)},
+        "metrics_flood_threads_max": max(inj.flood_threads, default=0),
+        "metrics_flood_scrapes_ok": all(inj.flood_served),
         "events_lost": len(lost),
         "lost_detail": sorted(lost)[:20],
         "replay_equal": equal,
@@ -339,7 +423,9 @@ def main() -> int:
         f"(near a fault {out['return_max_near_fault_s']:.3f}s, target <= {TARGET_RETURN_S}s); "
         f"orchestrator restarts {out['orchestrator_restarts']}; false deaths "
         f"{out['false_deaths']}; events lost {out['events_lost']} of {out['events_acked']}; "
-        f"status == replay {out['replay_equal']}"
+        f"facts refused {out['facts_refused']}; reported failed but durable "
+        f"{out['reported_failed_but_durable']}; metrics flood +{out['metrics_flood_threads_max']} "
+        f"threads; status == replay {out['replay_equal']}"
     )
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")

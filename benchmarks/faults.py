@@ -1,5 +1,7 @@
 """The chaos run's fault injector: SIGKILL and SIGSTOP (then SIGCONT) of worker hosts, SIGKILL of
-pearld (then a restart on the same state dir), each at random moments, bounded in count.
+pearld (then a restart on the same state dir), disk-full windows (pearld's log disk full or failing
+its syncs for a few seconds, through the ``PEARL_DISK_FAULT`` flag file), and floods of idle
+connections to the metrics port, each at random moments, bounded in count.
 
 Every fault is recorded with its start and end (SIGCONT, pearld answering again), so that the
 run can tell the deaths and slow returns it caused from the ones it did not. After each pearld
@@ -12,20 +14,25 @@ from __future__ import annotations
 import contextlib
 import random
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from live_pearld import Host, Pearld, lost_events
 
 from pearl.core.state import validate
+from pearl.log.failpoints import DISK_ENV
 
 
 @dataclass
 class Fault:
-    kind: str  # kill-host | stop-host | kill-pearld | pearld-exit (pearld stopped on its own)
+    # kill-host | stop-host | kill-pearld | pearld-exit (pearld stopped on its own) | disk-full |
+    # metrics-flood
+    kind: str
     t: float  # time.monotonic() at the fault
     wall: float  # time.time() at the fault (pearld's log has wall-clock stamps)
     end: float = 0.0  # SIGCONT sent, or pearld answering again
@@ -54,6 +61,12 @@ class Limits:
     max_kill_host: int = 30
     max_stop_host: int = 25
     max_kill_pearld: int = 8
+    disk_full_s: float = 30.0
+    max_disk_full: int = 10
+    disk_full_for_s: tuple[float, float] = (1.0, 4.0)
+    metrics_flood_s: float = 40.0
+    max_metrics_flood: int = 6
+    flood_connections: int = 1000
     stop_for_s: tuple[float, float] = (0.5, 6.0)  # SIGSTOP lengths: some under 3 heartbeats
     down_for_s: tuple[float, float] = (0.0, 1.5)  # pearld stays dead this long
     per_worker: int = 2  # faults per worker per pearld lifetime (under the restart budget)
@@ -87,10 +100,17 @@ class Injector(threading.Thread):
         now, lim = time.monotonic(), self.limits
         # The first pearld kill comes early enough for a one-minute run to have one.
         span = max(1.0, until - now)
+        flag = d.env.get(DISK_ENV)  # pearld started with a disk-fault flag file: windows
+        self.disk_flag = Path(flag) if flag else None
+        self.flood_threads: list[int] = []  # pearld threads added while a flood held
+        self.flood_served: list[bool] = []  # a scrape answered during each flood
+        # The first of the rarer faults come early enough for a one-minute run to have one.
         self.due = {
             "kill-host": now + rng.expovariate(1 / lim.kill_host_s),
             "stop-host": now + rng.expovariate(1 / lim.stop_host_s),
             "kill-pearld": now + rng.uniform(0.25, 0.6) * min(span, lim.kill_pearld_s),
+            "disk-full": now + rng.uniform(0.1, 0.2) * min(span, lim.disk_full_s),
+            "metrics-flood": now + rng.uniform(0.6, 0.7) * min(span, lim.metrics_flood_s),
         }
 
     def count(self, kind: str) -> int:
@@ -102,11 +122,15 @@ class Injector(threading.Thread):
             "kill-host": lim.max_kill_host,
             "stop-host": lim.max_stop_host,
             "kill-pearld": lim.max_kill_pearld,
+            "disk-full": lim.max_disk_full if self.disk_flag else 0,
+            "metrics-flood": lim.max_metrics_flood if self.d.metrics_port else 0,
         }
         means = {
             "kill-host": lim.kill_host_s,
             "stop-host": lim.stop_host_s,
             "kill-pearld": lim.kill_pearld_s,
+            "disk-full": lim.disk_full_s,
+            "metrics-flood": lim.metrics_flood_s,
         }
         while not self.halt.is_set():
             try:
@@ -122,6 +146,8 @@ class Injector(threading.Thread):
                 self.errors.append(f"{type(e).__name__}: {e}")
             self.halt.wait(0.05)
         self._continue_due(float("inf"))
+        if self.disk_flag is not None:
+            self.disk_flag.unlink(missing_ok=True)
 
     def stop(self) -> None:
         self.halt.set()
@@ -170,6 +196,50 @@ class Injector(threading.Thread):
             h.signal(signal.SIGCONT)  # a no-op if pearld killed it meanwhile
             f.end = time.monotonic()
             self.stopped.remove(item)
+
+    # -- the disk and the metrics port -------------------------------------------------------
+
+    def disk_full(self) -> None:
+        """pearld's log disk is full (or fails its syncs) for a few seconds, then heals; pearld
+        must stay up, refuse events with the reason meanwhile, and take them again after."""
+        assert self.disk_flag is not None
+        how = self.rng.choice(("full", "full", "full", "eio"))
+        f = Fault("disk-full", time.monotonic(), time.time(), detail=how)
+        self.faults.append(f)
+        self.disk_flag.write_text(how)
+        self.halt.wait(self.rng.uniform(*self.limits.disk_full_for_s))
+        self.disk_flag.unlink(missing_ok=True)
+        f.end = time.monotonic()
+
+    def metrics_flood(self) -> None:
+        """Hold many idle TCP connections to the metrics port, as an unauthenticated client
+        can: pearld's threads must stay bounded and a scrape must still be answered."""
+        port = self.d.metrics_port
+        if not port or self.d.proc is None or not self.d.running():
+            return
+        f = Fault("metrics-flood", time.monotonic(), time.time())
+        self.faults.append(f)
+        pid = self.d.proc.pid
+        before = threads(pid)
+        held: list[socket.socket] = []
+        try:
+            for _ in range(self.limits.flood_connections):
+                c = socket.socket()
+                c.settimeout(2.0)
+                try:
+                    c.connect(("127.0.0.1", port))
+                except OSError:
+                    c.close()
+                    break  # refused or the backlog is full: the cap at work
+                held.append(c)
+            self.halt.wait(1.0)
+            self.flood_threads.append(max(0, threads(pid) - before))
+            self.flood_served.append(scrape(port))
+        finally:
+            for c in held:
+                c.close()
+        f.end = time.monotonic()
+        f.detail = f"{len(held)} connections, +{self.flood_threads[-1]} threads"
 
     # -- pearld -------------------------------------------------------------------------------
 
@@ -228,4 +298,27 @@ class Injector(threading.Thread):
             self._restart(f)
 
 
-__all__ = ["Fault", "Injector", "Limits"]
+def threads(pid: int) -> int:
+    """The thread count of ``pid`` (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Threads:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def scrape(port: int) -> bool:
+    """One Prometheus scrape of the metrics port answered with 200."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+__all__ = ["Fault", "Injector", "Limits", "scrape", "threads"]

@@ -132,6 +132,8 @@ class Pearld:
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
     seen_hosts: dict[int, Host] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # added to pearld's environment
+    metrics_port: int = 0  # where daemon.metrics serves, when the run set it
 
     @property
     def endpoint(self) -> str:
@@ -167,6 +169,7 @@ class Pearld:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 cwd=ROOT,
+                env={**os.environ, **self.env},
                 start_new_session=True,  # a Ctrl-C of the run reaches pearld only through us
             )
         with Client(self.endpoint, timeout_s=0.5, retries=0, name="harness") as c:
@@ -294,6 +297,9 @@ class Trainer:
         self.acked: dict[int, Any] = {}  # seq -> record, as acknowledged
         self.refused: dict[str, int] = {}
         self.unacked = 0  # sent, no reply: may or may not be logged
+        self.told_failed: list[Any] = []  # records pearld answered with an error: not logged
+        self.unknown: list[Any] = []  # records sent with no answer: logged or not
+        self.last_refusal = ""  # the error text of the last refusal
 
     def close(self) -> None:
         self.rt.stop()
@@ -318,17 +324,36 @@ class Trainer:
     def event(self, record: Any, timeout_s: float = 5.0) -> int | None:
         """Send ``record``; its sequence number once acknowledged, None when refused or not
         answered. No retry: a retry that crosses a pearld restart could be logged twice."""
+        self.last_refusal = ""
         try:
             seq = int(self.rt.client.request(Event.of(record), timeout_s, retries=0).seq)
         except RemoteError as e:
+            self.last_refusal = str(e)
             why = str(e).split(":", 2)[-1].strip()[:80]
             self.refused[why] = self.refused.get(why, 0) + 1
+            self.told_failed.append(record)
             return None
         except Exception:
             self.unacked += 1
+            self.unknown.append(record)
             return None
         self.acked[seq] = record
         return seq
+
+    def reported_failed_but_durable(self, state: Path) -> list[str]:
+        """Logged records of the kinds this client sends that pearld did not acknowledge and
+        that no unanswered attempt explains: each was answered with an error, yet happened."""
+        kinds = (ev.GpusAdded, ev.GpusReclaimed, ev.TrainingBegin, ev.TrainingFinished)
+        unknown = list(self.unknown)
+        out = []
+        for seq, r in read_log(state):
+            if seq in self.acked or not isinstance(r, kinds):
+                continue
+            if r in unknown:
+                unknown.remove(r)  # sent with no answer: may well be logged
+            elif r in self.told_failed:
+                out.append(f"seq {seq}: {r}")
+        return out
 
     def wait_proceed(self, step: int, timeout: float) -> float | None:
         """Seconds from now until status says training step ``step`` may proceed."""

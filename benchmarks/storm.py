@@ -52,16 +52,16 @@ def settle(t: Trainer, timeout: float = 60.0) -> bool:
 
 
 def add_back(t: Trainer, gpus: tuple[int, ...], timeout: float = 60.0) -> bool:
-    """Re-add GPUs once their reclaim has finished (pearld refuses them until then)."""
+    """The reclaimed GPUs are granted again at once: pearld takes the grant while their old
+    workers still leave them (they serve again once those are gone). Retried only while
+    pearld does not answer or its disk refuses writes."""
 
     def added() -> bool:
-        s = t.status()
-        if set(gpus) & set(s["gpus"]["reclaiming"]):
-            return False
-        missing = tuple(g for g in gpus if g not in s["gpus"]["present"])
-        return not missing or t.event(ev.GpusAdded(missing)) is not None
+        if t.event(ev.GpusAdded(gpus)) is not None:
+            return True
+        return "LogWriteFailed" not in t.last_refusal and bool(t.last_refusal)
 
-    return bool(wait_until(added, timeout, 0.02))
+    return bool(wait_until(added, timeout, 0.02)) and not t.last_refusal
 
 
 def cycle(t: Trainer, rng: random.Random, variant: str) -> dict[str, Any]:

@@ -27,9 +27,26 @@ sys.path.insert(0, str(ROOT))
 from pearl.core import events as ev  # noqa: E402
 from pearl.sim import availability  # noqa: E402
 from transports.protocol import Event, StatusRequest  # noqa: E402
-from transports.rpc import Client  # noqa: E402
+from transports.rpc import Client, RemoteError, RequestTimeout  # noqa: E402
 
 PREEMPTIBLE = list(range(20, 32))  # configs/sim-32.toml
+
+
+def deliver(client: Client, record: Any, patience_s: float = 60.0) -> int:
+    """Send a fact until pearld logs it: a trace's events happened, so one that pearld could
+    not take yet (no answer, its disk refusing writes) is sent again, never dropped. Bad input
+    (an event the table cannot fit) is raised."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            return int(client.request(Event.of(record)).seq)
+        except RemoteError as e:
+            if "LogWriteFailed" not in str(e) or time.monotonic() > deadline:
+                raise
+        except RequestTimeout:
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.1)
 
 
 def line(s: dict[str, Any], what: str) -> str:
@@ -100,7 +117,7 @@ def main() -> int:
             while next_train <= t_trace:  # training steps that fall before this change
                 time.sleep(max(0.0, t0 + next_train * scale - time.monotonic()))
                 step += 1
-                client.request(Event.of(ev.TrainingBegin(step)))
+                deliver(client, ev.TrainingBegin(step))
                 began = time.monotonic()
                 while client.request(StatusRequest()).payload["training_may_proceed"] < step:
                     time.sleep(0.01)
@@ -111,7 +128,7 @@ def main() -> int:
                 )
                 time.sleep(args.train_s)
                 version += 1
-                client.request(Event.of(ev.TrainingFinished(step, version)))
+                deliver(client, ev.TrainingFinished(step, version))
                 next_train += args.train_every_min * 60.0
             if gpus < 0:
                 break
@@ -119,12 +136,12 @@ def main() -> int:
             want = gpus - gpus % 2
             if want > len(present):
                 add = [g for g in PREEMPTIBLE if g not in present][: want - len(present)]
-                client.request(Event.of(ev.GpusAdded(tuple(add))))
+                deliver(client, ev.GpusAdded(tuple(add)))
                 present += add
                 what = f"+{len(add)} GPUs ({want} preemptible)"
             elif want < len(present):
                 gone, present = present[want:], present[:want]
-                client.request(Event.of(ev.GpusReclaimed(tuple(gone))))
+                deliver(client, ev.GpusReclaimed(tuple(gone)))
                 what = f"-{len(gone)} GPUs ({want} preemptible)"
             else:
                 continue
