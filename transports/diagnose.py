@@ -5,14 +5,17 @@ wrong server key): the client's requests just time out. :func:`probe` connects a
 the same keys and reads its socket monitor (``HANDSHAKE_SUCCEEDED``, ``HANDSHAKE_FAILED_AUTH``,
 ...), and :func:`diagnose` turns that into one sentence and what to do: "authentication failed
 ... check --keys-dir", or "unreachable". Used on the error path only; it sends nothing.
+:class:`DiagnosingClient` needs no probe: it monitors its own sockets while a request waits.
 """
 
 from __future__ import annotations
 
+import secrets
 import time
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from transports.auth import ClientKeys, secure_client
 from transports.rpc import Client, RequestTimeout
@@ -33,9 +36,6 @@ _VERDICTS = {
 }
 
 
-PROBE_S = 1.0  # the longest a diagnosis waits for a handshake
-
-
 def probe(
     address: str,
     keys: ClientKeys | None,
@@ -51,8 +51,6 @@ def probe(
     ``timeout_s`` (the whole of it only when nothing answers at all: a refused connection is
     ``UNREACHABLE`` at once).
     """
-    from zmq.utils.monitor import recv_monitor_message
-
     ctx = ctx or zmq.Context.instance()
     sock = ctx.socket(kind)
     sock.linger = 0
@@ -96,22 +94,12 @@ def explain(address: str, verdict: str) -> str:
     return _VERDICTS[verdict].format(address=address)
 
 
-def diagnose(
-    address: str,
-    keys: ClientKeys | None,
-    keys_dir: str = "",
-    *,
-    option: str = "--keys-dir",
-    timeout_s: float = 1.0,
-    kind: int = zmq.DEALER,
-    ctx: zmq.Context[Any] | None = None,
-) -> str:
-    """Why ``address`` did not answer, and what to do: :func:`probe`, then advice naming the
-    client's key option (``--keys-dir`` for the CLI, ``keys_dir`` for ``pearl.connect``)."""
-    verdict = probe(address, keys, timeout_s=timeout_s, kind=kind, ctx=ctx)
+def advice(address: str, verdict: str, keys_dir: str = "", option: str = "--keys-dir") -> str:
+    """:func:`explain`'s sentence and what to do, naming the client's key option (``--keys-dir``
+    for the CLI, ``keys_dir`` for ``pearl.connect``)."""
     sep = " " if option.startswith("-") else "="  # "--keys-dir DIR" / "keys_dir=DIR"
     given = f"{option}{sep}{keys_dir}" if keys_dir else option
-    advice = {
+    todo = {
         NEEDS_KEYS: f"pass {option}{sep}DIR with the key directory pearld was started with "
         "(daemon.keys_dir; made by `pearl keys generate DIR`)",
         DENIED: f"check {given}: its client key pair must come from the directory pearld was "
@@ -123,15 +111,41 @@ def diagnose(
         "CURVE keys",
         OK: "try again with a longer timeout",
     }[verdict]
-    return f"{explain(address, verdict)}; {advice}"
+    return f"{explain(address, verdict)}; {todo}"
+
+
+def diagnose(
+    address: str,
+    keys: ClientKeys | None,
+    keys_dir: str = "",
+    *,
+    option: str = "--keys-dir",
+    timeout_s: float = 1.0,
+    kind: int = zmq.DEALER,
+    ctx: zmq.Context[Any] | None = None,
+) -> str:
+    """Why ``address`` did not answer, and what to do: :func:`probe`, then :func:`advice`."""
+    verdict = probe(address, keys, timeout_s=timeout_s, kind=kind, ctx=ctx)
+    return advice(address, verdict, keys_dir, option)
+
+
+_SUCCEEDED = zmq.EVENT_HANDSHAKE_SUCCEEDED
+_FAILED = (
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH,
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
+)
+_DOWN = (zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED, zmq.EVENT_MONITOR_STOPPED)
 
 
 class DiagnosingClient(Client):
     """A :class:`~transports.rpc.Client` whose final timeout says why: its
-    :class:`~transports.rpc.RequestTimeout` carries :func:`diagnose`'s sentence and advice.
+    :class:`~transports.rpc.RequestTimeout` carries :func:`advice`'s sentence and what to do.
 
-    The client of a person or a trainer: ``timeout_s`` bounds the whole request, retries and
-    diagnosis included (``whole_timeout``); the diagnosis takes a fifth of it, 1 s at most."""
+    The client of a person or a trainer: ``timeout_s`` bounds the whole request, its retries
+    included (``whole_timeout``). The diagnosis costs no time: a monitor on each of the client's
+    own sockets hears how their handshakes went while the request waited (refused, denied, the
+    wrong server key, accepted and silent, or nothing at all)."""
 
     def __init__(
         self,
@@ -142,33 +156,65 @@ class DiagnosingClient(Client):
         whole_timeout: bool = True,
         **kw: Any,
     ) -> None:
-        super().__init__(address, whole_timeout=whole_timeout, **kw)
         self.keys_dir, self.option = keys_dir, option
+        self._mon: zmq.Socket[Any] | None = None  # the monitor of the client's socket
+        self._up = False  # that socket's handshake succeeded and it is still connected
+        self._heard: set[int] = set()  # handshake outcomes since the last request ended
+        super().__init__(address, whole_timeout=whole_timeout, **kw)
 
-    def request_envelope(
-        self, msg: Any, timeout_s: float | None = None, *args: Any, **kw: Any
-    ) -> Any:
-        total = self.timeout_s if timeout_s is None else timeout_s
-        probe_s = min(PROBE_S, total / 5) if self.whole_timeout else PROBE_S
-        try:
-            return super().request_envelope(
-                msg, total - probe_s if self.whole_timeout else total, *args, **kw
-            )
-        except RequestTimeout as e:
-            what = (
-                f"no reply from {self.address} to {msg.KIND!r} within {total:g}s"
-                if self.whole_timeout
-                else str(e).partition(";")[0]  # "no reply from X to 'status' after N attempt(s)"
-            )
-            why = diagnose(
-                self.address,
-                self.keys,
-                self.keys_dir,
-                option=self.option,
-                timeout_s=probe_s,
-                ctx=self.ctx,
-            )
-            raise RequestTimeout(f"{what}: {why}") from None
+    def _listen(self) -> None:
+        """Read what the monitor has heard so far."""
+        mon = self._mon
+        while mon is not None and mon.poll(0):
+            try:
+                event = recv_monitor_message(mon, zmq.NOBLOCK)["event"]
+            except zmq.Again:
+                break
+            if event == _SUCCEEDED:
+                self._up = True
+                self._heard.add(event)
+            elif event in _FAILED:
+                self._up = False
+                self._heard.add(event)
+            elif event in _DOWN:
+                self._up = False
+        if self._up:  # connected before the request began, and still: the server accepted us
+            self._heard.add(_SUCCEEDED)
+
+    def _connecting(self, sock: zmq.Socket[Any]) -> None:
+        # A unique address: pyzmq's default names the socket's fd, which a new socket reuses.
+        addr = f"inproc://pearl-client-monitor-{secrets.token_hex(8)}"
+        self._mon = sock.get_monitor_socket(_SUCCEEDED | sum(_FAILED) | sum(_DOWN), addr)
+        self._up = False
+
+    def _closing(self, sock: zmq.Socket[Any]) -> None:
+        self._listen()  # how its handshakes went, before its monitor goes
+        # Stopped before the socket closes: a monitor left to the close can leave libzmq's
+        # later monitors silent (seen: no event at all for the sockets made after it).
+        sock.disable_monitor()
+        if self._mon is not None:
+            self._mon.close(linger=0)
+            self._mon = None
+
+    def _request_ends(self) -> None:
+        self._listen()
+        self._heard = set()  # what the next request's diagnosis hears starts now
+
+    def _verdict(self) -> str:
+        heard = self._heard
+        if zmq.EVENT_HANDSHAKE_FAILED_AUTH in heard:
+            return DENIED
+        if zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL in heard:
+            return NEEDS_KEYS if self.keys is None else NO_CURVE
+        if zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL in heard:  # our hello was not for this server
+            return BAD_SERVER_KEY if self.keys is not None else NEEDS_KEYS
+        return OK if _SUCCEEDED in heard else UNREACHABLE
+
+    def _timeout(self, msg: Any, timeout: float, tries: int) -> RequestTimeout:
+        self._listen()
+        what = str(super()._timeout(msg, timeout, tries)).partition(";")[0]
+        why = advice(self.address, self._verdict(), self.keys_dir, self.option)
+        return RequestTimeout(f"{what}: {why}")
 
 
 __all__ = [
@@ -179,6 +225,7 @@ __all__ = [
     "NO_CURVE",
     "OK",
     "UNREACHABLE",
+    "advice",
     "diagnose",
     "explain",
     "probe",

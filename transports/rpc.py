@@ -344,11 +344,35 @@ class Client:
         sock = _socket(self.ctx, zmq.DEALER, self.codec.limits)
         if self.keys is not None:
             secure_client(sock, self.keys)
+        self._connecting(sock)
         sock.connect(self.address)
         return sock
 
+    def _connecting(self, sock: zmq.Socket[Any]) -> None:
+        """Hook: ``sock`` replaces the client's socket and is about to connect."""
+
+    def _closing(self, sock: zmq.Socket[Any]) -> None:
+        """Hook: the client's socket ``sock`` is about to be closed (under the client's lock)."""
+
+    def _request_ends(self) -> None:
+        """Hook: a request was answered or given up on (under the client's lock)."""
+
+    def _timeout(self, msg: Any, timeout: float, tries: int) -> RequestTimeout:
+        """The error for a request nobody answered (under the client's lock, before the client
+        moves to a new socket)."""
+        took = (
+            f"within {timeout:g}s ({tries} attempt{'s' if tries > 1 else ''})"
+            if self.whole_timeout
+            else f"after {tries} attempt(s) of {timeout:g}s"
+        )
+        return RequestTimeout(
+            f"no reply from {self.address} to {msg.KIND!r} {took}; is the server running and "
+            "is the address right?"
+        )
+
     def _reconnect(self) -> zmq.Socket[Any]:
         if self._sock is not None:
+            self._closing(self._sock)
             self._sock.close(linger=0)
         self.reconnects += 1
         self._sock = self._connect()
@@ -384,45 +408,47 @@ class Client:
                 raise PearlError(f"client of {self.address} is closed")
             rid = next(self._ids)
             out = self.codec.encode(msg, id=rid, sender=self.name, frames=frames)
-            end = time.monotonic() + timeout if self.whole_timeout else None
-            backoff = self.backoff_s
-            for attempt in range(tries):
-                if attempt:
-                    # The server may be restarting: give it room.
-                    time.sleep(backoff if end is None else min(backoff, _left(end)))
-                    backoff = min(backoff * 2, self.max_backoff_s)
-                    self._reconnect()
-                # Whole: this attempt's share of what is left (a retry the server has answered
-                # already is answered again from its reply cache: a short share costs nothing).
-                wait = timeout if end is None else _left(end) / (tries - attempt)
-                sock = self._sock
-                try:
-                    sock.send_multipart(out, zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    time.sleep(wait)  # nowhere to queue it: counts as a lost attempt
-                    continue
-                reply = self._await(sock, rid, time.monotonic() + wait)
-                if reply is not None:
-                    return reply
-                log.info(
-                    "no reply from %s to %r within %.2fs (attempt %d/%d)",
-                    self.address,
-                    msg.KIND,
-                    wait,
-                    attempt + 1,
-                    tries,
-                )
-            # The request may still sit in the old socket's queue; never deliver it later.
-            self._reconnect()
-            took = (
-                f"within {timeout:g}s ({tries} attempt{'s' if tries > 1 else ''})"
-                if end is not None
-                else f"after {tries} attempt(s) of {timeout:g}s"
+            try:
+                return self._attempts(msg, out, rid, timeout, tries)
+            finally:
+                self._request_ends()
+
+    def _attempts(self, msg: Any, out: list[Any], rid: int, timeout: float, tries: int) -> Envelope:
+        """Send ``out`` (request ``rid``) up to ``tries`` times, under the client's lock: its
+        reply, or RequestTimeout."""
+        end = time.monotonic() + timeout if self.whole_timeout else None
+        backoff = self.backoff_s
+        for attempt in range(tries):
+            if attempt:
+                # The server may be restarting: give it room.
+                time.sleep(backoff if end is None else min(backoff, _left(end)))
+                backoff = min(backoff * 2, self.max_backoff_s)
+                self._reconnect()
+            # Whole: this attempt's share of what is left (a retry the server has answered
+            # already is answered again from its reply cache: a short share costs nothing).
+            wait = timeout if end is None else _left(end) / (tries - attempt)
+            sock = self._sock
+            assert sock is not None  # under the lock: only close() clears it
+            try:
+                sock.send_multipart(out, zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                time.sleep(wait)  # nowhere to queue it: counts as a lost attempt
+                continue
+            reply = self._await(sock, rid, time.monotonic() + wait)
+            if reply is not None:
+                return reply
+            log.info(
+                "no reply from %s to %r within %.2fs (attempt %d/%d)",
+                self.address,
+                msg.KIND,
+                wait,
+                attempt + 1,
+                tries,
             )
-            raise RequestTimeout(
-                f"no reply from {self.address} to {msg.KIND!r} {took}; is the server running "
-                "and is the address right?"
-            )
+        error = self._timeout(msg, timeout, tries)
+        # The request may still sit in the old socket's queue; never deliver it later.
+        self._reconnect()
+        raise error
 
     def _await(self, sock: zmq.Socket[Any], rid: int, deadline: float) -> Envelope | None:
         while True:
@@ -449,6 +475,7 @@ class Client:
     def close(self) -> None:
         with self._lock:
             if self._sock is not None:
+                self._closing(self._sock)
                 self._sock.close(linger=0)
                 self._sock = None
 

@@ -106,7 +106,26 @@ def test_diagnosing_client_answers_within_its_timeout_retries_and_diagnosis_incl
     for address in ("tcp://127.0.0.1:1", f"ipc://{tmp_path}/none.sock"):
         with dg.DiagnosingClient(address, ctx=ctx, timeout_s=1.0, retries=3) as c:
             t0 = time.monotonic()
-            with pytest.raises(RequestTimeout, match=r"within 1s: .* is unreachable") as e:
+            within = r"within 1s \(4 attempts\): .* is unreachable"
+            with pytest.raises(RequestTimeout, match=within) as e:
                 c.request(Ping(nonce=1))
             assert time.monotonic() - t0 < 2.0  # 4 attempts of 1 s each before
             assert "\n" not in str(e.value)
+
+
+def test_diagnosing_client_hears_its_own_handshakes_request_by_request(
+    ctx: Ctx, tmp_path: Path
+) -> None:
+    """The diagnosis is what this request's sockets heard: a server that accepts and never
+    answers is "did not answer in time", and once it is gone, "unreachable"."""
+    address = f"ipc://{tmp_path}/silent.sock"
+    silent = Server(address, None, ctx=ctx)  # bound, never served: accepts, answers nothing
+    try:
+        with dg.DiagnosingClient(address, ctx=ctx, timeout_s=0.5, retries=1) as c:
+            with pytest.raises(RequestTimeout, match="accepted the connection but did not answer"):
+                c.request(Ping(nonce=1))
+            silent.close()
+            with pytest.raises(RequestTimeout, match="is unreachable"):
+                c.request(Ping(nonce=2))
+    finally:
+        silent.close()
