@@ -125,9 +125,9 @@ class Play:
             return
         if s["phase"] == "training":  # a cycle cut short by a kill: finish it
             k = s["training_step"]
-            if s["training_may_proceed"] >= k or self.t.wait_proceed(k, 60.0) is not None:
-                if self.send(ev.TrainingFinished(k)) is None:
-                    time.sleep(0.05)  # refused (a disk-full window): the next step tries again
+            may = s["training_may_proceed"] >= k or self.t.wait_proceed(k, 60.0) is not None
+            if may and self.send(ev.TrainingFinished(k)) is None:
+                time.sleep(0.05)  # refused (a disk-full window): the next step tries again
             return
         present = sorted(self.world)
         absent = [

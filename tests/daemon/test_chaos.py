@@ -1,7 +1,9 @@
 """One minute of the chaos run (``benchmarks/chaos.py``): random elastic events and training
-cycles against a real pearld while worker hosts are SIGKILLed and SIGSTOPped and pearld itself
-is SIGKILLed and restarted. Nothing acknowledged is lost, no actor crashes, status equals the
-replay of the log, and borrowed GPUs come back within the paper's bound."""
+cycles against a real pearld while worker hosts are SIGKILLed and SIGSTOPped, pearld itself is
+SIGKILLed and restarted, its log disk fills for a few seconds and its metrics port is flooded.
+Nothing acknowledged is lost, nothing refused is logged, no fact of the world is refused, no
+actor crashes, status equals the replay of the log, and borrowed GPUs come back within the
+paper's bound."""
 
 from __future__ import annotations
 
@@ -64,6 +66,12 @@ def test_chaos_one_minute(tmp_path: Path) -> None:
     r = json.loads(out.read_text())
     assert r["faults"]["kill-pearld"] >= 1, r["fault_log"]
     assert r["faults"]["kill-host"] + r["faults"]["stop-host"] >= 1, r["fault_log"]
+    assert r["faults"]["disk-full"] >= 1 and r["faults"]["metrics-flood"] >= 1, r["fault_log"]
+    assert r["facts_refused"] == 0, r["facts_refused_detail"]
+    assert r["reported_failed_but_durable"] == 0, r["reported_failed_but_durable_detail"]
+    assert r["world_equals_table"], r["world_vs_table"]
+    assert r["metrics_flood_threads_max"] <= 64 and r["metrics_flood_scrapes_ok"], r["fault_log"]
+    assert r["faults"]["pearld-exit"] == 0, r["fault_log"]  # a disk-full window kills nothing
     assert r["cycles"] >= 5, log[-3000:]
     assert r["events_lost"] == 0, r["lost_detail"]
     assert r["replay_equal"], r["replay_diff"]
