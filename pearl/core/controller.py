@@ -732,6 +732,8 @@ class Controller:
             target = decision.target
             cause = "expand" if m.reactivate or m.new_groups else "rebalance"
         new = plan(t, target, m)
+        if decision is not None:  # status shows the decision for the budget now, planned or not
+            tx.set(last_decision=decision)
         if new.empty:
             return False
         forced = decision is not None and decision.forced
@@ -755,7 +757,6 @@ class Controller:
             tx.set(cycle=bc.planned(tx.s.cycle, t.last_plan + 1, tx.now))
         tx.set(
             evicting={w: d for w, d in tx.s.evicting.items() if w not in named},  # plan owns it
-            last_decision=decision or tx.s.last_decision,
             started={},
             cancelled=frozenset(),
             plan_began=tx.now,

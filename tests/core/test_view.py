@@ -158,9 +158,9 @@ def test_status_names_stranded_gpus_and_the_budget_of_its_decision() -> None:
     out = status_json(cluster_view(h.s))
     assert out["budget"]["stranded_gpus"] == [11] and out["budget"]["workers"] == 3
     d = out["decision"]
-    # A return plans no decision: until the controller decides for the budget after it, the one
-    # shown is for 4 workers, and says so.
-    assert d["current"] is (d["workers"] == 3)
+    # Once the return is done, the controller decides for the budget after it (a decision that
+    # plans nothing is still the one status shows).
+    assert d["workers"] == 3 and d["current"] is True
     h.send(ev.GpusAdded((10,)))  # back: 10 and 11 form a group again
     h.settle()
     assert status_json(cluster_view(h.s))["budget"]["stranded_gpus"] == []
