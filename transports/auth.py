@@ -27,6 +27,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -266,11 +267,31 @@ class _Zap:
 
     def __init__(self, ctx: zmq.Context[Any]) -> None:
         self.allowed: dict[str, frozenset[bytes]] = {}
-        self.auth = ThreadAuthenticator(ctx)
-        self.auth.start()
+        self.auth = _start_authenticator(ctx)
 
     def callback(self, domain: str, client_key: bytes) -> bool:
         return client_key in self.allowed.get(domain, frozenset())
+
+
+ZAP_REBIND_S = 5.0  # how long a new authenticator waits for the last one's endpoint to go
+
+
+def _start_authenticator(ctx: zmq.Context[Any]) -> ThreadAuthenticator:
+    """A started ZAP authenticator on ``ctx``. ZeroMQ binds one per context at a fixed inproc
+    endpoint, and a stopped one's socket is closed by the context's reaper thread a moment
+    later: until then binding a new one fails with EADDRINUSE, so that is waited out."""
+    deadline = time.monotonic() + ZAP_REBIND_S
+    while True:
+        auth = ThreadAuthenticator(ctx)
+        try:
+            auth.start()
+            return auth
+        except zmq.ZMQError as e:
+            if auth.zap_socket is not None:
+                auth.zap_socket.close(linger=0)
+            if e.errno != zmq.EADDRINUSE or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.001)
 
 
 _ZAPS: dict[int, _Zap] = {}

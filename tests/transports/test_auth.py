@@ -181,6 +181,22 @@ def test_curve_servers_share_a_context_with_separate_allow_lists(ctx: Ctx, tmp_p
             assert c.request(Ping(nonce=2)) == Pong(nonce=2)
 
 
+def test_a_curve_server_started_right_after_the_last_one_closed_binds(
+    ctx: Ctx, keydir: Path
+) -> None:
+    """Closing a context's last CURVE server stops its authenticator, whose inproc endpoint
+    ZeroMQ's reaper frees a moment later; the next server must wait that out, not fail with
+    'Address already in use' (seen in a full run as a pearld that could not start)."""
+    keys = ServerKeys.load(keydir)
+    for n in range(100):
+        client = ClientKeys.load(keydir, "cli")
+        with (
+            Server("tcp://127.0.0.1:*", HANDLER, ctx=ctx, keys=keys) as s,
+            Client(s.address, ctx=ctx, keys=client, timeout_s=3) as c,
+        ):
+            assert c.request(Ping(nonce=n)) == Pong(nonce=n)
+
+
 def test_curve_publisher_and_subscriber(ctx: Ctx, keydir: Path) -> None:
     from transports.protocol import Subscribe
     from transports.pubsub import Subscriber
