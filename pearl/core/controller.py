@@ -606,12 +606,14 @@ class Controller:
         if p is None:
             return
         for k, deadline in sorted(tx.s.started.items()):
-            if deadline > tx.now or k in tx.table.plan.done:  # type: ignore[union-attr]
+            if deadline > tx.now:
                 continue
             st = p.steps[k]
-            if k in tx.s.cancelled:  # stop waiting; the forced cancel is repeated once more
+            if k in tx.s.cancelled:  # done or not: stop waiting, the cancel is forced once more
                 tx.commands.append(cancel_command(p.plan, k, st))
                 tx.set(started={j: d for j, d in tx.s.started.items() if j != k})
+            elif k in p.done:
+                continue
             elif st.op in MANDATORY_OPS:
                 # Returns are bounded in time: kill the host and count the GPUs as returned.
                 tx.commands.append(step_command(tx.table, p.plan, k, st, force=True))

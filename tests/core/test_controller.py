@@ -410,6 +410,31 @@ def test_a_cancelled_activation_releases_in_place_and_is_forced_only_past_its_gr
     assert cmd.TrainingMayProceed(2) in h.sent
 
 
+def test_an_unanswered_cancel_of_a_finished_activation_is_forced_past_its_grace() -> None:
+    """A borrow cut short after some activations finished: each is cancelled in place. When
+    a cancel is never answered (its host died meanwhile), the controller must stop waiting at
+    the grace as it does for unfinished ones, or the abort, and with it Training Begin's
+    return, waits forever (seen in a 5-minute chaos run: training step 58 never proceeded)."""
+    h = Harness(borrow=Borrow.ALWAYS)
+    h.settle()
+    h.send(ev.TrainingBegin(1))
+    h.settle()
+    h.send(ev.TrainingFinished(1, 1))
+    h.answer(lambda c: isinstance(c, cmd.LendTraining))
+    first = next(c for c in h.pending if isinstance(c, cmd.ActivateWorker))
+    h.answer(lambda c: c is first)  # one activation done, the others still running
+    assert first.step in h.table.plan.done
+    h.send(ev.TrainingBegin(2))
+    cancelled = {c.worker for c in h.pending if getattr(c, "cancel", False)}
+    assert first.worker in cancelled
+    h.pending = [c for c in h.pending if not getattr(c, "cancel", False)]  # never answered
+    h.send(cmd.Tick(), dt=h.ctl.config.cancel_grace_s + 0.1)
+    forced = {c.worker for c in h.sent if isinstance(c, cmd.DeactivateWorker) and c.force}
+    assert forced == cancelled
+    h.settle()
+    assert cmd.TrainingMayProceed(2) in h.sent
+
+
 def test_new_weights_reach_serving_workers_and_later_joiners() -> None:
     h = Harness(borrow=Borrow.NEVER)
     h.settle()
