@@ -18,7 +18,9 @@ that the run did not kill or stop); ``events_lost`` (acknowledged events, and up
 versions, missing from the log after a pearld kill, after its restart or at the end);
 ``facts_refused`` (the world's GPU changes pearld refused); ``reported_failed_but_durable``
 (events pearld answered with an error that the log holds anyway); ``world_equals_table``;
-``metrics_flood_threads_max`` (pearld threads added while 1,000 idle connections were held);
+``metrics_flood_connections_max`` (connections, one thread each, pearld's metrics endpoint said
+it served while 1,000 idle ones were held; ``metrics_flood_threads_max``: pearld's thread count
+then, less before, which worker churn also moves);
 ``replay_equal`` (``pearl status --json`` == ``pearl log replay DIR --until SEQ --json`` at the
 end). Targets (10 minutes): 0 lost, restarts, facts refused, failed-but-durable; status ==
 replay; 0 false deaths; at most +64 threads under a flood.
@@ -391,7 +393,8 @@ def report(
         "world_equals_table": {g for g in granted if g in PREEMPTIBLE} == play.world,
         "world_vs_table": {"world": sorted(play.world), "table": sorted(granted)},
         "metrics_flood_threads_max": max(inj.flood_threads, default=0),
-        "metrics_flood_scrapes_ok": all(inj.flood_served),
+        "metrics_flood_connections_max": max((n or 0 for n in inj.flood_served), default=0),
+        "metrics_flood_scrapes_ok": all(n is not None for n in inj.flood_served),
         "events_lost": len(lost),
         "lost_detail": sorted(lost)[:20],
         "replay_equal": equal,
@@ -424,8 +427,9 @@ def main() -> int:
         f"orchestrator restarts {out['orchestrator_restarts']}; false deaths "
         f"{out['false_deaths']}; events lost {out['events_lost']} of {out['events_acked']}; "
         f"facts refused {out['facts_refused']}; reported failed but durable "
-        f"{out['reported_failed_but_durable']}; metrics flood +{out['metrics_flood_threads_max']} "
-        f"threads; status == replay {out['replay_equal']}"
+        f"{out['reported_failed_but_durable']}; metrics flood "
+        f"{out['metrics_flood_connections_max']} served (+{out['metrics_flood_threads_max']} "
+        f"threads); status == replay {out['replay_equal']}"
     )
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")

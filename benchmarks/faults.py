@@ -103,7 +103,7 @@ class Injector(threading.Thread):
         flag = d.env.get(DISK_ENV)  # pearld started with a disk-fault flag file: windows
         self.disk_flag = Path(flag) if flag else None
         self.flood_threads: list[int] = []  # pearld threads added while a flood held
-        self.flood_served: list[bool] = []  # a scrape answered during each flood
+        self.flood_served: list[int | None] = []  # connections served, said by a scrape
         # The first of the rarer faults come early enough for a one-minute run to have one.
         self.due = {
             "kill-host": now + rng.expovariate(1 / lim.kill_host_s),
@@ -239,7 +239,10 @@ class Injector(threading.Thread):
             for c in held:
                 c.close()
         f.end = time.monotonic()
-        f.detail = f"{len(held)} connections, +{self.flood_threads[-1]} threads"
+        f.detail = (
+            f"{len(held)} connections held, {self.flood_served[-1]} served, "
+            f"+{self.flood_threads[-1]} threads"
+        )
 
     def _threads(self, pid: int) -> int:
         """pearld's thread count, the median of five looks 0.1 s apart: its other threads
@@ -319,15 +322,20 @@ def threads(pid: int) -> int:
     return 0
 
 
-def scrape(port: int) -> bool:
-    """One Prometheus scrape of the metrics port answered with 200."""
+def scrape(port: int) -> int | None:
+    """One Prometheus scrape of the metrics port: the connections pearld says it serves (its
+    ``pearl_metrics_connections``, one thread each), None when it did not answer."""
     import urllib.request
 
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-            return bool(r.status == 200)
+            text = r.read().decode()
     except OSError:
-        return False
+        return None
+    for line in text.splitlines():
+        if line.startswith("pearl_metrics_connections "):
+            return int(float(line.split()[1]))
+    return None
 
 
 __all__ = ["Fault", "Injector", "Limits", "scrape", "threads"]

@@ -305,7 +305,8 @@ class Daemon:
             (self.state_dir / TARGETS).unlink(missing_ok=True)
             return
         self.metrics = Metrics(deaths=self.board.report, hosts=self.board.outcomes)
-        self.metrics_server = MetricsServer(self.metrics, self.cfg.daemon.metrics)
+        server = self.metrics_server = MetricsServer(self.metrics, self.cfg.daemon.metrics)
+        self.metrics.http_connections = lambda: server.connections
         if self.event_log is not None:
             self.event_log.on_sync = self.metrics.log_synced
         log.info("metrics at http://%s/metrics", self.metrics_server.address)

@@ -76,6 +76,8 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self._deaths = deaths  # hosts declared dead, by reason
         self._hosts = hosts  # what became of them: {"restarts": n, "lost": m}
+        # Connections the metrics HTTP server is serving now (set once it runs).
+        self.http_connections: Callable[[], int] | None = None
         self._lock = threading.Lock()
         self._view: ClusterView | None = None
         self._event_at: float | None = None  # an elastic event is waiting for its plan
@@ -279,6 +281,13 @@ class _ViewCollector:
         yield workers
         seq = view.seq if view is not None else None
         yield _gauge("pearl_log_seq", "Sequence number of the last logged record", seq)
+        if self.m.http_connections is not None:
+            yield _gauge(
+                "pearl_metrics_connections",
+                "Connections the metrics endpoint serves now, each on a thread (this scrape's "
+                "included; at most the cap)",
+                self.m.http_connections(),
+            )
         deaths = GaugeMetricFamily(
             "pearl_worker_deaths",
             "Worker hosts declared dead since pearld started, by reason ('silent but busy': "
