@@ -273,7 +273,7 @@ class _Zap:
         return client_key in self.allowed.get(domain, frozenset())
 
 
-ZAP_REBIND_S = 5.0  # how long a new authenticator waits for the last one's endpoint to go
+ZAP_REBIND_S = 2.0  # how long a new authenticator waits for the last one's endpoint to go
 
 
 def _start_authenticator(ctx: zmq.Context[Any]) -> ThreadAuthenticator:
@@ -291,7 +291,7 @@ def _start_authenticator(ctx: zmq.Context[Any]) -> ThreadAuthenticator:
                 auth.zap_socket.close(linger=0)
             if e.errno != zmq.EADDRINUSE or time.monotonic() >= deadline:
                 raise
-        time.sleep(0.001)
+        time.sleep(0.01)
 
 
 _ZAPS: dict[int, _Zap] = {}
@@ -320,14 +320,18 @@ def secure_server(sock: zmq.Socket[Any], keys: ServerKeys) -> str:
 
 
 def release_server(ctx: zmq.Context[Any], domain: str) -> None:
-    """Forget a closed server socket's domain; stop the authenticator after the last one."""
+    """Forget a closed server socket's domain. After the last one, a private context's
+    authenticator stops (the context can then terminate); the process-wide context's runs on,
+    for the next secured socket: a stopped one's inproc endpoint stays bound until the
+    sessions that used it are torn down, and a new one could not bind meanwhile (a pearld
+    started in-process right after another stopped failed with 'Address already in use')."""
     with _ZAP_LOCK:
         zap = _ZAPS.get(id(ctx))
         if zap is None:
             return
         zap.allowed.pop(domain, None)
         zap.auth.credentials_providers.pop(domain, None)
-        if not zap.allowed:
+        if not zap.allowed and ctx is not zmq.Context._instance:
             del _ZAPS[id(ctx)]
             zap.auth.stop()
 
