@@ -130,7 +130,10 @@ class SGLangEngine(Drainable, Engine):
         self._launch()
         if self.server is not None:
             self._watchdog = Watchdog(
-                lambda: self.server is None or self.server.alive(), self._relaunch, self._give_up
+                lambda: self.server is None or self.server.alive(),
+                self._relaunch,
+                self._give_up,
+                what="SGLang server",
             )
 
     def _relaunch(self) -> None:
@@ -157,7 +160,7 @@ class SGLangEngine(Drainable, Engine):
     def _launch(self) -> None:
         if not self.cfg.url:
             self.server = ServerProcess(
-                launch_command(self.spec), self.cfg.log_path or None, self.cfg.env
+                launch_command(self.spec), self.cfg.log_path or None, self.cfg.env, "sglang"
             )
         alive = self.server.alive if self.server is not None else None
         try:

@@ -1,34 +1,23 @@
-"""Launching and supervising one SGLang server per worker: the command line and the process.
+"""Launching one SGLang server per worker: the command line, from the worker's role and config.
 
 :func:`launch_command` is pure: it turns a :class:`ServerSpec` (the worker's role plus the
-``[engine]`` settings) into ``python -m sglang.launch_server ...`` with the flags of the role.
-:class:`ServerProcess` starts that command, keeps its output in a log file, and stops it by pid
-(SIGTERM, then SIGKILL); on Linux the server also dies with its worker host (PDEATHSIG), so a
-crashed host never leaves a server holding its GPUs and port.
+``[engine]`` settings) into ``python -m sglang.launch_server ...`` with the flags of the role;
+:class:`~pearl.engines.process.ServerProcess` runs it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
-import queue
 import shlex
-import signal
-import subprocess
 import sys
-import tempfile
-import threading
-from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 from pearl.core.errors import ConfigError
 from pearl.core.state import Role
 from pearl.engines.base import EngineError
+from pearl.engines.process import ServerProcess
 from pearl.engines.sglang.protocol import MODES, supports_role_switch
 
 SGLANG_MODULE = "sglang.launch_server"
@@ -170,90 +159,6 @@ def spec_from_config(cfg: Any, tp: int, first_gpu: int) -> ServerSpec:
         module=cfg.sglang_module,
         extra_args=split_args(cfg.sglang_extra_args),
     )
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-class _Spawner:
-    """Starts children from one long-lived thread: Linux delivers PDEATHSIG when the *thread*
-    that forked a child exits, so a server started from a short-lived thread would be killed."""
-
-    def __init__(self) -> None:
-        self._q: queue.Queue[tuple[Callable[[], Any], Future[Any]]] = queue.Queue()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    def run(self, fn: Callable[[], Any]) -> Any:
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="spawner", daemon=True)
-                self._thread.start()
-        fut: Future[Any] = Future()
-        self._q.put((fn, fut))
-        return fut.result()
-
-    def _loop(self) -> None:
-        while True:
-            fn, fut = self._q.get()
-            try:
-                fut.set_result(fn())
-            except BaseException as e:
-                fut.set_exception(e)
-
-
-_SPAWNER = _Spawner()
-
-
-class ServerProcess:
-    """One running server: started from its argv, stopped by pid, output in ``log_path``."""
-
-    def __init__(
-        self, argv: list[str], log_path: str | None = None, env: dict[str, str] | None = None
-    ) -> None:
-        self.argv = argv
-        fd, default = tempfile.mkstemp(prefix="pearl-sglang-", suffix=".log")
-        os.close(fd)
-        self.log_path = Path(log_path or default)
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        preexec = _die_with_parent if sys.platform.startswith("linux") else None
-        try:
-            self.proc = _SPAWNER.run(
-                lambda: subprocess.Popen(
-                    argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, preexec_fn=preexec
-                )
-            )
-        except OSError as e:
-            self._log.close()
-            raise EngineError(f"cannot start {shlex.join(argv)}: {e}") from None
-        self.pid = self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def tail(self, n: int = 20) -> str:
-        """The last lines of the server's output (for error messages)."""
-        try:
-            lines = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        return "\n".join(lines[-n:])
-
-    def stop(self, grace_s: float = 20.0) -> None:
-        """SIGTERM, wait, then SIGKILL; idempotent."""
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(self.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        if not self._log.closed:
-            self._log.close()
 
 
 __all__ = [
