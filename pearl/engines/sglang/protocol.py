@@ -31,6 +31,7 @@ from typing import Any
 from pearl.core.state import Role
 from pearl.engines.base import EngineError, FinishReason, GenerateRequest, GenerateResult
 from pearl.engines.base import SamplingParams as Sampling
+from pearl.engines.web import parse_metrics
 
 ROLE_SWITCH_SINCE = (0, 5, 21)  # /pd_role_switch and --enable-pd-role-switch
 MODES = {Role.COLOCATED: "null", Role.PREFILL: "prefill", Role.DECODE: "decode"}
@@ -203,23 +204,6 @@ def result_of(rid: str, body: dict[str, Any], role: Role, version: int) -> Gener
         prompt_tokens=int(meta.get("prompt_tokens", 0)),
         cached_tokens=int(meta.get("cached_tokens", 0)),
     )
-
-
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text -> {metric name: value summed over its label sets}."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        m = _SAMPLE.match(line)
-        if m is None or line.startswith("#"):
-            continue
-        try:
-            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(3))
-        except ValueError:
-            continue
-    return out
 
 
 def render_metrics(values: dict[str, float], labels: str = "") -> str:

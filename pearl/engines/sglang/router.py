@@ -27,8 +27,9 @@ from typing import Any
 from pearl.core.state import Role, Worker
 from pearl.engines.base import EngineError, GenerateRequest, GenerateResult
 from pearl.engines.sglang import protocol as P
-from pearl.engines.sglang.client import HTTPError, SGLangClient, call
+from pearl.engines.sglang.client import SGLangClient
 from pearl.engines.sglang.launch import ServerProcess, worker_ports
+from pearl.engines.web import HTTPError, call
 
 log = logging.getLogger(__name__)
 TYPES = {Role.COLOCATED: "regular", Role.PREFILL: "prefill", Role.DECODE: "decode"}

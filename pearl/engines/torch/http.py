@@ -33,9 +33,9 @@ import torch
 from pearl.core.state import Role
 from pearl.engines.base import EngineError, GenerateResult, KVTimeout
 from pearl.engines.sglang import protocol as P
-from pearl.engines.sglang.client import call
 from pearl.engines.torch.engine import TorchEngine
 from pearl.engines.torch.facade_state import Counters, Rooms
+from pearl.engines.web import call
 from transports.bulk import ZmqKVChannel
 
 log = logging.getLogger("pearl.facade")
