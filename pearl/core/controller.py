@@ -302,11 +302,18 @@ class Controller:
         tx = _Tx(s, now, wall)
         p = table.plan
         if p is not None:
-            started = {
-                k: now + self.config.timeouts[st.op]
-                for k, st in enumerate(p.steps)
-                if k not in p.done and self._looks_started(table, st)
-            }
+            started = {}
+            for k, st in enumerate(p.steps):
+                if k in p.done or not self._looks_started(table, st):
+                    continue
+                timeout = self.config.timeouts[st.op]
+                if not idle and st.op in MANDATORY_OPS:
+                    # Training waits on this return and the restart has cost it time already:
+                    # the step gets the cancel grace, not a whole new timeout, before it is
+                    # forced; else every restart would start its timeout again, and restarts
+                    # could hold training back without bound.
+                    timeout = min(timeout, self.config.cancel_grace_s)
+                started[k] = now + timeout
             tx.set(started=started)
             if not tx.s.mandatory:
                 self._interrupt(tx, "recovery: expansion never committed")
