@@ -281,13 +281,13 @@ class _ViewCollector:
         yield workers
         seq = view.seq if view is not None else None
         yield _gauge("pearl_log_seq", "Sequence number of the last logged record", seq)
-        if self.m.http_connections is not None:
-            yield _gauge(
-                "pearl_metrics_connections",
-                "Connections the metrics endpoint serves now, each on a thread (this scrape's "
-                "included; at most the cap)",
-                self.m.http_connections(),
-            )
+        served = self.m.http_connections
+        yield _gauge(
+            "pearl_metrics_connections",
+            "Connections the metrics endpoint serves now, each on a thread (this scrape's "
+            "included; at most the cap)",
+            served() if served is not None else None,
+        )
         deaths = GaugeMetricFamily(
             "pearl_worker_deaths",
             "Worker hosts declared dead since pearld started, by reason ('silent but busy': "

@@ -178,8 +178,6 @@ class DiagnosingClient(Client):
                 self._heard.add(event)
             elif event in _DOWN:
                 self._up = False
-        if self._up:  # connected before the request began, and still: the server accepted us
-            self._heard.add(_SUCCEEDED)
 
     def _connecting(self, sock: zmq.Socket[Any]) -> None:
         # A unique address: pyzmq's default names the socket's fd, which a new socket reuses.
@@ -201,7 +199,9 @@ class DiagnosingClient(Client):
         self._heard = set()  # what the next request's diagnosis hears starts now
 
     def _verdict(self) -> str:
-        heard = self._heard
+        # A connection made before the request began and still up as it ends: the server
+        # accepted us (judged at the end: a disconnect heard late must not count as accepted).
+        heard = self._heard | ({_SUCCEEDED} if self._up else set())
         if zmq.EVENT_HANDSHAKE_FAILED_AUTH in heard:
             return DENIED
         if zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL in heard:
