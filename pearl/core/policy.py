@@ -46,9 +46,11 @@ class Policy:
     def of_config(cls, cfg: Any) -> Policy:
         """The policy a pearld with this :class:`pearl.config.Config` runs (``daemon.pd``,
         ``daemon.borrow``, the decision knobs); core reads it without importing the config."""
+        # vLLM pools serve colocated only: adaptive there means colocation at every budget.
+        pd = PD.COLOCATED if cfg.engine.kind == "vllm" else PD(cfg.daemon.pd)
         return cls(
             cfg.decision,
-            pd=PD(cfg.daemon.pd),
+            pd=pd,
             borrow=Borrow(cfg.daemon.borrow),
             alpha=cfg.decision.ema_alpha,
             L_max=cfg.workload.max_trajectory_tokens,

@@ -3,7 +3,8 @@
 ``sim`` takes its cost model from the catalog roofline of the configured model and GPU (so a sim
 worker costs what the decision engine's priors say); ``torch`` runs a real Qwen3-architecture model
 on CPU or CUDA; ``sglang`` launches and drives one SGLang server per worker (the ``sglang`` extra is
-needed where servers run, not here).
+needed where servers run, not here); ``vllm`` one vLLM server per worker, from the environment
+``engine.vllm_python`` names.
 """
 
 from __future__ import annotations
@@ -70,6 +71,19 @@ def build_engine(
         spec = spec_from_config(cfg, tp=tp, first_gpu=first_gpu())
         return SGLangEngine(
             SGLangEngineConfig(spec, startup_timeout_s=cfg.sglang_startup_timeout_s),
+            role=role,
+            kv_channel=kv_channel,
+        )
+    if cfg.kind == "vllm":  # launches a server process from vLLM's own environment
+        from pearl.engines.process import first_gpu
+        from pearl.engines.vllm import VLLMEngine, VLLMEngineConfig
+        from pearl.engines.vllm import spec_from_config as vllm_spec
+
+        return VLLMEngine(
+            VLLMEngineConfig(
+                vllm_spec(cfg, tp=tp, first_gpu=first_gpu()),
+                startup_timeout_s=cfg.vllm_startup_timeout_s,
+            ),
             role=role,
             kv_channel=kv_channel,
         )

@@ -29,6 +29,12 @@ from pearl.engines.base import EngineError
 log = logging.getLogger(__name__)
 
 
+def first_gpu() -> int:
+    """The worker's first GPU: the launcher pins a worker host with ``CUDA_VISIBLE_DEVICES``."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    return int(visible) if visible.isdigit() else 0
+
+
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -73,8 +79,12 @@ class ServerProcess:
         log_path: str | None = None,
         env: dict[str, str] | None = None,
         prefix: str = "server",
+        group: bool = False,
     ) -> None:
         self.argv = argv
+        # group: the server runs in a process group of its own, and stopping it stops the group
+        # (vLLM's engine core and workers are its children: killed alone, it would orphan them).
+        self.group = group
         fd, default = tempfile.mkstemp(prefix=f"pearl-{prefix}-", suffix=".log")
         os.close(fd)
         self.log_path = Path(log_path or default)
@@ -83,7 +93,12 @@ class ServerProcess:
         try:
             self.proc = _SPAWNER.run(
                 lambda: subprocess.Popen(
-                    argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, preexec_fn=preexec
+                    argv,
+                    stdout=self._log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    preexec_fn=preexec,
+                    process_group=0 if group else None,
                 )
             )
         except OSError as e:
@@ -102,17 +117,24 @@ class ServerProcess:
             return ""
         return "\n".join(lines[-n:])
 
+    def _signal(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            if self.group:
+                os.killpg(self.pid, sig)
+            else:
+                os.kill(self.pid, sig)
+
     def stop(self, grace_s: float = 20.0) -> None:
-        """SIGTERM, wait, then SIGKILL; idempotent."""
+        """SIGTERM, wait, then SIGKILL (the group's stragglers too); idempotent."""
         if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGTERM)
+            self._signal(signal.SIGTERM)
             try:
                 self.proc.wait(grace_s)
             except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(self.pid, signal.SIGKILL)
+                self._signal(signal.SIGKILL)
                 self.proc.wait(10)
+        if self.group:
+            self._signal(signal.SIGKILL)  # children the server left behind
         if not self._log.closed:
             self._log.close()
 
@@ -166,4 +188,4 @@ class Watchdog:
                     log.error("relaunch failed: %s", e)
 
 
-__all__ = ["ServerProcess", "Watchdog"]
+__all__ = ["ServerProcess", "Watchdog", "first_gpu"]

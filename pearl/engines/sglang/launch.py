@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 from dataclasses import dataclass, replace
@@ -17,7 +16,7 @@ from typing import Any
 from pearl.core.errors import ConfigError
 from pearl.core.state import Role
 from pearl.engines.base import EngineError
-from pearl.engines.process import ServerProcess
+from pearl.engines.process import ServerProcess, first_gpu
 from pearl.engines.sglang.protocol import MODES, supports_role_switch
 
 SGLANG_MODULE = "sglang.launch_server"
@@ -106,12 +105,6 @@ def launch_command(spec: ServerSpec) -> list[str]:
 def split_args(text: str) -> tuple[str, ...]:
     """``engine.sglang_extra_args`` (one shell-quoted string) -> argv items."""
     return tuple(shlex.split(text))
-
-
-def first_gpu() -> int:
-    """The worker's first GPU: the launcher pins a worker host with ``CUDA_VISIBLE_DEVICES``."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-    return int(visible) if visible.isdigit() else 0
 
 
 def worker_ports(cfg: Any, first: int) -> tuple[int, int]:

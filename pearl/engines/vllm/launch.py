@@ -1,0 +1,140 @@
+"""Launching one vLLM server per worker: the command line and its environment.
+
+:func:`launch_command` is pure: it turns a :class:`VLLMSpec` (the ``[engine]`` settings and the
+worker's port) into ``PYTHON -m vllm.entrypoints.openai.api_server ...``. The server runs from
+the Python the config names (``engine.vllm_python``), so vLLM may live in an environment of its
+own; :func:`launch_env` adds what PEARL needs of it: the development endpoints (pause, resume,
+sleep, weight updates, ``collective_rpc``) and PEARL's worker extension on its import path.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pearl.core.errors import ConfigError
+from pearl.engines.base import EngineError
+
+VLLM_MODULE = "vllm.entrypoints.openai.api_server"
+SERVED_NAME = "pearl"  # the model name requests use, whatever the checkpoint's path
+# PEARL's worker extension: a module of its own directory, importable without pearl installed.
+EXTENSION_DIR = Path(__file__).resolve().parent / "ext"
+EXTENSION_CLS = "pearl_vllm_worker.PearlWeights"
+# The environment `make test` creates for vLLM (vLLM pins its own transformers and numpy).
+DEFAULT_VENV = Path(__file__).resolve().parents[3] / ".venv-vllm"
+
+
+@dataclass(frozen=True)
+class VLLMSpec:
+    """Everything the launch command of one worker's vLLM server depends on."""
+
+    model_path: str
+    tp: int = 1
+    host: str = "127.0.0.1"
+    port: int = 31000
+    dtype: str = "bfloat16"
+    max_model_len: int = 2048
+    enforce_eager: bool = True  # no graph capture: seconds, not minutes, to start on CPUs
+    sleep_mode: bool = False  # --enable-sleep-mode (CUDA): a lend frees the device memory
+    # KV cache size. 0: vLLM's default, a fraction of the device's memory, which on CPUs is 92%
+    # of the machine's: a second server (or the next after a crash) could not start.
+    kv_cache_mb: int = 512
+    python: str = ""  # "": the environment `make test` creates, else this interpreter
+    extra_args: tuple[str, ...] = ()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def default_python() -> str:
+    """``.venv-vllm/bin/python`` when `make test` made it, else this interpreter."""
+    venv = DEFAULT_VENV / "bin" / "python"
+    return str(venv) if venv.exists() else sys.executable
+
+
+def launch_command(spec: VLLMSpec) -> list[str]:
+    if not spec.model_path:
+        raise EngineError("a vLLM server needs a model directory (engine.vllm_model_path)")
+    if spec.tp < 1:
+        raise EngineError(f"tp must be >= 1, got {spec.tp}")
+    argv = [
+        spec.python or default_python(),
+        "-m",
+        VLLM_MODULE,
+        "--model",
+        spec.model_path,
+        "--served-model-name",
+        SERVED_NAME,
+        "--host",
+        spec.host,
+        "--port",
+        str(spec.port),
+        "--tensor-parallel-size",
+        str(spec.tp),
+        "--dtype",
+        spec.dtype,
+        "--max-model-len",
+        str(spec.max_model_len),
+        "--worker-extension-cls",
+        EXTENSION_CLS,
+        "--enable-prompt-tokens-details",  # cached prompt tokens in the usage
+        "--enable-prefix-caching",  # a trajectory's next turn reuses its prefix
+    ]
+    if spec.kv_cache_mb > 0:
+        argv += ["--kv-cache-memory-bytes", str(spec.kv_cache_mb << 20)]
+    if spec.enforce_eager:
+        argv.append("--enforce-eager")
+    if spec.sleep_mode:
+        argv.append("--enable-sleep-mode")
+    return argv + list(spec.extra_args)
+
+
+def launch_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The server's environment: development endpoints on, PEARL's extension importable."""
+    env = dict(os.environ if base is None else base)
+    env["VLLM_SERVER_DEV_MODE"] = "1"
+    path = env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = str(EXTENSION_DIR) + (os.pathsep + path if path else "")
+    return env
+
+
+def spec_from_config(cfg: Any, tp: int, first_gpu: int) -> VLLMSpec:
+    """The VLLMSpec of one worker from the ``[engine]`` section (an EngineConfig). Ports are
+    per worker, the base plus the worker's first GPU id, as for SGLang."""
+    if not cfg.vllm_model_path:
+        raise ConfigError(
+            "engine.kind = 'vllm' needs engine.vllm_model_path: the Hugging Face model "
+            "directory the vLLM servers load"
+        )
+    return VLLMSpec(
+        model_path=cfg.vllm_model_path,
+        tp=tp,
+        host=cfg.vllm_host,
+        port=cfg.vllm_port + first_gpu,
+        dtype=cfg.vllm_dtype,
+        max_model_len=cfg.vllm_max_model_len,
+        enforce_eager=cfg.vllm_enforce_eager,
+        sleep_mode=cfg.vllm_sleep_mode,
+        kv_cache_mb=cfg.vllm_kv_cache_mb,
+        python=cfg.vllm_python,
+        extra_args=tuple(shlex.split(cfg.vllm_extra_args)),
+    )
+
+
+__all__ = [
+    "DEFAULT_VENV",
+    "EXTENSION_CLS",
+    "EXTENSION_DIR",
+    "SERVED_NAME",
+    "VLLM_MODULE",
+    "VLLMSpec",
+    "default_python",
+    "launch_command",
+    "launch_env",
+    "spec_from_config",
+]

@@ -1,0 +1,144 @@
+"""The vLLM engine against a real vLLM server (CPU build, from ``.venv-vllm``): generation is
+vLLM's own, an abort keeps the prefix and its continuation equals the unmigrated run, published
+weights are served without a restart (and equal ``transformers``' forward with them), a lend
+pauses the server, and a server that dies is relaunched at the current weights."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pearl.engines.base import EngineError, FinishReason, GenerateRequest, SamplingParams
+from pearl.engines.vllm.engine import body
+from pearl.engines.web import call
+
+pytestmark = pytest.mark.slow
+
+PROMPT = (5, 17, 42, 99, 3, 250, 7, 64)
+
+
+def greedy(rid: str, prompt: tuple[int, ...] = PROMPT, n: int = 24) -> GenerateRequest:
+    return GenerateRequest(rid, prompt, SamplingParams(max_new_tokens=n, temperature=0.0))
+
+
+def wait_until(pred: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_generation_through_the_engine_is_the_servers_own(engine: Any) -> None:
+    out = engine.generate(greedy("g1")).result(120)
+    assert out.finish_reason is FinishReason.LENGTH and len(out.output_ids) == 24
+    assert len(out.logprobs) == 24 and all(lp <= 0.0 for lp in out.logprobs)
+    direct = call(
+        engine.client.base + "/v1/completions",
+        "POST",
+        {**body(greedy("d1")), "stream_options": None},
+        timeout_s=120,
+    )
+    assert tuple(direct["choices"][0]["token_ids"]) == out.output_ids
+    assert out.prompt_tokens == len(PROMPT) and out.weights_version == engine.weights_version
+
+
+def test_stop_ids_end_a_request_and_nothing_else_does(engine: Any) -> None:
+    ref = engine.generate(greedy("s0")).result(120).output_ids
+    stop = ref[5]
+    req = GenerateRequest("s1", PROMPT, SamplingParams(24, 0.0, stop_ids=(stop,)))
+    out = engine.generate(req).result(120)
+    first = ref.index(stop)
+    assert out.finish_reason is FinishReason.STOP and out.output_ids == ref[: first + 1]
+
+
+def test_an_abort_keeps_the_prefix_and_the_rest_continues_it_exactly(engine: Any) -> None:
+    """What a reclaim does to a turn: aborted mid-generation, its prefix kept; resumed (here on
+    the same server, as on any other) from prompt + prefix, the tokens equal the run that was
+    never interrupted."""
+    n = 200
+    whole = engine.generate(greedy("u", n=n)).result(300).output_ids
+    fut = engine.generate(greedy("a", n=n))
+
+    def streamed() -> int:
+        c = engine._calls.get("a")
+        return bool(c and c.completion and len(c.completion.out.token_ids) >= 4)
+
+    wait_until(streamed, 120, "the first tokens of the request")
+    engine.abort("a")
+    cut = fut.result(60)
+    assert cut.finish_reason is FinishReason.ABORT
+    k = len(cut.output_ids)
+    assert 4 <= k < n and cut.output_ids == whole[:k] and len(cut.logprobs) == k
+    rest = engine.generate(greedy("r", PROMPT + cut.output_ids, n - k)).result(300)
+    assert cut.output_ids + rest.output_ids == whole
+    assert not engine.in_flight()
+
+
+def test_a_lend_pauses_the_server_and_the_return_serves_again(engine: Any) -> None:
+    engine.release_memory()
+    with pytest.raises(EngineError, match="released its memory"):
+        engine.generate(greedy("x"))
+    engine.resume_memory()
+    assert engine.generate(greedy("after")).result(120).output_ids
+
+
+def test_published_weights_are_served_in_place_and_equal_transformers(
+    engine: Any, tiny_model: Path, tmp_path: Path
+) -> None:
+    import torch
+    from safetensors.torch import save_file
+    from transformers import Qwen3ForCausalLM
+
+    before = engine.generate(greedy("w0", n=8)).result(120).output_ids
+    pid = engine.server.pid
+    model = Qwen3ForCausalLM.from_pretrained(tiny_model, torch_dtype=torch.float32)
+    torch.manual_seed(7)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+    snap = tmp_path / "v3.safetensors"
+    tensors = model.state_dict()
+    tensors.pop("lm_head.weight")  # tied to the embeddings, as the checkpoint has it
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(snap))
+    engine.load_weights(3, str(snap))
+    out = engine.generate(greedy("w1", n=8)).result(120)
+    assert engine.server.pid == pid  # no restart
+    assert (
+        out.weights_version == 3
+        and call(engine.client.base + "/weight_info")["weight_version"] == "3"
+    )
+    ids = torch.tensor([list(PROMPT)])
+    with torch.no_grad():
+        ref = model.generate(ids, max_new_tokens=8, do_sample=False, min_new_tokens=8)[0]
+    assert out.output_ids == tuple(ref[len(PROMPT) :].tolist())
+    assert out.output_ids != before
+    with pytest.raises(EngineError, match="older than the loaded version 3"):
+        engine.load_weights(2, str(snap))
+
+
+def test_telemetry_comes_from_the_servers_metrics(engine: Any) -> None:
+    engine.telemetry()
+    for k in range(3):
+        engine.generate(greedy(f"t{k}", n=16)).result(120)
+    tel = engine.telemetry()
+    decode = [it for it in tel.iterations if it.decode_batch]
+    assert decode and all(0 < it.duration_s < 10 for it in decode)
+
+
+def test_a_dead_server_is_relaunched_at_the_current_weights(engine: Any) -> None:
+    version = engine.weights_version
+    before = engine.generate(greedy("k0", n=8)).result(120).output_ids
+    old = engine.server.pid
+    os.kill(old, signal.SIGKILL)
+    wait_until(lambda: engine.server.pid != old and engine.client.healthy(), 600, "a relaunch")
+    wait_until(lambda: not engine._blocked, 600, "the relaunch to finish")
+    out = engine.generate(greedy("k1", n=8)).result(120)
+    assert out.output_ids == before and out.weights_version == version
