@@ -86,6 +86,21 @@ def test_a_local_model_directory_loads(tmp_path: Path) -> None:
         e.stop()
 
 
+def test_a_checkpoint_of_another_architecture_is_refused_in_one_line(tmp_path: Path) -> None:
+    """A Llama directory used to load into a Qwen3 with fresh norms and serve garbage."""
+    from transformers import LlamaConfig
+
+    LlamaConfig(
+        vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, architectures=["LlamaForCausalLM"],
+    ).save_pretrained(tmp_path)  # fmt: skip
+    with pytest.raises(EngineError) as err:
+        TorchEngine(model_path=str(tmp_path))
+    msg = str(err.value)
+    assert "a llama checkpoint (LlamaForCausalLM)" in msg and "Qwen3 only" in msg
+    assert "\n" not in msg
+
+
 def test_release_frees_the_weights_and_a_cpu_copy_can_be_kept() -> None:
     for keep in (False, True):
         e = TorchEngine(preset="tiny", keep_cpu_copy=keep)

@@ -8,6 +8,7 @@ directory, a file (safetensors or a torch-saved state dict), or an in-memory sta
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,20 @@ def preset_config(name: str) -> Qwen3Config:
 
 
 def dir_config(path: str) -> Qwen3Config:
+    """The Qwen3 config of a local model directory. Another architecture is refused: loaded
+    into a Qwen3, its weights would be mapped wrongly or left at random, and it would serve
+    garbage without a word."""
+    try:
+        raw = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise EngineError(f"{path} is not a local Qwen3 model directory: {e}") from None
+    kind = raw.get("model_type")
+    if kind != "qwen3":
+        archs = ", ".join(raw.get("architectures") or []) or "no architectures listed"
+        raise EngineError(
+            f"{path}: a {kind or 'unknown'} checkpoint ({archs}); the torch engine implements "
+            "Qwen3 only (Qwen3ForCausalLM). Serve it with engine.kind = 'vllm'"
+        )
     try:
         cfg = Qwen3Config.from_pretrained(path, local_files_only=True)
     except Exception as e:
