@@ -217,12 +217,16 @@ class EngineConfig:
     # vllm: each worker host launches one vLLM server (see pearl.engines.vllm), its port the
     # base plus the worker's first GPU id. vLLM pools serve colocated only (docs/vllm.md).
     vllm_model_path: str = ""  # a Hugging Face model directory (config, safetensors, tokenizer)
+    vllm_tokenizer: str = ""  # its tokenizer's directory, if not the model's (--tokenizer)
     vllm_python: str = ""  # the servers' interpreter; "": .venv-vllm/bin/python when present
     vllm_host: str = "127.0.0.1"
     vllm_port: int = 31000
     vllm_dtype: str = "bfloat16"
     vllm_max_model_len: int = 2048
     vllm_enforce_eager: bool = True  # no CUDA graphs / compilation: starts in seconds
+    # Chunked prefill. Off by default: on CPUs vLLM 0.32 kills its engine when it chunks the
+    # prefill of a seeded request ("CPU Generator does not use offset"); turn it on for GPUs.
+    vllm_chunked_prefill: bool = False
     vllm_sleep_mode: bool = False  # --enable-sleep-mode (CUDA only): a lend frees device memory
     vllm_kv_cache_mb: int = 512  # each server's KV cache; 0: vLLM's default (92% of RAM on CPUs)
     vllm_extra_args: str = ""  # appended to every server's launch command
@@ -254,6 +258,7 @@ class DemoConfig:
     # A scripted budget instead of the segment: "STEP:N,..." = from training step STEP on, N of
     # the preemptible GPUs are present ("1:0,5:2,11:0"). Empty: follow the segment.
     budget: str = ""
+    trace_s: float = 0.0  # seconds the segment is squeezed into (--trace-s); 0: 4 s per step
 
 
 def parse_budget(text: str, preemptible: int, where: str = "demo.budget") -> list[tuple[int, int]]:

@@ -410,7 +410,9 @@ def run(
 
     schedule = parse_budget(cfg.demo.budget, len(cfg.cluster.preemptible_gpus))
     script = BudgetScript(rt, timeline, schedule) if schedule else None
-    driver = TraceDriver(rt, segment or cfg.demo.segment, trace_s or 4.0 * steps, timeline)
+    driver = TraceDriver(
+        rt, segment or cfg.demo.segment, trace_s or cfg.demo.trace_s or 4.0 * steps, timeline
+    )
     live = LiveView(rt, timeline, state, quiet)
     evals = learn.start_eval(cfg, prepared, learning)  # step 0: the starting policy
     interrupted = False

@@ -8,6 +8,7 @@ returns the background evaluator the training loop feeds every ``eval_every`` st
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,10 +71,11 @@ def prepare(
         overrides = (f"rl.env={learning.env}", *overrides)
     cfg = config_mod.load(config, list(overrides))
     if learning is None or not learning.warm_start:
-        return Prepared(overrides, cfg.engine.preset if "/" in cfg.engine.preset else "")
-    if cfg.engine.kind != "torch" or "/" in cfg.engine.preset:
+        model_dir = cfg.engine.preset if "/" in cfg.engine.preset else ""
+        return Prepared((*overrides, *for_vllm(cfg, model_dir, out)), model_dir)
+    if cfg.engine.kind not in ("torch", "vllm") or "/" in cfg.engine.preset:
         raise ConfigError(
-            f"the warm start trains a preset for the torch engine; this config has "
+            f"the warm start trains a preset of the torch engine's models; this config has "
             f"engine.kind = {cfg.engine.kind!r}, preset = {cfg.engine.preset!r}. "
             "Pass --no-warm-start"
         )
@@ -105,7 +107,31 @@ def prepare(
             for k in ("steps", "validation", "reached_target", "demo_s", "train_s", "python_demos")
         },
     }
-    return Prepared((*overrides, f"engine.preset={ws.path}"), str(ws.path), info)
+    model = (f"engine.preset={ws.path}", *for_vllm(cfg, str(ws.path), out))
+    return Prepared((*overrides, *model), str(ws.path), info)
+
+
+def for_vllm(cfg: Any, model_dir: str, out: Path) -> tuple[str, ...]:
+    """vLLM workers serve what the trainer trains: the model directory (or the preset's seeded
+    weights, written as one), with the byte tokenizer beside it. Nothing for other engines, or
+    when the config names its own vLLM model."""
+    if cfg.engine.kind != "vllm" or cfg.engine.vllm_model_path:
+        return ()
+    from pearl.engines.vllm.checkpoint import byte_tokenizer, preset_dir
+
+    root = out.parent / "vllm"
+    root.mkdir(parents=True, exist_ok=True)
+    preset = cfg.engine.preset
+    if not model_dir:
+        model_dir = str(
+            preset_dir(preset, cfg.engine.seed, root / f"{preset}-seed{cfg.engine.seed}")
+        )
+    served = f"engine.vllm_model_path={model_dir}"
+    if (Path(model_dir) / "tokenizer.json").is_file():  # its own tokenizer, PEARL's pipeline's too
+        return (served,)
+    vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
+    tok = byte_tokenizer(root / f"byte-tokenizer-{vocab}", vocab)
+    return (served, f"engine.vllm_tokenizer={tok}")
 
 
 def model_kwargs(cfg: Any) -> dict[str, Any]:

@@ -17,8 +17,9 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from pearl.engines.base import EngineError
 
-# Shapes only; weights are random (seeded) unless loaded. ``tiny`` is for tests, ``small`` for
-# CPU benchmarks, ``qwen3-0.6b`` is the real model's shape (151,936-token vocabulary).
+# Shapes only; weights are random (seeded) unless loaded. ``tiny`` is for tests, ``tiny32`` is
+# ``tiny`` in heads of 32 (the same parameters; vLLM's CPU attention refuses head size 16),
+# ``small`` for CPU benchmarks, ``qwen3-0.6b`` is the real model's shape (151,936-token vocabulary).
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(
         vocab_size=512,
@@ -28,6 +29,17 @@ PRESETS: dict[str, dict[str, Any]] = {
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=16,
+        max_position_embeddings=4096,
+        initializer_range=0.25,
+    ),
+    "tiny32": dict(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=192,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
         max_position_embeddings=4096,
         initializer_range=0.25,
     ),

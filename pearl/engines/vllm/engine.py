@@ -146,7 +146,7 @@ class VLLMEngine(Drainable, Engine):
             self.server = ServerProcess(
                 launch_command(self.spec),
                 self.cfg.log_path or None,
-                launch_env(),
+                launch_env(self.spec),
                 "vllm",
                 group=True,
             )

@@ -33,18 +33,23 @@ class VLLMSpec:
     """Everything the launch command of one worker's vLLM server depends on."""
 
     model_path: str
+    tokenizer: str = ""  # --tokenizer: a directory other than the model's
     tp: int = 1
     host: str = "127.0.0.1"
     port: int = 31000
     dtype: str = "bfloat16"
     max_model_len: int = 2048
     enforce_eager: bool = True  # no graph capture: seconds, not minutes, to start on CPUs
+    chunked_prefill: bool = False  # see EngineConfig.vllm_chunked_prefill
     sleep_mode: bool = False  # --enable-sleep-mode (CUDA): a lend frees the device memory
     # KV cache size. 0: vLLM's default, a fraction of the device's memory, which on CPUs is 92%
     # of the machine's: a second server (or the next after a crash) could not start.
     kv_cache_mb: int = 512
     python: str = ""  # "": the environment `make test` creates, else this interpreter
     extra_args: tuple[str, ...] = ()
+    # CPUs: the cores the server's OpenMP threads are bound to (VLLM_CPU_OMP_THREADS_BIND).
+    # vLLM's own choice binds every server on a machine to the same core.
+    cpu_cores: str = ""
 
     @property
     def url(self) -> str:
@@ -85,19 +90,27 @@ def launch_command(spec: VLLMSpec) -> list[str]:
         "--enable-prompt-tokens-details",  # cached prompt tokens in the usage
         "--enable-prefix-caching",  # a trajectory's next turn reuses its prefix
     ]
+    if spec.tokenizer:
+        argv += ["--tokenizer", spec.tokenizer]
     if spec.kv_cache_mb > 0:
         argv += ["--kv-cache-memory-bytes", str(spec.kv_cache_mb << 20)]
     if spec.enforce_eager:
         argv.append("--enforce-eager")
+    argv.append(
+        "--enable-chunked-prefill" if spec.chunked_prefill else "--no-enable-chunked-prefill"
+    )
     if spec.sleep_mode:
         argv.append("--enable-sleep-mode")
     return argv + list(spec.extra_args)
 
 
-def launch_env(base: dict[str, str] | None = None) -> dict[str, str]:
-    """The server's environment: development endpoints on, PEARL's extension importable."""
+def launch_env(spec: VLLMSpec, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The server's environment: development endpoints on, PEARL's extension importable, its
+    threads on its own cores unless the environment already says where."""
     env = dict(os.environ if base is None else base)
     env["VLLM_SERVER_DEV_MODE"] = "1"
+    if spec.cpu_cores:
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", spec.cpu_cores)
     path = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = str(EXTENSION_DIR) + (os.pathsep + path if path else "")
     return env
@@ -113,17 +126,26 @@ def spec_from_config(cfg: Any, tp: int, first_gpu: int) -> VLLMSpec:
         )
     return VLLMSpec(
         model_path=cfg.vllm_model_path,
+        tokenizer=cfg.vllm_tokenizer,
         tp=tp,
         host=cfg.vllm_host,
         port=cfg.vllm_port + first_gpu,
         dtype=cfg.vllm_dtype,
         max_model_len=cfg.vllm_max_model_len,
         enforce_eager=cfg.vllm_enforce_eager,
+        chunked_prefill=cfg.vllm_chunked_prefill,
         sleep_mode=cfg.vllm_sleep_mode,
         kv_cache_mb=cfg.vllm_kv_cache_mb,
         python=cfg.vllm_python,
         extra_args=tuple(shlex.split(cfg.vllm_extra_args)),
+        cpu_cores=spread(first_gpu),
     )
+
+
+def spread(slot: int) -> str:
+    """The core of a worker's slot: slots take this process's cores in turn."""
+    cores = sorted(os.sched_getaffinity(0))
+    return str(cores[slot % len(cores)])
 
 
 __all__ = [
@@ -137,4 +159,5 @@ __all__ = [
     "launch_command",
     "launch_env",
     "spec_from_config",
+    "spread",
 ]

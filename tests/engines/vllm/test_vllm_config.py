@@ -3,6 +3,9 @@ rule, and what the worker host's factory builds."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from pearl import config
@@ -12,7 +15,7 @@ from pearl.core.state import Role
 from pearl.engines.base import EngineError
 from pearl.engines.vllm import launch_command, spec_from_config
 from pearl.engines.vllm.engine import check_role
-from pearl.engines.vllm.launch import EXTENSION_DIR, launch_env
+from pearl.engines.vllm.launch import EXTENSION_DIR, launch_env, spread
 
 SETS = ["engine.kind=vllm", "engine.vllm_model_path=/models/qwen3", "daemon.pd=colocated"]
 
@@ -26,9 +29,22 @@ def test_the_launch_command_names_the_model_port_extension_and_kv_cache() -> Non
     assert flags["--model"] == "/models/qwen3" and flags["--port"] == str(31000 + 3)
     assert "--worker-extension-cls" in argv and "--enforce-eager" in argv
     assert argv[argv.index("--kv-cache-memory-bytes") + 1] == str(512 << 20)
-    env = launch_env({"PYTHONPATH": "/x"})
+    assert "--tokenizer" not in argv
+    env = launch_env(spec, {"PYTHONPATH": "/x"})
     assert env["VLLM_SERVER_DEV_MODE"] == "1"
     assert env["PYTHONPATH"].split(":") == [str(EXTENSION_DIR), "/x"]
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == spread(3)
+    assert launch_env(spec, {"VLLM_CPU_OMP_THREADS_BIND": "nobind"})[
+        "VLLM_CPU_OMP_THREADS_BIND"
+    ] == ("nobind")  # the environment's own choice wins
+
+
+def test_workers_spread_over_the_cores_and_a_tokenizer_dir_is_passed() -> None:
+    cores = sorted(os.sched_getaffinity(0))
+    assert [spread(s) for s in range(2 * len(cores))] == [str(c) for c in cores] * 2
+    cfg = config.load("configs/sim-32.toml", [*SETS, "engine.vllm_tokenizer=/tok"])
+    argv = launch_command(spec_from_config(cfg.engine, tp=1, first_gpu=0))
+    assert argv[argv.index("--tokenizer") + 1] == "/tok"
 
 
 def test_vllm_pools_are_colocation_only() -> None:
@@ -44,3 +60,20 @@ def test_a_missing_model_path_is_one_line() -> None:
     cfg = config.load("configs/sim-32.toml", ["engine.kind=vllm", "daemon.pd=colocated"])
     with pytest.raises(ConfigError, match="needs engine.vllm_model_path"):
         spec_from_config(cfg.engine, tp=1, first_gpu=0)
+
+
+def test_the_byte_tokenizer_for_vllm_has_the_torch_engines_ids(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from pearl.engines.torch.tokenizer import ByteTokenizer
+    from pearl.engines.vllm.checkpoint import byte_tokenizer
+
+    path = byte_tokenizer(tmp_path / "tok", 512)
+    hf, ours = AutoTokenizer.from_pretrained(str(path)), ByteTokenizer()
+    text = "what is 12 + 30?\n\tü → 42 <tool>"
+    assert hf.encode(text, add_special_tokens=False) == ours.encode(text)
+    assert hf.decode(ours.encode(text)) == text and len(hf) == 512
+    assert (hf.bos_token_id, hf.eos_token_id, hf.pad_token_id) == (256, 257, 258)
+    assert hf.convert_ids_to_tokens(511) == "<|extra_511|>"
+    with pytest.raises(ValueError, match=">= 259 ids"):
+        byte_tokenizer(tmp_path / "small", 100)
