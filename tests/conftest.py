@@ -9,7 +9,9 @@ import pytest
 
 
 @pytest.fixture(autouse=True)
-def _stop_all_actors() -> Iterator[None]:
-    """No test leaks a running pykka actor (or its thread) into the next one."""
+def _stop_all_actors(request: pytest.FixtureRequest) -> Iterator[None]:
+    """No test leaks a running pykka actor (or its thread) into the next one, except within a
+    module marked ``shared_actors`` (its module fixture stops them)."""
     yield
-    pykka.ActorRegistry.stop_all(timeout=10)
+    if request.node.get_closest_marker("shared_actors") is None:
+        pykka.ActorRegistry.stop_all(timeout=10)

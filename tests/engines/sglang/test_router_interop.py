@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from actors import base
-from actors.messages import AbortRequest, GenerateDone, Route, StateChanged
+from actors.messages import AbortRequest, StateChanged
 from actors.router import Router
 from pearl.core.state import Activity, Role, Worker, Zone
 from pearl.core.view import ClusterView, TableSnapshot
@@ -22,6 +22,7 @@ from pearl.engines.sglang import SGLangClient
 from pearl.engines.sglang.router import RouterClient, SGLangRouterLink, launch_routers
 
 from ..helpers import prompt_of
+from ..trainer import Trainer
 from .conftest import BOOT_OFFSET, Servers, free_base
 
 pytest.importorskip(
@@ -40,50 +41,6 @@ def routers() -> Iterator[tuple[str, str]]:
     finally:
         for p in procs:
             p.stop()
-
-
-class Trainer(base.PearlActor):
-    """Plays the trainer: collects answers and resubmits an aborted request's continuation."""
-
-    name = "trainer"
-    handles = {GenerateDone: "done"}
-
-    def __init__(self, directory: base.Directory) -> None:
-        super().__init__()
-        self.d = directory
-        self.want: dict[str, tuple[tuple[int, ...], int]] = {}  # rid -> (prompt, tokens)
-        self.got: dict[str, list[int]] = {}
-        self.finished: dict[str, list[int]] = {}
-        self.errors: list[str] = []
-        self.aborts = 0
-
-    def submit(self, rid: str, prompt: tuple[int, ...], n: int) -> None:
-        self.want[rid] = (prompt, n)
-        self.got[rid] = []
-        self._send(rid)
-
-    def _send(self, rid: str) -> None:
-        prompt, n = self.want[rid]
-        so_far = self.got[rid]
-        req = GenerateRequest(
-            rid, prompt + tuple(so_far), SamplingParams(max_new_tokens=n - len(so_far))
-        )
-        self.d.tell("router", Route(req, "trainer"))
-
-    def done(self, msg: GenerateDone) -> None:
-        if msg.result is None:
-            self.errors.append(msg.error)
-            self._send(msg.rid)  # the router gave up retrying: the trainer asks again
-            return
-        self.got[msg.rid].extend(msg.result.output_ids)
-        if msg.result.finish_reason is FinishReason.ABORT:
-            self.aborts += 1
-            self._send(msg.rid)
-        else:
-            self.finished[msg.rid] = self.got[msg.rid]
-
-    def status(self) -> dict[str, Any]:
-        return {"finished": dict(self.finished), "aborts": self.aborts, "errors": self.errors}
 
 
 def table(s: Servers, *rows: tuple[Any, str]) -> tuple[Worker, ...]:
