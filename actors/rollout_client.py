@@ -1,0 +1,136 @@
+"""Generation through PEARL's Router for code outside the actors: one answer per request.
+
+``RolloutClient(directory).generate(request)`` routes a request and returns a future of its
+:class:`Completion`. A turn aborted off a leaving worker (reclaimed, under a notice, lent back
+at Training Begin) comes back with the tokens it had generated: the client sends the rest again,
+as prompt + prefix, to wherever the Router routes it now, and the caller sees one completion.
+An error the Router gave up on is tried again up to ``retries`` times before the future fails.
+
+The client is a :class:`actors.base.Ref` registered under its name, not an actor: the Router's
+answers arrive on the Router's thread and only settle futures or resubmit.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from actors.base import DEFAULT_ASK_S, Directory
+from actors.messages import GenerateDone, Route
+from pearl.engines.base import EngineError, FinishReason, GenerateRequest, GenerateResult
+
+
+@dataclass
+class Completion:
+    """What one request generated, over all its attempts."""
+
+    rid: str
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    # (index of the first token, weights version) for each attempt that generated tokens
+    versions: list[tuple[int, int]] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    resumed: int = 0  # times it was sent again with its prefix (migrations)
+    recomputed_tokens: int = 0  # prompt tokens the resumed attempts prefilled (cache misses)
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Call:
+    request: GenerateRequest
+    future: Future[Completion]
+    out: Completion
+
+
+class RolloutClient:
+    """A registered Ref that routes requests and resumes aborted ones (see the module)."""
+
+    def __init__(self, directory: Directory, name: str = "rollout-client", retries: int = 3):
+        self.name, self.directory, self.retries = name, directory, retries
+        self._lock = threading.Lock()
+        self._calls: dict[str, _Call] = {}
+        self.migrated = 0  # resumptions, all requests
+        self.failed = 0  # requests whose future failed
+        directory.register(self)
+
+    def generate(self, request: GenerateRequest) -> Future[Completion]:
+        fut: Future[Completion] = Future()
+        with self._lock:
+            if request.rid in self._calls:
+                raise EngineError(f"request {request.rid} is already in flight")
+            self._calls[request.rid] = _Call(request, fut, Completion(request.rid))
+        self._send(request)
+        return fut
+
+    def close(self) -> None:
+        self.directory.unregister(self.name, self)  # type: ignore[arg-type]
+
+    # -- the Ref side: the Router's answers ------------------------------------------------------
+
+    def tell(self, msg: Any) -> None:
+        if isinstance(msg, GenerateDone):
+            self._done(msg)
+
+    def ask(self, msg: Any, timeout_s: float = DEFAULT_ASK_S) -> Any:
+        self.tell(msg)
+        return None
+
+    def _send(self, request: GenerateRequest) -> None:
+        self.directory.tell("router", Route(request, self.name))
+
+    def _done(self, msg: GenerateDone) -> None:
+        with self._lock:
+            call = self._calls.get(msg.rid)
+        if call is None:
+            return
+        out, req = call.out, call.request
+        if msg.result is None:
+            out.errors.append(msg.error)
+            if len(out.errors) > self.retries:
+                self._settle(call, EngineError(f"{msg.rid}: {msg.error}"))
+            else:
+                self._send(self._rest(call))
+            return
+        r: GenerateResult = msg.result
+        if out.resumed and out.output_ids:
+            out.recomputed_tokens += max(0, r.prompt_tokens - r.cached_tokens)
+        if r.output_ids:
+            out.versions.append((len(out.output_ids), r.weights_version))
+        out.output_ids += r.output_ids
+        out.logprobs += r.logprobs
+        left = req.sampling.max_new_tokens - len(out.output_ids)
+        if r.finish_reason is FinishReason.ABORT and left > 0:
+            out.resumed += 1
+            with self._lock:
+                self.migrated += 1
+            self._send(self._rest(call))
+            return
+        out.finish_reason = r.finish_reason
+        self._settle(call, None)
+
+    def _rest(self, call: _Call) -> GenerateRequest:
+        """The request for what is left: prompt + prefix, the tokens still to generate."""
+        req, done = call.request, call.out.output_ids
+        sampling = msgspec.structs.replace(
+            req.sampling, max_new_tokens=req.sampling.max_new_tokens - len(done)
+        )
+        return msgspec.structs.replace(
+            req, input_ids=req.input_ids + tuple(done), sampling=sampling
+        )
+
+    def _settle(self, call: _Call, error: Exception | None) -> None:
+        with self._lock:
+            self._calls.pop(call.request.rid, None)
+            if error is not None:
+                self.failed += 1
+        if error is not None:
+            call.future.set_exception(error)
+        else:
+            call.future.set_result(call.out)
+
+
+__all__ = ["Completion", "RolloutClient"]

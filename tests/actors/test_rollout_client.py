@@ -1,0 +1,87 @@
+"""RolloutClient: one completion per request, whatever the Router answers on the way. A scripted
+Router aborts turns part-way (a reclaim), fails one attempt, and changes the weights version."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from actors.base import Directory
+from actors.messages import GenerateDone, Route
+from actors.rollout_client import RolloutClient
+from pearl.engines.base import EngineError, FinishReason, GenerateRequest, GenerateResult
+from pearl.engines.base import SamplingParams as S
+
+
+class ScriptedRouter:
+    """Answers each Route with the next of ``script``: ("abort", k, version) generates k tokens
+    then aborts, ("done", version) generates the rest, ("error",) fails the attempt, ("hold",)
+    leaves it running."""
+
+    name = "router"
+
+    def __init__(self, d: Directory, script: list[tuple[Any, ...]]) -> None:
+        self.d, self.script, self.seen = d, list(script), []
+
+    def tell(self, msg: Route) -> None:
+        req = msg.request
+        self.seen.append(req)
+        step = self.script.pop(0)
+        if step[0] == "hold":  # still running
+            return
+        if step[0] == "error":
+            self.d.tell(msg.reply_to, GenerateDone(1, req.rid, None, "worker 1 is gone"))
+            return
+        n = step[1] if step[0] == "abort" else req.sampling.max_new_tokens
+        start = len(req.input_ids)
+        ids = tuple(range(start, start + n))  # token i is its position: a resume must agree
+        result = GenerateResult(
+            req.rid,
+            ids,
+            tuple(-0.5 for _ in ids),
+            FinishReason.ABORT if step[0] == "abort" else FinishReason.LENGTH,
+            step[-1],
+            prompt_tokens=len(req.input_ids),
+            cached_tokens=2,
+        )
+        self.d.tell(msg.reply_to, GenerateDone(1, req.rid, result))
+
+    def ask(self, msg: Any, timeout_s: float = 10.0) -> Any:
+        self.tell(msg)
+
+
+def client_with(script: list[tuple[Any, ...]]) -> tuple[RolloutClient, ScriptedRouter]:
+    d = Directory()
+    router = ScriptedRouter(d, script)
+    d.register(router)  # type: ignore[arg-type]
+    return RolloutClient(d, retries=1), router
+
+
+def test_an_aborted_turn_resumes_with_its_prefix_and_the_caller_sees_one_completion() -> None:
+    client, router = client_with([("abort", 3, 4), ("error",), ("abort", 2, 5), ("done", 5)])
+    out = client.generate(GenerateRequest("r", (100, 101, 102, 103), S(10))).result(5)
+    assert out.output_ids == list(range(4, 14))  # positions 4..13: nothing lost or doubled
+    assert len(out.logprobs) == 10 and out.finish_reason is FinishReason.LENGTH
+    assert out.versions == [(0, 4), (3, 5), (5, 5)]  # where each attempt's tokens began
+    assert out.resumed == 2 and client.migrated == 2 and out.errors == ["worker 1 is gone"]
+    # resumptions asked for the rest only, with the prefix; the failed attempt was asked again
+    assert [(len(r.input_ids), r.sampling.max_new_tokens) for r in router.seen] == [
+        (4, 10), (7, 7), (7, 7), (9, 5)
+    ]  # fmt: skip
+    assert out.recomputed_tokens == (7 - 2) + (9 - 2)
+
+
+def test_a_request_the_router_keeps_failing_fails_its_future() -> None:
+    client, _ = client_with([("error",), ("error",)])
+    fut = client.generate(GenerateRequest("r", (1, 2), S(4)))
+    with pytest.raises(EngineError, match="worker 1 is gone"):
+        fut.result(5)
+    assert client.failed == 1
+
+
+def test_one_rid_at_a_time() -> None:
+    client, _ = client_with([("hold",)])
+    client.generate(GenerateRequest("r", (1,), S(4)))
+    with pytest.raises(EngineError, match="already in flight"):
+        client.generate(GenerateRequest("r", (1,), S(4)))
