@@ -7,10 +7,10 @@ with a fresh transfer id (SGLang's shape); the decode worker's answer is the res
 The colocated (or prefill) worker is chosen cache-aware, as SGLang's router does: a turn goes back
 to the worker that served its trajectory's previous turn — that worker holds the trajectory's
 prefix resident (prefix caching across turns, §2), so only the turn's new tokens are prefilled —
-unless that worker has more than ``AFFINITY_SLACK`` requests more than the least-loaded one (a
-worker just added or activated starts empty), in which case the least-loaded worker takes it.
-Measured on the CPU demo, least-loaded routing alone prefilled 1.5x a batch's new prompt tokens
-with 3 workers and 2x with 5 (every hop re-prefills the whole context).
+unless that worker has more than ``AFFINITY_SLACK`` requests more than the least-loaded one and
+more than ``AFFINITY_RATIO`` times as many (a worker just added or activated starts empty), in
+which case the least-loaded worker takes it: every hop re-prefills the whole context, and a
+worker a little busier than another still serves the turn sooner than a re-prefill would.
 
 Workers on the trainer's GPUs (lent for a training-idle window, zone ``overlap``) serve the
 rollout's critical path: the turns of the groups the next batch still needs, the ones the trainer
@@ -64,6 +64,7 @@ log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 5
 AFFINITY_SLACK = 2  # requests a trajectory's worker may have beyond the least-loaded one
+AFFINITY_RATIO = 1.5  # ... and times as many (off the critical path) before a turn leaves it
 HOMES = 65_536  # trajectories whose last worker is remembered (least recently routed forgotten)
 LINK = -1  # the "worker" a request runs on when the real sglang-router dispatches it
 
@@ -210,7 +211,7 @@ class Router(PearlActor):
             home is not None
             and home != least
             and home in pool
-            and self.load.get(home, 0) <= self.load.get(least, 0) + slack
+            and not self._overloaded(home, least, slack)
         ):
             self.affine += 1  # back home over a less loaded worker
             least = home
@@ -219,6 +220,15 @@ class Router(PearlActor):
         if len(self.homes) > HOMES:
             self.homes.popitem(last=False)
         return least
+
+    def _overloaded(self, home: int, least: int, slack: int) -> bool:
+        """Whether a trajectory leaves its worker for the least-loaded one: only when its worker
+        has more than ``slack`` requests beyond it and, off the critical path, more than
+        ``AFFINITY_RATIO`` times as many (the rule of SGLang's and vLLM's cache-aware routers)."""
+        h, low = self.load.get(home, 0), self.load.get(least, 0)
+        if h <= low + slack:
+            return False
+        return slack == 0 or h > AFFINITY_RATIO * low
 
     def _dispatch(self, rid: str) -> None:
         p = self.pending[rid]

@@ -277,6 +277,13 @@ def test_a_turn_goes_back_to_its_trajectorys_worker_unless_that_one_is_much_busi
     assert r._pick([1, 2], "t") == 1  # home not routable (removed, lent back, dead)
     assert r._pick(pool, "") == 1  # no trajectory: least loaded
     assert r.stats()["affine"] == 2
+    # Beyond the slack but not AFFINITY_RATIO times as busy: it stays (SGLang's and vLLM's rule)
+    r.load = {1: 9, 2: 6, 3: 6}  # "t" is home on 1: 9 > 6 + slack, not > 1.5 x 6
+    assert r._pick(pool, "t") == 1
+    r.load = {1: 9, 2: 6, 3: 5}
+    assert r._pick(pool, "t") == 3  # 9 > 5 + slack and > 1.5 x 5: it moves
+    r.load = {3: 1, 1: 0, 2: 0}
+    assert r._pick(pool, "t", critical=True) == 1  # critical: no slack, no ratio
 
 
 def test_lent_workers_take_the_critical_path_and_only_it() -> None:
