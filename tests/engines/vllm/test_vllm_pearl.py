@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -32,25 +31,15 @@ from pearl.engines.vllm.launch import SERVED_NAME
 from pearl.engines.web import call
 from pearl.log import FileLog
 
+from ...daemon.conftest import wait_until
 from ..trainer import Trainer
 from .conftest import free_port, vllm_python
 
-pytestmark = [pytest.mark.slow, pytest.mark.shared_actors]
+pytestmark = [pytest.mark.slow, pytest.mark.shared_actors, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parents[3]
 CONFIG = ROOT / "configs" / "local-vllm.toml"
 PROMPTS = {f"q{i}": tuple((7 * i + 13 * k) % 250 + 1 for k in range(6 + i)) for i in range(6)}
-
-
-def wait_until(pred: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = pred()
-        if last:
-            return last
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
 def free_base(n: int) -> int:
@@ -117,7 +106,7 @@ class Cluster:
     def submit(self, rid: str, prompt: tuple[int, ...], n: int) -> None:
         self.trainer.submit(rid, prompt, n).get()
 
-    def answers(self, rids: set[str], timeout: float = 300) -> dict[str, Any]:
+    def answers(self, rids: set[str], timeout: float = 200) -> dict[str, Any]:
         """The Trainer's status once every one of ``rids`` finished, cut to them."""
 
         def done() -> dict[str, Any] | None:
@@ -127,7 +116,18 @@ class Cluster:
             return {k: {r: v for r, v in s[k].items() if r in rids} if isinstance(s[k], dict)
                     else s[k] for k in s}  # fmt: skip
 
-        return wait_until(done, timeout, f"answers to {sorted(rids)}")  # type: ignore[no-any-return]
+        try:
+            return wait_until(done, timeout, "answers")  # type: ignore[no-any-return]
+        except AssertionError:  # say what is missing and where the Router holds it
+            s = dict(self.trainer.status().get())
+            router = self.rt.daemon.directory.get("router").ref.proxy()
+            pending = {r: p.workers for r, p in router.pending.get().items()}
+            missing = sorted(rids - set(s["finished"]))
+            raise AssertionError(
+                f"no answer to {missing}; router pending {pending}, stats "
+                f"{router.stats().get()}, client errors {s['errors']}, sends {s['sends']}, "
+                f"status {self.rt.status()['workers']}"
+            ) from None
 
     def status_is_replay(self) -> None:
         def same() -> bool:
@@ -203,7 +203,7 @@ def test_a_reclaim_moves_turns_with_their_prefix_and_they_end_as_unmigrated(
 
     moving = wait_until(streaming_on_2, 120, "turns in flight on the preemptible worker")
     c.rt.event(ev.GpusReclaimed((2,)))
-    got = c.answers(set(want), timeout=600)
+    got = c.answers(set(want), timeout=240)
     assert got["finished"] == want  # every turn equals its unmigrated greedy run
     assert not got["errors"], got["errors"]  # no request failed
     migrated = [rid for rid in moving if got["sends"][rid] > 1]

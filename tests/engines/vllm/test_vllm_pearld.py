@@ -97,7 +97,6 @@ def daemon(tiny_model: Path, tmp_path: Path) -> Any:
         "cluster.reserved_gpus=1",
         "cluster.preemptible_gpus=",
         "daemon.borrow=never",
-        "daemon.heartbeat_s=0.5",
         f"engine.vllm_model_path={tiny_model}",
         f"engine.vllm_python={vllm_python()}",
         f"engine.vllm_port={port - 1}",  # GPU 1's server on the free port
