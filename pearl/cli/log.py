@@ -21,7 +21,7 @@ from pearl.core.events import Record
 from pearl.core.schema import to_plain
 from pearl.core.state import ClusterState
 from pearl.log.file import FileLog
-from pearl.log.segments import MARKER
+from pearl.log.segments import log_dir
 from pearl.log.verify import verify
 
 Handler = Callable[[argparse.Namespace], int]
@@ -57,13 +57,6 @@ def _seq(text: str) -> int:
     if n < 0:
         raise argparse.ArgumentTypeError(f"sequence numbers are >= 0, got {n}")
     return n
-
-
-def log_dir(path: str) -> str:
-    """A pearld state directory stands for the log inside it (``DIR/log``)."""
-    inner = os.path.join(path, "log")
-    here = os.path.exists(os.path.join(path, MARKER))
-    return inner if not here and os.path.exists(os.path.join(inner, MARKER)) else path
 
 
 def _guard(handler: Handler) -> Handler:

@@ -36,6 +36,13 @@ REPAIR_DIR = "repair"
 SUFFIX = ".seg"
 
 
+def log_dir(path: str) -> str:
+    """A pearld state directory stands for the log inside it (``DIR/log``)."""
+    inner = os.path.join(path, "log")
+    here = os.path.exists(os.path.join(path, MARKER))
+    return inner if not here and os.path.exists(os.path.join(inner, MARKER)) else path
+
+
 @dataclass
 class Segment:
     """One segment file and the frames it holds (``size`` bytes of valid frames)."""

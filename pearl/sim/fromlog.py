@@ -25,6 +25,7 @@ from pearl.core.errors import LogCorrupted, LogError
 from pearl.core.fold import apply_to, replay
 from pearl.core.state import ClusterState, Mode, Role, Zone
 from pearl.log.file import FileLog
+from pearl.log.segments import log_dir
 from pearl.log.verify import verify
 
 # What the world tells the controller; everything else in the log is what it answered.
@@ -78,7 +79,7 @@ def read(path: str | os.PathLike[str]) -> Recorded:
     A log ``pearl log verify`` rejects is refused here with the same error: damage that stops
     opening raises :class:`LogCorrupted` from the reader, a torn tail (which a writer would
     repair) is raised with verify's verdict."""
-    path = _log_dir(str(path))
+    path = log_dir(str(path))  # the same rule as ``pearl log``: DIR or DIR/log
     try:
         verdict = verify(path)
         if not verdict.ok:
@@ -92,12 +93,6 @@ def read(path: str | os.PathLike[str]) -> Recorded:
     start = next((s for s, r in records[1:] if not isinstance(r, INPUTS)), records[-1][0] + 1)
     times, clock = reconstruct_times(records)
     return Recorded(path, records, times, clock, start)
-
-
-def _log_dir(path: str) -> str:
-    from pearl.cli.log import log_dir  # the same rule as ``pearl log``: DIR or DIR/log
-
-    return log_dir(path)
 
 
 def reconstruct_times(records: Sequence[tuple[int, Any]]) -> tuple[dict[int, float], str]:
