@@ -106,7 +106,7 @@ def count_cut_short(
 
 def borrow_summary(records: list[StepRecord]) -> dict[str, Any]:
     """Borrow windows of the run: how many the gate approved, and in how many lent workers
-    really served (issue 13's target: >= 80%), and how many plans Training Begin cut short."""
+    really served, and how many plans Training Begin cut short."""
     windows = [r.borrow for r in records if r.borrow.get("window_s") is not None]
     approved = [b for b in windows if b["gate"] == "approved"]
     served = [b for b in approved if (b["served_s"] or 0) > 0]

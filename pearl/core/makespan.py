@@ -59,8 +59,7 @@ def T_coloc(p: WorkloadProfile, N: Count) -> Count:
     "when trajectories leave decode for environment interactions, prefill consumes the freed GPU
     capacity"), under which the environment overlaps the other trajectories' work and only the
     slowest trajectory's own turns wait for it; a sum counts it twice once the work fills the
-    workers (docs/pd.md, "Environment time": +12% to +27% on 2-8 colocated workers in the
-    simulator with the environment time really measured, within 6% as the longer of the two)."""
+    workers (docs/pd.md, "Environment time", compares the two against the simulator)."""
     per_worker, own, rest = _coloc_turn(p, N)
     work = p.S * (per_worker * own + rest)
     return np.maximum(work, T_path_coloc(p, N)) + p.T_start

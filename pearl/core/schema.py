@@ -14,8 +14,8 @@ field, before the instance is built, so malformed input raises :class:`SchemaErr
 - :class:`Value`: nested value types (the table's workers and steps, engine requests and
   results, profiles, views), encoded as a mapping without kind.
 
-The bytes are the mapping the hand-written converter of earlier versions wrote, so logs written
-by either read the same (tests/log/test_old_format.py).
+The bytes are one plain mapping per record, whatever wrote it: a log keeps reading the same as
+the code changes (tests/log/test_old_format.py holds the format fixed).
 """
 
 from __future__ import annotations

@@ -11,19 +11,17 @@ k active slots give k times the throughput of one, as k accelerators would.
 
 A step's CPU time is not only its work: after an idle the caches are cold, and a step that runs
 at the same moment as another slot's on a shared core (a hyperthread sibling, the shared cache)
-takes longer. Measured on the 2-core VM at a share of 0.2: the same decode step took 1.6-3.3 ms of
-CPU on average from one round of 48 steps to the next (1.4 ms when the engine ran without
-idling), so one slot's tokens/s moved by +-30% from one second to the next. A device of fixed
-throughput does not. So a step that names its work (``step(work=key)``; the torch engine passes
-its batch and context) feeds an estimate of the host's current inflation: once a key has run
-``WARM_RUNS`` times, each run's CPU time is divided by the median of its last ``typical_window``
-runs (the work's typical cost), and that ratio is averaged (EMA, gain ``inflation_gain``) over all
-keys. Every keyed step is charged its CPU time divided by the inflation: a slow second (or a fast
-one) of the host is not billed, and in expectation the inflation is 1, so the device keeps the
-speed of the work's typical cost from the first step to the last. (A per-key minimum would remove
-more noise, but it falls with every run: the device sped up over a run and the tracker
-over-predicted almost every step.) The inflation is held within ``INFLATION_RANGE``. The CPU
-really spent is still counted (``compute_s``), next to what was charged (``charged_s``).
+takes longer, so one slot's tokens/s moves from one second to the next where a device of fixed
+throughput's does not (docs/demo-bench.md has the figures). So a step that names its work
+(``step(work=key)``; the torch engine passes its batch and context) feeds an estimate of the
+host's current inflation: once a key has run ``WARM_RUNS`` times, each run's CPU time is divided
+by the median of its last ``typical_window`` runs (the work's typical cost), and that ratio is
+averaged (EMA, gain ``inflation_gain``) over all keys. Every keyed step is charged its CPU time
+divided by the inflation: a slow second (or a fast one) of the host is not billed, and in
+expectation the inflation is 1, so the device keeps the speed of the work's typical cost from
+the first step to the last. (Not a per-key minimum: it falls with every run, so the device would
+speed up over a run.) The inflation is held within ``INFLATION_RANGE``. The CPU really spent is
+still counted (``compute_s``), next to what was charged (``charged_s``).
 
 What this models: fixed per-device compute throughput (more devices, more throughput; a busy
 device is slower than an idle one by exactly its queue). What it does not: memory bandwidth, KV

@@ -3,8 +3,8 @@
 The CRC32C covers the sequence number and the payload, which sit next to each other, so one
 checksum call verifies both. The payload is the record's single mapping
 (:func:`pearl.core.events.encode`: ``{"kind", fields..., "v"}``), which msgspec encodes straight
-from the record; logs written by the earlier msgpack + hand-written converter hold the same
-mapping (key order aside) and decode alike.
+from the record; any writer of the same mapping (key order aside) makes a log that decodes
+alike.
 
 :func:`scan` walks a buffer of frames and says where the valid frames end and why;
 :func:`find_frame` looks for any frame whose checksum verifies after a damaged one, which is what
