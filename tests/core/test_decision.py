@@ -16,27 +16,11 @@ from pearl.core import makespan as ms
 from pearl.core.decision import Decision, best_makespan, decide
 from pearl.core.profile import WorkloadProfile
 from pearl.core.state import Mode, Target
+from tests.core.profiles import HAND
 
 # The hand-checked profile of test_makespan: for N = 8, colocation 78 s, 3P5D 85.42 s, 4P4D 87.83 s,
 # 2P6D 87.54 s (eq. 2 plus the handoff); N_P = 1 fails prefill throughput, N_P >= 5 decode HBM.
-P = WorkloadProfile(
-    B=64,
-    S=10.0,
-    delta_L=1000.0,
-    r=100.0,
-    theta=1.0,
-    A=0.01,
-    b=0.001,
-    t_prefill=1e-4,
-    T_env=0.0,
-    T_start=50.0,  # an additive constant; the environment is on the critical path (below)
-    T_over=0.2,
-    K=1e5,
-    K_seq=2e9,
-    H_max=2e10,
-    BW=1e10,
-    T_toggle=5.0,
-)
+P = HAND
 CFG = DecisionConfig()  # 10% to switch mode, 3% to change the ratio
 # eq. 2 + the handoff at the pool's utilisation (test_makespan: rho 0.6024 for 3P5D, 0.4229 4P4D)
 T35 = 32.8 + 10 * (0.1 / (1 - 0.6024) + 0.01) + 50  # 85.42

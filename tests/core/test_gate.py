@@ -10,29 +10,13 @@ import pytest
 from pearl.config import DecisionConfig
 from pearl.core import events
 from pearl.core.gate import GateResult, borrow_gate
-from pearl.core.profile import RuntimeTracker, WorkloadProfile
+from pearl.core.profile import RuntimeTracker
+from tests.core.profiles import HAND
 
 # For 4 dedicated workers only colocation fits (splits need 4 decode workers):
 #   T_ded  = 10 * (1.6 + 100 * (0.01 + 0.001 * 16) + 0.2) + 50 = 94 s;
 # with 4 overlap workers the best of 8 is colocation at 78 s. Saving 16 s.
-P = WorkloadProfile(
-    B=64,
-    S=10.0,
-    delta_L=1000.0,
-    r=100.0,
-    theta=1.0,
-    A=0.01,
-    b=0.001,
-    t_prefill=1e-4,
-    T_env=0.0,
-    T_start=50.0,  # an additive constant; the environment is on the critical path (below)
-    T_over=0.2,
-    K=1e5,
-    K_seq=1e9,
-    H_max=2e10,
-    BW=1e10,
-    T_toggle=5.0,
-)
+P = msgspec.structs.replace(HAND, K_seq=1e9)
 CFG = DecisionConfig()
 
 

@@ -8,26 +8,10 @@ import pytest
 
 from pearl.core import makespan as ms
 from pearl.core.profile import WorkloadProfile
+from tests.core.profiles import HAND
 
 # Round numbers so every expected value below can be checked by hand.
-P = WorkloadProfile(
-    B=64,
-    S=10.0,
-    delta_L=1000.0,
-    r=100.0,
-    theta=1.0,
-    A=0.01,
-    b=0.001,
-    t_prefill=1e-4,
-    T_env=0.0,
-    T_start=50.0,  # an additive constant; the environment is on the critical path (below)
-    T_over=0.2,
-    K=1e5,
-    K_seq=2e9,
-    H_max=2e10,
-    BW=1e10,
-    T_toggle=5.0,
-)
+P = HAND
 
 
 def test_eq1_colocation() -> None:
