@@ -20,7 +20,7 @@ from tests.ports import free_base
 
 pytestmark = pytest.mark.slow
 
-# The names other tools rely on (issue 19), and the rest the README lists.
+# The names other tools rely on (issue 19), and the rest docs/observability.md lists.
 NAMED = {
     "pearl_workers",
     "pearl_log_seq",
