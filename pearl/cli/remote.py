@@ -102,12 +102,21 @@ def register(subparsers: Any) -> None:
         k.set_defaults(handler=cmd_event)
     s = subparsers.add_parser("status", help="the table, mode and ratio, budget, transitions")
     _common(s)
-    s.add_argument("--json", action="store_true", help="one JSON object (see the README)")
+    s.add_argument("--json", action="store_true", help="one JSON object (docs/cli-json.md)")
+    s.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="wait up to S seconds for a pearld that is starting (default: answer at once)",
+    )
     s.set_defaults(handler=cmd_status)
     w = subparsers.add_parser("watch", help="print every logged change as it happens")
     _common(w)
     w.add_argument("--json", action="store_true", help="one JSON object per change")
-    w.add_argument("--count", type=int, default=0, help="stop after this many changes")
+    w.add_argument(
+        "--count", type=int, default=0, help="stop after N changes (the snapshot is not one)"
+    )
     w.set_defaults(handler=cmd_watch)
 
 
@@ -200,8 +209,16 @@ def await_return(c: Any, step: int, t0: float, timeout_s: float) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    with client(args) as c:
-        status = fetch_status(c)
+    deadline = time.monotonic() + max(args.wait, 0.0)
+    while True:  # --wait: a pearld that is starting (or not listening yet) is asked again
+        try:
+            with client(args) as c:
+                status = fetch_status(c)
+            break
+        except PearlError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.25)
     if args.json:
         print(json.dumps(status, indent=None, sort_keys=False))
     else:
@@ -278,9 +295,12 @@ def cmd_watch(args: argparse.Namespace) -> int:
         status = fetch_status(c)
 
         def show(seq: int, payload: dict[str, Any]) -> None:
+            print(json.dumps(payload) if args.json else _line(seq, payload), flush=True)
+
+        def change(seq: int, payload: dict[str, Any]) -> None:  # --count counts these
             nonlocal seen
             seen += 1
-            print(json.dumps(payload) if args.json else _line(seq, payload), flush=True)
+            show(seq, payload)
 
         pub = _reachable(status["pub_endpoint"], args.endpoint)
         sub = Subscriber(
@@ -288,7 +308,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
             c,
             keys=c.keys,
             on_snapshot=show,
-            on_change=show,
+            on_change=change,
             on_gap=lambda g: print(f"# {g}", file=sys.stderr),
         )
         try:
