@@ -1,6 +1,6 @@
 """Embed PEARL in your own training loop (in process, or against a running pearld).
 
-python examples/custom_training_loop.py [--steps 5] [--endpoint tcp://127.0.0.1:7440]
+python examples/custom_training_loop.py [--steps 5] [--endpoint tcp://127.0.0.1:7440] [--model DIR]
 """
 
 import argparse
@@ -15,13 +15,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--endpoint", help="a running pearld (default: PEARL in this process)")
+    ap.add_argument("--model", help="the Qwen3 directory the workers serve (engine.preset)")
     args = ap.parse_args()
     if args.endpoint:
         rt = pearl.connect(args.endpoint)
     else:
         config = Path(__file__).resolve().parents[1] / "configs" / "local-cpu.toml"
         rt = pearl.Runtime.from_config(config).start()
-    trainer = GRPOTrainer(preset="tiny", seed=0, lr=3e-4, device="cpu")
+    model = {"model_path": args.model} if args.model else {"preset": "tiny"}
+    trainer = GRPOTrainer(**model, seed=0, lr=3e-4, device="cpu")
     first = rt.status()["training_step"] + 1
     try:
         for step in range(first, first + args.steps):
