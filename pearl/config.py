@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import enum
+import os
 import tomllib
 import types
 import typing
@@ -16,10 +18,51 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pearl.core.bounds import MAX_GPU_ID, MAX_GPUS, gpu_ids_problem
+from pearl.core.address import check_exposure, parse_address
+from pearl.core.bounds import MAX_GPU_ID, MAX_GPUS, check_fits, check_share, gpu_ids_problem
 from pearl.core.errors import ConfigError
+from pearl.core.policy import PD, Borrow
 
 GpuList = tuple[int, ...]
+
+
+class EngineKind(enum.StrEnum):
+    """``engine.kind``: what serves the rollouts."""
+
+    SIM = "sim"  # simulated workers (pearl.engines.sim)
+    TORCH = "torch"  # PEARL's own torch engine (pearl.engines.torch)
+    SGLANG = "sglang"  # one SGLang server per worker host
+    VLLM = "vllm"  # one vLLM server per worker host; colocated only
+
+
+class Launcher(enum.StrEnum):
+    """``daemon.launcher``: where worker hosts run."""
+
+    LOCAL = "local"  # processes on this machine
+    RAY = "ray"  # Ray actors on the GPUs' nodes
+
+
+class RouterKind(enum.StrEnum):
+    """``engine.router``: what routes requests to the workers."""
+
+    PEARL = "pearl"  # PEARL's own Router
+    SGLANG_ROUTER = "sglang-router"  # the real sglang-router
+
+
+class RoleSwitch(enum.StrEnum):
+    """``engine.sglang_role_switch``: pass ``--enable-pd-role-switch`` to SGLang servers."""
+
+    AUTO = "auto"  # when the installed SGLang has it (0.5.21+)
+    ON = "on"
+    OFF = "off"
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity, else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
 
 
 def parse_gpus(value: Any, where: str = "gpus") -> GpuList:
@@ -161,16 +204,19 @@ class DaemonConfig:
     restart_backoff_s: float = 1.0  # first restart delay; doubles per restart
     reconcile_grace_s: float = 10.0  # after a restart, how long workers get to re-register
     worker_orphan_s: float = 120.0  # a worker host exits after pearld is unreachable this long
-    borrow: str = "gated"  # gated | always | never
-    pd: str = "adaptive"  # adaptive | colocated | disaggregated
+    borrow: Borrow = Borrow.GATED  # gated | always | never
+    pd: PD = PD.ADAPTIVE  # adaptive | colocated | disaggregated
     # Prometheus metrics over HTTP ("127.0.0.1:9440"; port 0: any free port); "" turns them off.
     metrics: str = ""
     # Serve metrics on a non-loopback address (no authentication on that port): an explicit yes.
     metrics_public: bool = False
-    launcher: str = "local"  # local: processes here | ray: Ray actors on the GPUs' nodes
+    launcher: Launcher = Launcher.LOCAL  # local: processes here | ray: Ray actors on the GPUs' nodes
     # local: fork worker hosts from one process that imported the engine once (actors.forkserver;
     # a torch host then starts without its ~6 CPU-s of imports); false: one cold subprocess each.
     fork_hosts: bool = True
+
+    def __post_init__(self) -> None:
+        _parse_enums(self, "daemon")
 
 
 @dataclass(frozen=True)
@@ -186,7 +232,7 @@ class RayConfig:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    kind: str = "sim"  # sim | torch | sglang | vllm
+    kind: EngineKind = EngineKind.SIM  # sim | torch | sglang | vllm
     time_scale: float = 0.01  # sim: simulated seconds take time_scale real seconds
     preset: str = "tiny"  # torch: model preset (tiny, small, qwen3-0.6b) or a local directory
     device: str = "cpu"
@@ -211,7 +257,7 @@ class EngineConfig:
     sglang_transfer_backend: str = "mooncake"  # mooncake | nixl
     sglang_memory_saver: bool = True  # --enable-memory-saver: borrowing releases memory
     sglang_weights_cpu_backup: bool = False
-    sglang_role_switch: str = "auto"  # auto (SGLang 0.5.21+) | on | off: --enable-pd-role-switch
+    sglang_role_switch: RoleSwitch = RoleSwitch.AUTO  # auto (SGLang 0.5.21+) | on | off: --enable-pd-role-switch
     sglang_extra_args: str = ""  # appended to every server's launch command
     sglang_startup_timeout_s: float = 600.0
     # vllm: each worker host launches one vLLM server (see pearl.engines.vllm), its port the
@@ -231,9 +277,18 @@ class EngineConfig:
     vllm_kv_cache_mb: int = 512  # each server's KV cache; 0: vLLM's default (92% of RAM on CPUs)
     vllm_extra_args: str = ""  # appended to every server's launch command
     vllm_startup_timeout_s: float = 600.0
-    router: str = "pearl"  # pearl: PEARL's own Router | sglang-router: the real sglang-router
+    router: RouterKind = RouterKind.PEARL  # pearl: PEARL's own Router | sglang-router: the real sglang-router
     sglang_router_urls: str = ""  # "REGULAR_URL,PD_URL" of running routers; "" = launch both
     sglang_router_port: int = 29100  # launched routers: regular here, PD mode on the next port
+
+    def __post_init__(self) -> None:
+        _parse_enums(self, "engine")
+
+    @property
+    def colocated_only(self) -> bool:
+        """vLLM pools serve colocated only: no prefill-decode hand-off through a vLLM KV
+        connector on this platform (docs/vllm.md)."""
+        return self.kind is EngineKind.VLLM
 
 
 @dataclass(frozen=True)
@@ -334,26 +389,18 @@ class Config:
             raise ConfigError(f"decision.ema_alpha must be in (0, 1], got {d.ema_alpha}")
         if d.mode_switch_threshold < 0 or d.ratio_change_threshold < 0:
             raise ConfigError("decision thresholds must be >= 0")
-        _one_of("daemon.borrow", self.daemon.borrow, ("gated", "always", "never"))
-        _one_of("daemon.pd", self.daemon.pd, ("adaptive", "colocated", "disaggregated"))
         if self.daemon.metrics:
-            from pearl.metrics_http import check_exposure, parse_address
-
             parse_address(self.daemon.metrics)
             check_exposure(self.daemon.metrics, self.daemon.metrics_public)
-        _one_of("daemon.launcher", self.daemon.launcher, ("local", "ray"))
         self._check_nodes()
         if self.ray.poll_s <= 0:
             raise ConfigError("ray.poll_s must be > 0")
-        _one_of("engine.kind", self.engine.kind, ("sim", "torch", "sglang", "vllm"))
-        if self.engine.kind == "vllm" and self.daemon.pd == "disaggregated":
+        if self.engine.colocated_only and self.daemon.pd is PD.DISAGGREGATED:
             raise ConfigError(
                 "engine.kind = 'vllm' serves colocated only (no prefill-decode hand-off through "
                 "a vLLM KV connector on this platform, docs/vllm.md); set daemon.pd = "
                 "'colocated' or 'adaptive'"
             )
-        _one_of("engine.router", self.engine.router, ("pearl", "sglang-router"))
-        _one_of("engine.sglang_role_switch", self.engine.sglang_role_switch, ("auto", "on", "off"))
         for name in (
             "heartbeat_s",
             "tick_s",
@@ -398,14 +445,12 @@ class Config:
 
     def _check_devices(self) -> None:
         """Virtual devices: a share in (0, 1], on the torch engine, all slots within the cores."""
-        from pearl.engines.device import available_cores, check_fits, check_share
-
         e, c = self.engine, self.cluster
         share = check_share(e.device_share, "engine.device_share")  # type: ignore[arg-type]
-        if e.kind != "torch":
+        if e.kind is not EngineKind.TORCH:
             raise ConfigError(
                 f"engine.device_share = {share:g} models a device on the torch engine; "
-                f"engine.kind = {e.kind!r} does not run on this machine's cores. Remove it"
+                f"engine.kind = {e.kind.value!r} does not run on this machine's cores. Remove it"
             )
         if e.threads != 1:
             raise ConfigError(
@@ -422,12 +467,28 @@ class Config:
         check_fits(share, slots, available_cores(), "engine.device_share")
 
 
-def _one_of(where: str, value: str, options: tuple[str, ...]) -> None:
-    if value not in options:
-        raise ConfigError(
-            f"{where} = {value!r}; expected one of {', '.join(options)}"
-            f"{_suggest(value, list(options))}"
-        )
+def _member(tp: type[enum.StrEnum], value: Any, where: str) -> Any:
+    """``value`` as a member of ``tp``: the string a TOML file or ``--set`` gives, or a member."""
+    if isinstance(value, tp):
+        return value
+    options = [m.value for m in tp]
+    if isinstance(value, str) and value in options:
+        return tp(value)
+    raise ConfigError(
+        f"{where} = {value!r}; expected one of {', '.join(options)}"
+        f"{_suggest(str(value), options)}"
+    )
+
+
+def _parse_enums(section: Any, name: str) -> None:
+    """Turn a section's enum fields, given as strings, into their members (the section is
+    frozen: a direct ``EngineConfig(kind="torch")`` or a JSON copy is parsed here too)."""
+    hints = typing.get_type_hints(type(section))
+    for f in dataclasses.fields(section):
+        tp = hints[f.name]
+        if isinstance(tp, type) and issubclass(tp, enum.StrEnum):
+            value = getattr(section, f.name)
+            object.__setattr__(section, f.name, _member(tp, value, f"{name}.{f.name}"))
 
 
 def _section_types() -> dict[str, type]:
@@ -467,6 +528,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     elif tp is str:
         if isinstance(value, str):
             return value
+    elif isinstance(tp, type) and issubclass(tp, enum.StrEnum):
+        return _member(tp, value, where)
     else:
         raise ConfigError(f"{where}: unsupported type {tp}")
     raise ConfigError(f"{where}: expected {tp.__name__}, got {type(value).__name__} {value!r}")
@@ -561,12 +624,17 @@ __all__ = [
     "DecisionConfig",
     "DemoConfig",
     "EngineConfig",
+    "EngineKind",
     "GateConfig",
+    "Launcher",
     "ModelConfig",
     "NodeConfig",
     "RLConfig",
     "RayConfig",
+    "RoleSwitch",
+    "RouterKind",
     "WorkloadConfig",
+    "available_cores",
     "from_mapping",
     "load",
     "parse_budget",
