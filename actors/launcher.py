@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from actors import worker_files
 from actors.messages import WorkerHello
-from pearl.config import EngineConfig
+from pearl.config import EngineConfig, EngineKind
 from pearl.core.errors import PearlError
 
 log = logging.getLogger("pearl.launcher")
@@ -253,7 +253,7 @@ class LocalProcessLauncher:
 
     def launch(self, spec: WorkerSpec) -> Handle:
         env = dict(os.environ)
-        if spec.engine.kind != "sim":
+        if spec.engine.kind is not EngineKind.SIM:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in spec.gpus)
         args = host_args(spec)
         if spec.keys_dir:  # the host loads its CURVE keys (DIR/worker.key_secret, DIR/server.key)

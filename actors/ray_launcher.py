@@ -36,7 +36,7 @@ from typing import Any
 from actors.launcher import Handle, LaunchError, WorkerSpec, host_args
 from actors.messages import WorkerHello
 from actors.ray_nodes import RayNode, check_placement, placement, read_nodes
-from pearl.config import Config, format_gpus
+from pearl.config import Config, EngineKind, format_gpus
 from pearl.core.errors import ConfigError
 from transports.auth import HostKeys, is_local
 
@@ -147,7 +147,7 @@ class RayLauncher:
         name = actor_name(spec.worker, spec.incarnation)
         self._drop_stale(name)
         env = {}
-        if spec.engine.kind != "sim":
+        if spec.engine.kind is not EngineKind.SIM:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(placed[g][1]) for g in spec.gpus)
         endpoint = self._routable(spec.endpoint)
         args = host_args(dataclasses.replace(spec, endpoint=endpoint), python="python")

@@ -32,6 +32,7 @@ from actors.messages import StateChanged
 from pearl.config import Config, NodeConfig, format_gpus, parse_gpus
 from pearl.core import events as ev
 from pearl.core.errors import ConfigError, InvalidEvent
+from pearl.core.policy import Borrow
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ def needed(cfg: Config) -> dict[int, str]:
     c = cfg.cluster
     out = {g: "cluster.reserved_gpus" for g in c.reserved_gpus}
     out |= {g: "cluster.initial_preemptible" for g in c.initial_preemptible}
-    if cfg.daemon.borrow != "never":  # overlap workers run on the training GPUs
+    if cfg.daemon.borrow is not Borrow.NEVER:  # overlap workers run on the training GPUs
         out |= {g: "cluster.training_gpus" for g in c.training_gpus}
     return out
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import enum
+import os
 import tomllib
 import types
 import typing
@@ -16,10 +18,51 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pearl.core.bounds import MAX_GPU_ID, MAX_GPUS, gpu_ids_problem
+from pearl.core.address import check_exposure, parse_address
+from pearl.core.bounds import MAX_GPU_ID, MAX_GPUS, check_fits, check_share, gpu_ids_problem
 from pearl.core.errors import ConfigError
+from pearl.core.policy import PD, Borrow
 
 GpuList = tuple[int, ...]
+
+
+class EngineKind(enum.StrEnum):
+    """``engine.kind``: what serves the rollouts."""
+
+    SIM = "sim"  # simulated workers (pearl.engines.sim)
+    TORCH = "torch"  # PEARL's own torch engine (pearl.engines.torch)
+    SGLANG = "sglang"  # one SGLang server per worker host
+    VLLM = "vllm"  # one vLLM server per worker host; colocated only
+
+
+class Launcher(enum.StrEnum):
+    """``daemon.launcher``: where worker hosts run."""
+
+    LOCAL = "local"  # processes on this machine
+    RAY = "ray"  # Ray actors on the GPUs' nodes
+
+
+class RouterKind(enum.StrEnum):
+    """``engine.router``: what routes requests to the workers."""
+
+    PEARL = "pearl"  # PEARL's own Router
+    SGLANG_ROUTER = "sglang-router"  # the real sglang-router
+
+
+class RoleSwitch(enum.StrEnum):
+    """``engine.sglang_role_switch``: pass ``--enable-pd-role-switch`` to SGLang servers."""
+
+    AUTO = "auto"  # when the installed SGLang has it (0.5.21+)
+    ON = "on"
+    OFF = "off"
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity, else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
 
 
 def parse_gpus(value: Any, where: str = "gpus") -> GpuList:
@@ -86,13 +129,16 @@ def format_gpus(gpus: Iterable[int]) -> str:
 @dataclass(frozen=True)
 class NodeConfig:
     """``[[cluster.nodes]]``: one Ray node and the table's GPUs it holds (launcher = "ray").
-    Exactly one of ``address`` (the node's IP as Ray reports it), ``node_id`` (Ray's hex id) or
-    ``label`` (``KEY=VALUE``, a label it was started with: ``ray start --labels``) names it."""
+    Exactly one of ``address``, ``node_id`` or ``label`` names it."""
 
     gpus: GpuList = ()
+    """The table's GPUs this node holds."""
     address: str = ""
+    """The node's IP as Ray reports it."""
     node_id: str = ""
+    """Ray's hex id of the node."""
     label: str = ""
+    """``KEY=VALUE``: a label the node was started with (``ray start --labels``)."""
 
     def names(self) -> str:
         return self.address or self.node_id or self.label
@@ -100,51 +146,84 @@ class NodeConfig:
 
 @dataclass(frozen=True)
 class ClusterConfig:
+    """``[cluster]``: the GPUs PEARL manages and how they are grouped into workers."""
+
     gpu: str = "H800"
+    """GPU model, a name in the catalog (sets the roofline and memory)."""
     tp: int = 2
+    """GPUs per worker (tensor parallelism)."""
     training_gpus: GpuList = tuple(range(0, 16))
+    """GPUs the trainer holds; lent to rollouts between training steps."""
     reserved_gpus: GpuList = tuple(range(16, 20))
+    """GPUs that serve rollouts all the time."""
     preemptible_gpus: GpuList = tuple(range(20, 32))
-    initial_preemptible: GpuList = ()  # preemptible GPUs present at start
-    mem_fraction: float = 0.9  # share of a worker's HBM for weights + KV cache (sets H_max)
-    # Ray nodes and their GPUs; none: each node says which it holds (the [ray] gpus_label label)
+    """GPUs that may come and go (spot instances)."""
+    initial_preemptible: GpuList = ()
+    """Preemptible GPUs present at start."""
+    mem_fraction: float = 0.9
+    """Share of a worker's HBM for weights and KV cache (sets H_max)."""
     nodes: tuple[NodeConfig, ...] = ()
+    """Ray nodes and their GPUs; none: each node names its own (the ``ray.gpus_label`` label)."""
 
 
 @dataclass(frozen=True)
 class ModelConfig:
+    """``[model]``: the model being trained and served."""
+
     name: str = "qwen3-8b"
+    """Model name in the catalog (sets the cost model's priors)."""
 
 
 @dataclass(frozen=True)
 class WorkloadConfig:
-    batch: int = 64  # trajectories per rollout batch (B)
+    """``[workload]``: the rollout workload, and priors for its profile until telemetry comes."""
+
+    batch: int = 64
+    """Trajectories per rollout batch (B)."""
     group_size: int = 16
+    """Trajectories per task (a GRPO group)."""
     max_trajectory_tokens: int = 32768
+    """Longest trajectory, in tokens (L_max)."""
     staleness: int = 1
-    # Priors for the workload profile until telemetry arrives (per trajectory, per turn).
-    turns: float = 30.0  # S
-    new_tokens_per_turn: float = 600.0  # delta_L
-    generated_tokens_per_turn: float = 250.0  # r
-    env_s: float = 60.0  # T_env over the whole step
+    """Training steps a rollout may lag behind the weights."""
+    turns: float = 30.0
+    """Prior: turns per trajectory (S)."""
+    new_tokens_per_turn: float = 600.0
+    """Prior: tokens each turn adds to the context (delta_L)."""
+    generated_tokens_per_turn: float = 250.0
+    """Prior: tokens generated per turn (r)."""
+    env_s: float = 60.0
+    """Prior: environment time over a whole step (T_env), in seconds."""
     theta: float = 0.5
-    turn_overhead_s: float = 0.5  # T_over: per-turn prefill/decode switching cost under colocation
+    """Prior: bubble ratio (1 - f) / f, f the share of trajectories decoding (theta)."""
+    turn_overhead_s: float = 0.5
+    """Prior: per-turn prefill/decode switching cost under colocation (T_over), in seconds."""
 
 
 @dataclass(frozen=True)
 class DecisionConfig:
-    mode_switch_threshold: float = 0.10  # relative gain needed to switch coloc <-> disagg
-    ratio_change_threshold: float = 0.03  # relative gain needed to change N_P:N_D
+    """``[decision]``: the PD Decision Engine's hysteresis and limits (§4.3)."""
+
+    mode_switch_threshold: float = 0.10
+    """Relative gain needed to switch between colocation and disaggregation."""
+    ratio_change_threshold: float = 0.03
+    """Relative gain needed to change N_P:N_D."""
     ema_alpha: float = 0.3
+    """Weight of a new step's telemetry in the workload profile (EMA)."""
     # Prefill keeps up (§4.2) when its busy time, lambda_P * t_prefill / N_P, is at most this share
     # of the decode-path time (eq. 2); beyond it prefill queues grow and delay decode.
     prefill_max_utilization: float = 0.9
+    """Highest share of the decode-path time prefill may be busy (eq. 2), in (0, 1]."""
 
 
 @dataclass(frozen=True)
 class GateConfig:
+    """``[gate]``: the benefit-aware gate for borrowing training GPUs (§4.6)."""
+
     enabled: bool = True
-    toggle_cost_s: float = 9.44  # prior T_toggle: activation 6.26 s + return 3.18 s (Table 3)
+    """Gate borrowing by its benefit."""
+    toggle_cost_s: float = 9.44
+    """Prior T_toggle, in seconds: activation 6.26 s + return 3.18 s (Table 3)."""
 
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:7440"
@@ -152,113 +231,193 @@ DEFAULT_ENDPOINT = "tcp://127.0.0.1:7440"
 
 @dataclass(frozen=True)
 class DaemonConfig:
-    endpoint: str = DEFAULT_ENDPOINT  # where pearld's API listens (loopback or ipc:// by default)
-    keys_dir: str = ""  # CURVE keys (pearl keys generate); required to bind a non-local address
-    heartbeat_s: float = 1.0  # worker hosts heart-beat this often; dead after 3 missed
-    tick_s: float = 0.5  # how often the controller checks deadlines
-    snapshot_every: int = 1000  # records between snapshots of the table
-    restart_budget: int = 3  # restarts of one worker host before it is given up
-    restart_backoff_s: float = 1.0  # first restart delay; doubles per restart
-    reconcile_grace_s: float = 10.0  # after a restart, how long workers get to re-register
-    worker_orphan_s: float = 120.0  # a worker host exits after pearld is unreachable this long
-    borrow: str = "gated"  # gated | always | never
-    pd: str = "adaptive"  # adaptive | colocated | disaggregated
-    # Prometheus metrics over HTTP ("127.0.0.1:9440"; port 0: any free port); "" turns them off.
+    """``[daemon]``: pearld itself."""
+
+    endpoint: str = DEFAULT_ENDPOINT
+    """Where pearld's API listens (loopback or ipc:// unless CURVE keys are given)."""
+    keys_dir: str = ""
+    """CURVE keys (``pearl keys generate``); required to bind a non-local address."""
+    heartbeat_s: float = 1.0
+    """Worker hosts heart-beat this often; dead after 3 missed."""
+    tick_s: float = 0.5
+    """How often the controller checks deadlines."""
+    snapshot_every: int = 1000
+    """Log records between snapshots of the table."""
+    restart_budget: int = 3
+    """Restarts of one worker host before it is given up."""
+    restart_backoff_s: float = 1.0
+    """First restart delay; doubles per restart."""
+    reconcile_grace_s: float = 10.0
+    """After a restart, how long workers get to re-register."""
+    worker_orphan_s: float = 120.0
+    """A worker host exits after pearld is unreachable this long."""
+    borrow: Borrow = Borrow.GATED
+    """Borrowing of training GPUs: by the gate (eq. 7), always, or never."""
+    pd: PD = PD.ADAPTIVE
+    """PD mode: chosen by the Decision Engine, or always colocated or disaggregated."""
     metrics: str = ""
-    # Serve metrics on a non-loopback address (no authentication on that port): an explicit yes.
+    """Prometheus metrics over HTTP at HOST:PORT (port 0: any free port); "": off."""
     metrics_public: bool = False
-    launcher: str = "local"  # local: processes here | ray: Ray actors on the GPUs' nodes
-    # local: fork worker hosts from one process that imported the engine once (actors.forkserver;
-    # a torch host then starts without its ~6 CPU-s of imports); false: one cold subprocess each.
+    """Serve metrics on a non-loopback address (that port has no authentication)."""
+    launcher: Launcher = Launcher.LOCAL
+    """Where worker hosts run: processes here, or Ray actors on the GPUs' nodes."""
+    # A torch host forked from the fork server starts without its ~6 CPU-s of imports.
     fork_hosts: bool = True
+    """Local: fork worker hosts from one process that imported the engine once; false: one
+    cold subprocess each."""
+
+    def __post_init__(self) -> None:
+        _parse_enums(self, "daemon")
 
 
 @dataclass(frozen=True)
 class RayConfig:
     """``[ray]``: where worker hosts run when ``daemon.launcher = "ray"`` (docs/ray.md)."""
 
-    address: str = "auto"  # the cluster's GCS (HOST:PORT), or "auto": the one started here
-    namespace: str = "pearl"  # the hosts' detached, named actors live here
-    node_events: bool = False  # node join / death / drain -> gpus-added / -reclaimed / -reclaiming
-    gpus_label: str = "pearl-gpus"  # a node labelled pearl-gpus=8-15 holds the table's GPUs 8-15
-    poll_s: float = 0.5  # how often the node table and the hosts' actors are read
+    address: str = "auto"
+    """The cluster's GCS (HOST:PORT), or "auto": the one started on this machine."""
+    namespace: str = "pearl"
+    """Namespace of the hosts' detached, named actors."""
+    node_events: bool = False
+    """Turn node joins, deaths and drains into gpus-added / -reclaimed / -reclaiming events."""
+    gpus_label: str = "pearl-gpus"
+    """Node label naming the table's GPUs a node holds (pearl-gpus=8-15)."""
+    poll_s: float = 0.5
+    """How often the node table and the hosts' actors are read."""
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    kind: str = "sim"  # sim | torch | sglang | vllm
-    time_scale: float = 0.01  # sim: simulated seconds take time_scale real seconds
-    preset: str = "tiny"  # torch: model preset (tiny, small, qwen3-0.6b) or a local directory
+    """``[engine]``: what serves the rollouts on each worker host.
+
+    sglang and vllm: each worker host launches one server; its port is the base port plus the
+    worker's first GPU id, so the router side finds every server from the table alone."""
+
+    kind: EngineKind = EngineKind.SIM
+    """The engine: simulated, PEARL's torch engine, SGLang or vLLM servers."""
+    time_scale: float = 0.01
+    """sim: a simulated second takes this many real seconds."""
+    preset: str = "tiny"
+    """torch: model preset (tiny, small, qwen3-0.6b) or a local model directory."""
     device: str = "cpu"
-    threads: int = 1  # torch threads per worker host
-    # torch: each GPU id is a virtual device of this share of one core (pearl.engines.device),
-    # held by the engine (and the demo trainer) idling after each step; one torch thread per
-    # slot. Unset: unthrottled. `pearl demo` sizes it to the cores it finds.
+    """torch: the torch device."""
+    threads: int = 1
+    """torch: threads per worker host."""
+    # Each GPU id is a virtual device held by the engine (and the demo trainer) idling after
+    # each step, one torch thread per slot; `pearl demo` sizes it to the cores it finds.
     device_share: float | None = None
+    """torch: each GPU id is a virtual device of this share of one core; unset: unthrottled."""
     kv_budget_mb: float = 64.0
+    """torch: KV cache per worker, in MiB."""
     seed: int = 0
-    sim_vocab: int = 0  # sim: token ids drawn below this (0: the model's vocabulary); match a
-    # trainer's model to train on sim rollouts
-    sim_start_s: float = 60.0  # sim: cold start of a worker (process, model load, warm-up)
-    # sglang: each worker host launches one server (python -m <sglang_module> ...), see
-    # pearl.engines.sglang. Ports are per worker: the base plus the worker's first GPU id, so
-    # the router side finds every server from the table alone.
-    sglang_model_path: str = ""  # --model-path of the servers
-    sglang_module: str = "sglang.launch_server"  # pearl.engines.torch.http: the torch facade
+    """torch: seed of a preset's random weights."""
+    sim_vocab: int = 0
+    """sim: token ids are drawn below this (0: the model's vocabulary)."""
+    sim_start_s: float = 60.0
+    """sim: cold start of a worker (process, model load, warm-up), in seconds."""
+    sglang_model_path: str = ""
+    """sglang: ``--model-path`` of the servers."""
+    sglang_module: str = "sglang.launch_server"
+    """sglang: the servers' module (pearl.engines.torch.http: the torch facade)."""
     sglang_host: str = "127.0.0.1"
+    """sglang: host the servers listen on."""
     sglang_port: int = 30000
-    sglang_bootstrap_port: int = 8998  # prefill side's PD bootstrap port (SGLang's default)
-    sglang_transfer_backend: str = "mooncake"  # mooncake | nixl
-    sglang_memory_saver: bool = True  # --enable-memory-saver: borrowing releases memory
+    """sglang: base port of the servers."""
+    sglang_bootstrap_port: int = 8998
+    """sglang: the prefill side's PD bootstrap base port (SGLang's default)."""
+    sglang_transfer_backend: str = "mooncake"
+    """sglang: KV transfer backend, mooncake or nixl."""
+    sglang_memory_saver: bool = True
+    """sglang: ``--enable-memory-saver``, so that lending a worker frees its memory."""
     sglang_weights_cpu_backup: bool = False
-    sglang_role_switch: str = "auto"  # auto (SGLang 0.5.21+) | on | off: --enable-pd-role-switch
-    sglang_extra_args: str = ""  # appended to every server's launch command
+    """sglang: released memory keeps a CPU copy of the weights (resume needs no reload)."""
+    sglang_role_switch: RoleSwitch = RoleSwitch.AUTO
+    """sglang: ``--enable-pd-role-switch``: auto (SGLang 0.5.21+), on or off."""
+    sglang_extra_args: str = ""
+    """sglang: appended to every server's launch command."""
     sglang_startup_timeout_s: float = 600.0
-    # vllm: each worker host launches one vLLM server (see pearl.engines.vllm), its port the
-    # base plus the worker's first GPU id. vLLM pools serve colocated only (docs/vllm.md).
-    vllm_model_path: str = ""  # a Hugging Face model directory (config, safetensors, tokenizer)
-    vllm_tokenizer: str = ""  # its tokenizer's directory, if not the model's (--tokenizer)
-    vllm_python: str = ""  # the servers' interpreter; "": .venv-vllm/bin/python when present
+    """sglang: how long a server may take to become healthy, in seconds."""
+    vllm_model_path: str = ""
+    """vllm: a Hugging Face model directory (config, safetensors, tokenizer)."""
+    vllm_tokenizer: str = ""
+    """vllm: the tokenizer's directory, if not the model's (``--tokenizer``)."""
+    vllm_python: str = ""
+    """vllm: the servers' interpreter; "": .venv-vllm/bin/python when present."""
     vllm_host: str = "127.0.0.1"
+    """vllm: host the servers listen on."""
     vllm_port: int = 31000
+    """vllm: base port of the servers."""
     vllm_dtype: str = "bfloat16"
+    """vllm: ``--dtype`` of the weights."""
     vllm_max_model_len: int = 2048
-    vllm_enforce_eager: bool = True  # no CUDA graphs / compilation: starts in seconds
-    # Chunked prefill. Off by default: on CPUs vLLM 0.32 kills its engine when it chunks the
-    # prefill of a seeded request ("CPU Generator does not use offset"); turn it on for GPUs.
+    """vllm: ``--max-model-len``: context limit in tokens."""
+    vllm_enforce_eager: bool = True
+    """vllm: no CUDA graphs or compilation, so a server starts in seconds."""
+    # Off by default: on CPUs vLLM 0.32 kills its engine when it chunks the prefill of a seeded
+    # request ("CPU Generator does not use offset").
     vllm_chunked_prefill: bool = False
-    vllm_sleep_mode: bool = False  # --enable-sleep-mode (CUDA only): a lend frees device memory
-    vllm_kv_cache_mb: int = 512  # each server's KV cache; 0: vLLM's default (92% of RAM on CPUs)
-    vllm_extra_args: str = ""  # appended to every server's launch command
+    """vllm: chunked prefill (turn it on for GPUs)."""
+    vllm_sleep_mode: bool = False
+    """vllm: ``--enable-sleep-mode`` (CUDA only): lending a worker frees device memory."""
+    vllm_kv_cache_mb: int = 512
+    """vllm: each server's KV cache, in MiB; 0: vLLM's default (92% of RAM on CPUs)."""
+    vllm_extra_args: str = ""
+    """vllm: appended to every server's launch command."""
     vllm_startup_timeout_s: float = 600.0
-    router: str = "pearl"  # pearl: PEARL's own Router | sglang-router: the real sglang-router
-    sglang_router_urls: str = ""  # "REGULAR_URL,PD_URL" of running routers; "" = launch both
-    sglang_router_port: int = 29100  # launched routers: regular here, PD mode on the next port
+    """vllm: how long a server may take to become healthy, in seconds."""
+    router: RouterKind = RouterKind.PEARL
+    """What routes requests: PEARL's own Router, or the real sglang-router."""
+    sglang_router_urls: str = ""
+    """sglang-router: "REGULAR_URL,PD_URL" of running routers; "": launch both."""
+    sglang_router_port: int = 29100
+    """sglang-router: launched routers' port (regular mode; PD mode on the next port)."""
+
+    def __post_init__(self) -> None:
+        _parse_enums(self, "engine")
+
+    @property
+    def colocated_only(self) -> bool:
+        """vLLM pools serve colocated only: no prefill-decode hand-off through a vLLM KV
+        connector on this platform (docs/vllm.md)."""
+        return self.kind is EngineKind.VLLM
 
 
 @dataclass(frozen=True)
 class RLConfig:
-    env: str = ""  # the environment the Pipeline Scheduler runs (empty: no pipeline)
-    tasks: int = 256  # size of the environment's task set
+    """``[rl]``: the Pipeline Scheduler's environment and sampling."""
+
+    env: str = ""
+    """The environment the Pipeline Scheduler runs, a name or ``module:Factory``; "": none."""
+    tasks: int = 256
+    """Size of the environment's task set."""
     seed: int = 0
-    max_turns: int = 0  # per trajectory (0: the environment's default)
-    max_new_tokens: int = 48  # per turn
+    """Seed of the task order and sampling."""
+    max_turns: int = 0
+    """Turns per trajectory (0: the environment's default)."""
+    max_new_tokens: int = 48
+    """Tokens generated per turn, at most."""
     temperature: float = 1.0
+    """Sampling temperature."""
     top_p: float = 1.0
+    """Nucleus sampling: top-p."""
 
 
 @dataclass(frozen=True)
 class DemoConfig:
-    """What ``pearl demo`` runs on top of the runtime (its command-line flags override)."""
+    """``[demo]``: what ``pearl demo`` runs on top of the runtime (its flags override)."""
 
-    env: str = "tool_use_counts"  # the environment the demo learns on ("": rl.env as it is)
-    warm_start: bool = True  # supervised warm start first (tool_use_counts only)
-    eval_every: int = 4  # held-out evaluation every N training steps, and after the last (0: none)
-    segment: str = "S2"  # the Bamboo segment the preemptible workers follow
-    # A scripted budget instead of the segment: "STEP:N,..." = from training step STEP on, N of
-    # the preemptible GPUs are present ("1:0,5:2,11:0"). Empty: follow the segment.
+    env: str = "tool_use_counts"
+    """The environment the demo learns on ("": ``rl.env`` as it is)."""
+    warm_start: bool = True
+    """A supervised warm start first (tool_use_counts only)."""
+    eval_every: int = 4
+    """Held-out evaluation every N training steps, and after the last (0: none)."""
+    segment: str = "S2"
+    """The Bamboo trace segment the preemptible workers follow."""
     budget: str = ""
-    trace_s: float = 0.0  # seconds the segment is squeezed into (--trace-s); 0: 4 s per step
+    """Scripted budget instead of the segment: "STEP:N,..." preemptible GPUs from STEP on."""
+    trace_s: float = 0.0
+    """Seconds the segment is squeezed into (``--trace-s``); 0: 4 s per step."""
 
 
 def parse_budget(text: str, preemptible: int, where: str = "demo.budget") -> list[tuple[int, int]]:
@@ -334,26 +493,18 @@ class Config:
             raise ConfigError(f"decision.ema_alpha must be in (0, 1], got {d.ema_alpha}")
         if d.mode_switch_threshold < 0 or d.ratio_change_threshold < 0:
             raise ConfigError("decision thresholds must be >= 0")
-        _one_of("daemon.borrow", self.daemon.borrow, ("gated", "always", "never"))
-        _one_of("daemon.pd", self.daemon.pd, ("adaptive", "colocated", "disaggregated"))
         if self.daemon.metrics:
-            from pearl.metrics_http import check_exposure, parse_address
-
             parse_address(self.daemon.metrics)
             check_exposure(self.daemon.metrics, self.daemon.metrics_public)
-        _one_of("daemon.launcher", self.daemon.launcher, ("local", "ray"))
         self._check_nodes()
         if self.ray.poll_s <= 0:
             raise ConfigError("ray.poll_s must be > 0")
-        _one_of("engine.kind", self.engine.kind, ("sim", "torch", "sglang", "vllm"))
-        if self.engine.kind == "vllm" and self.daemon.pd == "disaggregated":
+        if self.engine.colocated_only and self.daemon.pd is PD.DISAGGREGATED:
             raise ConfigError(
                 "engine.kind = 'vllm' serves colocated only (no prefill-decode hand-off through "
                 "a vLLM KV connector on this platform, docs/vllm.md); set daemon.pd = "
                 "'colocated' or 'adaptive'"
             )
-        _one_of("engine.router", self.engine.router, ("pearl", "sglang-router"))
-        _one_of("engine.sglang_role_switch", self.engine.sglang_role_switch, ("auto", "on", "off"))
         for name in (
             "heartbeat_s",
             "tick_s",
@@ -398,14 +549,12 @@ class Config:
 
     def _check_devices(self) -> None:
         """Virtual devices: a share in (0, 1], on the torch engine, all slots within the cores."""
-        from pearl.engines.device import available_cores, check_fits, check_share
-
         e, c = self.engine, self.cluster
         share = check_share(e.device_share, "engine.device_share")  # type: ignore[arg-type]
-        if e.kind != "torch":
+        if e.kind is not EngineKind.TORCH:
             raise ConfigError(
                 f"engine.device_share = {share:g} models a device on the torch engine; "
-                f"engine.kind = {e.kind!r} does not run on this machine's cores. Remove it"
+                f"engine.kind = {e.kind.value!r} does not run on this machine's cores. Remove it"
             )
         if e.threads != 1:
             raise ConfigError(
@@ -422,12 +571,27 @@ class Config:
         check_fits(share, slots, available_cores(), "engine.device_share")
 
 
-def _one_of(where: str, value: str, options: tuple[str, ...]) -> None:
-    if value not in options:
-        raise ConfigError(
-            f"{where} = {value!r}; expected one of {', '.join(options)}"
-            f"{_suggest(value, list(options))}"
-        )
+def _member(tp: type[enum.StrEnum], value: Any, where: str) -> Any:
+    """``value`` as a member of ``tp``: the string a TOML file or ``--set`` gives, or a member."""
+    if isinstance(value, tp):
+        return value
+    options = [m.value for m in tp]
+    if isinstance(value, str) and value in options:
+        return tp(value)
+    raise ConfigError(
+        f"{where} = {value!r}; expected one of {', '.join(options)}{_suggest(str(value), options)}"
+    )
+
+
+def _parse_enums(section: Any, name: str) -> None:
+    """Turn a section's enum fields, given as strings, into their members (the section is
+    frozen: a direct ``EngineConfig(kind="torch")`` or a JSON copy is parsed here too)."""
+    hints = typing.get_type_hints(type(section))
+    for f in dataclasses.fields(section):
+        tp = hints[f.name]
+        if isinstance(tp, type) and issubclass(tp, enum.StrEnum):
+            value = getattr(section, f.name)
+            object.__setattr__(section, f.name, _member(tp, value, f"{name}.{f.name}"))
 
 
 def _section_types() -> dict[str, type]:
@@ -467,6 +631,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     elif tp is str:
         if isinstance(value, str):
             return value
+    elif isinstance(tp, type) and issubclass(tp, enum.StrEnum):
+        return _member(tp, value, where)
     else:
         raise ConfigError(f"{where}: unsupported type {tp}")
     raise ConfigError(f"{where}: expected {tp.__name__}, got {type(value).__name__} {value!r}")
@@ -561,12 +727,17 @@ __all__ = [
     "DecisionConfig",
     "DemoConfig",
     "EngineConfig",
+    "EngineKind",
     "GateConfig",
+    "Launcher",
     "ModelConfig",
     "NodeConfig",
     "RLConfig",
     "RayConfig",
+    "RoleSwitch",
+    "RouterKind",
     "WorkloadConfig",
+    "available_cores",
     "from_mapping",
     "load",
     "parse_budget",

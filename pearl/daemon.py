@@ -229,7 +229,8 @@ class Daemon:
             self.keys = DaemonKeys.load(self.cfg.daemon.keys_dir).api
             HostKeys.load(self.cfg.daemon.keys_dir)
         check_bind(self.endpoint, self.keys)
-        if self.cfg.daemon.launcher == "ray":  # joined and checked before anything is logged
+        # joined and checked before anything is logged
+        if self.cfg.daemon.launcher is config_mod.Launcher.RAY:
             from actors.ray_launcher import RayLauncher
 
             self._ray = RayLauncher.connect(self.cfg, self.endpoint, self.state_dir / "workers")
@@ -440,7 +441,8 @@ class Daemon:
         # The API binds last but one; the orchestrator, last, is the first to stop taking input.
         specs["api"] = api
         specs["orchestrator"] = orchestrator
-        if cfg.daemon.launcher == "ray" and cfg.ray.node_events:  # after the orchestrator booted
+        # after the orchestrator booted
+        if cfg.daemon.launcher is config_mod.Launcher.RAY and cfg.ray.node_events:
             from actors.ray_nodes import RayNodeWatcher, read_nodes
 
             ray = self.launcher.ray

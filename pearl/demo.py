@@ -346,7 +346,7 @@ def virtual_devices(
     slots = len(c.training_gpus) + len(c.reserved_gpus) + len(c.preemptible_gpus)
     cores = available_cores()
     share = cfg.engine.device_share
-    if cfg.engine.kind != "torch":
+    if cfg.engine.kind is not config_mod.EngineKind.TORCH:
         line = f"virtual devices: none (engine.kind = {cfg.engine.kind})"
         return overrides, {"slots": slots, "share": None, "cores": cores, "line": line}
     sized = share is None

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pearl.config import EngineKind
 from pearl.core.errors import ConfigError
 
 
@@ -73,10 +74,10 @@ def prepare(
     if learning is None or not learning.warm_start:
         model_dir = cfg.engine.preset if "/" in cfg.engine.preset else ""
         return Prepared((*overrides, *for_vllm(cfg, model_dir, out)), model_dir)
-    if cfg.engine.kind not in ("torch", "vllm") or "/" in cfg.engine.preset:
+    if cfg.engine.kind not in (EngineKind.TORCH, EngineKind.VLLM) or "/" in cfg.engine.preset:
         raise ConfigError(
             f"the warm start trains a preset of the torch engine's models; this config has "
-            f"engine.kind = {cfg.engine.kind!r}, preset = {cfg.engine.preset!r}. "
+            f"engine.kind = {cfg.engine.kind.value!r}, preset = {cfg.engine.preset!r}. "
             "Pass --no-warm-start"
         )
     if cfg.rl.env != "tool_use_counts":
@@ -115,7 +116,7 @@ def for_vllm(cfg: Any, model_dir: str, out: Path) -> tuple[str, ...]:
     """vLLM workers serve what the trainer trains: the model directory (or the preset's seeded
     weights, written as one), with the byte tokenizer beside it. Nothing for other engines, or
     when the config names its own vLLM model."""
-    if cfg.engine.kind != "vllm" or cfg.engine.vllm_model_path:
+    if cfg.engine.kind is not EngineKind.VLLM or cfg.engine.vllm_model_path:
         return ()
     from pearl.engines.vllm.checkpoint import byte_tokenizer, preset_dir
 

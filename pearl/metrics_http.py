@@ -21,35 +21,11 @@ from typing import Any, Protocol
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from pearl.core.address import check_exposure, parse_address
 from pearl.core.errors import ConfigError
-from transports.auth import InsecureBind, is_local
 
 MAX_CONNECTIONS = 64  # connection threads of one metrics server
 READ_TIMEOUT_S = 5.0  # a connection silent this long is dropped (a scrape sends at once)
-
-
-def parse_address(value: str, where: str = "daemon.metrics") -> tuple[str, int]:
-    """``HOST:PORT`` (port 0: any free port) -> (host, port); a clear error otherwise."""
-    host, sep, port = value.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(
-            f"{where} = {value!r}: expected HOST:PORT (e.g. 127.0.0.1:9440; port 0 picks a free "
-            'one), or "" to turn the metrics endpoint off'
-        )
-    return host, int(port)
-
-
-def check_exposure(value: str, public: bool, where: str = "daemon.metrics") -> None:
-    """The API's bind rule for the metrics port: loopback only, unless ``public`` says otherwise
-    (``daemon.metrics_public``); HTTP has no CURVE, so the flag is the operator's explicit yes."""
-    if public or is_local(f"tcp://{value}"):
-        return
-    raise InsecureBind(
-        f"refusing to serve {where} on {value}: it may be reachable from other machines and "
-        "has no authentication. Bind 127.0.0.1:PORT instead, or expose it on purpose with "
-        "`--set daemon.metrics_public=true` (behind a firewall that lets only Prometheus in)"
-    )
 
 
 class Exposition(Protocol):

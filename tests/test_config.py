@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,7 @@ import pytest
 from pearl import config as config_mod
 from pearl.config import format_gpus, parse_gpus
 from pearl.core.errors import ConfigError
+from pearl.core.policy import PD, Borrow
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,3 +75,32 @@ def test_the_demo_budget_parses_and_the_pd_demo_config_loads() -> None:
     cfg = config_mod.load(ROOT / "configs" / "local-cpu-pd.toml")
     assert config_mod.parse_budget(cfg.demo.budget, 3) == [(1, 0), (5, 3), (11, 0)]
     assert (cfg.demo.env, cfg.demo.warm_start, cfg.rl.env) == ("", False, "swe_like_small")
+
+
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("daemon.borrow=gatd", "daemon.borrow = 'gatd'; expected one of gated, always, never"),
+        ("daemon.pd=colocate", "expected one of adaptive, colocated, disaggregated"),
+        ("engine.kind=torchh", "engine.kind = 'torchh'; expected one of sim, torch, sglang, vllm"),
+        ("engine.kind=1", "engine.kind = 1; expected one of"),
+        ("daemon.launcher=k8s", "daemon.launcher = 'k8s'; expected one of local, ray"),
+    ],
+)
+def test_a_bad_choice_names_the_choices_and_its_origin(override: str, words: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        config_mod.load(CONFIG, [override])
+    assert str(e.value).startswith(f"--set {override}: ") and words in str(e.value), str(e.value)
+
+
+def test_choices_are_parsed_into_enum_members_once_at_the_edge() -> None:
+    cfg = config_mod.load(
+        CONFIG, ["engine.kind=torch", "daemon.borrow=never", "daemon.pd=colocated"]
+    )
+    assert cfg.engine.kind is config_mod.EngineKind.TORCH
+    assert cfg.daemon.borrow is Borrow.NEVER and cfg.daemon.pd is PD.COLOCATED
+    # a section built directly, or copied through JSON to a worker host, is parsed the same way
+    copy = config_mod.EngineConfig(**json.loads(json.dumps(dataclasses.asdict(cfg.engine))))
+    assert copy == cfg.engine and copy.kind is config_mod.EngineKind.TORCH
+    with pytest.raises(ConfigError, match="did you mean 'always'"):
+        config_mod.DaemonConfig(borrow="alway")  # type: ignore[arg-type]

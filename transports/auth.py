@@ -24,7 +24,6 @@ to) are CURVE servers with the worker key pair that accept only pearld's and the
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import threading
 import time
@@ -36,35 +35,13 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
-from pearl.core.errors import ConfigError
+from pearl.core.address import is_local
+from pearl.core.errors import ConfigError, InsecureBind
 
 AUTHORIZED_DIR = "authorized_clients"
 WORKER = "worker"  # the key pair every worker host uses
 CLIENT = "client"  # the key pair the CLI and trainers use by default
 HOW_TO = "create keys with `pearl keys generate DIR`"
-
-
-class InsecureBind(ConfigError):
-    """A socket would listen on a non-local address without CURVE keys."""
-
-
-def is_local(address: str) -> bool:
-    """True for ipc://, inproc:// and TCP endpoints on a loopback host."""
-    scheme, sep, rest = address.partition("://")
-    if not sep:
-        return False
-    if scheme in ("ipc", "inproc"):
-        return True
-    if scheme != "tcp":
-        return False
-    host = rest.rsplit(":", 1)[0] if not rest.startswith("[") else rest[1 : rest.find("]")]
-    host = host.split(";")[-1]  # tcp://source;dest form: the bound side is the last
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # an interface name or hostname: may be reachable from outside
 
 
 @dataclass(frozen=True, slots=True)

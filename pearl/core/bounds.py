@@ -1,5 +1,5 @@
-"""Bounds on the numbers PEARL takes from outside: GPU ids, training steps, weights versions and
-preemption deadlines.
+"""Bounds on the numbers PEARL takes from outside: GPU ids, training steps, weights versions,
+preemption deadlines and a virtual device's share of a core.
 
 Checked at the edge, before anything is expanded or logged: :func:`pearl.config.parse_gpus`
 (config files, ``--gpus``, Ray node labels) checks a range before it expands it, and
@@ -15,7 +15,7 @@ import math
 from typing import Any
 
 from pearl.core import events as ev
-from pearl.core.errors import SchemaError
+from pearl.core.errors import ConfigError, SchemaError
 
 MAX_GPU_ID = (1 << 20) - 1  # GPU ids are 0..1,048,575
 MAX_GPUS = 1 << 16  # at most 65,536 GPU ids in one list
@@ -94,6 +94,27 @@ def check_event(record: Any) -> None:
         raise SchemaError(f"{why}; nothing was logged")
 
 
+def check_share(share: float, where: str = "device_share") -> float:
+    """A virtual device's share of one core (:mod:`pearl.engines.device`): in (0, 1]."""
+    if isinstance(share, bool) or not isinstance(share, int | float) or not 0.0 < share <= 1.0:
+        raise ConfigError(
+            f"{where} = {share!r}: a device's share of one core must be in (0, 1] "
+            "(0.2 = a fifth of a core per slot)"
+        )
+    return float(share)
+
+
+def check_fits(share: float, slots: int, cores: int, where: str = "device_share") -> None:
+    """``slots`` devices of ``share`` core each must fit in ``cores``: slots x share <= cores."""
+    check_share(share, where)
+    if slots * share > cores + 1e-9:
+        raise ConfigError(
+            f"{where} = {share:g}: {slots} slots x {share:g} core = {slots * share:.2f} cores, "
+            f"more than the {cores} cores here; a slot would no longer be a device of fixed "
+            f"throughput. Use at most {cores / slots:.3f} (or fewer slots)"
+        )
+
+
 __all__ = [
     "MAX_DEADLINE",
     "MAX_GPUS",
@@ -101,6 +122,8 @@ __all__ = [
     "MAX_STEP",
     "MAX_VERSION",
     "check_event",
+    "check_fits",
+    "check_share",
     "deadline_problem",
     "event_problem",
     "gpu_ids_problem",

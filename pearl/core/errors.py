@@ -14,6 +14,11 @@ class ConfigError(PearlError):
     """A configuration file or override is invalid."""
 
 
+class InsecureBind(ConfigError):
+    """A socket would listen on a non-local address without CURVE keys (or, for the metrics
+    port, without ``daemon.metrics_public``)."""
+
+
 class SchemaError(PearlError):
     """A record or message does not match its schema (wrong kind, version, field or type)."""
 

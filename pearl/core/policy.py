@@ -46,8 +46,8 @@ class Policy:
     def of_config(cls, cfg: Any) -> Policy:
         """The policy a pearld with this :class:`pearl.config.Config` runs (``daemon.pd``,
         ``daemon.borrow``, the decision knobs); core reads it without importing the config."""
-        # vLLM pools serve colocated only: adaptive there means colocation at every budget.
-        pd = PD.COLOCATED if cfg.engine.kind == "vllm" else PD(cfg.daemon.pd)
+        # A pool that serves colocated only (vLLM) is colocated at every budget.
+        pd = PD.COLOCATED if cfg.engine.colocated_only else PD(cfg.daemon.pd)
         return cls(
             cfg.decision,
             pd=pd,

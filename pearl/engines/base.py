@@ -180,6 +180,30 @@ class Engine(ABC):
         """Stats collected since the last call (and forget them)."""
 
 
+def check_request(req: GenerateRequest, max_seq_len: int = 0) -> None:
+    """Reject a malformed request before it is queued (clear message, nothing changed).
+    ``max_seq_len`` is the context limit; 0 where the server checks it itself."""
+    sp = req.sampling
+    if not req.rid:
+        raise EngineError("request has an empty rid")
+    if not req.input_ids:
+        raise EngineError(f"request {req.rid}: input_ids is empty; give at least one token")
+    if max_seq_len and len(req.input_ids) >= max_seq_len:
+        raise EngineError(
+            f"request {req.rid}: prompt of {len(req.input_ids)} tokens leaves no "
+            f"room under the context limit of {max_seq_len}"
+        )
+    if sp.max_new_tokens < 1:
+        raise EngineError(
+            f"request {req.rid}: max_new_tokens must be >= 1, got {sp.max_new_tokens}"
+        )
+    if sp.temperature < 0 or not 0 < sp.top_p <= 1:
+        raise EngineError(
+            f"request {req.rid}: need temperature >= 0 and 0 < top_p <= 1, got "
+            f"{sp.temperature}, {sp.top_p}"
+        )
+
+
 class Drainable:
     """``in_flight`` and ``drain`` for engines that keep their requests in a mapping guarded by
     a condition variable (``_cv``, notified whenever a request finishes) and their state in a
@@ -213,9 +237,91 @@ class Drainable:
                     self._life.to(EngineState.SERVING)
 
 
+SERVING_ROLES = (Role.COLOCATED, Role.PREFILL, Role.DECODE)
+
+
+class EngineBase(Drainable, Engine):
+    """What the serving engines share: role, weights version and lifecycle state as properties,
+    the role check, and the checks a request passes before it is accepted.
+
+    A subclass sets ``kind``, and in ``__init__`` ``kv_channel``, ``_role`` (after
+    :meth:`_check_role`), ``_version``, ``_cv`` and ``_life``."""
+
+    kind: str
+    roles: tuple[Role, ...] = SERVING_ROLES  # the roles this engine can serve
+    kv_channel: KVChannel | None
+    _role: Role
+    _version: int
+
+    @property
+    def role(self) -> Role:
+        return self._role
+
+    @property
+    def weights_version(self) -> int:
+        return self._version
+
+    @property
+    def released(self) -> bool:
+        return self._life.released
+
+    @property
+    def state(self) -> EngineState:
+        return self._life.state
+
+    @property
+    def accepting(self) -> bool:
+        """Serving, and taking new requests now (not draining, releasing or relaunching)."""
+        return self._life.state is EngineState.SERVING and not self._life.refusal()
+
+    def _check_role(self, role: Role) -> None:
+        if role not in self.roles:
+            raise EngineError(
+                f"an engine serves as one of {[r.value for r in self.roles]}, not {role}"
+            )
+        if role is not Role.COLOCATED and self.kv_channel is None:
+            raise EngineError(f"role {role} moves KV caches: build the engine with a kv_channel")
+
+    def _need_running(self, what: str) -> None:
+        if not self._life.running:
+            raise EngineError(f"{what}: the {self.kind} engine is not running (start() it)")
+
+    def _need_serving(self, what: str) -> None:
+        self._need_running(what)
+        if self._life.released:
+            raise EngineError(
+                f"{what}: the {self.kind} engine released its memory; call "
+                "resume_memory() before generating"
+            )
+
+    def _admit(self, request: GenerateRequest, max_seq_len: int = 0) -> None:
+        """Under ``_cv``: raise unless this engine takes ``request`` now (serving, not in flight
+        already, well formed, with the hand-off fields its role needs)."""
+        rid = request.rid
+        self._need_serving("generate")
+        why = self._life.refusal()
+        if why:
+            raise EngineError(f"{why}; route {rid} elsewhere")
+        if rid in self._requests():
+            raise EngineError(f"request {rid} is already in flight on this engine")
+        check_request(request, max_seq_len)
+        if self._role is Role.PREFILL and not (request.transfer_id and request.kv_peer):
+            raise EngineError(
+                f"prefill engine: request {rid} needs transfer_id and "
+                "kv_peer (the decode worker's KV inbox)"
+            )
+        if self._role is Role.DECODE and not request.transfer_id:
+            raise EngineError(
+                f"decode engine: request {rid} needs the transfer_id "
+                "its prefill worker ships the KV under"
+            )
+
+
 __all__ = [
+    "SERVING_ROLES",
     "Drainable",
     "Engine",
+    "EngineBase",
     "EngineError",
     "EngineTelemetry",
     "FinishReason",
@@ -226,4 +332,5 @@ __all__ = [
     "KVTimeout",
     "KVTransferStat",
     "SamplingParams",
+    "check_request",
 ]

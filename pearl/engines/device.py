@@ -28,20 +28,21 @@ device is slower than an idle one by exactly its queue). What it does not: memor
 capacity (the engine's ``kv_budget_mb`` sets that), the interconnect (KV transfers and weight
 loads run unthrottled), or a device's own parallelism beyond one thread.
 
-No torch here: the torch engine, the demo trainer and the config check all use this module.
+No torch here: the torch engine and the demo trainer use this module; the config checks a
+share with :func:`pearl.core.bounds.check_share` and :func:`~pearl.core.bounds.check_fits`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Iterator
 from typing import TypeVar
 
-from pearl.core.errors import ConfigError
+from pearl.config import available_cores
+from pearl.core.bounds import check_fits, check_share
 
 T = TypeVar("T")
 
@@ -52,35 +53,6 @@ WARM_RUNS = 8  # runs of a key before its typical cost is trusted
 INFLATION_GAIN = 0.05  # EMA gain of CPU time / typical cost over keyed steps (~20 steps)
 INFLATION_RANGE = (0.25, 4.0)  # beyond these the host is not noisy but another machine
 MAX_WORK_KEYS = 4096  # work keys remembered (the oldest forgotten first)
-
-
-def available_cores() -> int:
-    """The cores this process may run on (its CPU affinity, else the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        return os.cpu_count() or 1
-
-
-def check_share(share: float, where: str = "device_share") -> float:
-    """A share of one core: in (0, 1]."""
-    if isinstance(share, bool) or not isinstance(share, int | float) or not 0.0 < share <= 1.0:
-        raise ConfigError(
-            f"{where} = {share!r}: a device's share of one core must be in (0, 1] "
-            "(0.2 = a fifth of a core per slot)"
-        )
-    return float(share)
-
-
-def check_fits(share: float, slots: int, cores: int, where: str = "device_share") -> None:
-    """``slots`` devices of ``share`` core each must fit in ``cores``: slots x share <= cores."""
-    check_share(share, where)
-    if slots * share > cores + 1e-9:
-        raise ConfigError(
-            f"{where} = {share:g}: {slots} slots x {share:g} core = {slots * share:.2f} cores, "
-            f"more than the {cores} cores here; a slot would no longer be a device of fixed "
-            f"throughput. Use at most {cores / slots:.3f} (or fewer slots)"
-        )
 
 
 def default_share(slots: int, cores: int, headroom: float = 0.9) -> float:

@@ -9,11 +9,10 @@ needed where servers run, not here); ``vllm`` one vLLM server per worker, from t
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, assert_never
 
-from pearl.config import EngineConfig
+from pearl.config import EngineConfig, EngineKind
 from pearl.core import catalog
-from pearl.core.errors import ConfigError
 from pearl.core.state import Role
 from pearl.engines.base import Engine, KVChannel
 
@@ -39,7 +38,7 @@ def sim_cost(
 def build_engine(
     cfg: EngineConfig, *, model: str, gpu: str, tp: int, role: Role, kv_channel: KVChannel | None
 ) -> Engine:
-    if cfg.kind == "sim":
+    if cfg.kind is EngineKind.SIM:
         from pearl.engines.sim import SimEngine
 
         return SimEngine(
@@ -48,7 +47,7 @@ def build_engine(
             kv_channel=kv_channel,
             time_scale=cfg.time_scale,
         )
-    if cfg.kind == "torch":
+    if cfg.kind is EngineKind.TORCH:
         from pearl.engines.torch import TorchEngine
 
         preset, path = (cfg.preset, "") if "/" not in cfg.preset else ("tiny", cfg.preset)
@@ -64,7 +63,7 @@ def build_engine(
             # a worker of tp slots is tp virtual devices on its one thread
             device_share=None if cfg.device_share is None else cfg.device_share * tp,
         )
-    if cfg.kind == "sglang":  # launches a server process; never imports sglang itself
+    if cfg.kind is EngineKind.SGLANG:  # launches a server process; never imports sglang itself
         from pearl.engines.sglang import SGLangEngine, SGLangEngineConfig
         from pearl.engines.sglang.launch import first_gpu, spec_from_config
 
@@ -74,7 +73,7 @@ def build_engine(
             role=role,
             kv_channel=kv_channel,
         )
-    if cfg.kind == "vllm":  # launches a server process from vLLM's own environment
+    if cfg.kind is EngineKind.VLLM:  # launches a server process from vLLM's own environment
         from pearl.engines.process import first_gpu
         from pearl.engines.vllm import VLLMEngine, VLLMEngineConfig
         from pearl.engines.vllm import spec_from_config as vllm_spec
@@ -87,7 +86,7 @@ def build_engine(
             role=role,
             kv_channel=kv_channel,
         )
-    raise ConfigError(f"engine.kind = {cfg.kind!r} is not served by the built-in worker host")
+    assert_never(cfg.kind)
 
 
 __all__ = ["build_engine", "sim_cost"]

@@ -7,7 +7,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from pearl.engines.base import EngineError, FinishReason, GenerateRequest, GenerateResult
+from pearl.engines.base import FinishReason, GenerateRequest, GenerateResult
 
 
 class Phase(enum.Enum):
@@ -86,27 +86,4 @@ class Segment:
         return self.end == len(self.seq.tokens)
 
 
-def check_request(req: GenerateRequest, max_seq_len: int) -> None:
-    """Reject a malformed request before it is queued (clear message, nothing changed)."""
-    sp = req.sampling
-    if not req.rid:
-        raise EngineError("request has an empty rid")
-    if not req.input_ids:
-        raise EngineError(f"request {req.rid}: input_ids is empty; give at least one token")
-    if len(req.input_ids) >= max_seq_len:
-        raise EngineError(
-            f"request {req.rid}: prompt of {len(req.input_ids)} tokens leaves no "
-            f"room under the context limit of {max_seq_len}"
-        )
-    if sp.max_new_tokens < 1:
-        raise EngineError(
-            f"request {req.rid}: max_new_tokens must be >= 1, got {sp.max_new_tokens}"
-        )
-    if sp.temperature < 0 or not 0 < sp.top_p <= 1:
-        raise EngineError(
-            f"request {req.rid}: need temperature >= 0 and 0 < top_p <= 1, got "
-            f"{sp.temperature}, {sp.top_p}"
-        )
-
-
-__all__ = ["Phase", "Segment", "Seq", "check_request"]
+__all__ = ["Phase", "Segment", "Seq"]

@@ -22,8 +22,7 @@ from typing import Any, TypeVar
 from pearl.core.state import Role
 from pearl.engines.backend import Backend, ServingConfig
 from pearl.engines.base import (
-    Drainable,
-    Engine,
+    EngineBase,
     EngineError,
     EngineTelemetry,
     FinishReason,
@@ -37,14 +36,13 @@ from pearl.engines.blocks import KVBlocks
 from pearl.engines.handoff import KVHandoff
 from pearl.engines.lifecycle import EngineState, Lifecycle
 from pearl.engines.scheduler import Scheduler
-from pearl.engines.sequence import Phase, Seq, check_request
+from pearl.engines.sequence import Phase, Seq
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-SERVING_ROLES = (Role.COLOCATED, Role.PREFILL, Role.DECODE)
 
 
-class ServingEngine(Drainable, Engine, Backend):
+class ServingEngine(EngineBase, Backend):
     """The shared engine; subclasses supply the model (``_forward`` and the memory hooks)."""
 
     def __init__(self, config: ServingConfig, role: Role, kv_channel: KVChannel | None) -> None:
@@ -72,22 +70,6 @@ class ServingEngine(Drainable, Engine, Backend):
         self.max_seq_len = 0
 
     # -- the contract --------------------------------------------------------------------------
-
-    @property
-    def role(self) -> Role:
-        return self._role
-
-    @property
-    def weights_version(self) -> int:
-        return self._version
-
-    @property
-    def released(self) -> bool:
-        return self._life.released
-
-    @property
-    def state(self) -> EngineState:
-        return self._life.state
 
     def start(self) -> None:
         if self._life.state is not EngineState.NEW:
@@ -119,22 +101,7 @@ class ServingEngine(Drainable, Engine, Backend):
     def generate(self, request: GenerateRequest) -> Future[GenerateResult]:
         fut: Future[GenerateResult] = Future()
         with self._cv:
-            self._need_serving("generate")
-            if self._life.draining:
-                raise EngineError(f"{self.kind} engine is draining; route {request.rid} elsewhere")
-            if request.rid in self._seqs:
-                raise EngineError(f"request {request.rid} is already in flight on this engine")
-            check_request(request, self.max_seq_len)
-            if self._role is Role.PREFILL and not (request.transfer_id and request.kv_peer):
-                raise EngineError(
-                    f"prefill engine: request {request.rid} needs transfer_id and "
-                    "kv_peer (the decode worker's KV inbox)"
-                )
-            if self._role is Role.DECODE and not request.transfer_id:
-                raise EngineError(
-                    f"decode engine: request {request.rid} needs the transfer_id "
-                    "its prefill worker ships the KV under"
-                )
+            self._admit(request, self.max_seq_len)
             seq = Seq(request, fut, list(request.input_ids))
             self._seqs[request.rid] = seq
             self._inbox.append(seq)
@@ -240,30 +207,12 @@ class ServingEngine(Drainable, Engine, Backend):
 
     # -- helpers for the public side -----------------------------------------------------------
 
-    def _check_role(self, role: Role) -> None:
-        if role not in SERVING_ROLES:
-            raise EngineError(
-                f"an engine serves as one of {[r.value for r in SERVING_ROLES]}, not {role}"
-            )
-        if role is not Role.COLOCATED and self.kv_channel is None:
-            raise EngineError(f"role {role} moves KV caches: build the engine with a kv_channel")
-
-    def _need_serving(self, what: str) -> None:
-        if not self._life.running:
-            raise EngineError(f"{what}: the {self.kind} engine is not running (start() it)")
-        if self._life.released:
-            raise EngineError(
-                f"{what}: the {self.kind} engine released its memory; call "
-                "resume_memory() before generating"
-            )
-
     def _call(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the engine thread between iterations and return its result."""
         fut: Future[T] = Future()
         what = getattr(fn, "__name__", "call")
         with self._cv:
-            if not self._life.running:
-                raise EngineError(f"{what}: the {self.kind} engine is not running (start() it)")
+            self._need_running(what)
             self._calls.append((fn, fut))
             self._cv.notify_all()
         try:
@@ -424,4 +373,4 @@ class ServingEngine(Drainable, Engine, Backend):
             seq.future.set_result(result)  # type: ignore[arg-type]
 
 
-__all__ = ["SERVING_ROLES", "ServingConfig", "ServingEngine"]
+__all__ = ["ServingConfig", "ServingEngine"]

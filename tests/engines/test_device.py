@@ -170,7 +170,7 @@ def test_a_share_outside_0_1_is_a_config_error_naming_it() -> None:
 def test_shares_that_oversubscribe_the_cores_are_a_config_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(device, "available_cores", lambda: 2)
+    monkeypatch.setattr(config, "available_cores", lambda: 2)
     with pytest.raises(
         ConfigError,
         match=r"6 slots x 0.4 core = 2.40 cores, more than the 2 "

@@ -9,7 +9,7 @@ import pytest
 
 from pearl.core.errors import EngineError, InvariantViolation
 from pearl.engines.base import GenerateRequest, SamplingParams
-from pearl.engines.lifecycle import TRANSITIONS, EngineState, Lifecycle
+from pearl.engines.lifecycle import SERVER_TRANSITIONS, TRANSITIONS, EngineState, Lifecycle, Server
 from pearl.engines.sim import SimEngine
 from tests.engines.helpers import SIM_COST, SIM_SCALE, prompt_of, run
 from tests.graphs import reachable
@@ -37,6 +37,23 @@ def test_every_state_is_reachable_and_only_stopped_is_final() -> None:
     assert reachable(TRANSITIONS, S.NEW) == set(S)
     assert [s for s in S if not TRANSITIONS[s]] == [S.STOPPED]
     assert all(S.STOPPING in TRANSITIONS[s] for s in S if s not in (S.STOPPING, S.STOPPED))
+
+
+def test_the_server_relaunches_until_it_is_gone_and_the_lifecycle_says_why_it_refuses() -> None:
+    assert reachable(SERVER_TRANSITIONS, Server.UP) == set(Server)
+    life = Lifecycle("sglang")
+    life.to(S.SERVING)
+    assert life.refusal() == ""
+    life.to(S.RELEASING)
+    assert life.refusal() == "the sglang engine is releasing its memory"
+    life.to(S.SERVING)
+    life.server_to(Server.RELAUNCHING)
+    assert life.refusal() == "the sglang server is being relaunched after a crash"
+    life.server_to(Server.UP)
+    life.server_to(Server.GONE, "it died 4 times; see its log")
+    assert life.refusal() == "the sglang server is gone (it died 4 times; see its log)"
+    with pytest.raises(InvariantViolation, match="server gone -> relaunching"):
+        life.server_to(Server.RELAUNCHING)
 
 
 def test_an_engine_walks_its_lifecycle() -> None:

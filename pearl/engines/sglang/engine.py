@@ -34,8 +34,7 @@ from typing import Any
 
 from pearl.core.state import Role
 from pearl.engines.base import (
-    Drainable,
-    Engine,
+    EngineBase,
     EngineError,
     EngineTelemetry,
     FinishReason,
@@ -44,7 +43,7 @@ from pearl.engines.base import (
     KVChannel,
     KVTimeout,
 )
-from pearl.engines.lifecycle import EngineState, Lifecycle
+from pearl.engines.lifecycle import EngineState, Lifecycle, Server
 from pearl.engines.sglang import protocol as P
 from pearl.engines.sglang.client import SGLangClient
 from pearl.engines.sglang.handoff import Call, aborted_result, await_room, offer_room, resolve
@@ -69,8 +68,9 @@ class SGLangEngineConfig:
     env: dict[str, str] | None = field(default=None, compare=False)
 
 
-class SGLangEngine(Drainable, Engine):
+class SGLangEngine(EngineBase):
     kind = "sglang"
+    roles = tuple(P.MODES)
 
     def __init__(
         self,
@@ -92,28 +92,11 @@ class SGLangEngine(Drainable, Engine):
         self._weights: Any = None  # the last weights source (re-applied after a restart)
         self._pending: tuple[int, Any] | None = None
         self._life = Lifecycle(self.kind)
-        self._blocked = ""  # why generate is refused for now (releasing, restarting, dead)
         self._watchdog: Watchdog | None = None
         self._pool = ThreadPoolExecutor(config.max_concurrency, thread_name_prefix="sglang-req")
         self._metrics = MetricsDelta()
 
     # -- properties ----------------------------------------------------------------------------
-
-    @property
-    def role(self) -> Role:
-        return self._role
-
-    @property
-    def weights_version(self) -> int:
-        return self._version
-
-    @property
-    def released(self) -> bool:
-        return self._life.released
-
-    @property
-    def state(self) -> EngineState:
-        return self._life.state
 
     @property
     def version(self) -> str:
@@ -139,7 +122,7 @@ class SGLangEngine(Drainable, Engine):
     def _relaunch(self) -> None:
         """Watchdog: the server died. Same role, weights re-applied, memory released again."""
         with self._cv:
-            self._blocked = "the SGLang server is being relaunched after a crash"
+            self._life.server_to(Server.RELAUNCHING)
         try:
             self._launch()
             if self._version and self._weights is not None:
@@ -148,11 +131,12 @@ class SGLangEngine(Drainable, Engine):
                 self.client.release_memory()
         finally:
             with self._cv:
-                self._blocked = ""
+                if self._life.server is Server.RELAUNCHING:
+                    self._life.server_to(Server.UP)
 
     def _give_up(self, reason: str) -> None:
         with self._cv:
-            self._blocked = f"the SGLang server is gone ({reason}); see {self._log_path()}"
+            self._life.server_to(Server.GONE, f"{reason}; see {self._log_path()}")
 
     def _log_path(self) -> str:
         return str(self.server.log_path) if self.server is not None else "its log"
@@ -208,35 +192,9 @@ class SGLangEngine(Drainable, Engine):
     # -- requests ------------------------------------------------------------------------------
 
     def generate(self, request: GenerateRequest) -> Future[GenerateResult]:
-        rid = request.rid
         with self._cv:
-            if not self._life.running:
-                raise EngineError("generate: the sglang engine is not running (start() it)")
-            if self._life.released:
-                raise EngineError(
-                    "generate: the sglang engine released its memory; call "
-                    "resume_memory() before generating"
-                )
-            if self._life.draining or self._blocked:
-                why = self._blocked or "the sglang engine is draining"
-                raise EngineError(f"{why}; route {rid} elsewhere")
-            if rid in self._calls:
-                raise EngineError(f"request {rid} is already in flight on this engine")
-            if not request.input_ids:
-                raise EngineError(f"request {rid} has an empty prompt")
-            if request.sampling.max_new_tokens < 1:
-                raise EngineError(f"request {rid}: max_new_tokens must be >= 1")
-            if self._role is Role.PREFILL and not (request.transfer_id and request.kv_peer):
-                raise EngineError(
-                    f"prefill engine: request {rid} needs transfer_id and kv_peer "
-                    "(the decode worker's KV inbox)"
-                )
-            if self._role is Role.DECODE and not request.transfer_id:
-                raise EngineError(
-                    f"decode engine: request {rid} needs the transfer_id its "
-                    "prefill worker ships the bootstrap room under"
-                )
-            call = self._calls[rid] = Call(Future())
+            self._admit(request)
+            call = self._calls[request.rid] = Call(Future())
         self._pool.submit(self._run, request, call, self._role)
         return call.future
 
@@ -320,22 +278,25 @@ class SGLangEngine(Drainable, Engine):
 
     def release_memory(self) -> None:
         """Abort what is in flight (prefixes kept in the results), then free weights and KV."""
-        self._need_started("release_memory")
-        if self._life.released:
-            return
+        self._need_running("release_memory")
         with self._cv:
-            self._blocked = "the sglang engine is releasing its memory"
+            if self._life.state not in (EngineState.SERVING, EngineState.DRAINING):
+                return  # released, or being released by another call
+            self._life.to(EngineState.RELEASING)
         try:
             self._quiesce("release_memory")
             self.client.release_memory()
+        except BaseException:
             with self._cv:
+                if self._life.state is EngineState.RELEASING:
+                    self._life.to(EngineState.DRAINING if self._drainers else EngineState.SERVING)
+            raise
+        with self._cv:
+            if self._life.state is EngineState.RELEASING:
                 self._life.to(EngineState.RELEASED)
-        finally:
-            with self._cv:
-                self._blocked = ""
 
     def resume_memory(self) -> None:
-        self._need_started("resume_memory")
+        self._need_running("resume_memory")
         if not self._life.released:
             return
         self.client.resume_memory()
@@ -347,7 +308,7 @@ class SGLangEngine(Drainable, Engine):
             self._apply_weights(version, source)
 
     def load_weights(self, version: int, source: Any) -> None:
-        self._need_started("load_weights")
+        self._need_running("load_weights")
         if version < self._version:
             raise EngineError(
                 f"weights version {version} is older than the loaded version "
@@ -379,7 +340,7 @@ class SGLangEngine(Drainable, Engine):
 
     def set_role(self, role: Role) -> None:
         self._check_role(role)
-        self._need_started("set_role")
+        self._need_running("set_role")
         with self._cv:
             if self._calls:
                 raise EngineError(
@@ -423,29 +384,13 @@ class SGLangEngine(Drainable, Engine):
             self.client.release_memory()
 
     def telemetry(self) -> EngineTelemetry:
-        if not self._life.running or self._blocked:
+        if not self._life.running or self._life.server is not Server.UP:
             return EngineTelemetry()
         try:
             return self._metrics.update(self.client.metrics(), self._role)
         except EngineError as e:  # a scrape is best-effort: the next one covers the window
             log.debug("metrics: %s", e)
             return EngineTelemetry()
-
-    # -- helpers -------------------------------------------------------------------------------
-
-    def _check_role(self, role: Role) -> None:
-        if role not in P.MODES:
-            raise EngineError(
-                f"an engine serves as one of {[r.value for r in P.MODES]}, not {role}"
-            )
-        if role is not Role.COLOCATED and self.kv_channel is None:
-            raise EngineError(
-                f"role {role} hands bootstrap rooms over: build the engine with a kv_channel"
-            )
-
-    def _need_started(self, what: str) -> None:
-        if not self._life.running:
-            raise EngineError(f"{what}: the sglang engine is not running (start() it)")
 
 
 __all__ = ["SGLangEngine", "SGLangEngineConfig"]

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from importlib import metadata
 from typing import Any
 
+from pearl.config import RoleSwitch
 from pearl.core.errors import ConfigError
 from pearl.core.state import Role
 from pearl.engines.base import EngineError
@@ -120,11 +121,12 @@ def installed_sglang() -> str | None:
         return None
 
 
-def role_switch_wanted(setting: str, module: str) -> bool:
+def role_switch_wanted(setting: RoleSwitch | str, module: str) -> bool:
     """``engine.sglang_role_switch``: on, off, or auto (the installed SGLang has it: 0.5.21+;
     the facade accepts the flag and decides by its pretended version)."""
-    if setting != "auto":
-        return setting == "on"
+    setting = RoleSwitch(setting)
+    if setting is not RoleSwitch.AUTO:
+        return setting is RoleSwitch.ON
     if module != SGLANG_MODULE:
         return True
     version = installed_sglang()

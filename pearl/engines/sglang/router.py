@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from pearl.config import RouterKind
 from pearl.core.state import Role, Worker
 from pearl.engines.base import EngineError, GenerateRequest, GenerateResult
 from pearl.engines.sglang import protocol as P
@@ -288,7 +289,7 @@ def link_from_config(
 ) -> SGLangRouterLink | None:
     """The link for ``engine.router = 'sglang-router'`` (launching both routers unless
     ``engine.sglang_router_urls`` names running ones); None for PEARL's own Router."""
-    if cfg.router != "sglang-router":
+    if cfg.router is not RouterKind.SGLANG_ROUTER:
         return None
     if cfg.sglang_router_urls:
         regular, pd = (u.strip() for u in cfg.sglang_router_urls.split(","))

@@ -34,8 +34,7 @@ from typing import Any
 
 from pearl.core.state import Role
 from pearl.engines.base import (
-    Drainable,
-    Engine,
+    EngineBase,
     EngineError,
     EngineTelemetry,
     FinishReason,
@@ -43,7 +42,7 @@ from pearl.engines.base import (
     GenerateResult,
     KVChannel,
 )
-from pearl.engines.lifecycle import EngineState, Lifecycle
+from pearl.engines.lifecycle import EngineState, Lifecycle, Server
 from pearl.engines.process import ServerProcess, Watchdog
 from pearl.engines.server_metrics import MetricNames, MetricsDelta
 from pearl.engines.vllm.client import Completion, VLLMClient
@@ -79,8 +78,9 @@ class _Call:
     completion: Completion | None = None
 
 
-class VLLMEngine(Drainable, Engine):
+class VLLMEngine(EngineBase):
     kind = "vllm"
+    roles = (Role.COLOCATED,)
 
     def __init__(
         self,
@@ -90,6 +90,8 @@ class VLLMEngine(Drainable, Engine):
         kv_channel: KVChannel | None = None,
     ) -> None:
         check_role(role)
+        self._role = role
+        self.kv_channel = kv_channel
         self.cfg = config
         self.spec = config.server
         self.client = VLLMClient(config.url or self.spec.url)
@@ -100,28 +102,11 @@ class VLLMEngine(Drainable, Engine):
         self._weights: str | None = None  # the last snapshot loaded (re-applied after a crash)
         self._pending: tuple[int, str] | None = None  # published while released
         self._life = Lifecycle(self.kind)
-        self._blocked = ""  # why generate is refused for now (relaunching, gone)
         self._watchdog: Watchdog | None = None
         self._pool = ThreadPoolExecutor(config.max_concurrency, thread_name_prefix="vllm-req")
         self._metrics = MetricsDelta(METRICS)
 
     # -- properties ----------------------------------------------------------------------------
-
-    @property
-    def role(self) -> Role:
-        return Role.COLOCATED
-
-    @property
-    def weights_version(self) -> int:
-        return self._version
-
-    @property
-    def released(self) -> bool:
-        return self._life.released
-
-    @property
-    def state(self) -> EngineState:
-        return self._life.state
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -164,7 +149,7 @@ class VLLMEngine(Drainable, Engine):
         """Watchdog: the server died. Requests in flight ended with their prefixes; a new
         server comes back at the current weights, asleep or paused again if it was."""
         with self._cv:
-            self._blocked = "the vLLM server is being relaunched after a crash"
+            self._life.server_to(Server.RELAUNCHING)
         try:
             self._launch()
             if self._version and self._weights is not None:
@@ -173,12 +158,13 @@ class VLLMEngine(Drainable, Engine):
                 self._rest()
         finally:
             with self._cv:
-                self._blocked = ""
+                if self._life.server is Server.RELAUNCHING:
+                    self._life.server_to(Server.UP)
 
     def _give_up(self, reason: str) -> None:
         with self._cv:
             where = self.server.log_path if self.server is not None else "its log"
-            self._blocked = f"the vLLM server is gone ({reason}); see {where}"
+            self._life.server_to(Server.GONE, f"{reason}; see {where}")
 
     def stop(self) -> None:
         """Abort what is in flight (the prefixes kept), then stop the server."""
@@ -204,24 +190,9 @@ class VLLMEngine(Drainable, Engine):
     # -- requests ------------------------------------------------------------------------------
 
     def generate(self, request: GenerateRequest) -> Future[GenerateResult]:
-        rid = request.rid
         with self._cv:
-            if not self._life.running:
-                raise EngineError("generate: the vllm engine is not running (start() it)")
-            if self._life.released:
-                raise EngineError(
-                    "generate: the vllm engine released its memory; call resume_memory() first"
-                )
-            if self._life.draining or self._blocked:
-                why = self._blocked or "the vllm engine is draining"
-                raise EngineError(f"{why}; route {rid} elsewhere")
-            if rid in self._calls:
-                raise EngineError(f"request {rid} is already in flight on this engine")
-            if not request.input_ids:
-                raise EngineError(f"request {rid} has an empty prompt")
-            if request.sampling.max_new_tokens < 1:
-                raise EngineError(f"request {rid}: max_new_tokens must be >= 1")
-            call = self._calls[rid] = _Call(Future())
+            self._admit(request)
+            call = self._calls[request.rid] = _Call(Future())
         self._pool.submit(self._run, request, call)
         return call.future
 
@@ -282,7 +253,7 @@ class VLLMEngine(Drainable, Engine):
 
     def release_memory(self) -> None:
         """Abort what is in flight (prefixes kept in the results), then sleep or pause."""
-        self._need_started("release_memory")
+        self._need_running("release_memory")
         if self._life.released:
             return
         self.abort_all()
@@ -302,7 +273,7 @@ class VLLMEngine(Drainable, Engine):
             self.client.pause()
 
     def resume_memory(self) -> None:
-        self._need_started("resume_memory")
+        self._need_running("resume_memory")
         if not self._life.released:
             return
         if self.spec.sleep_mode:
@@ -317,7 +288,7 @@ class VLLMEngine(Drainable, Engine):
             self._apply_weights(version, source)
 
     def load_weights(self, version: int, source: Any) -> None:
-        self._need_started("load_weights")
+        self._need_running("load_weights")
         if version < self._version:
             raise EngineError(
                 f"weights version {version} is older than the loaded version "
@@ -337,10 +308,10 @@ class VLLMEngine(Drainable, Engine):
         self._weights = path
 
     def set_role(self, role: Role) -> None:
-        check_role(role)
+        self._check_role(role)
 
     def telemetry(self) -> EngineTelemetry:
-        if not self._life.running or self._blocked:
+        if not self._life.running or self._life.server is not Server.UP:
             return EngineTelemetry()
         try:
             return self._metrics.update(self._scrape(), Role.COLOCATED)
@@ -354,9 +325,8 @@ class VLLMEngine(Drainable, Engine):
         except EngineError:
             return {}
 
-    def _need_started(self, what: str) -> None:
-        if not self._life.running:
-            raise EngineError(f"{what}: the vllm engine is not running (start() it)")
+    def _check_role(self, role: Role) -> None:
+        check_role(role)
 
 
 def check_role(role: Role) -> None:

@@ -130,7 +130,7 @@ def test_a_dead_server_is_relaunched_at_the_current_weights(engine: Any) -> None
     old = engine.server.pid
     os.kill(old, signal.SIGKILL)
     wait_until(lambda: engine.server.pid != old and engine.client.healthy(), 600, "a relaunch")
-    wait_until(lambda: not engine._blocked, 600, "the relaunch to finish")
+    wait_until(lambda: engine.accepting, 600, "the relaunch to finish")
     out = engine.generate(greedy("k1", n=8)).result(120)
     assert out.output_ids == before and out.weights_version == version
 
