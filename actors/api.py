@@ -140,7 +140,6 @@ class ApiSockets:
 
 class ApiEndpoint(PearlActor):
     name = "api"
-    handles = {StateChanged: "state_changed", HostsChanged: "hosts_changed"}
 
     def __init__(
         self,
@@ -261,6 +260,8 @@ class ApiEndpoint(PearlActor):
             self.server.close()
         if self.publisher is not None:
             self.publisher.close()
+
+    handles = {StateChanged: state_changed, HostsChanged: hosts_changed}
 
 
 __all__ = [

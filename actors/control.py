@@ -32,24 +32,13 @@ log = logging.getLogger(__name__)
 
 class ElasticScheduler(PearlActor):
     name = "scheduler"
-    handles = {
-        ev.GpusAdded: "event",
-        ev.GpusReclaimed: "event",
-        ev.GpusReclaiming: "event",
-        ev.GpusReclaimCancelled: "event",
-        ev.TrainingBegin: "event",
-        ev.TrainingFinished: "event",
-        ev.WeightsPublished: "event",
-        cmd.TrainingMayProceed: "proceed",
-        StateChanged: "ignore",
-    }
 
     def __init__(self, directory: Directory) -> None:
         super().__init__()
         self.directory = directory
         self.proceeded = 0
 
-    def event(self, record: Any) -> Any:
+    def event(self, record: ev.LogRecord) -> Any:
         try:
             # Events from the API were checked when decoded; those from inside the process (the
             # embedded Runtime, a weights upload) are checked here, before anything is logged.
@@ -63,17 +52,24 @@ class ElasticScheduler(PearlActor):
         self.proceeded = max(self.proceeded, c.step)
         self.directory.tell("trainer", c)
 
-    def ignore(self, _: Any) -> None:
+    def ignore(self, _: StateChanged) -> None:
         return None
+
+    handles = {
+        ev.GpusAdded: event,
+        ev.GpusReclaimed: event,
+        ev.GpusReclaiming: event,
+        ev.GpusReclaimCancelled: event,
+        ev.TrainingBegin: event,
+        ev.TrainingFinished: event,
+        ev.WeightsPublished: event,
+        cmd.TrainingMayProceed: proceed,
+        StateChanged: ignore,
+    }
 
 
 class RuntimeTracker(PearlActor):
     name = "tracker"
-    handles = {
-        EngineTelemetryReport: "engine",
-        RolloutStep: "step",
-        StateChanged: "state_changed",
-    }
 
     def __init__(self, directory: Directory, alpha: float, L_max: float) -> None:
         super().__init__()
@@ -118,6 +114,8 @@ class RuntimeTracker(PearlActor):
         self.directory.tell("orchestrator", summary)
         return summary
 
+    handles = {EngineTelemetryReport: engine, RolloutStep: step, StateChanged: state_changed}
+
 
 @dataclass(frozen=True)
 class DecideQuery:
@@ -127,7 +125,6 @@ class DecideQuery:
 
 class DecisionEngine(PearlActor):
     name = "decision"
-    handles = {StateChanged: "state_changed", DecideQuery: "query"}
 
     def __init__(self, params: Any) -> None:
         super().__init__()
@@ -141,6 +138,8 @@ class DecisionEngine(PearlActor):
         if self.profile is None:
             return {}
         return decide(self.profile, q.N, q.current, self.params).to_json()
+
+    handles = {StateChanged: state_changed, DecideQuery: query}
 
 
 __all__ = ["DecideQuery", "DecisionEngine", "ElasticScheduler", "RuntimeTracker"]

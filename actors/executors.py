@@ -24,11 +24,6 @@ def _result(c: Any, ok: bool = True, error: str = "") -> cmd.StepResult:
 
 class InterScaleRebuilder(PearlActor):
     name = "rebuilder"
-    handles = {
-        cmd.StartWorker: "on_start_worker",
-        cmd.StopWorker: "on_stop_worker",
-        cmd.SetRole: "on_set_role",
-    }
 
     def __init__(self, directory: Directory) -> None:
         super().__init__()
@@ -57,15 +52,15 @@ class InterScaleRebuilder(PearlActor):
             # A host still starting (a joiner in the background) switches once it is up.
             self.directory.tell("supervisor", Deliver(c))
 
+    handles = {
+        cmd.StartWorker: on_start_worker,
+        cmd.StopWorker: on_stop_worker,
+        cmd.SetRole: on_set_role,
+    }
+
 
 class IntraScaleToggleManager(PearlActor):
     name = "toggle"
-    handles = {
-        cmd.ActivateWorker: "activate",
-        cmd.DeactivateWorker: "deactivate",
-        cmd.LendTraining: "hand_off",
-        cmd.ReclaimTraining: "hand_off",
-    }
 
     def __init__(self, directory: Directory) -> None:
         super().__init__()
@@ -86,9 +81,16 @@ class IntraScaleToggleManager(PearlActor):
             else:
                 self.directory.tell("orchestrator", _result(c))  # nothing holds device memory
 
-    def hand_off(self, c: Any) -> None:
+    def hand_off(self, c: cmd.LendTraining | cmd.ReclaimTraining) -> None:
         if not self.directory.tell("trainer", c):
             self.directory.tell("orchestrator", _result(c))
+
+    handles = {
+        cmd.ActivateWorker: activate,
+        cmd.DeactivateWorker: deactivate,
+        cmd.LendTraining: hand_off,
+        cmd.ReclaimTraining: hand_off,
+    }
 
 
 __all__ = ["InterScaleRebuilder", "IntraScaleToggleManager"]

@@ -27,7 +27,6 @@ PROGRESS_POLL_S = 0.05  # ... and how soon it hears a change (a batch completing
 
 class PipelineActor(PearlActor):
     name = "pipeline"
-    handles = {GenerateDone: "done", StateChanged: "state_changed"}
 
     def __init__(self, directory: Directory, pipeline: Pipeline) -> None:
         super().__init__()
@@ -123,6 +122,8 @@ class PipelineActor(PearlActor):
         if self._halt is not None:
             self._loop.call_soon_threadsafe(self._halt.set)
         self._thread.join(10.0)
+
+    handles = {GenerateDone: done, StateChanged: state_changed}
 
 
 def _settle(fut: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:

@@ -211,7 +211,6 @@ class RayNodeWatcher(PearlActor):
     """Node join / death / drain -> logged elastic events (see the module docstring)."""
 
     name = "nodes"
-    handles = {StateChanged: "state_changed", NodesSeen: "seen"}
 
     def __init__(
         self,
@@ -297,6 +296,8 @@ class RayNodeWatcher(PearlActor):
             log.info("Ray nodes changed: %s %s logged at seq %s", record.KIND, gpus, ack.seq)
             # Applied at once: the next look must not send it again before the view arrives.
             _apply(record, self.present, self.leaving)
+
+    handles = {StateChanged: state_changed, NodesSeen: seen}
 
 
 def _apply(record: Any, present: set[int], leaving: set[int]) -> None:

@@ -120,16 +120,6 @@ class View:
 
 class Router(PearlActor):
     name = "router"
-    handles = {
-        StateChanged: "state_changed",
-        KvAddress: "kv_address",
-        Route: "route",
-        GenerateDone: "done",
-        AbortRequest: "abort",
-        LinkChanged: "link_changed",
-        Flush: "flush",
-        WorkerGone: "worker_gone",
-    }
 
     def __init__(self, directory: Directory, link: Any = None) -> None:
         super().__init__()
@@ -277,7 +267,7 @@ class Router(PearlActor):
                 self.name, GenerateDone(worker, req.rid, None, "worker unreachable", True)
             )
 
-    def flush(self, _: Any = None) -> None:
+    def flush(self, _: Flush | None = None) -> None:
         """Periodic: route what waits (requests to retry, requests with nowhere to go)."""
         self._flush()
 
@@ -393,6 +383,17 @@ class Router(PearlActor):
             "migrated": self.migrated,
             "affine": self.affine,
         }
+
+    handles = {
+        StateChanged: state_changed,
+        KvAddress: kv_address,
+        Route: route,
+        GenerateDone: done,
+        AbortRequest: abort,
+        LinkChanged: link_changed,
+        Flush: flush,
+        WorkerGone: worker_gone,
+    }
 
 
 __all__ = ["LINK", "KvAddress", "LinkChanged", "Router", "WorkerGone"]

@@ -228,16 +228,6 @@ class Host:
 
 class RoleSupervisor(PearlActor):
     name = "supervisor"
-    handles = {
-        Spawn: "spawn",
-        Retire: "retire",
-        WorkerHello: "hello",
-        StateChanged: "state_changed",
-        Supervise: "supervise",
-        Undeliverable: "undeliverable",
-        Deaths: "deaths",
-        Deliver: "deliver",
-    }
 
     def __init__(
         self,
@@ -583,6 +573,17 @@ class RoleSupervisor(PearlActor):
     def on_stop(self) -> None:
         for h in list(self.hosts.values()):
             self._drop_ref(h)
+
+    handles = {
+        Spawn: spawn,
+        Retire: retire,
+        WorkerHello: hello,
+        StateChanged: state_changed,
+        Supervise: supervise,
+        Undeliverable: undeliverable,
+        Deaths: deaths,
+        Deliver: deliver,
+    }
 
 
 def _engaged(w: Worker) -> bool:

@@ -44,20 +44,6 @@ class ReportTelemetry:
 
 
 class WorkerActor(PearlActor):
-    handles = {
-        cmd.StartWorker: "on_start_worker",
-        RestoreWorker: "on_restore",
-        cmd.ActivateWorker: "on_activate",
-        cmd.DeactivateWorker: "on_deactivate",
-        cmd.StopWorker: "on_stop_worker",
-        cmd.SetRole: "on_set_role",
-        Generate: "on_generate",
-        AbortRequest: "on_abort",
-        LoadWeights: "on_load_weights",
-        cmd.SyncWeights: "on_load_weights",
-        ReportTelemetry: "report_telemetry",
-    }
-
     def __init__(
         self,
         directory: Directory,
@@ -257,6 +243,20 @@ class WorkerActor(PearlActor):
             self.engine.stop()
             self.engine = None
             self.metrics.watch(None)
+
+    handles = {
+        cmd.StartWorker: on_start_worker,
+        RestoreWorker: on_restore,
+        cmd.ActivateWorker: on_activate,
+        cmd.DeactivateWorker: on_deactivate,
+        cmd.StopWorker: on_stop_worker,
+        cmd.SetRole: on_set_role,
+        Generate: on_generate,
+        AbortRequest: on_abort,
+        LoadWeights: on_load_weights,
+        cmd.SyncWeights: on_load_weights,
+        ReportTelemetry: report_telemetry,
+    }
 
 
 __all__ = ["ReportTelemetry", "WorkerActor"]

@@ -17,13 +17,14 @@ class Refuser(base.PearlActor):
     """An orchestrator that refuses every event, as the controller does with bad input."""
 
     name = "orchestrator"
-    handles = {ev.GpusReclaimed: "event", str: "bug"}
 
     def event(self, record: Any) -> None:
         raise InvalidEvent(f"GPU {record.gpus[0]} is not present, so it cannot be reclaimed")
 
     def bug(self, _: str) -> None:
         raise KeyError("a bug")
+
+    handles = {ev.GpusReclaimed: event, str: bug}
 
 
 def test_a_refused_event_is_one_warning_line(caplog: pytest.LogCaptureFixture) -> None:

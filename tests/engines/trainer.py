@@ -14,7 +14,6 @@ from pearl.engines.base import FinishReason, GenerateRequest, SamplingParams
 class Trainer(base.PearlActor):
     # Not "trainer": pearld hands a trainer actor of that name the borrow hand-offs.
     name = "rollout-client"
-    handles = {GenerateDone: "done"}
 
     def __init__(self, directory: base.Directory) -> None:
         super().__init__()
@@ -63,3 +62,5 @@ class Trainer(base.PearlActor):
             "versions": dict(self.versions),
             "sends": dict(self.sends),
         }
+
+    handles = {GenerateDone: done}
