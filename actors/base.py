@@ -1,8 +1,8 @@
 """Actors addressed by name: a local one through its pykka inbox, a remote one over ZeroMQ.
 
-:class:`Directory` maps names ("orchestrator", "router", "worker/7", ...) to refs with the same two
-methods, ``tell(msg)`` and ``ask(msg, timeout_s)``, so an actor cannot tell whether its peer lives
-in its process. Messages are registered, typed records; over ZeroMQ they travel inside a
+:class:`Directory` maps names (:mod:`actors.names`) to refs with the same two methods,
+``tell(msg)`` and ``ask(msg, timeout_s)``, so an actor cannot tell whether its peer lives in its
+process. Messages are registered, typed records; over ZeroMQ they travel inside a
 ``call`` message (``method`` is ``tell`` or ``ask``, ``args = {"msg": wire mapping}``) and are
 decoded by the one codec on the other side. An rpc :class:`~transports.rpc.Server` handler built
 by :func:`serve_directory` delivers them to local actors.

@@ -16,6 +16,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from actors import names
 from actors.base import Directory, PearlActor
 from actors.messages import EngineTelemetryReport, RolloutStep, StateChanged
 from pearl.core import commands as cmd
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 
 
 class ElasticScheduler(PearlActor):
-    name = "scheduler"
+    name = names.SCHEDULER
 
     def __init__(self, directory: Directory) -> None:
         super().__init__()
@@ -43,14 +44,14 @@ class ElasticScheduler(PearlActor):
             # Events from the API were checked when decoded; those from inside the process (the
             # embedded Runtime, a weights upload) are checked here, before anything is logged.
             check_event(record)
-            return self.directory.get("orchestrator").ask(record)  # Ack(seq) once durable
+            return self.directory.get(names.ORCHESTRATOR).ask(record)  # Ack(seq) once durable
         except PearlError as e:  # its caller gets it too; pearld's log says it once, here
             log.warning("%s refused: %s", getattr(record, "KIND", type(record).__name__), e)
             raise
 
     def proceed(self, c: cmd.TrainingMayProceed) -> None:
         self.proceeded = max(self.proceeded, c.step)
-        self.directory.tell("trainer", c)
+        self.directory.tell(names.TRAINER, c)
 
     def ignore(self, _: StateChanged) -> None:
         return None
@@ -69,7 +70,7 @@ class ElasticScheduler(PearlActor):
 
 
 class RuntimeTracker(PearlActor):
-    name = "tracker"
+    name = names.TRACKER
 
     def __init__(self, directory: Directory, alpha: float, L_max: float) -> None:
         super().__init__()
@@ -111,7 +112,7 @@ class RuntimeTracker(PearlActor):
         )
         self.decode, self.prefill, self.mixed = [], [], []
         summary = Tracker(self.profile, self.alpha, self.L_max).summarize(t)
-        self.directory.tell("orchestrator", summary)
+        self.directory.tell(names.ORCHESTRATOR, summary)
         return summary
 
     handles = {EngineTelemetryReport: engine, RolloutStep: step, StateChanged: state_changed}
@@ -124,7 +125,7 @@ class DecideQuery:
 
 
 class DecisionEngine(PearlActor):
-    name = "decision"
+    name = names.DECISION
 
     def __init__(self, params: Any) -> None:
         super().__init__()

@@ -14,6 +14,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from actors import names
 from actors.base import Directory, PearlActor
 from actors.messages import StateChanged
 from pearl.core import commands as cmd
@@ -33,14 +34,14 @@ class Boot:
 
 
 ROUTES: dict[type, str] = {
-    cmd.StartWorker: "rebuilder",
-    cmd.StopWorker: "rebuilder",
-    cmd.SetRole: "rebuilder",
-    cmd.ActivateWorker: "toggle",
-    cmd.DeactivateWorker: "toggle",
-    cmd.LendTraining: "toggle",
-    cmd.ReclaimTraining: "toggle",
-    cmd.TrainingMayProceed: "scheduler",
+    cmd.StartWorker: names.REBUILDER,
+    cmd.StopWorker: names.REBUILDER,
+    cmd.SetRole: names.REBUILDER,
+    cmd.ActivateWorker: names.TOGGLE,
+    cmd.DeactivateWorker: names.TOGGLE,
+    cmd.LendTraining: names.TOGGLE,
+    cmd.ReclaimTraining: names.TOGGLE,
+    cmd.TrainingMayProceed: names.SCHEDULER,
 }
 # What pearld's own actors report (told, never asked): handled in order, kept while the disk
 # refuses writes.
@@ -56,14 +57,14 @@ MAX_BACKLOG = 100_000  # reports kept while the disk refuses writes
 
 # Who hears about every logged change (status view, routable set, expected worker hosts).
 LISTENERS = (
-    "router",
-    "supervisor",
-    "api",
-    "decision",
-    "scheduler",
-    "pipeline",
-    "tracker",
-    "nodes",  # the RayNodeWatcher, with [ray] node_events
+    names.ROUTER,
+    names.SUPERVISOR,
+    names.API,
+    names.DECISION,
+    names.SCHEDULER,
+    names.PIPELINE,
+    names.TRACKER,
+    names.NODES,  # the RayNodeWatcher, with [ray] node_events
 )
 
 
@@ -74,7 +75,7 @@ class Orchestrator(PearlActor):
     answer: one the disk refused waits in a backlog, in order, and is handled again before
     anything else once the log takes writes; until then client events are refused."""
 
-    name = "orchestrator"
+    name = names.ORCHESTRATOR
 
     def __init__(
         self,
@@ -228,7 +229,11 @@ class Orchestrator(PearlActor):
         for c in out.commands:
             if isinstance(c, cmd.TrainingMayProceed):
                 self.proceeded = max(self.proceeded, c.step)
-            target = f"worker/{c.worker}" if isinstance(c, cmd.SyncWeights) else ROUTES.get(type(c))
+            target = (
+                names.worker_name(c.worker)
+                if isinstance(c, cmd.SyncWeights)
+                else ROUTES.get(type(c))
+            )
             if target is not None:
                 self.directory.tell(target, c)
         if out.records:

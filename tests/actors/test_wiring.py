@@ -17,6 +17,7 @@ import pykka
 import pytest
 
 import actors
+from actors import names
 from actors.base import Directory, PearlActor, start
 
 
@@ -69,6 +70,15 @@ def test_every_handler_is_a_method_of_its_actor_taking_its_message_type(
         assert _accepts(hint, msg_type), (
             f"{where}: {handler.__name__}'s {params[1].name} is {hint}, not a {msg_type.__name__}"
         )
+
+
+def test_every_actor_takes_its_name_from_the_names_module() -> None:
+    constants = {v for k, v in vars(names).items() if k.isupper()}
+    fixed = [c for c in ACTORS if c.name != PearlActor.name]  # a worker names itself per worker
+    assert [c.__name__ for c in ACTORS if c not in fixed] == ["WorkerActor"]
+    assert {c.name for c in fixed} <= constants
+    assert len({c.name for c in fixed}) == len(fixed)
+    assert names.worker_name(7) == "worker/7"
 
 
 def test_a_handler_named_by_a_string_is_refused_when_the_class_is_made() -> None:
