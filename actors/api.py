@@ -20,6 +20,7 @@ from typing import Any
 
 import zmq
 
+from actors import names
 from actors.base import Directory, PearlActor, serve_directory
 from actors.messages import (
     BatchReply,
@@ -139,8 +140,7 @@ class ApiSockets:
 
 
 class ApiEndpoint(PearlActor):
-    name = "api"
-    handles = {StateChanged: "state_changed", HostsChanged: "hosts_changed"}
+    name = names.API
 
     def __init__(
         self,
@@ -204,7 +204,7 @@ class ApiEndpoint(PearlActor):
         return self.server.address
 
     def _event(self, env: Any) -> Any:
-        ack = self.directory.get("scheduler").ask(env.msg.decoded, EVENT_TIMEOUT_S)
+        ack = self.directory.get(names.SCHEDULER).ask(env.msg.decoded, EVENT_TIMEOUT_S)
         # Read your writes: the orchestrator tells this actor the new view before it acks, but
         # asynchronously; a status asked right after the ack must already show the event.
         seq = getattr(ack, "seq", 0)
@@ -213,7 +213,7 @@ class ApiEndpoint(PearlActor):
         return ack
 
     def _hello(self, env: Any) -> Welcome:
-        welcome: Welcome = self.directory.get("supervisor").ask(env.msg, 10.0)
+        welcome: Welcome = self.directory.get(names.SUPERVISOR).ask(env.msg, 10.0)
         return welcome
 
     def _beat(self, env: Any) -> Welcome:
@@ -261,6 +261,8 @@ class ApiEndpoint(PearlActor):
             self.server.close()
         if self.publisher is not None:
             self.publisher.close()
+
+    handles = {StateChanged: state_changed, HostsChanged: hosts_changed}
 
 
 __all__ = [

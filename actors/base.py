@@ -1,15 +1,16 @@
 """Actors addressed by name: a local one through its pykka inbox, a remote one over ZeroMQ.
 
-:class:`Directory` maps names ("orchestrator", "router", "worker/7", ...) to refs with the same two
-methods, ``tell(msg)`` and ``ask(msg, timeout_s)``, so an actor cannot tell whether its peer lives
-in its process. Messages are registered, typed records; over ZeroMQ they travel inside a
+:class:`Directory` maps names (:mod:`actors.names`) to refs with the same two methods,
+``tell(msg)`` and ``ask(msg, timeout_s)``, so an actor cannot tell whether its peer lives in its
+process. Messages are registered, typed records; over ZeroMQ they travel inside a
 ``call`` message (``method`` is ``tell`` or ``ask``, ``args = {"msg": wire mapping}``) and are
 decoded by the one codec on the other side. An rpc :class:`~transports.rpc.Server` handler built
 by :func:`serve_directory` delivers them to local actors.
 
-:class:`PearlActor` dispatches on the message's type to a method named in ``handles``. A failure
-while handling a ``tell`` stops a pykka actor; ``on_failure`` reports it to the supervisor
-callback so the daemon can restart the actor from the logged state (conventions §5).
+:class:`PearlActor` dispatches on the message's type to the method its ``handles`` map gives
+(the function itself, so every handler is referenced where it is wired). A failure while
+handling a ``tell`` stops a pykka actor; ``on_failure`` reports it to the supervisor callback so
+the daemon can restart the actor from the logged state (conventions §5).
 
 A :class:`PearlError` raised while answering an ``ask`` is an answer, not a fault: the caller gets
 it and says it once (a refused event is one warning line, by the ElasticScheduler). pykka logs
@@ -220,17 +221,30 @@ def serve_directory(directory: Directory) -> Callable[[Any], Any]:
     return handle
 
 
-class PearlActor(pykka.ThreadingActor):
-    """Dispatch by message type: ``handles = {Type: "method_name", ...}``."""
+Handler = Callable[[Any, Any], Any]
 
-    handles: ClassVar[dict[type, str]] = {}
+
+class PearlActor(pykka.ThreadingActor):
+    """Dispatch by message type: ``handles = {Type: method, ...}``, written in the class body
+    after the methods it names. A message's class, or the nearest base in its MRO, picks the
+    method; the actor's ``name`` is its address in the :class:`Directory`."""
+
+    handles: ClassVar[dict[type, Handler]] = {}
     name: ClassVar[str] = "actor"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for msg_type, handler in cls.handles.items():
+            if not callable(handler):
+                raise TypeError(
+                    f"{cls.__name__}.handles[{msg_type.__name__}] must be a method, got {handler!r}"
+                )
 
     def on_receive(self, message: Any) -> Any:
         for cls in type(message).__mro__:
-            method = self.handles.get(cls)
-            if method is not None:
-                return getattr(self, method)(message)
+            handler = self.handles.get(cls)
+            if handler is not None:
+                return handler(self, message)
         # A message this actor does not know is a bug elsewhere; it must not stop the actor.
         log.error("%s ignores a %s it does not handle", self.name, type(message).__name__)
         return None

@@ -16,6 +16,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from actors import names
 from actors.base import Directory, PearlActor
 from actors.messages import EngineTelemetryReport, RolloutStep, StateChanged
 from pearl.core import commands as cmd
@@ -31,49 +32,45 @@ log = logging.getLogger(__name__)
 
 
 class ElasticScheduler(PearlActor):
-    name = "scheduler"
-    handles = {
-        ev.GpusAdded: "event",
-        ev.GpusReclaimed: "event",
-        ev.GpusReclaiming: "event",
-        ev.GpusReclaimCancelled: "event",
-        ev.TrainingBegin: "event",
-        ev.TrainingFinished: "event",
-        ev.WeightsPublished: "event",
-        cmd.TrainingMayProceed: "proceed",
-        StateChanged: "ignore",
-    }
+    name = names.SCHEDULER
 
     def __init__(self, directory: Directory) -> None:
         super().__init__()
         self.directory = directory
         self.proceeded = 0
 
-    def event(self, record: Any) -> Any:
+    def event(self, record: ev.LogRecord) -> Any:
         try:
             # Events from the API were checked when decoded; those from inside the process (the
             # embedded Runtime, a weights upload) are checked here, before anything is logged.
             check_event(record)
-            return self.directory.get("orchestrator").ask(record)  # Ack(seq) once durable
+            return self.directory.get(names.ORCHESTRATOR).ask(record)  # Ack(seq) once durable
         except PearlError as e:  # its caller gets it too; pearld's log says it once, here
             log.warning("%s refused: %s", getattr(record, "KIND", type(record).__name__), e)
             raise
 
     def proceed(self, c: cmd.TrainingMayProceed) -> None:
         self.proceeded = max(self.proceeded, c.step)
-        self.directory.tell("trainer", c)
+        self.directory.tell(names.TRAINER, c)
 
-    def ignore(self, _: Any) -> None:
+    def ignore(self, _: StateChanged) -> None:
         return None
+
+    handles = {
+        ev.GpusAdded: event,
+        ev.GpusReclaimed: event,
+        ev.GpusReclaiming: event,
+        ev.GpusReclaimCancelled: event,
+        ev.TrainingBegin: event,
+        ev.TrainingFinished: event,
+        ev.WeightsPublished: event,
+        cmd.TrainingMayProceed: proceed,
+        StateChanged: ignore,
+    }
 
 
 class RuntimeTracker(PearlActor):
-    name = "tracker"
-    handles = {
-        EngineTelemetryReport: "engine",
-        RolloutStep: "step",
-        StateChanged: "state_changed",
-    }
+    name = names.TRACKER
 
     def __init__(self, directory: Directory, alpha: float, L_max: float) -> None:
         super().__init__()
@@ -115,8 +112,10 @@ class RuntimeTracker(PearlActor):
         )
         self.decode, self.prefill, self.mixed = [], [], []
         summary = Tracker(self.profile, self.alpha, self.L_max).summarize(t)
-        self.directory.tell("orchestrator", summary)
+        self.directory.tell(names.ORCHESTRATOR, summary)
         return summary
+
+    handles = {EngineTelemetryReport: engine, RolloutStep: step, StateChanged: state_changed}
 
 
 @dataclass(frozen=True)
@@ -126,8 +125,7 @@ class DecideQuery:
 
 
 class DecisionEngine(PearlActor):
-    name = "decision"
-    handles = {StateChanged: "state_changed", DecideQuery: "query"}
+    name = names.DECISION
 
     def __init__(self, params: Any) -> None:
         super().__init__()
@@ -141,6 +139,8 @@ class DecisionEngine(PearlActor):
         if self.profile is None:
             return {}
         return decide(self.profile, q.N, q.current, self.params).to_json()
+
+    handles = {StateChanged: state_changed, DecideQuery: query}
 
 
 __all__ = ["DecideQuery", "DecisionEngine", "ElasticScheduler", "RuntimeTracker"]

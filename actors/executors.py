@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from actors import names
 from actors.base import Directory, PearlActor
 from actors.supervisor import Deliver, Retire, Spawn
 from pearl.core import commands as cmd
@@ -23,72 +24,76 @@ def _result(c: Any, ok: bool = True, error: str = "") -> cmd.StepResult:
 
 
 class InterScaleRebuilder(PearlActor):
-    name = "rebuilder"
-    handles = {
-        cmd.StartWorker: "on_start_worker",
-        cmd.StopWorker: "on_stop_worker",
-        cmd.SetRole: "on_set_role",
-    }
+    name = names.REBUILDER
 
     def __init__(self, directory: Directory) -> None:
         super().__init__()
         self.directory = directory
 
     def on_start_worker(self, c: cmd.StartWorker) -> None:
-        self.directory.tell("supervisor", Spawn(c))
+        self.directory.tell(names.SUPERVISOR, Spawn(c))
 
     def on_stop_worker(self, c: cmd.StopWorker) -> None:
         # A plan step is answered by the worker itself (or, when forced, once it is gone); a stop
         # beside any plan (a reclaimed worker leaving now) is answered when its host has exited.
         gone = cmd.WorkerDown(c.worker, 0, "stopped")
         report = _result(c) if c.plan else gone
-        ref = self.directory.find(f"worker/{c.worker}")
+        ref = self.directory.find(names.worker_name(c.worker))
         if ref is not None and not c.force and self.directory.tell(ref.name, c):
             # A plan's step is answered by the host, or by the supervisor if the host dies first.
             retire = (
                 Retire(c.worker, fallback=_result(c)) if c.plan else Retire(c.worker, report=gone)
             )
-            self.directory.tell("supervisor", retire)
+            self.directory.tell(names.SUPERVISOR, retire)
         else:
-            self.directory.tell("supervisor", Retire(c.worker, force=True, report=report))
+            self.directory.tell(names.SUPERVISOR, Retire(c.worker, force=True, report=report))
 
     def on_set_role(self, c: cmd.SetRole) -> None:
-        if not self.directory.tell(f"worker/{c.worker}", c):
+        if not self.directory.tell(names.worker_name(c.worker), c):
             # A host still starting (a joiner in the background) switches once it is up.
-            self.directory.tell("supervisor", Deliver(c))
+            self.directory.tell(names.SUPERVISOR, Deliver(c))
+
+    handles = {
+        cmd.StartWorker: on_start_worker,
+        cmd.StopWorker: on_stop_worker,
+        cmd.SetRole: on_set_role,
+    }
 
 
 class IntraScaleToggleManager(PearlActor):
-    name = "toggle"
-    handles = {
-        cmd.ActivateWorker: "activate",
-        cmd.DeactivateWorker: "deactivate",
-        cmd.LendTraining: "hand_off",
-        cmd.ReclaimTraining: "hand_off",
-    }
+    name = names.TOGGLE
 
     def __init__(self, directory: Directory) -> None:
         super().__init__()
         self.directory = directory
 
     def activate(self, c: cmd.ActivateWorker) -> None:
-        if not self.directory.tell(f"worker/{c.worker}", c):
-            self.directory.tell("supervisor", Spawn(c))  # no retained process: cold start
+        if not self.directory.tell(names.worker_name(c.worker), c):
+            self.directory.tell(names.SUPERVISOR, Spawn(c))  # no retained process: cold start
 
     def deactivate(self, c: cmd.DeactivateWorker) -> None:
-        name = f"worker/{c.worker}"
+        name = names.worker_name(c.worker)
         if c.force and self.directory.find(name) is not None:
             # Out of time: the GPUs come back by ending the process.
-            self.directory.tell("supervisor", Retire(c.worker, force=True, report=_result(c)))
+            self.directory.tell(names.SUPERVISOR, Retire(c.worker, force=True, report=_result(c)))
         elif not self.directory.tell(name, c):
             if c.cancel:  # a cold start still launching: end it, or it activates once it is up
-                self.directory.tell("supervisor", Retire(c.worker, force=True, report=_result(c)))
+                self.directory.tell(
+                    names.SUPERVISOR, Retire(c.worker, force=True, report=_result(c))
+                )
             else:
-                self.directory.tell("orchestrator", _result(c))  # nothing holds device memory
+                self.directory.tell(names.ORCHESTRATOR, _result(c))  # nothing holds device memory
 
-    def hand_off(self, c: Any) -> None:
-        if not self.directory.tell("trainer", c):
-            self.directory.tell("orchestrator", _result(c))
+    def hand_off(self, c: cmd.LendTraining | cmd.ReclaimTraining) -> None:
+        if not self.directory.tell(names.TRAINER, c):
+            self.directory.tell(names.ORCHESTRATOR, _result(c))
+
+    handles = {
+        cmd.ActivateWorker: activate,
+        cmd.DeactivateWorker: deactivate,
+        cmd.LendTraining: hand_off,
+        cmd.ReclaimTraining: hand_off,
+    }
 
 
 __all__ = ["InterScaleRebuilder", "IntraScaleToggleManager"]

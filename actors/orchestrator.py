@@ -14,6 +14,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from actors import names
 from actors.base import Directory, PearlActor
 from actors.messages import StateChanged
 from pearl.core import commands as cmd
@@ -33,27 +34,37 @@ class Boot:
 
 
 ROUTES: dict[type, str] = {
-    cmd.StartWorker: "rebuilder",
-    cmd.StopWorker: "rebuilder",
-    cmd.SetRole: "rebuilder",
-    cmd.ActivateWorker: "toggle",
-    cmd.DeactivateWorker: "toggle",
-    cmd.LendTraining: "toggle",
-    cmd.ReclaimTraining: "toggle",
-    cmd.TrainingMayProceed: "scheduler",
+    cmd.StartWorker: names.REBUILDER,
+    cmd.StopWorker: names.REBUILDER,
+    cmd.SetRole: names.REBUILDER,
+    cmd.ActivateWorker: names.TOGGLE,
+    cmd.DeactivateWorker: names.TOGGLE,
+    cmd.LendTraining: names.TOGGLE,
+    cmd.ReclaimTraining: names.TOGGLE,
+    cmd.TrainingMayProceed: names.SCHEDULER,
 }
+# What pearld's own actors report (told, never asked): handled in order, kept while the disk
+# refuses writes.
+Report = (
+    ev.Telemetry
+    | cmd.StepResult
+    | cmd.WorkerDown
+    | cmd.WorkerUp
+    | cmd.WorkerLost
+    | cmd.RolloutProgress
+)
 MAX_BACKLOG = 100_000  # reports kept while the disk refuses writes
 
 # Who hears about every logged change (status view, routable set, expected worker hosts).
 LISTENERS = (
-    "router",
-    "supervisor",
-    "api",
-    "decision",
-    "scheduler",
-    "pipeline",
-    "tracker",
-    "nodes",  # the RayNodeWatcher, with [ray] node_events
+    names.ROUTER,
+    names.SUPERVISOR,
+    names.API,
+    names.DECISION,
+    names.SCHEDULER,
+    names.PIPELINE,
+    names.TRACKER,
+    names.NODES,  # the RayNodeWatcher, with [ray] node_events
 )
 
 
@@ -64,25 +75,7 @@ class Orchestrator(PearlActor):
     answer: one the disk refused waits in a backlog, in order, and is handled again before
     anything else once the log takes writes; until then client events are refused."""
 
-    name = "orchestrator"
-    handles = {
-        ev.GpusAdded: "on_event",
-        ev.GpusReclaimed: "on_event",
-        ev.GpusReclaiming: "on_event",
-        ev.GpusReclaimCancelled: "on_event",
-        ev.TrainingBegin: "on_event",
-        ev.TrainingFinished: "on_event",
-        ev.WeightsPublished: "on_event",
-        ev.Telemetry: "on_report",
-        cmd.StepResult: "on_report",
-        cmd.WorkerDown: "on_report",
-        cmd.WorkerUp: "on_report",
-        cmd.WorkerLost: "on_report",
-        cmd.RolloutProgress: "on_report",
-        cmd.Tick: "on_tick",
-        StatusRequest: "status",
-        Boot: "boot",
-    }
+    name = names.ORCHESTRATOR
 
     def __init__(
         self,
@@ -124,7 +117,7 @@ class Orchestrator(PearlActor):
         if not committed:
             self._broadcast()  # listeners need the recovered view even when nothing was logged
 
-    def on_event(self, event: Any) -> Ack:
+    def on_event(self, event: ev.LogRecord) -> Ack:
         if not self._drain():
             waiting = len(self.backlog) + (self._pending is not None)
             raise LogWriteFailed(
@@ -138,7 +131,7 @@ class Orchestrator(PearlActor):
             raise
         return Ack(first if first else self.log.last_seq)
 
-    def on_report(self, report: Any) -> None:
+    def on_report(self, report: Report) -> None:
         """A report from inside pearld: handled now, or kept (in order) until the disk takes it."""
         self.backlog.append(report)
         if len(self.backlog) > MAX_BACKLOG:
@@ -236,7 +229,11 @@ class Orchestrator(PearlActor):
         for c in out.commands:
             if isinstance(c, cmd.TrainingMayProceed):
                 self.proceeded = max(self.proceeded, c.step)
-            target = f"worker/{c.worker}" if isinstance(c, cmd.SyncWeights) else ROUTES.get(type(c))
+            target = (
+                names.worker_name(c.worker)
+                if isinstance(c, cmd.SyncWeights)
+                else ROUTES.get(type(c))
+            )
             if target is not None:
                 self.directory.tell(target, c)
         if out.records:
@@ -262,7 +259,7 @@ class Orchestrator(PearlActor):
         """The typed view of the current state (what every listener gets)."""
         return cluster_view(self.state, self.proceeded, self.boot_id, self.recoveries)
 
-    def status(self, _: Any = None) -> dict[str, Any]:
+    def status(self, _: StatusRequest | None = None) -> dict[str, Any]:
         """A client's ``status`` (an in-process runtime's): the edge, so rendered here."""
         return status_json(self.view())
 
@@ -272,6 +269,25 @@ class Orchestrator(PearlActor):
                 self.log.write_snapshot(self.state.table)
         except Exception as e:  # never block shutdown on a snapshot
             log.warning("final snapshot failed: %s", e)
+
+    handles = {
+        ev.GpusAdded: on_event,
+        ev.GpusReclaimed: on_event,
+        ev.GpusReclaiming: on_event,
+        ev.GpusReclaimCancelled: on_event,
+        ev.TrainingBegin: on_event,
+        ev.TrainingFinished: on_event,
+        ev.WeightsPublished: on_event,
+        ev.Telemetry: on_report,
+        cmd.StepResult: on_report,
+        cmd.WorkerDown: on_report,
+        cmd.WorkerUp: on_report,
+        cmd.WorkerLost: on_report,
+        cmd.RolloutProgress: on_report,
+        cmd.Tick: on_tick,
+        StatusRequest: status,
+        Boot: boot,
+    }
 
 
 __all__ = ["Boot", "Orchestrator"]

@@ -10,6 +10,7 @@ import logging
 import threading
 from typing import Any
 
+from actors import names
 from actors.base import Directory, PearlActor
 from actors.messages import GenerateDone, RolloutStep, Route, StateChanged
 from pearl.core import commands as cmd
@@ -26,8 +27,7 @@ PROGRESS_POLL_S = 0.05  # ... and how soon it hears a change (a batch completing
 
 
 class PipelineActor(PearlActor):
-    name = "pipeline"
-    handles = {GenerateDone: "done", StateChanged: "state_changed"}
+    name = names.PIPELINE
 
     def __init__(self, directory: Directory, pipeline: Pipeline) -> None:
         super().__init__()
@@ -39,7 +39,7 @@ class PipelineActor(PearlActor):
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._halt: asyncio.Event | None = None
-        self._thread = threading.Thread(target=self._run, name="pipeline", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
 
     def on_start(self) -> None:
         self._thread.start()
@@ -69,7 +69,7 @@ class PipelineActor(PearlActor):
             self._futures[rid] = fut
         critical = self.pipeline.is_critical(trajectory_id)
         req = GenerateRequest(rid, ids, sampling, trajectory=trajectory_id, critical=critical)
-        self.directory.tell("router", Route(req, reply_to=self.name))
+        self.directory.tell(names.ROUTER, Route(req, reply_to=self.name))
         return await fut
 
     def done(self, msg: GenerateDone) -> None:
@@ -103,12 +103,12 @@ class PipelineActor(PearlActor):
             if missing != last or handed != taken or now - told >= PROGRESS_S:
                 eta = self.pipeline.next_batch_eta_s()
                 report = cmd.RolloutProgress(missing, handed_out=handed != taken, eta_s=eta)
-                self.directory.tell("orchestrator", report)
+                self.directory.tell(names.ORCHESTRATOR, report)
                 last, told, taken = missing, now, handed
 
     def _on_batch(self, batch: Batch, report: StepReport) -> None:
         self.directory.tell(
-            "tracker",
+            names.TRACKER,
             RolloutStep(
                 report.step,
                 report.trajectories,
@@ -123,6 +123,8 @@ class PipelineActor(PearlActor):
         if self._halt is not None:
             self._loop.call_soon_threadsafe(self._halt.set)
         self._thread.join(10.0)
+
+    handles = {GenerateDone: done, StateChanged: state_changed}
 
 
 def _settle(fut: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from actors import names
 from actors.base import Directory, PearlActor
 from actors.messages import StateChanged
 from pearl.config import Config, NodeConfig, format_gpus, parse_gpus
@@ -211,8 +212,7 @@ class NodesSeen:
 class RayNodeWatcher(PearlActor):
     """Node join / death / drain -> logged elastic events (see the module docstring)."""
 
-    name = "nodes"
-    handles = {StateChanged: "state_changed", NodesSeen: "seen"}
+    name = names.NODES
 
     def __init__(
         self,
@@ -280,7 +280,7 @@ class RayNodeWatcher(PearlActor):
         while self.outbox:
             record = self.outbox[0]
             try:
-                ack = self.directory.get("scheduler").ask(record, 30.0)
+                ack = self.directory.get(names.SCHEDULER).ask(record, 30.0)
             except InvalidEvent as e:  # the table already says so: nothing to deliver
                 log.warning("node event %s refused: %s", type(record).__name__, e)
                 self.outbox.popleft()
@@ -298,6 +298,8 @@ class RayNodeWatcher(PearlActor):
             log.info("Ray nodes changed: %s %s logged at seq %s", record.KIND, gpus, ack.seq)
             # Applied at once: the next look must not send it again before the view arrives.
             _apply(record, self.present, self.leaving)
+
+    handles = {StateChanged: state_changed, NodesSeen: seen}
 
 
 def _apply(record: Any, present: set[int], leaving: set[int]) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 import msgspec
 
+from actors import names
 from actors.base import DEFAULT_ASK_S, Directory
 from actors.messages import GenerateDone, Route
 from pearl.engines.base import EngineError, FinishReason, GenerateRequest, GenerateResult
@@ -49,7 +50,7 @@ class _Call:
 class RolloutClient:
     """A registered Ref that routes requests and resumes aborted ones (see the module)."""
 
-    def __init__(self, directory: Directory, name: str = "rollout-client", retries: int = 3):
+    def __init__(self, directory: Directory, name: str = names.ROLLOUT_CLIENT, retries: int = 3):
         self.name, self.directory, self.retries = name, directory, retries
         self._lock = threading.Lock()
         self._calls: dict[str, _Call] = {}
@@ -80,7 +81,7 @@ class RolloutClient:
         return None
 
     def _send(self, request: GenerateRequest) -> None:
-        self.directory.tell("router", Route(request, self.name))
+        self.directory.tell(names.ROUTER, Route(request, self.name))
 
     def _done(self, msg: GenerateDone) -> None:
         with self._lock:

@@ -54,6 +54,7 @@ from typing import Any
 
 import msgspec
 
+from actors import names
 from actors.base import Directory, PearlActor
 from actors.messages import AbortRequest, Generate, GenerateDone, Route, StateChanged
 from pearl.core import notice
@@ -119,17 +120,7 @@ class View:
 
 
 class Router(PearlActor):
-    name = "router"
-    handles = {
-        StateChanged: "state_changed",
-        KvAddress: "kv_address",
-        Route: "route",
-        GenerateDone: "done",
-        AbortRequest: "abort",
-        LinkChanged: "link_changed",
-        Flush: "flush",
-        WorkerGone: "worker_gone",
-    }
+    name = names.ROUTER
 
     def __init__(self, directory: Directory, link: Any = None) -> None:
         super().__init__()
@@ -272,12 +263,12 @@ class Router(PearlActor):
 
     def _send(self, worker: int, req: GenerateRequest) -> None:
         self.load[worker] = self.load.get(worker, 0) + 1
-        if not self.directory.tell(f"worker/{worker}", Generate(req)):
+        if not self.directory.tell(names.worker_name(worker), Generate(req)):
             self.directory.tell(
                 self.name, GenerateDone(worker, req.rid, None, "worker unreachable", True)
             )
 
-    def flush(self, _: Any = None) -> None:
+    def flush(self, _: Flush | None = None) -> None:
         """Periodic: route what waits (requests to retry, requests with nowhere to go)."""
         self._flush()
 
@@ -311,7 +302,7 @@ class Router(PearlActor):
                 self.migrated += 1
                 log.info("migrating %s off worker %d before its reclaim deadline", rid, wid)
                 for w in p.workers:
-                    self.directory.tell(f"worker/{w}", AbortRequest(p.wire(rid)))
+                    self.directory.tell(names.worker_name(w), AbortRequest(p.wire(rid)))
 
     def done(self, msg: GenerateDone) -> None:
         self.load[msg.worker] = max(0, self.load.get(msg.worker, 0) - 1)
@@ -343,7 +334,7 @@ class Router(PearlActor):
             wire = p.wire(rid)
             for w in p.workers:  # the surviving half of a PD pair: its answer is not wanted
                 if w != msg.worker:
-                    self.directory.tell(f"worker/{w}", AbortRequest(wire))
+                    self.directory.tell(names.worker_name(w), AbortRequest(wire))
             if p.attempt + 1 >= MAX_ATTEMPTS:
                 self._finish(rid, p, GenerateDone(-1, rid, None, f"{why}; gave up"))
             else:
@@ -377,7 +368,7 @@ class Router(PearlActor):
             if w == LINK:
                 self.link.abort(wire)
             else:
-                self.directory.tell(f"worker/{w}", AbortRequest(wire))
+                self.directory.tell(names.worker_name(w), AbortRequest(wire))
         if not p.workers:  # still waiting for a worker: answer now
             self._finish(msg.rid, p, GenerateDone(-1, msg.rid, None, "aborted before it ran"))
 
@@ -393,6 +384,17 @@ class Router(PearlActor):
             "migrated": self.migrated,
             "affine": self.affine,
         }
+
+    handles = {
+        StateChanged: state_changed,
+        KvAddress: kv_address,
+        Route: route,
+        GenerateDone: done,
+        AbortRequest: abort,
+        LinkChanged: link_changed,
+        Flush: flush,
+        WorkerGone: worker_gone,
+    }
 
 
 __all__ = ["LINK", "KvAddress", "LinkChanged", "Router", "WorkerGone"]

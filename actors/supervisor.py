@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from actors import names
 from actors.base import CourierRef, Directory, PearlActor
 from actors.heart import host_of
 from actors.launcher import Handle, Launcher, LaunchError, WorkerSpec
@@ -227,17 +228,7 @@ class Host:
 
 
 class RoleSupervisor(PearlActor):
-    name = "supervisor"
-    handles = {
-        Spawn: "spawn",
-        Retire: "retire",
-        WorkerHello: "hello",
-        StateChanged: "state_changed",
-        Supervise: "supervise",
-        Undeliverable: "undeliverable",
-        Deaths: "deaths",
-        Deliver: "deliver",
-    }
+    name = names.SUPERVISOR
 
     def __init__(
         self,
@@ -300,7 +291,7 @@ class RoleSupervisor(PearlActor):
         row = self.expected.get(c.worker)
         if h is None or h.retiring or (row is not None and row.incarnation != h.incarnation):
             result = cmd.StepResult(c.plan, c.step, ok=False, error="worker host not connected")
-            self.directory.tell("orchestrator", result)
+            self.directory.tell(names.ORCHESTRATOR, result)
         elif h.ref is not None:
             h.ref.tell(c)
         else:
@@ -369,18 +360,20 @@ class RoleSupervisor(PearlActor):
         self.launcher.adopt(handle)  # stopped with pearld's own hosts at shutdown
         if h.ref is not None:  # hello again (its first reply was lost): a new courier
             self._drop_ref(h)  # drops what the old one had not delivered, requests included:
-            self.directory.tell("router", WorkerGone(h.worker, h.incarnation, "said hello again"))
+            self.directory.tell(
+                names.ROUTER, WorkerGone(h.worker, h.incarnation, "said hello again")
+            )
         h.ref = CourierRef(
-            f"worker/{msg.worker}",
+            names.worker_name(msg.worker),
             Client(msg.address, keys=self.host_keys, timeout_s=2.0, retries=2),
             self._undeliverable,
         )
         self.directory.register(h.ref)
-        self.directory.tell("router", KvAddress(msg.worker, msg.kv_address))
+        self.directory.tell(names.ROUTER, KvAddress(msg.worker, msg.kv_address))
         self.board.add(msg.worker, msg.incarnation, msg.metrics_address, msg.node_id)
         self._targets()
         if msg.node_id:  # status shows where each host runs
-            self.directory.tell("api", HostsChanged())
+            self.directory.tell(names.API, HostsChanged())
         pending, h.pending = h.pending, []
         if not pending and row is not None and not h.retiring:
             # A restarted host: bring its engine back as the table says it should be. A running
@@ -399,7 +392,7 @@ class RoleSupervisor(PearlActor):
                 )
             ]
         elif msg.engine_ready and row is not None:
-            self.directory.tell("orchestrator", cmd.WorkerUp(h.worker, h.incarnation))
+            self.directory.tell(names.ORCHESTRATOR, cmd.WorkerUp(h.worker, h.incarnation))
         for c in pending:
             h.ref.tell(c)
         return Welcome(self.boot_id, known=True)
@@ -427,7 +420,7 @@ class RoleSupervisor(PearlActor):
                 self.hosts.pop(msg.worker, None)
             for report in (msg.report, msg.fallback):
                 if report is not None:
-                    self.directory.tell("orchestrator", report)
+                    self.directory.tell(names.ORCHESTRATOR, report)
             return
         h.retiring = True  # a second retire (a plan's stop after an eviction's) adds its report
         if msg.report is not None:
@@ -446,14 +439,14 @@ class RoleSupervisor(PearlActor):
     def _forget(self, h: Host, kill: bool) -> None:
         if kill and h.handle:
             self.launcher.kill(h.handle, force=True)
-            self.directory.tell("router", WorkerGone(h.worker, h.incarnation, "stopped"))
+            self.directory.tell(names.ROUTER, WorkerGone(h.worker, h.incarnation, "stopped"))
         self._drop_ref(h)
         self.board.remove(h.worker)
         self._targets()
         if self.hosts.get(h.worker) is h:
             self.hosts.pop(h.worker, None)
         for report in h.retire_reports:
-            self.directory.tell("orchestrator", report)
+            self.directory.tell(names.ORCHESTRATOR, report)
         h.retire_reports = []
 
     # -- watching ----------------------------------------------------------------------------
@@ -539,14 +532,14 @@ class RoleSupervisor(PearlActor):
         self.board.remove(h.worker)
         self._targets()
         # Its requests will never be answered: the router sends them elsewhere at once.
-        self.directory.tell("router", WorkerGone(h.worker, h.incarnation, why))
-        self.directory.tell("orchestrator", cmd.WorkerDown(h.worker, h.incarnation, why))
+        self.directory.tell(names.ROUTER, WorkerGone(h.worker, h.incarnation, why))
+        self.directory.tell(names.ORCHESTRATOR, cmd.WorkerDown(h.worker, h.incarnation, why))
         d = self.cfg.daemon
         if h.restarts >= d.restart_budget:
             self.board.ended("lost")
             self.hosts.pop(h.worker, None)
             self.directory.tell(
-                "orchestrator",
+                names.ORCHESTRATOR,
                 cmd.WorkerLost(h.worker, f"{why}; gave up after {h.restarts} restarts"),
             )
             return
@@ -575,7 +568,7 @@ class RoleSupervisor(PearlActor):
             return
         before, self.targets = self.targets, live
         if before is None or before.keys() != live.keys():
-            self.directory.tell("api", HostsChanged())
+            self.directory.tell(names.API, HostsChanged())
 
     def deaths(self, _: Deaths) -> dict[str, int]:
         return self.board.report()
@@ -583,6 +576,17 @@ class RoleSupervisor(PearlActor):
     def on_stop(self) -> None:
         for h in list(self.hosts.values()):
             self._drop_ref(h)
+
+    handles = {
+        Spawn: spawn,
+        Retire: retire,
+        WorkerHello: hello,
+        StateChanged: state_changed,
+        Supervise: supervise,
+        Undeliverable: undeliverable,
+        Deaths: deaths,
+        Deliver: deliver,
+    }
 
 
 def _engaged(w: Worker) -> bool:

@@ -16,6 +16,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from actors import names
 from actors.base import Directory, PearlActor
 from actors.messages import (
     AbortRequest,
@@ -44,20 +45,6 @@ class ReportTelemetry:
 
 
 class WorkerActor(PearlActor):
-    handles = {
-        cmd.StartWorker: "on_start_worker",
-        RestoreWorker: "on_restore",
-        cmd.ActivateWorker: "on_activate",
-        cmd.DeactivateWorker: "on_deactivate",
-        cmd.StopWorker: "on_stop_worker",
-        cmd.SetRole: "on_set_role",
-        Generate: "on_generate",
-        AbortRequest: "on_abort",
-        LoadWeights: "on_load_weights",
-        cmd.SyncWeights: "on_load_weights",
-        ReportTelemetry: "report_telemetry",
-    }
-
     def __init__(
         self,
         directory: Directory,
@@ -70,7 +57,7 @@ class WorkerActor(PearlActor):
         metrics: HostMetrics | None = None,  # what the host's /metrics show (None: not served)
     ) -> None:
         super().__init__()
-        self.name = f"worker/{worker}"  # type: ignore[misc]
+        self.name = names.worker_name(worker)  # type: ignore[misc]
         self.directory, self.worker, self.incarnation = directory, worker, incarnation
         self.make_engine, self.weights_source, self.on_exit = make_engine, weights_source, on_exit
         self.metrics = metrics or HostMetrics(worker, incarnation, "")
@@ -89,7 +76,7 @@ class WorkerActor(PearlActor):
             log.warning("%s %s failed: %s", self.name, type(c).__name__, e)
         if getattr(c, "plan", 0):
             self.directory.tell(
-                "orchestrator",
+                names.ORCHESTRATOR,
                 cmd.StepResult(
                     c.plan,
                     c.step,
@@ -150,7 +137,7 @@ class WorkerActor(PearlActor):
             log.error("%s could not start: %s; the host exits", self.name, e)
             self.on_exit()
             return
-        self.directory.tell("orchestrator", cmd.WorkerUp(self.worker, self.incarnation))
+        self.directory.tell(names.ORCHESTRATOR, cmd.WorkerUp(self.worker, self.incarnation))
 
     def on_restore(self, c: RestoreWorker) -> None:
         try:
@@ -158,7 +145,7 @@ class WorkerActor(PearlActor):
             if not c.active:
                 self.engine.release_memory()  # type: ignore[union-attr]
                 self.released = True
-            self.directory.tell("orchestrator", cmd.WorkerUp(self.worker, self.incarnation))
+            self.directory.tell(names.ORCHESTRATOR, cmd.WorkerUp(self.worker, self.incarnation))
         except PearlError as e:
             log.error("%s could not be restored: %s", self.name, e)
 
@@ -228,7 +215,7 @@ class WorkerActor(PearlActor):
     def _done(
         self, rid: str, result: GenerateResult | None, error: str, retryable: bool = False
     ) -> None:
-        self.directory.tell("router", GenerateDone(self.worker, rid, result, error, retryable))
+        self.directory.tell(names.ROUTER, GenerateDone(self.worker, rid, result, error, retryable))
 
     def on_abort(self, msg: AbortRequest) -> None:
         if self.engine is not None:
@@ -250,13 +237,27 @@ class WorkerActor(PearlActor):
             t = self.engine.telemetry()
             self.metrics.observe(t)
             if t.iterations or t.transfers:
-                self.directory.tell("tracker", EngineTelemetryReport(self.worker, t))
+                self.directory.tell(names.TRACKER, EngineTelemetryReport(self.worker, t))
 
     def on_stop(self) -> None:
         if self.engine is not None:
             self.engine.stop()
             self.engine = None
             self.metrics.watch(None)
+
+    handles = {
+        cmd.StartWorker: on_start_worker,
+        RestoreWorker: on_restore,
+        cmd.ActivateWorker: on_activate,
+        cmd.DeactivateWorker: on_deactivate,
+        cmd.StopWorker: on_stop_worker,
+        cmd.SetRole: on_set_role,
+        Generate: on_generate,
+        AbortRequest: on_abort,
+        LoadWeights: on_load_weights,
+        cmd.SyncWeights: on_load_weights,
+        ReportTelemetry: report_telemetry,
+    }
 
 
 __all__ = ["ReportTelemetry", "WorkerActor"]

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from actors import worker_files
+from actors import names, worker_files
 from actors.base import Directory, LocalRef, serve_directory
 from actors.heart import HostHeart, host_name
 from actors.messages import WorkerHello
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             name=host_name(a.worker, a.incarnation, "r"),
         )
     )
-    for name in ("orchestrator", "router", "tracker"):
+    for name in (names.ORCHESTRATOR, names.ROUTER, names.TRACKER):
         directory.register(QueuedRef(name, reporter))
     kv = ZmqKVChannel(
         f"tcp://{a.bind_host}:*",
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     actor = WorkerActor.start(
         directory, a.worker, a.incarnation, make_engine, weights_source, stop.set, metrics
     )
-    ref = LocalRef(f"worker/{a.worker}", actor)
+    ref = LocalRef(names.worker_name(a.worker), actor)
     directory.register(ref)
     server = Server(
         f"tcp://{a.bind_host}:*",

@@ -77,6 +77,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from actors import names  # noqa: E402
 from pearl.core import events as ev  # noqa: E402
 from pearl.engines.base import FinishReason  # noqa: E402
 
@@ -207,7 +208,7 @@ class Recorder:
 
 
 def router_stats(rt: Any) -> dict[str, Any]:
-    ref = rt.daemon.directory.get("router").ref
+    ref = rt.daemon.directory.get(names.ROUTER).ref
     return dict(ref.proxy().stats().get(timeout=5.0))
 
 

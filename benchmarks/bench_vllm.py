@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import pearl  # noqa: E402
+from actors import names  # noqa: E402
 from actors.rollout_client import RolloutClient  # noqa: E402
 from pearl.core import events as ev  # noqa: E402
 from pearl.engines.base import GenerateRequest, SamplingParams  # noqa: E402
@@ -186,7 +187,7 @@ def main() -> int:
         pearl_tok_s = statistics.median(rates["pearl"])
 
         # A reclaim under load: GPU 2's worker leaves while agents' turns run on it.
-        router = rt.daemon.directory.get("router").ref.proxy()
+        router = rt.daemon.directory.get(names.ROUTER).ref.proxy()
         on_2 = next(x["id"] for x in rt.status()["workers"] if x["gpus"] == [2])
         migrated0, failed0 = client.migrated, client.failed
         done: dict[str, Any] = {}

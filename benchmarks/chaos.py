@@ -56,6 +56,7 @@ from live_pearld import (  # noqa: E402
     wait_until,
 )
 
+from actors import names  # noqa: E402
 from pearl.core import events as ev  # noqa: E402
 from pearl.log.failpoints import DISK_ENV  # noqa: E402
 
@@ -367,7 +368,7 @@ def report(
         "return_max_near_fault_s": summary(faulted)["max_s"],
         "return_timeouts": sum(not r["ok"] for r in play.returns),
         "target_return_s": TARGET_RETURN_S,
-        "orchestrator_restarts": stats["restarts"].get("orchestrator", 0),
+        "orchestrator_restarts": stats["restarts"].get(names.ORCHESTRATOR, 0),
         "actor_restarts": stats["restarts"],
         "actor_failures": stats["failures"][:20],
         "gave_up": stats["gave_up"],

@@ -141,7 +141,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             records.append(r)
             if r["return_s"] is not None:
                 returns.append(r["return_s"])
-            restarts = d.log_stats()["restarts"].get("orchestrator", 0)
+            restarts = d.log_stats()["restarts"].get(names.ORCHESTRATOR, 0)
             took = "none" if r["return_s"] is None else f"{r['return_s']:.3f}s"
             print(
                 f"cycle {n:>3}/{args.cycles} {r['variant']:<13} reclaim {r['reclaimed']} "
@@ -167,7 +167,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 "over_target": sum(x > TARGET_MAX_S for x in returns),
                 "no_go_ahead": sum(r["return_s"] is None for r in records),
                 "not_borrowing": sum(not r["borrowed"] for r in records),
-                "orchestrator_restarts": stats["restarts"].get("orchestrator", 0),
+                "orchestrator_restarts": stats["restarts"].get(names.ORCHESTRATOR, 0),
                 "actor_restarts": stats["restarts"],
                 "actor_failures": stats["failures"],
                 "gave_up": stats["gave_up"],

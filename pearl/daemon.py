@@ -32,6 +32,7 @@ from typing import Any
 
 import pykka
 
+from actors import names
 from pearl import config as config_mod
 from pearl.core import events as ev
 from pearl.core.controller import Controller, ControllerConfig
@@ -327,7 +328,7 @@ class Daemon:
         self.pipeline = build_pipeline(self.cfg)
         self.factories = self._factories(recovered)
         for name, make in self.factories.items():  # dependency order
-            self.refs.append(make(controller, recovered) if name == "orchestrator" else make())
+            self.refs.append(make(controller, recovered) if name == names.ORCHESTRATOR else make())
         for r in self.refs:
             if not r.ref.is_alive():
                 raise PearlError(f"actor {r.name} did not stay alive")
@@ -419,34 +420,34 @@ class Daemon:
             return ref
 
         specs: dict[str, Any] = {
-            "supervisor": supervisor,
-            "rebuilder": lambda: base.start(d, InterScaleRebuilder, d),
-            "toggle": lambda: base.start(d, IntraScaleToggleManager, d),
-            "router": lambda: base.start(d, Router, d, link_from_config(cfg.engine)),
-            "tracker": lambda: base.start(
+            names.SUPERVISOR: supervisor,
+            names.REBUILDER: lambda: base.start(d, InterScaleRebuilder, d),
+            names.TOGGLE: lambda: base.start(d, IntraScaleToggleManager, d),
+            names.ROUTER: lambda: base.start(d, Router, d, link_from_config(cfg.engine)),
+            names.TRACKER: lambda: base.start(
                 d,
                 RuntimeTracker,
                 d,
                 cfg.decision.ema_alpha,
                 float(cfg.workload.max_trajectory_tokens),
             ),
-            "decision": lambda: base.start(d, DecisionEngine, cfg.decision),
-            "scheduler": lambda: base.start(d, ElasticScheduler, d),
+            names.DECISION: lambda: base.start(d, DecisionEngine, cfg.decision),
+            names.SCHEDULER: lambda: base.start(d, ElasticScheduler, d),
         }
         if self.pipeline is not None:
             from actors.pipeline import PipelineActor
 
             pipeline = self.pipeline
-            specs["pipeline"] = lambda: base.start(d, PipelineActor, d, pipeline)
+            specs[names.PIPELINE] = lambda: base.start(d, PipelineActor, d, pipeline)
         # The API binds last but one; the orchestrator, last, is the first to stop taking input.
-        specs["api"] = api
-        specs["orchestrator"] = orchestrator
+        specs[names.API] = api
+        specs[names.ORCHESTRATOR] = orchestrator
         # after the orchestrator booted
         if cfg.daemon.launcher is config_mod.Launcher.RAY and cfg.ray.node_events:
             from actors.ray_nodes import RayNodeWatcher, read_nodes
 
             ray = self.launcher.ray
-            specs["nodes"] = lambda: base.start(
+            specs[names.NODES] = lambda: base.start(
                 d, RayNodeWatcher, d, cfg, lambda: read_nodes(ray), initial
             )
         return specs
@@ -469,7 +470,7 @@ class Daemon:
             path = store.publish(version, tmp)
         finally:
             tmp.unlink(missing_ok=True)
-        self.directory.get("scheduler").ask(ev.WeightsPublished(version, str(path)))
+        self.directory.get(names.SCHEDULER).ask(ev.WeightsPublished(version, str(path)))
         return str(path)
 
     def _restart_dead(self) -> None:
@@ -509,9 +510,9 @@ class Daemon:
 
         while not self._stop.wait(self.cfg.daemon.tick_s):
             self._restart_dead()
-            self.directory.tell("orchestrator", Tick())
-            self.directory.tell("router", Flush())
-            self.directory.tell("supervisor", Supervise())
+            self.directory.tell(names.ORCHESTRATOR, Tick())
+            self.directory.tell(names.ROUTER, Flush())
+            self.directory.tell(names.SUPERVISOR, Supervise())
 
     def stop(self, failed: bool = False) -> None:
         """Stop what started, in reverse: the ticker, the actors (the orchestrator first), the

@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from actors import names
 from pearl.core import events as ev
 from pearl.core.errors import PearlError
 
@@ -205,12 +206,12 @@ class Runtime(_Base):
         return self.daemon.directory.get(name).ask(msg, timeout_s)
 
     def _event(self, record: Any) -> int:
-        return int(self._ask("scheduler", record).seq)
+        return int(self._ask(names.SCHEDULER, record).seq)
 
     def status(self) -> dict[str, Any]:
         from transports.protocol import StatusRequest
 
-        return dict(self._ask("orchestrator", StatusRequest()))
+        return dict(self._ask(names.ORCHESTRATOR, StatusRequest()))
 
     def _next_batch(self, timeout_s: float) -> Any | None:
         return self.daemon.batches().take(timeout_s)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from actors import base
+from actors import base, names
 from actors.control import ElasticScheduler
 from pearl.core import events as ev
 from pearl.core.errors import InvalidEvent
@@ -16,14 +16,15 @@ from pearl.core.errors import InvalidEvent
 class Refuser(base.PearlActor):
     """An orchestrator that refuses every event, as the controller does with bad input."""
 
-    name = "orchestrator"
-    handles = {ev.GpusReclaimed: "event", str: "bug"}
+    name = names.ORCHESTRATOR
 
     def event(self, record: Any) -> None:
         raise InvalidEvent(f"GPU {record.gpus[0]} is not present, so it cannot be reclaimed")
 
     def bug(self, _: str) -> None:
         raise KeyError("a bug")
+
+    handles = {ev.GpusReclaimed: event, str: bug}
 
 
 def test_a_refused_event_is_one_warning_line(caplog: pytest.LogCaptureFixture) -> None:

@@ -24,8 +24,6 @@ from pearl.engines.base import FinishReason, GenerateRequest, GenerateResult
 class FakeWorker(PearlActor):
     """Answers every request at once; can be told to fail the next ones retryably."""
 
-    handles = {Generate: "on_generate", AbortRequest: "on_abort"}
-
     def __init__(self, directory: Directory, wid: int, log: list[Any], fail: list[int]) -> None:
         super().__init__()
         self.directory, self.wid, self.log, self.fail = directory, wid, log, fail
@@ -44,6 +42,8 @@ class FakeWorker(PearlActor):
     def on_abort(self, msg: AbortRequest) -> None:
         self.log.append((self.wid, "abort", msg.rid))
 
+    handles = {Generate: on_generate, AbortRequest: on_abort}
+
 
 class Results:
     """Ask the sink what it has heard."""
@@ -51,7 +51,6 @@ class Results:
 
 class Sink(PearlActor):
     name = "sink"
-    handles = {GenerateDone: "on_done", Results: "results"}
 
     def __init__(self) -> None:
         super().__init__()
@@ -64,6 +63,8 @@ class Sink(PearlActor):
 
     def results(self, _: Any = None) -> list[GenerateDone]:
         return list(self.done)
+
+    handles = {GenerateDone: on_done, Results: results}
 
 
 @pytest.fixture
@@ -155,8 +156,6 @@ class HoldingWorker(PearlActor):
     """Holds first attempts (rid without ``~``; every attempt when ``every``) until told to
     Release; answers retries at once."""
 
-    handles = {Generate: "on_generate", AbortRequest: "on_abort", Release: "release"}
-
     def __init__(self, directory: Directory, wid: int, log: list[Any], every: bool) -> None:
         super().__init__()
         self.directory, self.wid, self.log, self.every = directory, wid, log, every
@@ -181,6 +180,8 @@ class HoldingWorker(PearlActor):
 
     def on_abort(self, msg: AbortRequest) -> None:
         self.log.append((self.wid, "abort", msg.rid))
+
+    handles = {Generate: on_generate, AbortRequest: on_abort, Release: release}
 
 
 def holding(d: Directory, wid: int, log: list[Any], every: bool = False) -> None:

@@ -24,10 +24,11 @@ class Crash:
 
 class Crashy(base.PearlActor):
     name = "crashy"
-    handles = {Crash: "crash"}
 
     def crash(self, msg: Crash) -> None:
         raise RuntimeError("crashed on purpose")
+
+    handles = {Crash: crash}
 
 
 def test_a_dead_actor_is_restarted_and_one_that_keeps_dying_stops_pearld(

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from actors import base
+from actors import base, names
 from actors.messages import GenerateDone, Route
 from pearl.engines.base import FinishReason, GenerateRequest, SamplingParams
 
 
 class Trainer(base.PearlActor):
-    # Not "trainer": pearld hands a trainer actor of that name the borrow hand-offs.
-    name = "rollout-client"
-    handles = {GenerateDone: "done"}
+    # Not names.TRAINER: pearld hands a trainer actor of that name the borrow hand-offs.
+    name = names.ROLLOUT_CLIENT
 
     def __init__(self, directory: base.Directory) -> None:
         super().__init__()
@@ -38,7 +37,7 @@ class Trainer(base.PearlActor):
         self.sends[rid] = self.sends.get(rid, 0) + 1
         sampling = SamplingParams(max_new_tokens=n - len(so_far), temperature=0.0)
         self.d.tell(
-            "router", Route(GenerateRequest(rid, prompt + tuple(so_far), sampling), self.name)
+            names.ROUTER, Route(GenerateRequest(rid, prompt + tuple(so_far), sampling), self.name)
         )
 
     def done(self, msg: GenerateDone) -> None:
@@ -63,3 +62,5 @@ class Trainer(base.PearlActor):
             "versions": dict(self.versions),
             "sends": dict(self.sends),
         }
+
+    handles = {GenerateDone: done}
