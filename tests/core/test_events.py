@@ -187,3 +187,9 @@ def test_mapping_and_bytes_decoders_agree(case: tuple[type, dict[str, Any]]) -> 
     if by_map[0] == "ok":
         assert by_map[1] == by_bytes[1]
         assert type(by_map[1]) is cls
+
+
+@pytest.mark.parametrize("kind", [[], {}, 3, None])
+def test_a_kind_that_is_not_a_string_is_a_schema_error(kind: Any) -> None:
+    with pytest.raises(SchemaError, match="unknown record kind"):
+        ev.decode({"kind": kind, "v": SCHEMA_VERSION})
