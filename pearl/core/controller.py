@@ -1,22 +1,27 @@
 """The control loop as a pure state machine: ``(state, event, now) -> (state, records, commands)``.
 
-``records`` must be made durable before ``commands`` are sent; ``state`` is exactly the fold of
-``records`` into the previous state (the controller folds them itself as it emits them, so an
-invalid record raises before anything is logged). The simulator and the daemon drive this same
-object, with simulated or real time.
+Contract:
 
-Policy, in the order of §4.1.2: an elastic event updates the budget (logged first); then, with no
-plan in flight, the controller computes W' from the budget (:func:`pearl.core.plan.membership`),
-asks the PD Decision Engine for the target, and turns it into a minimal-change plan. One plan is in
-flight at a time and events that arrive meanwhile are applied to the logged state. A pure
-expansion onto dedicated GPUs in roles already served starts in the background (§4.5): it is over
-once its hosts are launched, and each joiner serves on its ``WorkerUp``. Returns (reclaimed GPUs,
-Training Begin) are mandatory: they interrupt an optional expansion or borrow still in flight,
-which is then cancelled as a whole (all-or-nothing admission), and they never wait for role
-changes — a forced re-role follows as its own plan. While training GPUs are lent the dedicated
-roles stay as they are (no role switch is begun that the return would cut short). A borrowed GPU
-comes back before the trainer hears ``training-may-proceed``; a return step that outlives its
-deadline is forced.
+- ``records`` are made durable before ``commands`` are sent.
+- ``state`` is exactly the fold of ``records`` into the previous state; the controller folds each
+  record as it emits it, so an invalid one raises before anything is logged.
+- The simulator and the daemon drive this same object, with simulated or real time.
+
+Policy (§4.1.2):
+
+1. An elastic event updates the budget; it is logged first.
+2. With no plan in flight: W' from the budget (:func:`pearl.core.plan.membership`), the target
+   from the PD Decision Engine, and a minimal-change plan toward it.
+3. One plan is in flight at a time; events that arrive meanwhile update the logged state.
+4. A pure expansion onto dedicated GPUs in roles already served starts in the background (§4.5):
+   it is over once its hosts are launched, and each joiner serves on its ``WorkerUp``.
+5. Returns (reclaimed GPUs, Training Begin) are mandatory: they cancel an optional expansion or
+   borrow in flight as a whole (all-or-nothing admission) and never wait for role changes; a
+   forced re-role follows as its own plan.
+6. While training GPUs are lent, no role switch begins that their return would cut short,
+   unless a role is missing.
+7. Every borrowed GPU is back before the trainer hears ``training-may-proceed``; a return step
+   that outlives its deadline is forced.
 """
 
 from __future__ import annotations
