@@ -33,12 +33,7 @@ log = logging.getLogger(__name__)
 class ElasticScheduler(PearlActor):
     name = "scheduler"
     handles = {
-        ev.GpusAdded: "event",
-        ev.GpusReclaimed: "event",
-        ev.GpusReclaiming: "event",
-        ev.GpusReclaimCancelled: "event",
-        ev.TrainingBegin: "event",
-        ev.TrainingFinished: "event",
+        **dict.fromkeys(ev.ELASTIC_EVENTS, "event"),
         ev.WeightsPublished: "event",
         cmd.TrainingMayProceed: "proceed",
         StateChanged: "ignore",

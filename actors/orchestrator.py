@@ -66,12 +66,7 @@ class Orchestrator(PearlActor):
 
     name = "orchestrator"
     handles = {
-        ev.GpusAdded: "on_event",
-        ev.GpusReclaimed: "on_event",
-        ev.GpusReclaiming: "on_event",
-        ev.GpusReclaimCancelled: "on_event",
-        ev.TrainingBegin: "on_event",
-        ev.TrainingFinished: "on_event",
+        **dict.fromkeys(ev.ELASTIC_EVENTS, "on_event"),
         ev.WeightsPublished: "on_event",
         ev.Telemetry: "on_report",
         cmd.StepResult: "on_report",
