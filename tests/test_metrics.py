@@ -88,6 +88,15 @@ def test_every_elastic_event_waits_for_its_plan(event: type[ev.ElasticEvent]) ->
     assert samples(m)["pearl_event_to_plan_seconds_count", ()] == 1
 
 
+@pytest.mark.parametrize("cause", ev.AbortCause)
+def test_an_abort_is_labelled_by_its_cause(cause: ev.AbortCause) -> None:
+    m = Metrics()
+    view = ClusterView()
+    m.committed([ev.PlanBegin(plan=4, cause="expand", target=COLOC2, steps=())], view)
+    m.committed([ev.PlanAbort(plan=4, reason=cause.reason("3 lost: no reply"))], view)
+    assert samples(m)["pearl_plan_aborts_total", (("reason", cause.value),)] == 1
+
+
 def test_api_requests_log_appends_and_syncs_are_timed() -> None:
     m = Metrics(deaths=lambda: {"exited": 3}, hosts=lambda: {"restarts": 2, "lost": 1})
     m.api_request("event", "ok", 0.002)

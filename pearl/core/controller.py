@@ -105,7 +105,7 @@ class ControllerState:
     profile: WorkloadProfile
     started: Mapping[int, float] = field(default_factory=dict)  # step -> deadline (plan in flight)
     cancelled: frozenset[int] = frozenset()  # joiner steps told to cancel, awaiting their answer
-    aborting: str | None = None  # why the plan in flight is being cancelled
+    aborting: str | None = None  # why the plan in flight is being cancelled (AbortCause.reason)
     training_waiting: bool = False  # the trainer waits for training-may-proceed
     # Workers out of routing until their WorkerUp: reported down and not back yet, or joining in
     # the background (admits_in_background).
@@ -252,7 +252,7 @@ class Controller:
                 if event.worker in tx.table.workers:  # else it is gone already: nothing to remove
                     self._quarantine(tx, event.worker)
                     tx.set(lost=tx.s.lost | {event.worker})
-                    self._interrupt(tx, f"worker {event.worker} lost")
+                    self._interrupt(tx, ev.AbortCause.WORKER, f"{event.worker} lost")
             case cmd.RolloutProgress():
                 # A batch handed out inside a window: R counts the batch after it, and the window
                 # is ending (R also rises when ready groups go stale: that is more work, not this).
@@ -302,7 +302,7 @@ class Controller:
                 started[k] = now + timeout
             tx.set(started=started)
             if not tx.s.mandatory:
-                self._interrupt(tx, "recovery: expansion never committed")
+                self._interrupt(tx, ev.AbortCause.RECOVERY, "cancels an expansion never committed")
             for k in started:
                 if k not in tx.s.cancelled:
                     tx.commands.append(step_command(tx.table, p.plan, k, p.steps[k]))
@@ -335,7 +335,7 @@ class Controller:
         elif tx.table.plan is not None and not _touches_training_gpus(tx.table):
             self._return_beside(tx)  # an expansion on other GPUs goes on meanwhile
         else:
-            self._interrupt(tx, "training-begin")
+            self._interrupt(tx, ev.AbortCause.TRAINING_BEGIN)
 
     def _telemetry(self, tx: _Tx, event: ev.Telemetry) -> None:
         s = tx.s
@@ -372,7 +372,7 @@ class Controller:
             return w is not None
         return w is not None and w.activity is Activity.TRANSITIONING
 
-    def _interrupt(self, tx: _Tx, reason: str) -> None:
+    def _interrupt(self, tx: _Tx, cause: ev.AbortCause, detail: str = "") -> None:
         """A mandatory change arrived: cancel an optional plan in flight (all or nothing)."""
         p = tx.table.plan
         if p is None or tx.s.mandatory or tx.s.aborting is not None:
@@ -390,7 +390,7 @@ class Controller:
                 started[k] = tx.now + (
                     self.config.cancel_grace_s if in_place else self.config.timeouts[StepOp.REMOVE]
                 )
-        tx.set(aborting=reason, cancelled=frozenset(cancelled), started=started)
+        tx.set(aborting=cause.reason(detail), cancelled=frozenset(cancelled), started=started)
 
     @staticmethod
     def _sync_weights(tx: _Tx, before: int) -> None:
@@ -412,7 +412,7 @@ class Controller:
             return  # the plan that comes next (or this return, in flight) removes them
         victims = sorted(w.id for w in tx.table.rollout_workers() if gpus & set(w.gpus))
         if {st.worker for st in p.steps if st.op in JOIN_OPS} & set(victims):
-            self._interrupt(tx, "gpus-reclaimed")
+            self._interrupt(tx, ev.AbortCause.GPUS_RECLAIMED)
             return
         evicting = dict(tx.s.evicting)
         for wid in victims:
@@ -430,7 +430,7 @@ class Controller:
         if p is None or tx.s.mandatory or tx.s.aborting is not None:
             return
         if any(st.op in JOIN_OPS and gpus & set(st.gpus) for st in p.steps):
-            self._interrupt(tx, "gpus-reclaiming")
+            self._interrupt(tx, ev.AbortCause.GPUS_RECLAIMING)
 
     def _notice_withdrawn(self, tx: _Tx, gpus: set[int]) -> None:
         """The GPUs stay: their workers serve again, unless a plan step, a failure or another
@@ -547,7 +547,7 @@ class Controller:
         if step.op in JOIN_OPS:
             self._quarantine(tx, step.worker)
         tx.set(started={k: d for k, d in tx.s.started.items() if k != r.step})
-        self._interrupt(tx, f"step {r.step} ({step.op}) failed: {r.error}")
+        self._interrupt(tx, ev.AbortCause.STEP, f"{r.step} ({step.op}) failed: {r.error}")
 
     def _done(self, tx: _Tx, k: int) -> None:
         p = tx.table.plan
@@ -577,7 +577,9 @@ class Controller:
                 continue
             if st.op in JOIN_OPS and k not in tx.s.cancelled:
                 self._quarantine(tx, w.id)
-                self._interrupt(tx, f"worker {w.id} failed while joining: {e.reason}")
+                self._interrupt(
+                    tx, ev.AbortCause.WORKER, f"{w.id} failed while joining: {e.reason}"
+                )
             elif st.op in MANDATORY_OPS or st.op is StepOp.SET_ROLE:
                 self._done(tx, k)  # a dead host holds nothing: its GPUs are back
 

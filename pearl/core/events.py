@@ -49,6 +49,22 @@ class PlanCause(enum.StrEnum):
     REBALANCE = "rebalance"  # the same workers, other roles
 
 
+class AbortCause(enum.StrEnum):
+    """Why the controller cancelled a plan: the first word of the reason it logs in
+    ``PlanAbort.reason``, which stays free text (older logs hold other sentences)."""
+
+    TRAINING_BEGIN = "training-begin"  # the trainer wants its GPUs back
+    GPUS_RECLAIMED = "gpus-reclaimed"  # a joiner's GPUs are gone
+    GPUS_RECLAIMING = "gpus-reclaiming"  # a joiner's GPUs have a preemption notice
+    WORKER = "worker"  # a worker was lost, or failed while joining
+    STEP = "step"  # a step failed
+    RECOVERY = "recovery"  # pearld restarted with an expansion not committed
+
+    def reason(self, detail: str = "") -> str:
+        """The reason logged: the cause's word, then what happened (``worker 3 lost``)."""
+        return f"{self.value} {detail}" if detail else self.value
+
+
 @RECORDS.add
 class ClusterInit(LogRecord, tag="cluster-init", frozen=True):
     """First record of every log: the GPU universe and the tensor-parallel degree."""
@@ -270,6 +286,7 @@ _DECODER = RECORDS.msgpack_decoder()
 
 __all__ = [
     "RECORDS",
+    "AbortCause",
     "ActivityChanged",
     "ClusterInit",
     "ELASTIC_EVENTS",
