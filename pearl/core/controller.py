@@ -27,7 +27,7 @@ Policy (§4.1.2):
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, TypeAlias, assert_never
@@ -366,7 +366,7 @@ class Controller:
         return msgspec.structs.replace(t, **changes) if changes else t
 
     @staticmethod
-    def _looks_started(t: ClusterState, step: Any) -> bool:
+    def _looks_started(t: ClusterState, step: Step) -> bool:
         w = t.workers.get(step.worker)
         if step.op is StepOp.ADD:
             return w is not None
@@ -808,7 +808,9 @@ class Controller:
         )
         return True
 
-    def _dedicated_first(self, tx: _Tx, m: Membership, overlap: list[Any]) -> Membership:
+    def _dedicated_first(
+        self, tx: _Tx, m: Membership, overlap: list[tuple[tuple[int, ...], Zone]]
+    ) -> Membership:
         """The part of ``m`` to plan now when it both borrows and expands (see the caller)."""
         dedicated = Membership(
             tuple(w for w in m.survivors if w.zone is Zone.DEDICATED),
@@ -914,14 +916,14 @@ def _holding_training_gpus(t: ClusterState) -> int:
     return sum(w.activity is not Activity.INACTIVE for w in t.rollout_workers(Zone.OVERLAP))
 
 
-def _borrows(steps: Any) -> bool:
+def _borrows(steps: Iterable[Step]) -> bool:
     """A plan that lends the training GPUs or activates workers on them."""
     return any(
         st.op is StepOp.LEND or (st.op in JOIN_OPS and st.zone is Zone.OVERLAP) for st in steps
     )
 
 
-def _is_toggle(steps: Any) -> bool:
+def _is_toggle(steps: Iterable[Step]) -> bool:
     """A hand-off of retained overlap workers (no cold start): what T_toggle measures (§4.6)."""
     ops = {st.op for st in steps}
     return bool(ops & {StepOp.LEND, StepOp.RECLAIM}) and StepOp.ADD not in ops
