@@ -222,9 +222,9 @@ class Orchestrator(PearlActor):
         if g is not None and g != gate_before:
             log.info(
                 "borrowing gate: %s (%s)",
-                "approved" if g.enabled else "declined",
+                g.verdict,
                 g.reason,
-                extra={"gate": "approved" if g.enabled else "declined"},
+                extra={"gate": g.verdict.value},
             )
         if self.state.table.seq != self.log.last_seq:  # the fold and the log must agree
             raise RuntimeError(f"table at seq {self.state.table.seq}, log at {self.log.last_seq}")

@@ -216,7 +216,7 @@ class Metrics:
 
     def _observe_view(self, view: ClusterView) -> None:
         if view.gate is not None and view.gate != self._gate:
-            self.gate.labels("approved" if view.gate.enabled else "declined").inc()
+            self.gate.labels(view.gate.verdict).inc()
         self._gate = view.gate
         c = view.cycle
         if c is None:
