@@ -120,11 +120,11 @@ class Event(WireStruct, tag="event", frozen=True):
         check_event(self.record)
 
     @classmethod
-    def of(cls, record: Any) -> Event:
+    def of(cls, record: Elastic) -> Event:
         return cls(record=record)
 
     @property
-    def decoded(self) -> Any:
+    def decoded(self) -> Elastic:
         return self.record
 
 
