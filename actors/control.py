@@ -32,8 +32,6 @@ log = logging.getLogger(__name__)
 
 
 class ElasticScheduler(PearlActor):
-    name = names.SCHEDULER
-
     def __init__(self, directory: Directory) -> None:
         super().__init__()
         self.directory = directory
@@ -57,12 +55,7 @@ class ElasticScheduler(PearlActor):
         return None
 
     handles = {
-        ev.GpusAdded: event,
-        ev.GpusReclaimed: event,
-        ev.GpusReclaiming: event,
-        ev.GpusReclaimCancelled: event,
-        ev.TrainingBegin: event,
-        ev.TrainingFinished: event,
+        **dict.fromkeys(ev.ELASTIC_EVENTS, event),
         ev.WeightsPublished: event,
         cmd.TrainingMayProceed: proceed,
         StateChanged: ignore,

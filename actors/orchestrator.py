@@ -75,8 +75,6 @@ class Orchestrator(PearlActor):
     answer: one the disk refused waits in a backlog, in order, and is handled again before
     anything else once the log takes writes; until then client events are refused."""
 
-    name = names.ORCHESTRATOR
-
     def __init__(
         self,
         directory: Directory,
@@ -220,9 +218,9 @@ class Orchestrator(PearlActor):
         if g is not None and g != gate_before:
             log.info(
                 "borrowing gate: %s (%s)",
-                "approved" if g.enabled else "declined",
+                g.verdict,
                 g.reason,
-                extra={"gate": "approved" if g.enabled else "declined"},
+                extra={"gate": g.verdict.value},
             )
         if self.state.table.seq != self.log.last_seq:  # the fold and the log must agree
             raise RuntimeError(f"table at seq {self.state.table.seq}, log at {self.log.last_seq}")
@@ -271,12 +269,7 @@ class Orchestrator(PearlActor):
             log.warning("final snapshot failed: %s", e)
 
     handles = {
-        ev.GpusAdded: on_event,
-        ev.GpusReclaimed: on_event,
-        ev.GpusReclaiming: on_event,
-        ev.GpusReclaimCancelled: on_event,
-        ev.TrainingBegin: on_event,
-        ev.TrainingFinished: on_event,
+        **dict.fromkeys(ev.ELASTIC_EVENTS, on_event),
         ev.WeightsPublished: on_event,
         ev.Telemetry: on_report,
         cmd.StepResult: on_report,

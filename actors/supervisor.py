@@ -18,6 +18,7 @@ no answer with it: the Router hears ``WorkerGone`` and routes its requests again
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 import time
@@ -56,6 +57,18 @@ BUSY_GRACE = 10  # a silent host still computing is spared up to this many heart
 HOST_METRICS = "127.0.0.1:0"  # where a host serves its metrics when pearld serves its own
 
 
+class Death(enum.StrEnum):
+    """Why a worker host was declared dead: the category counted and exported; the value is the
+    first words of the reason the orchestrator and router hear."""
+
+    EXITED = "exited"
+    SILENT = "missed heartbeats"
+    NO_HELLO = "never said hello"
+    NOT_LAUNCHED = "could not be launched"
+    UNREACHABLE = "unreachable"  # its reason adds the error in parentheses
+    NOT_BACK = "did not re-register after pearld restarted"
+
+
 class Liveboard:
     """Which hosts are registered, where each serves its metrics, when each was last heard from,
     and how many were declared dead for what. Thread-safe; survives supervisor restarts (the
@@ -67,7 +80,7 @@ class Liveboard:
         self._metrics: dict[int, str] = {}  # worker -> HOST:PORT of its GET /metrics
         self._nodes: dict[int, str] = {}  # worker -> Ray node id of its host
         self._lock = threading.Lock()
-        self.deaths: Counter[str] = Counter()  # "exited", "missed heartbeats", ... -> hosts
+        self.deaths: Counter[Death] = Counter()  # hosts declared dead, by category
         self.spared_busy = 0  # times a silent host was found computing, not dead
         self.fates: Counter[str] = Counter()  # dead hosts "restarted" / "lost" (budget spent)
         self.ear = _Ear(self)  # the API server's Listener
@@ -117,10 +130,10 @@ class Liveboard:
     def caught_up(self) -> None:
         self._live.caught_up()
 
-    def declared(self, why: str) -> None:
-        """A host was declared dead (or lost) for ``why``: count it."""
+    def declared(self, death: Death) -> None:
+        """A host was declared dead (or lost) for ``death``: count it."""
         with self._lock:
-            self.deaths[why.split(" (", 1)[0]] += 1
+            self.deaths[death] += 1
 
     def spared(self) -> None:
         with self._lock:
@@ -139,7 +152,10 @@ class Liveboard:
     def report(self) -> dict[str, int]:
         """Hosts declared dead by reason, and ``silent but busy``: silences found to be compute."""
         with self._lock:
-            return {**self.deaths, "silent but busy": self.spared_busy}
+            return {
+                **{d.value: n for d, n in self.deaths.items()},
+                "silent but busy": self.spared_busy,
+            }
 
 
 class _Ear:
@@ -319,7 +335,7 @@ class RoleSupervisor(PearlActor):
         except LaunchError as e:  # like a host that died at once: restart budget, then lost
             log.error("%s", e)
             h.handle, h.launched_at, h.restart_at = 0, time.monotonic(), None
-            self._crashed(h, "could not be launched")
+            self._crashed(h, Death.NOT_LAUNCHED)
             return
         h.ref, h.launched_at = None, time.monotonic()
         h.restart_at = None  # launched now: a pending restart must not launch a second host
@@ -409,7 +425,7 @@ class RoleSupervisor(PearlActor):
         if not isinstance(u.msg, Generate):  # a request is routed again by the Router instead
             h.pending.append(u.msg)  # given again once it (or its replacement) says hello
         if h.ref is not None:
-            self._crashed(h, f"unreachable ({u.error})")
+            self._crashed(h, Death.UNREACHABLE, u.error)
 
     # -- retiring ------------------------------------------------------------------------------
 
@@ -482,15 +498,15 @@ class RoleSupervisor(PearlActor):
                     self._forget(h, kill=True)
                 continue
             if exited or silent or never:
-                why = "exited" if exited else "missed heartbeats" if silent else "never said hello"
-                self._crashed(h, why)
+                death = Death.EXITED if exited else Death.SILENT if silent else Death.NO_HELLO
+                self._crashed(h, death)
         if self.awaited and now - self.booted > self.cfg.daemon.reconcile_grace_s:
             # In the log at boot, still expected, never re-registered: relaunch them.
             for wid in sorted(self.awaited):
                 row = self.expected.get(wid)
                 if row is not None and wid not in self.hosts and _engaged(row):
                     h = self.hosts[wid] = Host(wid, row.incarnation, row.gpus)
-                    self._crashed(h, "did not re-register after pearld restarted")
+                    self._crashed(h, Death.NOT_BACK)
             self.awaited = set()
 
     def _sample_cpu(self, h: Host, now: float) -> None:
@@ -522,9 +538,10 @@ class RoleSupervisor(PearlActor):
             log.info("worker host %s (%s) is silent but computing", h.worker, h.handle)
         return now - h.busy_since < BUSY_GRACE * LIVENESS * self.cfg.daemon.heartbeat_s
 
-    def _crashed(self, h: Host, why: str) -> None:
+    def _crashed(self, h: Host, death: Death, detail: str = "") -> None:
+        why = f"{death} ({detail})" if detail else str(death)
         log.warning("worker host %s (%s) %s", h.worker, h.handle, why)
-        self.board.declared(why)
+        self.board.declared(death)
         if h.handle:
             self.launcher.kill(h.handle, force=True)
             h.handle = 0
@@ -597,6 +614,7 @@ def _engaged(w: Worker) -> bool:
 
 __all__ = [
     "HOST_METRICS",
+    "Death",
     "Deaths",
     "Deliver",
     "HostsChanged",

@@ -67,9 +67,16 @@ def policy_of(cfg: config_mod.Config) -> Policy:
 
 def init_records(cfg: config_mod.Config) -> list[Any]:
     c = cfg.cluster
-    out: list[Any] = [ev.ClusterInit(c.tp, c.training_gpus, c.reserved_gpus, c.preemptible_gpus)]
+    out: list[Any] = [
+        ev.ClusterInit(
+            tp=c.tp,
+            training_gpus=c.training_gpus,
+            reserved_gpus=c.reserved_gpus,
+            preemptible_gpus=c.preemptible_gpus,
+        )
+    ]
     if c.initial_preemptible:
-        out.append(ev.GpusAdded(c.initial_preemptible))
+        out.append(ev.GpusAdded(gpus=c.initial_preemptible))
     return out
 
 
@@ -470,7 +477,7 @@ class Daemon:
             path = store.publish(version, tmp)
         finally:
             tmp.unlink(missing_ok=True)
-        self.directory.get(names.SCHEDULER).ask(ev.WeightsPublished(version, str(path)))
+        self.directory.get(names.SCHEDULER).ask(ev.WeightsPublished(version=version, uri=str(path)))
         return str(path)
 
     def _restart_dead(self) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pearl.core import events as ev
+from pearl.core.borrow import Verdict
 from pearl.core.errors import PearlError
 from pearl.runtime import Runtime
 
@@ -64,7 +65,7 @@ def borrow_record(cycle: dict[str, Any] | None) -> dict[str, Any]:
     c = cycle or {}
     return {
         "window_s": c.get("window_s"),
-        "gate": c.get("gate", "none"),
+        "gate": Verdict(c.get("gate", Verdict.NONE)),
         "gate_reason": c.get("gate_reason", ""),
         "window_left_s": c.get("window_left_s"),
         "lent": c.get("lent", 0),
@@ -108,14 +109,16 @@ def borrow_summary(records: list[StepRecord]) -> dict[str, Any]:
     """Borrow windows of the run: how many the gate approved, and in how many lent workers
     really served, and how many plans Training Begin cut short."""
     windows = [r.borrow for r in records if r.borrow.get("window_s") is not None]
-    approved = [b for b in windows if b["gate"] == "approved"]
+    approved = [b for b in windows if b["gate"] is Verdict.APPROVED]
     served = [b for b in approved if (b["served_s"] or 0) > 0]
     return {
         "windows": len(windows),
         "approved": len(approved),
         "served": len(served),
         "served_fraction": len(served) / len(approved) if approved else None,
-        "aborted_by_training_begin": sum(b["abort_reason"] == "training-begin" for b in windows),
+        "aborted_by_training_begin": sum(
+            b["abort_reason"] == ev.AbortCause.TRAINING_BEGIN for b in windows
+        ),
         "served_s": sum(b["served_s"] or 0.0 for b in windows),
         "migrated": sum(r.borrow.get("migrated", 0) for r in records),
         "recomputed_tokens": sum(r.borrow.get("recomputed_tokens", 0) for r in records),

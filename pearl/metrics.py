@@ -54,8 +54,6 @@ from transports.rpc import MALFORMED
 if TYPE_CHECKING:
     from pearl.engines.base import EngineTelemetry
 
-# Elastic events: what the operator (or a trace) changes; the plan that follows is their answer.
-ELASTIC = (ev.GpusAdded, ev.GpusReclaimed, ev.TrainingBegin, ev.TrainingFinished)
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 PLAN_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 ITERATION_BUCKETS = LATENCY_BUCKETS[1:]  # 1 ms .. 10 s
@@ -193,7 +191,7 @@ class Metrics:
         self.api_seconds.labels(command).observe(seconds)
 
     def _record(self, rec: Any, now: float, received: float | None) -> None:
-        if isinstance(rec, ELASTIC) and self._event_at is None:
+        if isinstance(rec, ev.ElasticEvent) and self._event_at is None:
             self._event_at = received if received is not None else now
         elif isinstance(rec, ev.PlanBegin):
             if self._event_at is not None:
@@ -218,7 +216,7 @@ class Metrics:
 
     def _observe_view(self, view: ClusterView) -> None:
         if view.gate is not None and view.gate != self._gate:
-            self.gate.labels("approved" if view.gate.enabled else "declined").inc()
+            self.gate.labels(view.gate.verdict).inc()
         self._gate = view.gate
         c = view.cycle
         if c is None:
@@ -529,7 +527,6 @@ def _scrapable(address: str) -> str:
 
 
 __all__ = [
-    "ELASTIC",
     "TARGETS",
     "HostMetrics",
     "MAX_CONNECTIONS",

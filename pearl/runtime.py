@@ -109,7 +109,7 @@ class _Base(ABC):
         if step is None:
             step = int(self.status()["training_step"]) + 1
         t0 = time.monotonic()
-        self._event(ev.TrainingBegin(step))
+        self._event(ev.TrainingBegin(step=step))
         self.last_return_s = wait_training_may_proceed(self.status, step, since=t0)
         try:
             yield step
@@ -119,7 +119,7 @@ class _Base(ABC):
                 # The status view lags the log by a publish: a version this runtime has just
                 # published may not show there yet, and an older one is rejected.
                 version = max(int(self.status()["weights_version"]), self._published_version)
-            self._event(ev.TrainingFinished(step, version))
+            self._event(ev.TrainingFinished(step=step, weights_version=version))
 
     def publish_weights(self, weights: Any, version: int) -> str:
         """Write weights ``version`` (a state dict or a file path) to the weight store and tell
@@ -220,7 +220,7 @@ class Runtime(_Base):
         from pearl.rl.weights import WeightStore
 
         path = WeightStore(self.state_dir / "weights").publish(version, weights)
-        self._event(ev.WeightsPublished(version, str(path)))
+        self._event(ev.WeightsPublished(version=version, uri=str(path)))
         return str(path)
 
     def stop(self) -> None:

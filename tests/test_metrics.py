@@ -76,6 +76,27 @@ def test_an_event_waits_for_the_next_plan() -> None:
     assert samples(m)["pearl_event_to_plan_seconds_count", ()] == 1
 
 
+@pytest.mark.parametrize("event", ev.ELASTIC_EVENTS, ids=lambda c: c.KIND)
+def test_every_elastic_event_waits_for_its_plan(event: type[ev.ElasticEvent]) -> None:
+    m = Metrics()
+    view = ClusterView()
+    fields = {"gpus": (4,), "deadline": 1.8e9, "step": 2}
+    record = event(**{k: v for k, v in fields.items() if k in event.__struct_fields__})
+    m.committed([record], view, received=0.0)
+    m.committed([ev.WeightsPublished(version=3)], view)  # not elastic: no plan answers it
+    m.committed([ev.PlanBegin(plan=7, cause="return", target=COLOC2, steps=())], view)
+    assert samples(m)["pearl_event_to_plan_seconds_count", ()] == 1
+
+
+@pytest.mark.parametrize("cause", ev.AbortCause)
+def test_an_abort_is_labelled_by_its_cause(cause: ev.AbortCause) -> None:
+    m = Metrics()
+    view = ClusterView()
+    m.committed([ev.PlanBegin(plan=4, cause="expand", target=COLOC2, steps=())], view)
+    m.committed([ev.PlanAbort(plan=4, reason=cause.reason("3 lost: no reply"))], view)
+    assert samples(m)["pearl_plan_aborts_total", (("reason", cause.value),)] == 1
+
+
 def test_api_requests_log_appends_and_syncs_are_timed() -> None:
     m = Metrics(deaths=lambda: {"exited": 3}, hosts=lambda: {"restarts": 2, "lost": 1})
     m.api_request("event", "ok", 0.002)

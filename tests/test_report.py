@@ -6,7 +6,10 @@ import json
 import types
 from pathlib import Path
 
+import pytest
+
 from pearl import demo
+from pearl.core.borrow import Verdict
 from pearl.learning import Learning, eval_due, seeded
 from pearl.report import summary_table
 
@@ -172,3 +175,16 @@ def test_generations_cut_short_while_a_step_trained_are_counted_on_its_record() 
     ]
     assert demo.borrow_summary(records)["migrated"] == 3
     assert demo.borrow_summary(records)["recomputed_tokens"] == 429
+
+
+def test_borrow_windows_are_counted_by_verdict_and_abort_cause() -> None:
+    cut = {"window_s": 2.0, "gate": "approved", "aborted": "training-begin", "served_s": 0.0}
+    other = {"window_s": 2.0, "gate": "approved", "aborted": "step 1 (activate) failed: x"}
+    records = [record(1, 0.1), record(2, 0.2), record(3, 0.3)]
+    records[1].borrow = demo.borrow_record(cut)
+    records[2].borrow = demo.borrow_record(other)
+    assert demo.borrow_record({"window_s": 1.0})["gate"] is Verdict.NONE
+    s = demo.borrow_summary(records)
+    assert s["approved"] == 3 and s["served"] == 1 and s["aborted_by_training_begin"] == 1
+    with pytest.raises(ValueError):
+        demo.borrow_record({"gate": "maybe"})

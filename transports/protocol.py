@@ -19,14 +19,8 @@ from typing import Any
 
 from pearl.core.bounds import check_event
 from pearl.core.errors import SchemaError
-from pearl.core.events import (
-    GpusAdded,
-    GpusReclaimCancelled,
-    GpusReclaimed,
-    GpusReclaiming,
-    TrainingBegin,
-    TrainingFinished,
-)
+from pearl.core.events import ELASTIC_EVENTS as _ELASTIC
+from pearl.core.events import Elastic, ElasticEvent
 from pearl.core.schema import Registry, WireStruct
 
 # -- constants ------------------------------------------------------------------------------
@@ -89,15 +83,7 @@ class ErrorCode:
 
 MESSAGES = Registry("message")
 
-_ELASTIC: tuple[type, ...] = (
-    GpusAdded,
-    GpusReclaimed,
-    GpusReclaiming,
-    GpusReclaimCancelled,
-    TrainingBegin,
-    TrainingFinished,
-)
-ELASTIC_EVENTS: dict[str, type] = {getattr(cls, "KIND"): cls for cls in _ELASTIC}  # noqa: B009
+ELASTIC_EVENTS: dict[str, type[ElasticEvent]] = {cls.KIND: cls for cls in _ELASTIC}
 """Record kinds an ``event`` message may carry."""
 
 
@@ -121,17 +107,10 @@ class Event(WireStruct, tag="event", frozen=True):
     it. Build it with :meth:`of`; :attr:`decoded` is the record.
     """
 
-    record: (
-        GpusAdded
-        | GpusReclaimed
-        | GpusReclaiming
-        | GpusReclaimCancelled
-        | TrainingBegin
-        | TrainingFinished
-    )
+    record: Elastic
 
     def __post_init__(self) -> None:
-        if not isinstance(self.record, _ELASTIC):  # built by hand from another record
+        if not isinstance(self.record, ElasticEvent):  # built by hand from another record
             raise SchemaError(
                 f"Event.record: expected one of {sorted(ELASTIC_EVENTS)}, "
                 f"got {type(self.record).__name__}"
@@ -141,11 +120,11 @@ class Event(WireStruct, tag="event", frozen=True):
         check_event(self.record)
 
     @classmethod
-    def of(cls, record: Any) -> Event:
+    def of(cls, record: Elastic) -> Event:
         return cls(record=record)
 
     @property
-    def decoded(self) -> Any:
+    def decoded(self) -> Elastic:
         return self.record
 
 

@@ -159,7 +159,9 @@ def build_event(args: argparse.Namespace, c: Any) -> Any:
         from pearl.core.notice import parse_duration
 
         seconds = parse_duration(args.deadline)
-        return ev.GpusReclaiming(parse_gpus(args.gpus, "--gpus"), time.time() + seconds)
+        return ev.GpusReclaiming(
+            gpus=parse_gpus(args.gpus, "--gpus"), deadline=time.time() + seconds
+        )
     if args.event == "gpus-reclaim-cancelled":
         return ev.GpusReclaimCancelled(parse_gpus(args.gpus, "--gpus"))
     step = args.step
@@ -168,7 +170,7 @@ def build_event(args: argparse.Namespace, c: Any) -> Any:
         step = status["training_step"] + (1 if args.event == "training-begin" else 0)
     if args.event == "training-begin":
         return ev.TrainingBegin(step)
-    return ev.TrainingFinished(step, args.weights_version)
+    return ev.TrainingFinished(step=step, weights_version=args.weights_version)
 
 
 def cmd_event(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ commits is ``aborted`` (with the reason) and served nothing. Times are the contr
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 import msgspec
@@ -17,10 +18,22 @@ import msgspec
 from pearl.core.schema import Value
 
 
+class Verdict(enum.StrEnum):
+    """The borrowing gate's verdict in a window (its value is what views and reports show)."""
+
+    APPROVED = "approved"
+    DECLINED = "declined"
+    NONE = "none"  # never asked: nothing to lend
+
+    @classmethod
+    def of(cls, enabled: bool) -> Verdict:
+        return cls.APPROVED if enabled else cls.DECLINED
+
+
 class BorrowCycle(Value, frozen=True):
     step: int  # the training step whose end opened the window
     opened: float  # Training Finished
-    gate: str = "none"  # "approved" | "declined" | "none" (never asked: nothing to lend)
+    gate: Verdict = Verdict.NONE
     gate_reason: str = ""
     window_left_s: float | None = None  # the window's time left as the gate saw it (None: unknown)
     plan: int = 0  # the borrow plan (0: none began)
@@ -81,14 +94,15 @@ def gated(
     ``window_left_s``: the pipeline's ETA for the next batch it went by."""
     if c is None or c.closed is not None or c.plan:
         return c
-    gate = "approved" if enabled else "declined"
-    return msgspec.structs.replace(c, gate=gate, gate_reason=reason, window_left_s=window_left_s)
+    return msgspec.structs.replace(
+        c, gate=Verdict.of(enabled), gate_reason=reason, window_left_s=window_left_s
+    )
 
 
 def planned(c: BorrowCycle | None, plan: int, now: float) -> BorrowCycle | None:
     if c is None or c.closed is not None or c.plan:
         return c
-    return msgspec.structs.replace(c, plan=plan, planned=now, gate="approved")
+    return msgspec.structs.replace(c, plan=plan, planned=now, gate=Verdict.APPROVED)
 
 
 def committed(
@@ -119,4 +133,13 @@ def returned(c: BorrowCycle | None, now: float) -> BorrowCycle | None:
     return msgspec.structs.replace(c, returned=now)
 
 
-__all__ = ["BorrowCycle", "aborted", "closed", "committed", "gated", "planned", "returned"]
+__all__ = [
+    "BorrowCycle",
+    "Verdict",
+    "aborted",
+    "closed",
+    "committed",
+    "gated",
+    "planned",
+    "returned",
+]

@@ -10,7 +10,7 @@ Reports are what executors, supervisors and the pipeline tell the controller.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypeAlias
 
 from pearl.core.schema import Registry, WireStruct
 from pearl.core.state import Role, Zone
@@ -184,7 +184,22 @@ class Tick(WireStruct, tag="tick", frozen=True):
     """Time passed: check step deadlines and quarantine expiry."""
 
 
-Command = Any  # any class registered in COMMANDS
+Command: TypeAlias = (
+    StartWorker
+    | ActivateWorker
+    | StopWorker
+    | DeactivateWorker
+    | SetRole
+    | LendTraining
+    | ReclaimTraining
+    | SyncWeights
+    | TrainingMayProceed
+    | RoutingChanged
+)
+"""What the controller asks of executors and the trainer."""
+
+Report: TypeAlias = StepResult | WorkerDown | WorkerUp | WorkerLost | RolloutProgress | Tick
+"""What executors, supervisors and the pipeline tell the controller."""
 
 STEP_COMMANDS = (
     StartWorker,
@@ -205,6 +220,7 @@ __all__ = [
     "DeactivateWorker",
     "LendTraining",
     "ReclaimTraining",
+    "Report",
     "RolloutProgress",
     "RoutingChanged",
     "STEP_COMMANDS",

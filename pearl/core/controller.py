@@ -1,31 +1,36 @@
 """The control loop as a pure state machine: ``(state, event, now) -> (state, records, commands)``.
 
-``records`` must be made durable before ``commands`` are sent; ``state`` is exactly the fold of
-``records`` into the previous state (the controller folds them itself as it emits them, so an
-invalid record raises before anything is logged). The simulator and the daemon drive this same
-object, with simulated or real time.
+Contract:
 
-Policy, in the order of §4.1.2: an elastic event updates the budget (logged first); then, with no
-plan in flight, the controller computes W' from the budget (:func:`pearl.core.plan.membership`),
-asks the PD Decision Engine for the target, and turns it into a minimal-change plan. One plan is in
-flight at a time and events that arrive meanwhile are applied to the logged state. A pure
-expansion onto dedicated GPUs in roles already served starts in the background (§4.5): it is over
-once its hosts are launched, and each joiner serves on its ``WorkerUp``. Returns (reclaimed GPUs,
-Training Begin) are mandatory: they interrupt an optional expansion or borrow still in flight,
-which is then cancelled as a whole (all-or-nothing admission), and they never wait for role
-changes — a forced re-role follows as its own plan. While training GPUs are lent the dedicated
-roles stay as they are (no role switch is begun that the return would cut short). A borrowed GPU
-comes back before the trainer hears ``training-may-proceed``; a return step that outlives its
-deadline is forced.
+- ``records`` are made durable before ``commands`` are sent.
+- ``state`` is exactly the fold of ``records`` into the previous state; the controller folds each
+  record as it emits it, so an invalid one raises before anything is logged.
+- The simulator and the daemon drive this same object, with simulated or real time.
+
+Policy (§4.1.2):
+
+1. An elastic event updates the budget; it is logged first.
+2. With no plan in flight: W' from the budget (:func:`pearl.core.plan.membership`), the target
+   from the PD Decision Engine, and a minimal-change plan toward it.
+3. One plan is in flight at a time; events that arrive meanwhile update the logged state.
+4. A pure expansion onto dedicated GPUs in roles already served starts in the background (§4.5):
+   it is over once its hosts are launched, and each joiner serves on its ``WorkerUp``.
+5. Returns (reclaimed GPUs, Training Begin) are mandatory: they cancel an optional expansion or
+   borrow in flight as a whole (all-or-nothing admission) and never wait for role changes; a
+   forced re-role follows as its own plan.
+6. While training GPUs are lent, no role switch begins that their return would cut short,
+   unless a role is missing.
+7. Every borrowed GPU is back before the trainer hears ``training-may-proceed``; a return step
+   that outlives its deadline is forced.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeAlias, assert_never
 
 import msgspec
 
@@ -33,9 +38,10 @@ from pearl.core import borrow as bc
 from pearl.core import commands as cmd
 from pearl.core import events as ev
 from pearl.core import notice
-from pearl.core.decision import keeping_roles
+from pearl.core.decision import Decision, keeping_roles
 from pearl.core.errors import InvariantViolation
 from pearl.core.fold import apply_to
+from pearl.core.gate import GateResult
 from pearl.core.plan import JOIN_OPS, Membership, membership, plan, ready_steps
 from pearl.core.policy import Policy
 from pearl.core.profile import WorkloadProfile
@@ -48,6 +54,7 @@ from pearl.core.state import (
     StepOp,
     Target,
     TrainingPhase,
+    Worker,
     Zone,
 )
 from pearl.core.transition import (
@@ -59,6 +66,9 @@ from pearl.core.transition import (
     start_records,
     step_command,
 )
+
+Input: TypeAlias = ev.Elastic | ev.WeightsPublished | ev.Telemetry | cmd.Report
+"""What :meth:`Controller.handle` takes: the world's events and the executors' reports."""
 
 DEFAULT_TIMEOUTS: Mapping[StepOp, float] = MappingProxyType(
     {
@@ -95,7 +105,7 @@ class ControllerState:
     profile: WorkloadProfile
     started: Mapping[int, float] = field(default_factory=dict)  # step -> deadline (plan in flight)
     cancelled: frozenset[int] = frozenset()  # joiner steps told to cancel, awaiting their answer
-    aborting: str | None = None  # why the plan in flight is being cancelled
+    aborting: str | None = None  # why the plan in flight is being cancelled (AbortCause.reason)
     training_waiting: bool = False  # the trainer waits for training-may-proceed
     # Workers out of routing until their WorkerUp: reported down and not back yet, or joining in
     # the background (admits_in_background).
@@ -120,8 +130,8 @@ class ControllerState:
     toggle_done: float = 0.0  # when the plan in flight finished its last hand-off step
     cycle: bc.BorrowCycle | None = None  # the borrow cycle of the current or last idle window
     last_cycle: bc.BorrowCycle | None = None  # the one before it (complete: returned)
-    last_decision: Any = None  # the Decision behind the latest plan (for status)
-    last_gate: Any = None  # the latest borrowing-gate verdict (for status)
+    last_decision: Decision | None = None  # the Decision behind the latest plan (for status)
+    last_gate: GateResult | None = None  # the latest borrowing-gate verdict (for status)
     last_makespan_s: float | None = None  # the last batch's measured makespan (for status)
     # GPUs reclaimed at their notice's deadline: the cloud's own gpus-reclaimed for them, when it
     # comes, is the same reclaim and is acknowledged without a change (until they are added again).
@@ -136,8 +146,8 @@ class ControllerState:
 @dataclass
 class Output:
     state: ControllerState
-    records: list[Any]
-    commands: list[Any]
+    records: list[ev.Record]
+    commands: list[cmd.Command]
 
 
 class _Tx:
@@ -147,14 +157,14 @@ class _Tx:
         self.s, self.now = s, now
         self.wall = now if wall is None else wall  # Unix seconds, for the log's deadlines
         self.builder = s.table.thaw()
-        self.records: list[Any] = []
-        self.commands: list[Any] = []
+        self.records: list[ev.Record] = []
+        self.commands: list[cmd.Command] = []
 
     @property
     def table(self) -> ClusterState:
         return self.builder.freeze()
 
-    def log(self, *records: Any) -> None:
+    def log(self, *records: ev.Record) -> None:
         for r in records:
             apply_to(self.builder, r)  # raises before anything is logged if r is invalid
             self.records.append(r)
@@ -193,94 +203,68 @@ class Controller:
         return ControllerState(table=table, profile=profile, remaining=profile.B)
 
     def handle(
-        self, s: ControllerState, event: Any, now: float, wall: float | None = None
+        self, s: ControllerState, event: Input, now: float, wall: float | None = None
     ) -> Output:
         """React to one event; raises InvalidEvent (nothing changed) for input that does not fit.
 
         ``wall`` is the wall clock at ``now`` (Unix seconds; default ``now``, as in the
         simulator): preemption-notice deadlines are logged in it."""
         tx = _Tx(s, now, wall)
-        if isinstance(event, ev.GpusAdded):
-            tx.log(event)
-            tx.set(noticed_gone=s.noticed_gone - set(event.gpus))
-        elif isinstance(event, ev.WeightsPublished):
-            tx.log(event)
-            # A version Training Finished already named may be published only now: its
-            # snapshot exists from here on, so serving workers move to it even if not newer.
-            self._sync_weights(tx, s.table.weights_version - 1)
-        elif isinstance(event, ev.GpusReclaimed):
-            late = set(event.gpus) & s.noticed_gone  # already reclaimed at their deadline
-            if late:
-                event = ev.GpusReclaimed(tuple(g for g in event.gpus if g not in late))
-                tx.set(noticed_gone=s.noticed_gone - late)
-            if event.gpus:
+        match event:
+            case ev.GpusAdded():
                 tx.log(event)
-                self._reclaimed(tx, set(event.gpus))
-        elif isinstance(event, ev.GpusReclaiming):
-            notice.check_deadline(event.deadline, tx.wall)
-            tx.log(event)
-            self._noticed(tx, set(event.gpus))
-        elif isinstance(event, ev.GpusReclaimCancelled):
-            tx.log(event)
-            self._notice_withdrawn(tx, set(event.gpus))
-        elif isinstance(event, ev.TrainingBegin):
-            tx.log(event)
-            tx.set(training_waiting=True)
-            tx.set(cycle=bc.closed(s.cycle, now, _holding_training_gpus(s.table)))
-            if s.idle_since is not None and s.window_R != 0:
-                # A window that opened on a complete batch (R = 0: nothing to borrow for, a few
-                # ms long) says nothing about the windows a borrow could live in.
-                tx.set(window_measured=max(0.0, now - s.idle_since))
-            tx.set(idle_since=None, window_R=None, handed_out=False)
-            if not _lends_training_gpus(tx.table):
-                pass  # nothing must come back: let plans run
-            elif tx.table.plan is not None and not _touches_training_gpus(tx.table):
-                self._return_beside(tx)  # an expansion on other GPUs goes on meanwhile
-            else:
-                self._interrupt(tx, "training-begin")
-        elif isinstance(event, ev.TrainingFinished):
-            tx.log(event)
-            # R stays what the pipeline last reported: with asynchronous rollout the next batch
-            # may already be (partly) complete, and then borrowing has less or nothing to win.
-            tx.set(idle_since=now, window_R=s.remaining, handed_out=False)
-            tx.set(cycle=bc.BorrowCycle(event.step, now), last_cycle=s.cycle or s.last_cycle)
-            self._sync_weights(tx, s.table.weights_version)
-        elif isinstance(event, ev.Telemetry):
-            event = self._measured(s, event)
-            tx.log(event)
-            tx.set(
-                profile=self.policy.observe(tx.s.profile, event),
-                last_makespan_s=event.makespan_s if event.makespan_s > 0 else s.last_makespan_s,
-                toggle_measured=0.0,
-                toggle_cut=0.0,
-                window_measured=None,
-                # Telemetry is made when a batch is handed out (the pipeline's take): inside
-                # a window, the trainer is about to begin its step.
-                handed_out=s.idle_since is not None,
-            )
-        elif isinstance(event, cmd.StepResult):
-            self._step_result(tx, event)
-        elif isinstance(event, cmd.WorkerDown):
-            self._worker_down(tx, event)
-        elif isinstance(event, cmd.WorkerUp):
-            self._worker_up(tx, event)
-        elif isinstance(event, cmd.WorkerLost):
-            if event.worker in tx.table.workers:  # else it is gone already: nothing to remove
-                self._quarantine(tx, event.worker)
-                tx.set(lost=tx.s.lost | {event.worker})
-                self._interrupt(tx, f"worker {event.worker} lost")
-        elif isinstance(event, cmd.RolloutProgress):
-            # A batch handed out inside a window: R counts the batch after it, and the window
-            # is ending (R also rises when ready groups go stale: that is more work, not this).
-            tx.set(
-                remaining=max(0, event.remaining),
-                handed_out=s.handed_out or (event.handed_out and s.idle_since is not None),
-                batch_due=None if event.eta_s is None else now + max(0.0, event.eta_s),
-            )
-        elif isinstance(event, cmd.Tick):
-            self._tick(tx)
-        else:
-            raise TypeError(f"controller cannot handle {type(event).__name__}")
+                tx.set(noticed_gone=s.noticed_gone - set(event.gpus))
+            case ev.WeightsPublished():
+                tx.log(event)
+                # A version Training Finished already named may be published only now: its
+                # snapshot exists from here on, so serving workers move to it even if not newer.
+                self._sync_weights(tx, s.table.weights_version - 1)
+            case ev.GpusReclaimed():
+                self._gpus_reclaimed(tx, event)
+            case ev.GpusReclaiming():
+                notice.check_deadline(event.deadline, tx.wall)
+                tx.log(event)
+                self._noticed(tx, set(event.gpus))
+            case ev.GpusReclaimCancelled():
+                tx.log(event)
+                self._notice_withdrawn(tx, set(event.gpus))
+            case ev.TrainingBegin():
+                self._training_begin(tx, event)
+            case ev.TrainingFinished():
+                tx.log(event)
+                # R stays what the pipeline last reported: with asynchronous rollout the next
+                # batch may already be (partly) complete, and borrowing has less or nothing to win.
+                tx.set(idle_since=now, window_R=s.remaining, handed_out=False)
+                tx.set(
+                    cycle=bc.BorrowCycle(step=event.step, opened=now),
+                    last_cycle=s.cycle or s.last_cycle,
+                )
+                self._sync_weights(tx, s.table.weights_version)
+            case ev.Telemetry():
+                self._telemetry(tx, event)
+            case cmd.StepResult():
+                self._step_result(tx, event)
+            case cmd.WorkerDown():
+                self._worker_down(tx, event)
+            case cmd.WorkerUp():
+                self._worker_up(tx, event)
+            case cmd.WorkerLost():
+                if event.worker in tx.table.workers:  # else it is gone already: nothing to remove
+                    self._quarantine(tx, event.worker)
+                    tx.set(lost=tx.s.lost | {event.worker})
+                    self._interrupt(tx, ev.AbortCause.WORKER, f"{event.worker} lost")
+            case cmd.RolloutProgress():
+                # A batch handed out inside a window: R counts the batch after it, and the window
+                # is ending (R also rises when ready groups go stale: that is more work, not this).
+                tx.set(
+                    remaining=max(0, event.remaining),
+                    handed_out=s.handed_out or (event.handed_out and s.idle_since is not None),
+                    batch_due=None if event.eta_s is None else now + max(0.0, event.eta_s),
+                )
+            case cmd.Tick():
+                self._tick(tx)
+            case _:
+                assert_never(event)
         self._advance(tx)
         return tx.finish()
 
@@ -297,7 +281,9 @@ class Controller:
             s,
             failed=_failed_before(table),
             training_waiting=not idle,
-            cycle=bc.BorrowCycle(table.training_step, now) if idle else None,  # a window is open
+            cycle=bc.BorrowCycle(step=table.training_step, opened=now)
+            if idle
+            else None,  # a window is open
         )
         tx = _Tx(s, now, wall)
         p = table.plan
@@ -316,7 +302,7 @@ class Controller:
                 started[k] = now + timeout
             tx.set(started=started)
             if not tx.s.mandatory:
-                self._interrupt(tx, "recovery: expansion never committed")
+                self._interrupt(tx, ev.AbortCause.RECOVERY, "cancels an expansion never committed")
             for k in started:
                 if k not in tx.s.cancelled:
                     tx.commands.append(step_command(tx.table, p.plan, k, p.steps[k]))
@@ -324,6 +310,47 @@ class Controller:
         return tx.finish()
 
     # -- events ---------------------------------------------------------------------------------
+
+    def _gpus_reclaimed(self, tx: _Tx, event: ev.GpusReclaimed) -> None:
+        late = set(event.gpus) & tx.s.noticed_gone  # already reclaimed at their deadline
+        if late:
+            event = ev.GpusReclaimed(gpus=tuple(g for g in event.gpus if g not in late))
+            tx.set(noticed_gone=tx.s.noticed_gone - late)
+        if event.gpus:
+            tx.log(event)
+            self._reclaimed(tx, set(event.gpus))
+
+    def _training_begin(self, tx: _Tx, event: ev.TrainingBegin) -> None:
+        s, now = tx.s, tx.now
+        tx.log(event)
+        tx.set(training_waiting=True)
+        tx.set(cycle=bc.closed(s.cycle, now, _holding_training_gpus(s.table)))
+        if s.idle_since is not None and s.window_R != 0:
+            # A window that opened on a complete batch (R = 0: nothing to borrow for, a few ms
+            # long) says nothing about the windows a borrow could live in.
+            tx.set(window_measured=max(0.0, now - s.idle_since))
+        tx.set(idle_since=None, window_R=None, handed_out=False)
+        if not _lends_training_gpus(tx.table):
+            pass  # nothing must come back: let plans run
+        elif tx.table.plan is not None and not _touches_training_gpus(tx.table):
+            self._return_beside(tx)  # an expansion on other GPUs goes on meanwhile
+        else:
+            self._interrupt(tx, ev.AbortCause.TRAINING_BEGIN)
+
+    def _telemetry(self, tx: _Tx, event: ev.Telemetry) -> None:
+        s = tx.s
+        event = self._measured(s, event)
+        tx.log(event)
+        tx.set(
+            profile=self.policy.observe(s.profile, event),
+            last_makespan_s=event.makespan_s if event.makespan_s > 0 else s.last_makespan_s,
+            toggle_measured=0.0,
+            toggle_cut=0.0,
+            window_measured=None,
+            # Telemetry is made when a batch is handed out (the pipeline's take): inside a
+            # window, the trainer is about to begin its step.
+            handed_out=s.idle_since is not None,
+        )
 
     @staticmethod
     def _measured(s: ControllerState, t: ev.Telemetry) -> ev.Telemetry:
@@ -339,13 +366,13 @@ class Controller:
         return msgspec.structs.replace(t, **changes) if changes else t
 
     @staticmethod
-    def _looks_started(t: ClusterState, step: Any) -> bool:
+    def _looks_started(t: ClusterState, step: Step) -> bool:
         w = t.workers.get(step.worker)
         if step.op is StepOp.ADD:
             return w is not None
         return w is not None and w.activity is Activity.TRANSITIONING
 
-    def _interrupt(self, tx: _Tx, reason: str) -> None:
+    def _interrupt(self, tx: _Tx, cause: ev.AbortCause, detail: str = "") -> None:
         """A mandatory change arrived: cancel an optional plan in flight (all or nothing)."""
         p = tx.table.plan
         if p is None or tx.s.mandatory or tx.s.aborting is not None:
@@ -363,7 +390,7 @@ class Controller:
                 started[k] = tx.now + (
                     self.config.cancel_grace_s if in_place else self.config.timeouts[StepOp.REMOVE]
                 )
-        tx.set(aborting=reason, cancelled=frozenset(cancelled), started=started)
+        tx.set(aborting=cause.reason(detail), cancelled=frozenset(cancelled), started=started)
 
     @staticmethod
     def _sync_weights(tx: _Tx, before: int) -> None:
@@ -373,7 +400,7 @@ class Controller:
             return
         for w in sorted(tx.table.rollout_workers(), key=lambda w: w.id):
             if w.activity is not Activity.INACTIVE:
-                tx.commands.append(cmd.SyncWeights(w.id, version))
+                tx.commands.append(cmd.SyncWeights(worker=w.id, version=version))
 
     def _reclaimed(self, tx: _Tx, gpus: set[int]) -> None:
         """Preemptible GPUs are gone. An expansion that lost a joiner is cancelled (all or
@@ -385,12 +412,12 @@ class Controller:
             return  # the plan that comes next (or this return, in flight) removes them
         victims = sorted(w.id for w in tx.table.rollout_workers() if gpus & set(w.gpus))
         if {st.worker for st in p.steps if st.op in JOIN_OPS} & set(victims):
-            self._interrupt(tx, "gpus-reclaimed")
+            self._interrupt(tx, ev.AbortCause.GPUS_RECLAIMED)
             return
         evicting = dict(tx.s.evicting)
         for wid in victims:
             if wid not in evicting:
-                tx.commands.append(cmd.StopWorker(wid, keep_partial=True))
+                tx.commands.append(cmd.StopWorker(worker=wid, keep_partial=True))
                 evicting[wid] = tx.now + self.config.timeouts[StepOp.REMOVE]
         tx.set(evicting=evicting)
 
@@ -398,12 +425,12 @@ class Controller:
         """A preemption notice is logged (its workers take no new turns). An expansion whose
         joiner sits on those GPUs is cancelled (it would leave at once); any other plan goes on,
         and the one after it is planned for the budget after the deadline (``membership``)."""
-        tx.commands.append(cmd.RoutingChanged(tx.table.seq))
+        tx.commands.append(cmd.RoutingChanged(seq=tx.table.seq))
         p = tx.table.plan
         if p is None or tx.s.mandatory or tx.s.aborting is not None:
             return
         if any(st.op in JOIN_OPS and gpus & set(st.gpus) for st in p.steps):
-            self._interrupt(tx, "gpus-reclaiming")
+            self._interrupt(tx, ev.AbortCause.GPUS_RECLAIMING)
 
     def _notice_withdrawn(self, tx: _Tx, gpus: set[int]) -> None:
         """The GPUs stay: their workers serve again, unless a plan step, a failure or another
@@ -423,8 +450,8 @@ class Controller:
                 and t.reclaiming_gpus.isdisjoint(w.gpus)
                 and all(g not in t.leaving_gpus for g in w.gpus)
             ):
-                tx.log(ev.ActivityChanged(w.id, Activity.ACTIVE))
-        tx.commands.append(cmd.RoutingChanged(tx.table.seq))
+                tx.log(ev.ActivityChanged(worker=w.id, activity=Activity.ACTIVE))
+        tx.commands.append(cmd.RoutingChanged(seq=tx.table.seq))
 
     def _evicted(self, tx: _Tx, wid: int) -> None:
         """A worker that left beside a plan is gone: finish its steps in that plan, remove it.
@@ -441,9 +468,9 @@ class Controller:
         if w is None:
             return
         if w.activity is Activity.ACTIVE:
-            tx.log(ev.ActivityChanged(wid, Activity.TRANSITIONING))
-        tx.log(ev.WorkerRemoved(wid, "reclaimed"))
-        tx.commands.append(cmd.RoutingChanged(tx.table.seq))
+            tx.log(ev.ActivityChanged(worker=wid, activity=Activity.TRANSITIONING))
+        tx.log(ev.WorkerRemoved(worker=wid, reason="reclaimed"))
+        tx.commands.append(cmd.RoutingChanged(seq=tx.table.seq))
 
     def _return_beside(self, tx: _Tx) -> None:
         """Hand the training GPUs back without a plan of their own: overlap workers drain and
@@ -457,14 +484,14 @@ class Controller:
         ]
         for w in holders:
             if w.id not in returning:
-                tx.log(*start_records(t, Step(StepOp.DEACTIVATE, w.id)))
-                tx.commands.append(cmd.DeactivateWorker(w.id, cmd.BESIDE, w.id))
+                tx.log(*start_records(t, Step(op=StepOp.DEACTIVATE, worker=w.id)))
+                tx.commands.append(cmd.DeactivateWorker(worker=w.id, plan=cmd.BESIDE, step=w.id))
                 returning[w.id] = tx.now + self.config.timeouts[StepOp.DEACTIVATE]
         if not holders:
             for w in t.training_workers():
                 if w.activity is not Activity.ACTIVE and w.id not in returning:
-                    tx.log(*start_records(t, Step(StepOp.RECLAIM, w.id)))
-                    tx.commands.append(cmd.ReclaimTraining(w.id, cmd.BESIDE, w.id))
+                    tx.log(*start_records(t, Step(op=StepOp.RECLAIM, worker=w.id)))
+                    tx.commands.append(cmd.ReclaimTraining(worker=w.id, plan=cmd.BESIDE, step=w.id))
                     returning[w.id] = tx.now + self.config.timeouts[StepOp.RECLAIM]
         tx.set(returning=returning)
 
@@ -480,7 +507,9 @@ class Controller:
                 tx.log(*_activity(w, Activity.ACTIVE))
             else:
                 if not ok:
-                    tx.commands.append(cmd.DeactivateWorker(wid, cmd.BESIDE, wid, force=True))
+                    tx.commands.append(
+                        cmd.DeactivateWorker(worker=wid, plan=cmd.BESIDE, step=wid, force=True)
+                    )
                 tx.log(*_activity(w, Activity.INACTIVE))
         if not tx.s.returning:
             if _lends_training_gpus(tx.table):
@@ -488,7 +517,7 @@ class Controller:
             else:
                 spent = tx.now - tx.s.return_began
                 tx.set(toggle_measured=tx.s.toggle_measured + spent)
-                tx.commands.append(cmd.RoutingChanged(tx.table.seq))
+                tx.commands.append(cmd.RoutingChanged(seq=tx.table.seq))
 
     def _step_result(self, tx: _Tx, r: cmd.StepResult) -> None:
         if r.plan == cmd.BESIDE:
@@ -511,14 +540,14 @@ class Controller:
             self._done(tx, r.step)
             return
         if step.op is StepOp.SET_ROLE:  # the worker is broken; its supervisor restarts it
-            tx.log(ev.WorkerFailed(step.worker, r.error or "set-role failed"))
+            tx.log(ev.WorkerFailed(worker=step.worker, reason=r.error or "set-role failed"))
             tx.set(failed=tx.s.failed | {step.worker})
             self._done(tx, r.step)
             return
         if step.op in JOIN_OPS:
             self._quarantine(tx, step.worker)
         tx.set(started={k: d for k, d in tx.s.started.items() if k != r.step})
-        self._interrupt(tx, f"step {r.step} ({step.op}) failed: {r.error}")
+        self._interrupt(tx, ev.AbortCause.STEP, f"{r.step} ({step.op}) failed: {r.error}")
 
     def _done(self, tx: _Tx, k: int) -> None:
         p = tx.table.plan
@@ -538,7 +567,7 @@ class Controller:
         stale = e.incarnation and w is not None and w.incarnation != e.incarnation
         if w is None or stale or w.role is Role.TRAINING:
             return
-        tx.log(ev.WorkerFailed(w.id, e.reason, w.incarnation))
+        tx.log(ev.WorkerFailed(worker=w.id, reason=e.reason, incarnation=w.incarnation))
         tx.set(failed=tx.s.failed | {w.id})
         p = tx.table.plan
         if p is None:
@@ -548,14 +577,18 @@ class Controller:
                 continue
             if st.op in JOIN_OPS and k not in tx.s.cancelled:
                 self._quarantine(tx, w.id)
-                self._interrupt(tx, f"worker {w.id} failed while joining: {e.reason}")
+                self._interrupt(
+                    tx, ev.AbortCause.WORKER, f"{w.id} failed while joining: {e.reason}"
+                )
             elif st.op in MANDATORY_OPS or st.op is StepOp.SET_ROLE:
                 self._done(tx, k)  # a dead host holds nothing: its GPUs are back
 
     def _worker_up(self, tx: _Tx, e: cmd.WorkerUp) -> None:
         w = tx.table.workers.get(e.worker)
         if w is None or w.incarnation != e.incarnation:
-            tx.commands.append(cmd.StopWorker(e.worker, force=True))  # the log does not know it
+            tx.commands.append(
+                cmd.StopWorker(worker=e.worker, force=True)
+            )  # the log does not know it
             return
         if w.id not in tx.s.failed:
             return
@@ -572,9 +605,9 @@ class Controller:
         ) and (w.zone is Zone.DEDICATED or self._lent(tx.table)):
             # Versions published while it started (or was down) never reached it: the newest
             # first, then routing (a no-op for a worker already there).
-            tx.commands.append(cmd.SyncWeights(w.id, tx.table.weights_version))
-            tx.log(ev.ActivityChanged(w.id, Activity.ACTIVE))
-            tx.commands.append(cmd.RoutingChanged(tx.table.seq))
+            tx.commands.append(cmd.SyncWeights(worker=w.id, version=tx.table.weights_version))
+            tx.log(ev.ActivityChanged(worker=w.id, activity=Activity.ACTIVE))
+            tx.commands.append(cmd.RoutingChanged(seq=tx.table.seq))
 
     @staticmethod
     def _lent(t: ClusterState) -> bool:
@@ -599,14 +632,14 @@ class Controller:
             tx.set(quarantine=q)
         for wid, deadline in sorted(tx.s.evicting.items()):
             if deadline <= tx.now:  # bounded: kill the host and count its GPUs as returned
-                tx.commands.append(cmd.StopWorker(wid, force=True))
+                tx.commands.append(cmd.StopWorker(worker=wid, force=True))
                 self._evicted(tx, wid)
         for wid, deadline in sorted(tx.s.returning.items()):
             if deadline <= tx.now:
                 self._returned_beside(tx, wid, ok=False)
         due = notice.due(tx.table.leaving_gpus, tx.wall)
         if due:  # a notice's deadline came: the reclaim is treated as arrived
-            tx.log(ev.GpusReclaimed(tuple(due)))
+            tx.log(ev.GpusReclaimed(gpus=tuple(due)))
             self._reclaimed(tx, set(due))
             tx.set(noticed_gone=tx.s.noticed_gone | set(due))
         p = tx.table.plan
@@ -626,7 +659,9 @@ class Controller:
                 tx.commands.append(step_command(tx.table, p.plan, k, st, force=True))
                 self._done(tx, k)
             else:
-                self._step_result(tx, cmd.StepResult(p.plan, k, ok=False, error="timed out"))
+                self._step_result(
+                    tx, cmd.StepResult(plan=p.plan, step=k, ok=False, error="timed out")
+                )
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -648,7 +683,7 @@ class Controller:
                         tx.set(toggle_cut=max(tx.s.toggle_cut, tx.now - tx.s.plan_began))
                     tx.set(cycle=bc.aborted(tx.s.cycle, p.plan, tx.s.aborting))
                     tx.log(*abort_records(tx.table, tx.s.aborting, tx.s.failed))
-                    tx.commands.append(cmd.RoutingChanged(tx.table.seq))
+                    tx.commands.append(cmd.RoutingChanged(seq=tx.table.seq))
                     tx.set(aborting=None, cancelled=frozenset(), started={})
                     continue
                 todo = [k for k in range(len(p.steps)) if k not in p.done]
@@ -668,12 +703,12 @@ class Controller:
                             and tx.table.workers[r.worker].zone is Zone.DEDICATED
                         ):
                             version = tx.table.weights_version
-                            tx.commands.append(cmd.SyncWeights(r.worker, version))
+                            tx.commands.append(cmd.SyncWeights(worker=r.worker, version=version))
                     t = tx.table
                     lent = sum(w.activity is Activity.INACTIVE for w in t.training_workers())
                     active = sum(w.routable for w in t.rollout_workers(Zone.OVERLAP))
                     tx.set(cycle=bc.committed(tx.s.cycle, p.plan, tx.now, lent, active))
-                    tx.commands.append(cmd.RoutingChanged(tx.table.seq))
+                    tx.commands.append(cmd.RoutingChanged(seq=tx.table.seq))
                     tx.set(started={})
                     continue
                 fresh = [k for k in ready_steps(p.steps, p.done) if k not in tx.s.started]
@@ -709,7 +744,7 @@ class Controller:
 
     @staticmethod
     def _may_proceed(tx: _Tx) -> None:
-        tx.commands.append(cmd.TrainingMayProceed(tx.table.training_step))
+        tx.commands.append(cmd.TrainingMayProceed(step=tx.table.training_step))
         tx.set(training_waiting=False, cycle=bc.returned(tx.s.cycle, tx.now))
 
     def _begin_next_plan(self, tx: _Tx) -> bool:
@@ -723,7 +758,7 @@ class Controller:
             m = Membership(m.survivors, (), (), m.leave, None, m.reclaim)
             target = _counts(m)
             decision = None
-            cause = "return"
+            cause = ev.PlanCause.RETURN
         else:
             overlap = [g for g in m.new_groups if g[1] is Zone.OVERLAP]
             if (m.lend is not None or m.reactivate or overlap) and len(overlap) < len(m.new_groups):
@@ -739,14 +774,14 @@ class Controller:
             if m.lend is not None or m.reactivate or overlap or _lends_training_gpus(t):
                 decision = keeping_roles(decision, current)
             target = decision.target
-            cause = "expand" if m.reactivate or m.new_groups else "rebalance"
+            cause = ev.PlanCause.EXPAND if m.reactivate or m.new_groups else ev.PlanCause.REBALANCE
         new = plan(t, target, m)
         if decision is not None:  # status shows the decision for the budget now, planned or not
             tx.set(last_decision=decision)
         if new.empty:
             return False
         forced = decision is not None and decision.forced
-        if cause == "rebalance" and _lends_training_gpus(t) and not forced:
+        if cause is ev.PlanCause.REBALANCE and _lends_training_gpus(t) and not forced:
             # No role switch while training GPUs are lent: the window lasts seconds and ends in
             # a mandatory return that would cut the switch short (its drained requests lost and
             # a partial topology kept); the next decision after the return makes it if it pays.
@@ -754,10 +789,10 @@ class Controller:
             return False
         tx.log(
             ev.PlanBegin(
-                t.last_plan + 1,
-                cause,
-                target,
-                new.steps,
+                plan=t.last_plan + 1,
+                cause=cause,
+                target=target,
+                steps=new.steps,
                 mandatory=bool(m.leave) or m.reclaim is not None,
             )
         )
@@ -773,7 +808,9 @@ class Controller:
         )
         return True
 
-    def _dedicated_first(self, tx: _Tx, m: Membership, overlap: list[Any]) -> Membership:
+    def _dedicated_first(
+        self, tx: _Tx, m: Membership, overlap: list[tuple[tuple[int, ...], Zone]]
+    ) -> Membership:
         """The part of ``m`` to plan now when it both borrows and expands (see the caller)."""
         dedicated = Membership(
             tuple(w for w in m.survivors if w.zone is Zone.DEDICATED),
@@ -845,16 +882,16 @@ def _failed_before(t: ClusterState) -> frozenset[int]:
     )
 
 
-def _activity(w: Any, a: Activity) -> list[Any]:
+def _activity(w: Worker, a: Activity) -> list[ev.Record]:
     """Records that move ``w`` to activity ``a`` (through transitioning: routing stops first)."""
     if w.activity is a:
         return []
-    out = (
-        []
-        if w.activity is Activity.TRANSITIONING
-        else [ev.ActivityChanged(w.id, Activity.TRANSITIONING)]
-    )
-    return out + ([] if a is Activity.TRANSITIONING else [ev.ActivityChanged(w.id, a)])
+    out: list[ev.Record] = []
+    if w.activity is not Activity.TRANSITIONING:
+        out.append(ev.ActivityChanged(worker=w.id, activity=Activity.TRANSITIONING))
+    if a is not Activity.TRANSITIONING:
+        out.append(ev.ActivityChanged(worker=w.id, activity=a))
+    return out
 
 
 def _touches_training_gpus(t: ClusterState) -> bool:
@@ -879,14 +916,14 @@ def _holding_training_gpus(t: ClusterState) -> int:
     return sum(w.activity is not Activity.INACTIVE for w in t.rollout_workers(Zone.OVERLAP))
 
 
-def _borrows(steps: Any) -> bool:
+def _borrows(steps: Iterable[Step]) -> bool:
     """A plan that lends the training GPUs or activates workers on them."""
     return any(
         st.op is StepOp.LEND or (st.op in JOIN_OPS and st.zone is Zone.OVERLAP) for st in steps
     )
 
 
-def _is_toggle(steps: Any) -> bool:
+def _is_toggle(steps: Iterable[Step]) -> bool:
     """A hand-off of retained overlap workers (no cold start): what T_toggle measures (§4.6)."""
     ops = {st.op for st in steps}
     return bool(ops & {StepOp.LEND, StepOp.RECLAIM}) and StepOp.ADD not in ops
@@ -900,4 +937,4 @@ def _counts(m: Membership) -> Target:
     return Target(mode, n[Role.PREFILL], n[Role.DECODE], n[Role.COLOCATED])
 
 
-__all__ = ["Controller", "ControllerConfig", "ControllerState", "Output"]
+__all__ = ["Controller", "ControllerConfig", "ControllerState", "Input", "Output"]

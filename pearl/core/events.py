@@ -5,9 +5,10 @@ Each record is a frozen ``msgspec`` Struct tagged with its kind, and has one msg
 decodes msgpack straight into the record, validating it. Kinds:
 
 - set-up: ``cluster-init``;
-- elastic events: ``gpus-added``, ``gpus-reclaimed``, ``gpus-reclaiming`` (a preemption notice
-  with its deadline), ``gpus-reclaim-cancelled``, ``training-begin``, ``training-finished``,
-  ``weights-published``;
+- elastic events (:class:`ElasticEvent`, listed once in :data:`ELASTIC_EVENTS`): ``gpus-added``,
+  ``gpus-reclaimed``, ``gpus-reclaiming`` (a preemption notice with its deadline),
+  ``gpus-reclaim-cancelled``, ``training-begin``, ``training-finished``;
+- weights: ``weights-published`` (logged by pearld once the weights are stored);
 - membership and role changes: ``worker-added``, ``worker-removed``, ``role-changed``,
   ``activity-changed``, ``worker-failed``;
 - plan transactions: ``plan-begin`` (with its steps), ``step-done``, ``plan-commit``,
@@ -17,7 +18,9 @@ decodes msgpack straight into the record, validating it. Kinds:
 
 from __future__ import annotations
 
-from typing import Any
+import enum
+import typing
+from typing import Any, TypeAlias
 
 from pearl.core.schema import Registry, WireStruct, to_wire
 from pearl.core.state import Activity, Role, Step, Target, Zone
@@ -31,6 +34,37 @@ class LogRecord(WireStruct, frozen=True, gc=False):
     millions, and collections over a growing heap were half of its time)."""
 
 
+class ElasticEvent(LogRecord, frozen=True):
+    """Base of the elastic events: what the cloud or the trainer changes (the GPU budget or the
+    training phase), sent by clients in an ``event`` message; the plan that follows is the
+    answer. Every subclass is one of :data:`ELASTIC_EVENTS` (tests/core/test_events.py)."""
+
+
+class PlanCause(enum.StrEnum):
+    """Why the controller began a plan (``PlanBegin.cause``). The log field stays a plain string:
+    logs written by earlier controllers, or by tests, hold other words, and still replay."""
+
+    RETURN = "return"  # GPUs go back (reclaimed, a notice, Training Begin): nothing joins
+    EXPAND = "expand"  # workers join: new GPUs, or retained overlap workers activated
+    REBALANCE = "rebalance"  # the same workers, other roles
+
+
+class AbortCause(enum.StrEnum):
+    """Why the controller cancelled a plan: the first word of the reason it logs in
+    ``PlanAbort.reason``, which stays free text (older logs hold other sentences)."""
+
+    TRAINING_BEGIN = "training-begin"  # the trainer wants its GPUs back
+    GPUS_RECLAIMED = "gpus-reclaimed"  # a joiner's GPUs are gone
+    GPUS_RECLAIMING = "gpus-reclaiming"  # a joiner's GPUs have a preemption notice
+    WORKER = "worker"  # a worker was lost, or failed while joining
+    STEP = "step"  # a step failed
+    RECOVERY = "recovery"  # pearld restarted with an expansion not committed
+
+    def reason(self, detail: str = "") -> str:
+        """The reason logged: the cause's word, then what happened (``worker 3 lost``)."""
+        return f"{self.value} {detail}" if detail else self.value
+
+
 @RECORDS.add
 class ClusterInit(LogRecord, tag="cluster-init", frozen=True):
     """First record of every log: the GPU universe and the tensor-parallel degree."""
@@ -42,21 +76,21 @@ class ClusterInit(LogRecord, tag="cluster-init", frozen=True):
 
 
 @RECORDS.add
-class GpusAdded(LogRecord, tag="gpus-added", frozen=True):
+class GpusAdded(ElasticEvent, tag="gpus-added", frozen=True):
     """Preemptible GPUs joined the dedicated rollout zone (inter-scale expansion)."""
 
     gpus: tuple[int, ...]
 
 
 @RECORDS.add
-class GpusReclaimed(LogRecord, tag="gpus-reclaimed", frozen=True):
+class GpusReclaimed(ElasticEvent, tag="gpus-reclaimed", frozen=True):
     """Preemptible GPUs are being taken back; workers on them stop receiving requests at once."""
 
     gpus: tuple[int, ...]
 
 
 @RECORDS.add
-class GpusReclaiming(LogRecord, tag="gpus-reclaiming", frozen=True):
+class GpusReclaiming(ElasticEvent, tag="gpus-reclaiming", frozen=True):
     """A preemption notice: present preemptible GPUs will be reclaimed at ``deadline``.
 
     ``deadline`` is wall-clock time (Unix seconds, ``time.time()``), the one clock a log replayed
@@ -68,21 +102,21 @@ class GpusReclaiming(LogRecord, tag="gpus-reclaiming", frozen=True):
 
 
 @RECORDS.add
-class GpusReclaimCancelled(LogRecord, tag="gpus-reclaim-cancelled", frozen=True):
+class GpusReclaimCancelled(ElasticEvent, tag="gpus-reclaim-cancelled", frozen=True):
     """A preemption notice is withdrawn: the GPUs stay and their workers return to service."""
 
     gpus: tuple[int, ...]
 
 
 @RECORDS.add
-class TrainingBegin(LogRecord, tag="training-begin", frozen=True):
+class TrainingBegin(ElasticEvent, tag="training-begin", frozen=True):
     """The trainer wants its GPUs: every borrowed GPU must come back before it proceeds."""
 
     step: int
 
 
 @RECORDS.add
-class TrainingFinished(LogRecord, tag="training-finished", frozen=True):
+class TrainingFinished(ElasticEvent, tag="training-finished", frozen=True):
     """A training step is done; its GPUs may be borrowed until the next training-begin."""
 
     step: int
@@ -137,7 +171,7 @@ class PlanBegin(LogRecord, tag="plan-begin", frozen=True):
     """A reconfiguration plan (W_add, W_remove, rho) as ordered steps toward ``target``."""
 
     plan: int
-    cause: str
+    cause: str  # a PlanCause from this controller; any word in an older log
     target: Target
     steps: tuple[Step, ...]
     mandatory: bool = False  # a shrink or GPU return: completed on recovery, never cancelled
@@ -203,7 +237,35 @@ class Telemetry(LogRecord, tag="telemetry", frozen=True):
     kappa: float | None = None
 
 
-Record = Any  # any class registered in RECORDS
+Elastic: TypeAlias = (
+    GpusAdded
+    | GpusReclaimed
+    | GpusReclaiming
+    | GpusReclaimCancelled
+    | TrainingBegin
+    | TrainingFinished
+)
+"""Any elastic event, as a type (what an ``event`` message may carry)."""
+
+ELASTIC_EVENTS: tuple[type[ElasticEvent], ...] = typing.get_args(Elastic)
+"""The elastic event classes: the one list every consumer derives from."""
+
+Record: TypeAlias = (
+    ClusterInit
+    | Elastic
+    | WeightsPublished
+    | WorkerAdded
+    | WorkerRemoved
+    | RoleChanged
+    | ActivityChanged
+    | WorkerFailed
+    | PlanBegin
+    | StepDone
+    | PlanCommit
+    | PlanAbort
+    | Telemetry
+)
+"""Any record the log holds: every class registered in :data:`RECORDS`."""
 
 
 def encode(record: Record) -> dict[str, Any]:
@@ -224,14 +286,20 @@ _DECODER = RECORDS.msgpack_decoder()
 
 __all__ = [
     "RECORDS",
+    "AbortCause",
     "ActivityChanged",
     "ClusterInit",
+    "ELASTIC_EVENTS",
+    "Elastic",
+    "ElasticEvent",
     "GpusAdded",
     "GpusReclaimCancelled",
     "GpusReclaimed",
+    "LogRecord",
     "GpusReclaiming",
     "PlanAbort",
     "PlanBegin",
+    "PlanCause",
     "PlanCommit",
     "Record",
     "RoleChanged",

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 
+from pearl.core.borrow import Verdict
 from pearl.core.decision import DecisionParams, best_makespan
 from pearl.core.profile import WorkloadProfile
 from pearl.core.schema import Value
@@ -39,6 +40,10 @@ class GateResult(Value, frozen=True):
     T_window: float = 0.0  # measured training-idle window (0: not measured yet)
     window_left_s: float | None = None  # until the next batch is expected complete (None: unknown)
     reason: str = ""
+
+    @property
+    def verdict(self) -> Verdict:
+        return Verdict.of(self.enabled)
 
 
 def borrow_gate(

@@ -99,7 +99,7 @@ class Registry:
         if not isinstance(mapping, dict):
             raise SchemaError(f"{self.name}: expected a mapping, got {type(mapping).__name__}")
         kind = mapping.get("kind")
-        cls = self.kinds.get(kind)  # type: ignore[arg-type]
+        cls = self.kinds.get(kind) if isinstance(kind, str) else None
         if cls is None:
             raise SchemaError(f"unknown {self.name} kind {kind!r}; known: {sorted(self.kinds)}")
         version = mapping.get("v")

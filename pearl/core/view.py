@@ -161,7 +161,7 @@ def cluster_view(
         training_may_proceed=proceeded,
         decision=None if d is None else DecisionView(d.target, d.predicted_makespan_s, d.reason),
         measured_makespan_s=s.last_makespan_s,
-        gate=s.last_gate if isinstance(s.last_gate, GateResult) else None,
+        gate=s.last_gate,
         cycle=s.cycle,
         last_cycle=s.last_cycle,
         failed=tuple(sorted(s.failed)),

@@ -66,7 +66,7 @@ def frame(seq: int, payload: bytes) -> bytes:
     return HEADER.pack(len(payload), crc32c(body), seq) + payload
 
 
-def unpack(payload: bytes | memoryview) -> Any:
+def unpack(payload: bytes | memoryview) -> events.Record:
     """Decode one payload into its record; SchemaError when malformed."""
     try:
         return events.decode_bytes(payload)

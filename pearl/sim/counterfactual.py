@@ -209,19 +209,19 @@ class _Driver:
             if self.in_sync and where is None:
                 return  # it never served in the recorded run (removed first): nor here
             when = self.at_recorded(where) if where else self.modeled(op)
-            self.push(*when, cmd.WorkerUp(c.worker, c.incarnation))
+            self.push(*when, cmd.WorkerUp(worker=c.worker, incarnation=c.incarnation))
         elif plan > 0 and step >= 0:
             if getattr(c, "cancel", False):
                 where = self.aborts.get(plan) if self.in_sync else None
                 when = self.at_recorded(where, -0.5) if where else self.modeled(None)
-                self.push(*when, cmd.StepResult(plan, step, cancel=True))
+                self.push(*when, cmd.StepResult(plan=plan, step=step, cancel=True))
             elif not getattr(c, "force", False):  # a forced re-send: the step is done already
                 where = self.done.get((plan, step)) if self.in_sync else None
                 self.waiting.add((plan, step))
                 if self.in_sync and where is None:
                     return  # the recorded run never finished it: neither does the replay
                 self.push(*(self.at_recorded(where) if where else self.modeled(op)),
-                          cmd.StepResult(plan, step))  # fmt: skip
+                          cmd.StepResult(plan=plan, step=step))  # fmt: skip
         elif plan == cmd.BESIDE:
             where = (
                 self.next_output(ev.ActivityChanged, c.worker, Activity.ACTIVE, Activity.INACTIVE)
@@ -229,11 +229,11 @@ class _Driver:
                 else None
             )
             when = self.at_recorded(where) if where else self.modeled(op)
-            self.push(*when, cmd.StepResult(cmd.BESIDE, step))
+            self.push(*when, cmd.StepResult(plan=cmd.BESIDE, step=step))
         elif isinstance(c, cmd.StopWorker) and c.worker in s.evicting:
             where = self.next_output(ev.WorkerRemoved, c.worker) if self.in_sync else None
             when = self.at_recorded(where) if where else self.modeled(op)
-            self.push(*when, cmd.WorkerDown(c.worker, 0, "stopped"))
+            self.push(*when, cmd.WorkerDown(worker=c.worker, incarnation=0, reason="stopped"))
 
 
 def replay(

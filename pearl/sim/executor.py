@@ -50,7 +50,7 @@ class Executors:
         if c.plan == 0:
             return  # not part of a plan: nobody waits for an answer
         lat = self._latency(seconds)
-        result = cmd.StepResult(c.plan, c.step, ok=True, cancel=cancel, duration_s=lat)
+        result = cmd.StepResult(plan=c.plan, step=c.step, ok=True, cancel=cancel, duration_s=lat)
         self.clock.at(self.clock.now + lat, ck.STEP, result)
         name = type(c).__name__
         self.ops[name] = self.ops.get(name, 0) + 1
@@ -66,7 +66,7 @@ class Executors:
             if lat > 0:
                 self.clock.at(self.clock.now + prep, ck.PAUSE, (c.worker, c.incarnation))
             if c.background:  # the plan is over; the worker serves once it says it is up
-                up = cmd.WorkerUp(c.worker, c.incarnation)
+                up = cmd.WorkerUp(worker=c.worker, incarnation=c.incarnation)
                 self.clock.at(self.clock.now + lat, ck.STEP, up)
                 self.ops["StartWorker"] = self.ops.get("StartWorker", 0) + 1
             else:

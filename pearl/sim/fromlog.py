@@ -29,14 +29,7 @@ from pearl.log.segments import log_dir
 from pearl.log.verify import verify
 
 # What the world tells the controller; everything else in the log is what it answered.
-INPUTS = (
-    ev.GpusAdded,
-    ev.GpusReclaimed,
-    ev.TrainingBegin,
-    ev.TrainingFinished,
-    ev.WeightsPublished,
-    ev.Telemetry,
-) + tuple(getattr(ev, n) for n in ("GpusReclaiming", "GpusReclaimCancelled") if hasattr(ev, n))
+INPUTS: tuple[type[ev.LogRecord], ...] = (*ev.ELASTIC_EVENTS, ev.WeightsPublished, ev.Telemetry)
 # Inputs about preemptible GPUs: a fixed pool (ROLL) ignores them.
 PREEMPTIBLE = tuple(k for k in INPUTS if k.KIND.startswith("gpus-"))
 

@@ -112,7 +112,12 @@ class Simulation:
         self.rollout.on_traj_done = self._notify
         self.execs = Executors(self.clock, self.rollout, sc.costs, -sc.warmup_s)
         c = cfg.cluster
-        self.init = ev.ClusterInit(c.tp, c.training_gpus, c.reserved_gpus, c.preemptible_gpus)
+        self.init = ev.ClusterInit(
+            tp=c.tp,
+            training_gpus=c.training_gpus,
+            reserved_gpus=c.reserved_gpus,
+            preemptible_gpus=c.preemptible_gpus,
+        )
         self._prior = history_profile(sc, self.reserved)
         self.s: ControllerState | None = None
         self.result = RunResult(spec.name, sc.model, self.reserved, avail, sc.seed)
@@ -189,9 +194,9 @@ class Simulation:
                 if g not in t.present_gpus and g not in t.reclaiming_gpus
             ]
             if free[: n - len(present)]:
-                self._handle(ev.GpusAdded(tuple(free[: n - len(present)])))
+                self._handle(ev.GpusAdded(gpus=tuple(free[: n - len(present)])))
         elif len(present) > n:
-            self._handle(ev.GpusReclaimed(tuple(present[n:])))
+            self._handle(ev.GpusReclaimed(gpus=tuple(present[n:])))
 
     # -- the RL loop -------------------------------------------------------------------------------
 
@@ -205,7 +210,7 @@ class Simulation:
             if self.remaining == 0:
                 self._batch_done()
             else:
-                self._handle(cmd.RolloutProgress(self.remaining))
+                self._handle(cmd.RolloutProgress(remaining=self.remaining))
 
     def _start_batch(self) -> None:
         if self.in_flight or self.trained < self.batch - self.sc.staleness:
@@ -254,7 +259,7 @@ class Simulation:
         if self.training is None and k in self.completed:
             self.training = k
             self.begin_t[k] = self.clock.now
-            self._handle(ev.TrainingBegin(k))
+            self._handle(ev.TrainingBegin(step=k))
 
     def _train(self, k: int) -> None:
         wait = self.clock.now - self.begin_t.get(k, self.clock.now)
@@ -271,7 +276,7 @@ class Simulation:
         # Version k is published: the broadcast to the rollout workers stalls them while they
         # receive and load it (the overlap workers load it when they are next activated).
         self.rollout.stall(self.rollout.costs.weight_sync_s())
-        self._handle(ev.TrainingFinished(k, k))
+        self._handle(ev.TrainingFinished(step=k, weights_version=k))
         span, gen, tok, t_roll = self.completed.pop(k)
         self.result.steps.append(
             StepRecord(k, now, now - self.last_done, gen, tok, span, seconds, wait)
@@ -282,7 +287,7 @@ class Simulation:
         self._begin_training()
         self._start_batch()
         if self.in_flight:
-            self._handle(cmd.RolloutProgress(self.remaining))
+            self._handle(cmd.RolloutProgress(remaining=self.remaining))
 
     # -- the loop ----------------------------------------------------------------------------------
 

@@ -313,3 +313,16 @@ def test_an_undeliverable_request_is_routed_again_not_queued_for_the_restart(
     assert [m for m in got if isinstance(m, WorkerGone)] == [
         WorkerGone(3, 12, "unreachable (no reply)")
     ]
+
+
+def test_a_death_is_counted_by_its_category_and_told_with_its_detail(supervised: Any) -> None:
+    from actors.messages import Generate
+    from actors.supervisor import Death, Undeliverable
+    from pearl.engines.base import GenerateRequest
+
+    sup, _, _, got = supervised
+    sup.undeliverable(Undeliverable(3, Generate(GenerateRequest("r", (1,))), "no reply (ZMQ)"))
+    down = [m for m in got if isinstance(m, cmd.WorkerDown)]
+    assert [d.reason for d in down] == ["unreachable (no reply (ZMQ))"]
+    assert sup.board.deaths == {Death.UNREACHABLE: 1}
+    assert sup.board.report() == {"unreachable": 1, "silent but busy": 0}

@@ -164,7 +164,8 @@ def test_a_split_failing_to_start_is_cancelled_and_quarantined() -> None:
     bad = next(c for c in h.pending if isinstance(c, cmd.StartWorker) and 4 in c.gpus)
     h.answer(lambda c: c is bad, ok=False)
     h.settle()
-    assert any(isinstance(r, ev.PlanAbort) for r in h.records)
+    (abort,) = [r for r in h.records if isinstance(r, ev.PlanAbort)]
+    assert abort.reason.startswith(f"{ev.AbortCause.STEP} ") and "failed" in abort.reason
     assert {4, 5} <= set(h.s.quarantine)
     assert not any(4 in w.gpus for w in h.table.workers.values())
     h.send(cmd.Tick(), dt=CFG.gate.toggle_cost_s + 60)
@@ -568,6 +569,8 @@ def test_a_borrow_cut_short_raises_T_toggle_until_the_gate_declines() -> None:
         h.send(ev.TrainingBegin(step), dt=28.0)
         h.pending = [c for c in h.pending if not activate(c)]  # the slow activation never answers
         h.settle()
+        if verdicts[-1]:  # the borrow was cut short by the trainer, and says so
+            assert h.s.cycle is not None and h.s.cycle.aborted == ev.AbortCause.TRAINING_BEGIN
         assert [c.step for c in h.sent if isinstance(c, cmd.TrainingMayProceed)][-1] == step
         h.send(_telemetry(h, step))
     assert verdicts[0] is True and verdicts[-1] is False

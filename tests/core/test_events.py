@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import typing
 from typing import Any
 
 import msgpack
@@ -187,3 +188,37 @@ def test_mapping_and_bytes_decoders_agree(case: tuple[type, dict[str, Any]]) -> 
     if by_map[0] == "ok":
         assert by_map[1] == by_bytes[1]
         assert type(by_map[1]) is cls
+
+
+def test_the_record_union_is_every_registered_kind() -> None:
+    assert set(typing.get_args(ev.Record)) == set(ev.RECORDS.kinds.values())
+
+
+def test_every_elastic_event_is_in_the_one_list() -> None:
+    subclasses = {c for c in ev.RECORDS.kinds.values() if issubclass(c, ev.ElasticEvent)}
+    assert subclasses == set(ev.ELASTIC_EVENTS)
+    assert len(ev.ELASTIC_EVENTS) == len(subclasses)  # no class listed twice
+    assert {c.KIND for c in ev.ELASTIC_EVENTS} == {
+        "gpus-added",
+        "gpus-reclaimed",
+        "gpus-reclaiming",
+        "gpus-reclaim-cancelled",
+        "training-begin",
+        "training-finished",
+    }
+
+
+def test_a_plan_cause_is_written_as_its_word_and_any_older_word_still_reads() -> None:
+    target = Target(Mode.COLOCATED, 0, 0, 1)
+    written = ev.PlanBegin(plan=1, cause=ev.PlanCause.REBALANCE, target=target, steps=())
+    plain = ev.PlanBegin(plan=1, cause="rebalance", target=target, steps=())
+    assert msgspec.msgpack.encode(written) == msgspec.msgpack.encode(plain)
+    assert ev.decode_bytes(msgspec.msgpack.encode(written)).cause == ev.PlanCause.REBALANCE
+    older = msgspec.msgpack.encode(msgspec.structs.replace(plain, cause="startup"))
+    assert ev.decode_bytes(older).cause == "startup"
+
+
+@pytest.mark.parametrize("kind", [[], {}, 3, None])
+def test_a_kind_that_is_not_a_string_is_a_schema_error(kind: Any) -> None:
+    with pytest.raises(SchemaError, match="unknown record kind"):
+        ev.decode({"kind": kind, "v": SCHEMA_VERSION})

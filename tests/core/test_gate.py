@@ -9,6 +9,7 @@ import pytest
 
 from pearl.config import DecisionConfig
 from pearl.core import events
+from pearl.core.borrow import Verdict
 from pearl.core.gate import GateResult, borrow_gate
 from pearl.core.profile import RuntimeTracker
 from tests.core.profiles import HAND
@@ -29,6 +30,11 @@ def test_hand_computed_benefit() -> None:
     assert (g.T_ded, g.T_full) == pytest.approx((94.0, 78.0))
     assert g.benefit_s == pytest.approx(8.0)  # 32/64 of the 16 s saving
     assert g.enabled and g.T_toggle == 5.0
+
+
+def test_the_verdict_follows_the_gate() -> None:
+    assert gate(R=32, T_toggle=5.0).verdict is Verdict.APPROVED
+    assert gate(R=32, T_toggle=50.0).verdict is Verdict.DECLINED
 
 
 def test_flips_exactly_at_the_boundary() -> None:

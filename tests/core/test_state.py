@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import typing
 from typing import Any
 
 import msgspec
 import pytest
 
 from pearl.core import events as ev
+from pearl.core import fold
 from pearl.core.errors import InvalidEvent, InvariantViolation
 from pearl.core.fold import apply, apply_all, apply_to, replay
 from pearl.core.state import (
@@ -250,3 +252,7 @@ def test_json_view_lists_workers_first() -> None:
         "incarnation": 2,
     }
     assert (j["mode"], j["N_D"], j["phase"]) == ("disaggregated", 1, "idle")
+
+
+def test_every_record_kind_has_one_fold_rule() -> None:
+    assert set(fold._HANDLERS) == set(typing.get_args(ev.Record))

@@ -62,6 +62,30 @@ def test_events_within_bounds_decode() -> None:
         assert Codec().decode(event(record)).msg.decoded.KIND == record["kind"]
 
 
+VALID = {
+    "gpus-added": {"gpus": [8, 9]},
+    "gpus-reclaimed": {"gpus": [8]},
+    "gpus-reclaiming": {"gpus": [8], "deadline": 1.8e9},
+    "gpus-reclaim-cancelled": {"gpus": [8]},
+    "training-begin": {"step": 2},
+    "training-finished": {"step": 2, "weights_version": 2},
+}
+
+
+@pytest.mark.parametrize("cls", ev.ELASTIC_EVENTS, ids=lambda c: c.KIND)
+def test_an_event_message_carries_every_elastic_event(cls: type[ev.ElasticEvent]) -> None:
+    decoded = Codec().decode(event({"kind": cls.KIND, **VALID[cls.KIND]})).msg.decoded
+    assert type(decoded) is cls
+
+
+def test_an_event_message_refuses_a_record_that_is_not_elastic() -> None:
+    with pytest.raises(BadMessage) as e:  # pearld logs weights-published once they are stored
+        Codec().decode(event({"kind": "weights-published", "version": 3, "uri": "file:///w"}))
+    assert e.value.code == ErrorCode.SCHEMA
+    with pytest.raises(SchemaError, match="Event.record: expected one of"):
+        Event.of(ev.WeightsPublished(version=3))
+
+
 def test_a_client_cannot_build_an_event_out_of_bounds() -> None:
     with pytest.raises(SchemaError, match=r"^training step 0 is out of range"):
         Event.of(ev.TrainingBegin(0))
