@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 
 
 class ElasticScheduler(PearlActor):
+    name = names.SCHEDULER
+
     def __init__(self, directory: Directory) -> None:
         super().__init__()
         self.directory = directory

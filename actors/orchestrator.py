@@ -75,6 +75,8 @@ class Orchestrator(PearlActor):
     answer: one the disk refused waits in a backlog, in order, and is handled again before
     anything else once the log takes writes; until then client events are refused."""
 
+    name = names.ORCHESTRATOR
+
     def __init__(
         self,
         directory: Directory,
