@@ -6,9 +6,9 @@ import json
 import types
 from pathlib import Path
 
-from pearl import demo
-from pearl.learning import Learning, eval_due, seeded
-from pearl.report import summary_table
+from pearl.demo import app as demo
+from pearl.demo.learning import Learning, eval_due, seeded
+from pearl.demo.report import summary_table
 
 # Names other tools read from report.json (issue 14 keeps them).
 RECORD_FIELDS = (

@@ -376,10 +376,10 @@ def run(
     """Run the demo job; returns the report (also written to ``out/report.json``).
 
     ``seed`` fixes tasks, sampling and initial weights; ``learning``
-    (:class:`pearl.learning.Learning`) adds the cached warm start and held-out evaluation."""
+    (:class:`pearl.demo.learning.Learning`) adds the cached warm start and held-out evaluation."""
     import torch
 
-    from pearl import learning as learn
+    from pearl.demo import learning as learn
     from pearl.rl.grpo import GRPOTrainer
 
     if (out / "state").exists():
@@ -587,7 +587,7 @@ def write_report(
     groups: dict[str, int] | None = None,
     switches: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    from pearl.report import plots
+    from pearl.demo.report import plots
 
     total_tokens = sum(r.generated_tokens + r.trained_tokens for r in records)
     elapsed = records[-1].end_s if records else 0.0
