@@ -28,6 +28,7 @@ from pearl.core.events import (
     TrainingFinished,
 )
 from pearl.core.schema import Registry, WireStruct
+from pearl.core.status import ClusterStatus
 
 # -- constants ------------------------------------------------------------------------------
 
@@ -171,7 +172,9 @@ class StatusRequest(WireStruct, tag="status-request", frozen=True):
 
 @MESSAGES.add
 class Status(WireStruct, tag="status", frozen=True):
-    payload: dict[str, Any]
+    """The cluster status (None until pearld has published its first state)."""
+
+    payload: ClusterStatus | None = None
 
 
 @MESSAGES.add

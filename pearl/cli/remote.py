@@ -20,6 +20,7 @@ from typing import Any
 from pearl.config import DEFAULT_ENDPOINT, format_gpus, parse_gpus
 from pearl.core import events as ev
 from pearl.core.errors import PearlError
+from pearl.core.status import ClusterStatus, status_plain
 
 EVENTS = (
     "gpus-added",
@@ -132,13 +133,14 @@ def client(args: argparse.Namespace) -> Any:
     )
 
 
-def fetch_status(c: Any) -> dict[str, Any]:
+def fetch_status(c: Any) -> ClusterStatus:
     from transports.protocol import StatusRequest
 
     payload = c.request(StatusRequest()).payload
-    if not payload:
+    if payload is None:
         raise PearlError("pearld is starting: its state is not published yet; try again")
-    return dict(payload)
+    status: ClusterStatus = payload
+    return status
 
 
 def build_event(args: argparse.Namespace, c: Any) -> Any:
@@ -156,7 +158,7 @@ def build_event(args: argparse.Namespace, c: Any) -> Any:
     step = args.step
     if step is None:
         status = fetch_status(c)
-        step = status["training_step"] + (1 if args.event == "training-begin" else 0)
+        step = status.training_step + (1 if args.event == "training-begin" else 0)
     if args.event == "training-begin":
         return ev.TrainingBegin(step)
     return ev.TrainingFinished(step, args.weights_version)
@@ -181,11 +183,11 @@ def await_return(c: Any, step: int, t0: float, timeout_s: float) -> str:
     from pearl.runtime import TrainingTimeout, wait_training_may_proceed
 
     first = fetch_status(c)  # read-your-writes: it includes the training-begin
-    if first.get("training_may_proceed", 0) >= step:
+    if first.training_may_proceed >= step:
         return "nothing was lent, no borrowed workers had to come back"
     lent = sum(
-        w["zone"] == "overlap" and w["role"] != "training" and w["activity"] != "inactive"
-        for w in first["workers"]
+        w.zone == "overlap" and w.role != "training" and w.activity != "inactive"
+        for w in first.workers
     )
     try:
         took = wait_training_may_proceed(lambda: fetch_status(c), step, timeout_s, since=t0)
@@ -201,7 +203,7 @@ def await_return(c: Any, step: int, t0: float, timeout_s: float) -> str:
 
 def cmd_status(args: argparse.Namespace) -> int:
     with client(args) as c:
-        status = fetch_status(c)
+        status = status_plain(fetch_status(c))
     if args.json:
         print(json.dumps(status, indent=None, sort_keys=False))
     else:
@@ -282,7 +284,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
             seen += 1
             print(json.dumps(payload) if args.json else _line(seq, payload), flush=True)
 
-        pub = _reachable(status["pub_endpoint"], args.endpoint)
+        pub = _reachable(status.pub_endpoint, args.endpoint)
         sub = Subscriber(
             pub,
             c,
