@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import zmq
 
 from actors import names
@@ -34,7 +35,8 @@ from actors.messages import (
 from actors.supervisor import HostsChanged, Liveboard
 from pearl.core.errors import PearlError
 from pearl.core.schema import to_plain
-from pearl.core.view import status_json
+from pearl.core.status import status_plain
+from pearl.core.view import cluster_status
 from transports.auth import ServerKeys
 from transports.protocol import (
     Call,
@@ -160,9 +162,9 @@ class ApiEndpoint(PearlActor):
         self.directory, self.endpoint, self.boot_id, self.keys = directory, endpoint, boot_id, keys
         self.board = board
         self.seq = 0  # of the latest view
-        self.view: dict[str, Any] = {}  # its rendering: what clients and subscribers get
+        self.view: dict[str, Any] = {}  # its JSON mapping: what subscribers get
         self.last: StateChanged | None = None  # rendered again when the hosts change
-        self.status_msg = Status({})
+        self.status_msg = Status()  # what clients get: no status before the first view
         self._view_seq = threading.Condition()
         self.server: Server | None = None
         self.publisher: Publisher | None = None
@@ -234,20 +236,23 @@ class ApiEndpoint(PearlActor):
         return Result(self.weights(env.msg.version, bytes(env.frames[0])))
 
     def state_changed(self, msg: StateChanged) -> None:
-        # The edge: the typed view becomes the ``pearl status --json`` object here, once a change.
+        # The edge: the typed view becomes the ``pearl status`` object here, once a change.
         self.last = msg
-        view = status_json(msg.view)
-        view["endpoint"] = self.server.address if self.server else self.endpoint
-        view["pub_endpoint"] = self.publisher.address if self.publisher else ""
-        # Where each worker's host serves its metrics; beside the table, whose rows stay those
-        # of `pearl log replay --json`.
         metrics = self.board.metrics()
-        view["worker_metrics"] = {str(w): metrics[w] for w in sorted(metrics)}
         nodes = self.board.nodes()  # on Ray: the node each worker's host runs on
-        view["worker_nodes"] = {str(w): nodes[w] for w in sorted(nodes)}
+        status = msgspec.structs.replace(
+            cluster_status(msg.view),
+            endpoint=self.server.address if self.server else self.endpoint,
+            pub_endpoint=self.publisher.address if self.publisher else "",
+            # Where each worker's host serves its metrics; beside the table, whose rows stay
+            # those of `pearl log replay --json`.
+            worker_metrics={str(w): metrics[w] for w in sorted(metrics)},
+            worker_nodes={str(w): nodes[w] for w in sorted(nodes)},
+        )
+        view = status_plain(status)
         with self._view_seq:
             self.seq, self.view = msg.seq, view
-            self.status_msg = Status(view)  # one object per change: its encoding is reused
+            self.status_msg = Status(status)  # one object per change: its encoding is reused
             self._view_seq.notify_all()
         if self.publisher is not None:
             self.publisher.publish(view)

@@ -21,7 +21,8 @@ from pearl.core import commands as cmd
 from pearl.core import events as ev
 from pearl.core.controller import Controller, ControllerState, Output
 from pearl.core.errors import InvalidEvent, InvariantViolation, LogError, LogWriteFailed
-from pearl.core.view import ClusterView, cluster_view, status_json
+from pearl.core.status import ClusterStatus
+from pearl.core.view import ClusterView, cluster_status, cluster_view
 from pearl.log import EventLog
 from transports.protocol import Ack, StatusRequest
 
@@ -259,9 +260,9 @@ class Orchestrator(PearlActor):
         """The typed view of the current state (what every listener gets)."""
         return cluster_view(self.state, self.proceeded, self.boot_id, self.recoveries)
 
-    def status(self, _: StatusRequest | None = None) -> dict[str, Any]:
+    def status(self, _: StatusRequest | None = None) -> ClusterStatus:
         """A client's ``status`` (an in-process runtime's): the edge, so rendered here."""
-        return status_json(self.view())
+        return cluster_status(self.view())
 
     def on_stop(self) -> None:
         try:

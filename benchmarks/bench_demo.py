@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pearl import demo  # noqa: E402
-from pearl.report import makespan_errors  # noqa: E402
+from pearl.demo import makespan_errors  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "local-cpu.toml"
 POLICIES = {

@@ -46,7 +46,7 @@ def settle(c: Client, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         s = c.request(StatusRequest()).payload
-        if s["plan"] is None and not s["transitions"]:
+        if s is not None and s.plan is None and not s.transitions:
             return
         time.sleep(0.005)
     raise RuntimeError("pearld did not settle")

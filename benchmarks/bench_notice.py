@@ -79,6 +79,7 @@ if str(ROOT) not in sys.path:
 
 from actors import names  # noqa: E402
 from pearl.core import events as ev  # noqa: E402
+from pearl.core.status import status_plain  # noqa: E402
 from pearl.engines.base import FinishReason  # noqa: E402
 
 
@@ -216,7 +217,7 @@ def wait_for(rt: Any, pred: Any, timeout: float, what: str) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     s: dict[str, Any] = {}
     while time.monotonic() < deadline:
-        s = rt.status()
+        s = status_plain(rt.status())
         if pred(s):
             return s
         time.sleep(0.1)
@@ -299,7 +300,7 @@ def run(setup: Setup, notice_s: float | None) -> dict[str, Any]:
         time.sleep(max(0.0, reclaim_at - 0.05 - time.monotonic()))
         out["in_flight_at_reclaim"] = on_leaving()
         time.sleep(max(0.0, reclaim_at - time.monotonic()))
-        present = set(rt.status()["gpus"]["present"])
+        present = set(status_plain(rt.status())["gpus"]["present"])
         if set(setup.reclaimed) & present:
             out["reclaim"] = "gpus-reclaimed sent"
             try:
@@ -325,7 +326,7 @@ def run(setup: Setup, notice_s: float | None) -> dict[str, Any]:
                 break
             time.sleep(0.2)
         plans = rt.daemon.plans.plans()
-        final = rt.status()
+        final = status_plain(rt.status())
     finally:
         rt.stop()
         shutil.rmtree(tmp, ignore_errors=True)

@@ -46,15 +46,15 @@ BASE = [
 
 def serving(rt: Any) -> int:
     s = rt.status()
-    ok = not s["transitions"] and s["plan"] is None
-    return ok * sum(w["activity"] == "active" and w["role"] != "training" for w in s["workers"])
+    ok = not s.transitions and s.plan is None
+    return ok * sum(w.activity == "active" and w.role != "training" for w in s.workers)
 
 
 def wait_serving(rt: Any, n: int, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while serving(rt) < n:
         if time.monotonic() > deadline:
-            raise SystemExit(f"timed out waiting for {n} workers: {rt.status()['workers']}")
+            raise SystemExit(f"timed out waiting for {n} workers: {rt.status().workers}")
         time.sleep(0.01)
 
 

@@ -69,7 +69,7 @@ class Rpc:
 
     def __init__(self, ctx: zmq.Context[Any], address: str) -> None:
         handler = dispatch(
-            {Ping: lambda env: Pong(env.msg.nonce), StatusRequest: lambda env: Status({"ok": 1})}
+            {Ping: lambda env: Pong(env.msg.nonce), StatusRequest: lambda env: Status()}
         )
         self.server = Server(address, handler, ctx=ctx)
         self.client = Client(self.server.address, ctx=ctx)

@@ -46,6 +46,7 @@ import pearl  # noqa: E402
 from actors import names  # noqa: E402
 from actors.rollout_client import RolloutClient  # noqa: E402
 from pearl.core import events as ev  # noqa: E402
+from pearl.core.status import status_plain  # noqa: E402
 from pearl.engines.base import GenerateRequest, SamplingParams  # noqa: E402
 from pearl.engines.vllm.checkpoint import byte_tokenizer, preset_dir  # noqa: E402
 from pearl.engines.vllm.client import VLLMClient  # noqa: E402
@@ -80,7 +81,7 @@ def wait_until(pred: Callable[[], Any], timeout: float, what: str) -> Any:
 
 
 def serving(rt: Any) -> set[int]:
-    s = rt.status()
+    s = status_plain(rt.status())
     if s["transitions"] or s["plan"] is not None:
         return set()
     return {
@@ -188,7 +189,7 @@ def main() -> int:
 
         # A reclaim under load: GPU 2's worker leaves while agents' turns run on it.
         router = rt.daemon.directory.get(names.ROUTER).ref.proxy()
-        on_2 = next(x["id"] for x in rt.status()["workers"] if x["gpus"] == [2])
+        on_2 = next(x["id"] for x in status_plain(rt.status())["workers"] if x["gpus"] == [2])
         migrated0, failed0 = client.migrated, client.failed
         done: dict[str, Any] = {}
         runner = threading.Thread(

@@ -29,6 +29,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from pearl.core import events as ev  # noqa: E402
+from pearl.core.status import status_plain  # noqa: E402
 from transports.protocol import Event, StatusRequest  # noqa: E402
 from transports.rpc import Client, RemoteError  # noqa: E402
 
@@ -309,7 +310,7 @@ class Trainer:
         payload = self.rt.client.request(StatusRequest(), timeout_s, retries=0).payload
         if not payload:
             raise RuntimeError("pearld has not published its state yet")
-        return dict(payload)
+        return status_plain(payload)
 
     def publish(self, version: int, data: bytes, timeout_s: float = 10.0) -> bool:
         """Upload weights ``version`` (pearld stores them and logs weights-published)."""

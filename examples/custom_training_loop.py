@@ -24,7 +24,7 @@ def main() -> None:
         rt = pearl.Runtime.from_config(config).start()
     model = {"model_path": args.model} if args.model else {"preset": "tiny"}
     trainer = GRPOTrainer(**model, seed=0, lr=3e-4, device="cpu")
-    first = rt.status()["training_step"] + 1
+    first = rt.status().training_step + 1
     try:
         for step in range(first, first + args.steps):
             batch = rt.next_batch(timeout_s=300)  # B trajectories, staleness-bounded
@@ -35,7 +35,7 @@ def main() -> None:
             print(
                 f"step {step}: reward {statistics.mean(rewards):.3f}, loss "
                 f"{metrics['loss']:+.4f}, {len(batch)} trajectories, borrowed GPUs back in "
-                f"{rt.last_return_s * 1e3:.0f} ms, mode {rt.status()['mode']}"
+                f"{rt.last_return_s * 1e3:.0f} ms, mode {rt.status().mode}"
             )
     finally:
         rt.stop()

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pearl.core import events as ev  # noqa: E402
+from pearl.core.status import ClusterStatus  # noqa: E402
 from pearl.sim import availability  # noqa: E402
 from transports.protocol import Event, StatusRequest  # noqa: E402
 from transports.rpc import Client, RemoteError, RequestTimeout  # noqa: E402
@@ -49,18 +50,15 @@ def deliver(client: Client, record: Any, patience_s: float = 60.0) -> int:
         time.sleep(0.1)
 
 
-def line(s: dict[str, Any], what: str) -> str:
-    ratio = f"{s['N_C']}C" if s["mode"] == "colocated" else f"{s['N_P']}P{s['N_D']}D"
-    routable = sum(w["activity"] == "active" and w["role"] != "training" for w in s["workers"])
+def line(s: ClusterStatus, what: str) -> str:
+    ratio = f"{s.N_C}C" if s.mode == "colocated" else f"{s.N_P}P{s.N_D}D"
+    routable = sum(w.activity == "active" and w.role != "training" for w in s.workers)
     plans = (
-        " ".join(
-            f"plan {t['plan']} {t['cause']} {t['done']}/{t['steps']}" for t in s["transitions"]
-        )
-        or "steady"
+        " ".join(f"plan {t.plan} {t.cause} {t.done}/{t.steps}" for t in s.transitions) or "steady"
     )
     return (
-        f"seq {s['seq']:>5}  {what:<28} {s['mode']:<13} {ratio:<6} workers {routable:>2}  "
-        f"training {s['phase']:<8} {plans}"
+        f"seq {s.seq:>5}  {what:<28} {s.mode:<13} {ratio:<6} workers {routable:>2}  "
+        f"training {s.phase:<8} {plans}"
     )
 
 
@@ -119,7 +117,7 @@ def main() -> int:
                 step += 1
                 deliver(client, ev.TrainingBegin(step))
                 began = time.monotonic()
-                while client.request(StatusRequest()).payload["training_may_proceed"] < step:
+                while client.request(StatusRequest()).payload.training_may_proceed < step:
                     time.sleep(0.01)
                 returns.append(time.monotonic() - began)
                 print(

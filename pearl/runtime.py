@@ -20,14 +20,30 @@ import contextlib
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from actors import names
 from pearl.core import events as ev
 from pearl.core.errors import PearlError
+from pearl.core.status import ClusterStatus
+
+if TYPE_CHECKING:
+    from pearl.plans import PlanSpan
+    from pearl.rl.pipeline import PipelineStats
 
 TRAINING_WAIT_S = 600.0  # a return is bounded by step deadlines; this only guards a dead daemon
+
+
+@dataclass(frozen=True)
+class RuntimeStats:
+    """What an in-process runtime's pearld counted so far (:meth:`Runtime.stats`)."""
+
+    host_deaths: dict[str, int]  # worker hosts the supervisor declared dead, by reason
+    # The committed plans that changed the PD mode (:meth:`pearl.plans.PlanHistory.switches`).
+    switches: tuple[PlanSpan, ...]
+    pipeline: PipelineStats | None  # None: this runtime runs no rollout pipeline
 
 
 class TrainingTimeout(PearlError):
@@ -35,7 +51,7 @@ class TrainingTimeout(PearlError):
 
 
 def wait_training_may_proceed(
-    status: Callable[[], dict[str, Any]],
+    status: Callable[[], ClusterStatus],
     step: int,
     timeout_s: float = TRAINING_WAIT_S,
     since: float | None = None,
@@ -44,7 +60,7 @@ def wait_training_may_proceed(
     back); the seconds since ``since`` (a ``time.monotonic()``, default now). Raises
     :class:`TrainingTimeout` once ``timeout_s`` have passed without the go-ahead."""
     t0 = time.monotonic() if since is None else since
-    while status().get("training_may_proceed", 0) < step:
+    while status().training_may_proceed < step:
         if time.monotonic() - t0 > timeout_s:
             raise TrainingTimeout(
                 f"borrowed GPUs not back {timeout_s:.0f}s after training-begin {step}"
@@ -66,8 +82,8 @@ class _Base(ABC):
         """Send an elastic event; its log sequence number once durable."""
 
     @abstractmethod
-    def status(self) -> dict[str, Any]:
-        """The status view (the ``pearl status --json`` object)."""
+    def status(self) -> ClusterStatus:
+        """The cluster status (typed; ``pearl status --json`` prints its mapping)."""
 
     @abstractmethod
     def _next_batch(self, timeout_s: float) -> Any | None:
@@ -107,7 +123,7 @@ class _Base(ABC):
         """Training Begin on enter (returns once every borrowed GPU is back), Training Finished
         on exit with the newest published weights version."""
         if step is None:
-            step = int(self.status()["training_step"]) + 1
+            step = self.status().training_step + 1
         t0 = time.monotonic()
         self._event(ev.TrainingBegin(step=step))
         self.last_return_s = wait_training_may_proceed(self.status, step, since=t0)
@@ -118,7 +134,7 @@ class _Base(ABC):
             if version is None:
                 # The status view lags the log by a publish: a version this runtime has just
                 # published may not show there yet, and an older one is rejected.
-                version = max(int(self.status()["weights_version"]), self._published_version)
+                version = max(self.status().weights_version, self._published_version)
             self._event(ev.TrainingFinished(step=step, weights_version=version))
 
     def publish_weights(self, weights: Any, version: int) -> str:
@@ -139,7 +155,7 @@ class _Base(ABC):
     async def apublish_weights(self, weights: Any, version: int) -> str:
         return await asyncio.to_thread(self.publish_weights, weights, version)
 
-    async def astatus(self) -> dict[str, Any]:
+    async def astatus(self) -> ClusterStatus:
         return await asyncio.to_thread(self.status)
 
     async def astop(self) -> None:
@@ -208,10 +224,25 @@ class Runtime(_Base):
     def _event(self, record: Any) -> int:
         return int(self._ask(names.SCHEDULER, record).seq)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> ClusterStatus:
         from transports.protocol import StatusRequest
 
-        return dict(self._ask(names.ORCHESTRATOR, StatusRequest()))
+        status: ClusterStatus = self._ask(names.ORCHESTRATOR, StatusRequest())
+        return status
+
+    def stats(self) -> RuntimeStats:
+        """What this process's pearld counted so far: host deaths, mode switches, and the
+        rollout pipeline's groups, migrations and last batch."""
+        from actors.supervisor import Deaths
+
+        if not self._started:
+            raise PearlError("the runtime is not started: its pearld counted nothing")
+        pipeline = self.daemon.pipeline
+        return RuntimeStats(
+            host_deaths=dict(self._ask(names.SUPERVISOR, Deaths(), 5.0)),
+            switches=tuple(self.daemon.plans.switches()),
+            pipeline=None if pipeline is None else pipeline.stats(),
+        )
 
     def _next_batch(self, timeout_s: float) -> Any | None:
         return self.daemon.batches().take(timeout_s)
@@ -257,13 +288,14 @@ class RemoteRuntime(_Base):
 
         return int(self.client.request(Event.of(record)).seq)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> ClusterStatus:
         from transports.protocol import StatusRequest
 
         payload = self.client.request(StatusRequest()).payload
-        if not payload:
+        if payload is None:
             raise PearlError(f"pearld at {self.endpoint} has not published its state yet")
-        return dict(payload)
+        status: ClusterStatus = payload
+        return status
 
     def _next_batch(self, timeout_s: float) -> Any | None:
         from actors.messages import BatchReply, NextBatch
@@ -317,6 +349,7 @@ def connect(
 __all__ = [
     "RemoteRuntime",
     "Runtime",
+    "RuntimeStats",
     "TrainingTimeout",
     "connect",
     "wait_training_may_proceed",

@@ -6,12 +6,14 @@ import json
 import types
 from pathlib import Path
 
+import msgspec
 import pytest
 
-from pearl import demo
 from pearl.core.borrow import Verdict
-from pearl.learning import Learning, eval_due, seeded
-from pearl.report import summary_table
+from pearl.core.status import BorrowCycleStatus
+from pearl.demo import app as demo
+from pearl.demo.learning import Learning, eval_due, seeded
+from pearl.demo.report import summary_table
 
 # Names other tools read from report.json (issue 14 keeps them).
 RECORD_FIELDS = (
@@ -52,7 +54,9 @@ def record(step: int, reward: float) -> demo.StepRecord:
         predicted_makespan_s=4.0,
         measured_makespan_s=5.0,
         borrow=demo.borrow_record(
-            {"window_s": 1.0, "gate": "approved", "lent": 2, "served_s": 0.5}
+            BorrowCycleStatus(
+                step=step - 1, window_s=1.0, gate=Verdict.APPROVED, lent=2, served_s=0.5
+            )
         ),
     )
 
@@ -78,17 +82,17 @@ def test_the_report_holds_evals_records_and_both_new_plots(tmp_path: Path) -> No
     timeline = demo.Timeline(0.0)
     for i in range(40):
         timeline.samples.append(
-            {
-                "t": i,
-                "prefill": 1 if i > 15 else 0,
-                "decode": 2 if i > 15 else 0,
-                "colocated": 0 if i > 15 else 3,
-                "overlap": 1 if i % 10 == 5 else 0,
-                "workers": 3,
-                "reserved": 1,
-                "preemptible": 2 if i > 8 else 1,
-                "phase": "training" if i % 5 == 0 else "rollout",
-            }
+            demo.Sample(
+                t=i,
+                prefill=1 if i > 15 else 0,
+                decode=2 if i > 15 else 0,
+                colocated=0 if i > 15 else 3,
+                overlap=1 if i % 10 == 5 else 0,
+                workers=3,
+                reserved=1,
+                preemptible=2 if i > 8 else 1,
+                phase="training" if i % 5 == 0 else "rollout",
+            )
         )
     timeline.events += [
         (1.0, "+1 preemptible (trace 4/12)"),
@@ -122,6 +126,18 @@ def test_the_report_holds_evals_records_and_both_new_plots(tmp_path: Path) -> No
     assert all(0 <= e["accuracy"] <= 1 for e in report["evals"])
     for r in report["records"]:
         assert set(RECORD_FIELDS) <= set(r) and 0 <= r["reward"] <= 1
+        assert r["borrow"]["gate"] == "approved" and r["borrow"]["served_s"] == 0.5
+    assert report["timeline"][16] == {
+        "t": 16,
+        "prefill": 1,
+        "decode": 2,
+        "colocated": 0,
+        "overlap": 0,
+        "workers": 3,
+        "reserved": 1,
+        "preemptible": 2,
+        "phase": "rollout",
+    }
     for name in ("reward.png", "summary.png"):
         png = tmp_path / name
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
@@ -146,29 +162,26 @@ def test_the_seed_fixes_tasks_sampling_and_weights_and_evals_end_the_run() -> No
 
 def test_the_return_line_says_what_the_borrow_did() -> None:
     returned_line = demo.returned_line
-    served = {"returning": 2, "served_s": 0.8}
+    served = BorrowCycleStatus(step=2, returning=2, served_s=0.8)
     assert returned_line(3, served, 0.021) == "training step 3: 2 borrowed workers back in 21 ms"
-    cut = {"returning": 2, "aborted": "training-begin"}
+    cut = BorrowCycleStatus(step=3, returning=2, aborted="training-begin")
     assert returned_line(4, cut, 0.03) == (
         "training step 4: borrow cut short before serving (training-begin); "
         "2 workers on their way in back in 30 ms"
     )
-    assert returned_line(5, {"aborted": "training-begin"}, 0.0) == (
+    assert returned_line(5, BorrowCycleStatus(step=4, aborted="training-begin"), 0.0) == (
         "training step 5: borrow cancelled before serving (training-begin)"
     )
-    assert returned_line(6, {}, 0.0) == "training step 6: nothing was lent"
+    assert returned_line(6, None, 0.0) == "training step 6: nothing was lent"
 
 
 def test_generations_cut_short_while_a_step_trained_are_counted_on_its_record() -> None:
     """A resumption is logged with its abort's time when it completes: each one counts on the
     step that was training when it was aborted (Training Begin -> the step's end), none other."""
-    pipeline = types.SimpleNamespace(migrations=[(10.2, 300), (10.4, 120), (13.0, 50), (16.5, 9)])
-    rt = types.SimpleNamespace(daemon=types.SimpleNamespace(batches=lambda: pipeline))
-    moved = demo.migrations(rt)  # type: ignore[arg-type]
-    assert moved is not None
+    moved = [(10.2, 300), (10.4, 120), (13.0, 50), (16.5, 9)]
     records = [record(1, 0.1), record(2, 0.2), record(3, 0.3)]
     demo.count_cut_short(moved, records, [(10.0, 11.0), (12.0, 12.9), (16.0, 17.0)])
-    assert [(r.borrow["migrated"], r.borrow["recomputed_tokens"]) for r in records] == [
+    assert [(r.borrow.migrated, r.borrow.recomputed_tokens) for r in records] == [
         (2, 420),
         (0, 0),  # 13.0 is after step 2 trained: a removal between steps, not counted
         (1, 9),
@@ -178,13 +191,16 @@ def test_generations_cut_short_while_a_step_trained_are_counted_on_its_record() 
 
 
 def test_borrow_windows_are_counted_by_verdict_and_abort_cause() -> None:
-    cut = {"window_s": 2.0, "gate": "approved", "aborted": "training-begin", "served_s": 0.0}
-    other = {"window_s": 2.0, "gate": "approved", "aborted": "step 1 (activate) failed: x"}
+    def cycle(**fields: object) -> BorrowCycleStatus:
+        return msgspec.convert({"step": 1, **fields}, BorrowCycleStatus)
+
+    cut = cycle(window_s=2.0, gate="approved", aborted="training-begin", served_s=0.0)
+    other = cycle(window_s=2.0, gate="approved", aborted="step 1 (activate) failed: x")
     records = [record(1, 0.1), record(2, 0.2), record(3, 0.3)]
     records[1].borrow = demo.borrow_record(cut)
     records[2].borrow = demo.borrow_record(other)
-    assert demo.borrow_record({"window_s": 1.0})["gate"] is Verdict.NONE
+    assert demo.borrow_record(cycle(window_s=1.0)).gate is Verdict.NONE
     s = demo.borrow_summary(records)
     assert s["approved"] == 3 and s["served"] == 1 and s["aborted_by_training_begin"] == 1
-    with pytest.raises(ValueError):
-        demo.borrow_record({"gate": "maybe"})
+    with pytest.raises(msgspec.ValidationError):
+        cycle(gate="maybe")

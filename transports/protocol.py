@@ -22,6 +22,7 @@ from pearl.core.errors import SchemaError
 from pearl.core.events import ELASTIC_EVENTS as _ELASTIC
 from pearl.core.events import Elastic, ElasticEvent
 from pearl.core.schema import Registry, WireStruct
+from pearl.core.status import ClusterStatus
 
 # -- constants ------------------------------------------------------------------------------
 
@@ -150,7 +151,9 @@ class StatusRequest(WireStruct, tag="status-request", frozen=True):
 
 @MESSAGES.add
 class Status(WireStruct, tag="status", frozen=True):
-    payload: dict[str, Any]
+    """The cluster status (None until pearld has published its first state)."""
+
+    payload: ClusterStatus | None = None
 
 
 @MESSAGES.add

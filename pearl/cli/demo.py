@@ -1,4 +1,4 @@
-"""``pearl demo``: the main job on the embedded default (see :mod:`pearl.demo`)."""
+"""``pearl demo``: the main job on the embedded default (see :mod:`pearl.demo.app`)."""
 
 from __future__ import annotations
 
@@ -55,9 +55,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     import signal
 
     from pearl import config as config_mod
-    from pearl import demo
-    from pearl.learning import Learning
-    from pearl.report import summary_table
+    from pearl.demo import Learning, run, summary_table, virtual_devices
 
     def interrupt(*_: object) -> None:  # SIGTERM stops the demo like Ctrl-C: cleanly
         raise KeyboardInterrupt
@@ -70,11 +68,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise SystemExit("pearl demo: --eval-every must be >= 0 and --eval-tasks >= 1")
     out = args.out or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     plan = config_mod.load(args.config, list(args.set)).demo
-    devices = demo.virtual_devices(args.config, tuple(args.set))[1]["line"]
+    devices = virtual_devices(args.config, tuple(args.set))[1]["line"]
     print(
         f"pearl demo: {args.steps} steps on {args.config}; {devices}; report in {out}/", flush=True
     )
-    summary = demo.run(
+    summary = run(
         args.config,
         args.steps,
         out,

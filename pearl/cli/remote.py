@@ -20,6 +20,7 @@ from typing import Any
 from pearl.config import DEFAULT_ENDPOINT, format_gpus, parse_gpus
 from pearl.core import events as ev
 from pearl.core.errors import PearlError
+from pearl.core.status import ClusterStatus, status_plain
 
 EVENTS = (
     "gpus-added",
@@ -141,13 +142,14 @@ def client(args: argparse.Namespace) -> Any:
     )
 
 
-def fetch_status(c: Any) -> dict[str, Any]:
+def fetch_status(c: Any) -> ClusterStatus:
     from transports.protocol import StatusRequest
 
     payload = c.request(StatusRequest()).payload
-    if not payload:
+    if payload is None:
         raise PearlError("pearld is starting: its state is not published yet; try again")
-    return dict(payload)
+    status: ClusterStatus = payload
+    return status
 
 
 def build_event(args: argparse.Namespace, c: Any) -> Any:
@@ -167,7 +169,7 @@ def build_event(args: argparse.Namespace, c: Any) -> Any:
     step = args.step
     if step is None:
         status = fetch_status(c)
-        step = status["training_step"] + (1 if args.event == "training-begin" else 0)
+        step = status.training_step + (1 if args.event == "training-begin" else 0)
     if args.event == "training-begin":
         return ev.TrainingBegin(step)
     return ev.TrainingFinished(step=step, weights_version=args.weights_version)
@@ -192,11 +194,11 @@ def await_return(c: Any, step: int, t0: float, timeout_s: float) -> str:
     from pearl.runtime import TrainingTimeout, wait_training_may_proceed
 
     first = fetch_status(c)  # read-your-writes: it includes the training-begin
-    if first.get("training_may_proceed", 0) >= step:
+    if first.training_may_proceed >= step:
         return "nothing was lent, no borrowed workers had to come back"
     lent = sum(
-        w["zone"] == "overlap" and w["role"] != "training" and w["activity"] != "inactive"
-        for w in first["workers"]
+        w.zone == "overlap" and w.role != "training" and w.activity != "inactive"
+        for w in first.workers
     )
     try:
         took = wait_training_may_proceed(lambda: fetch_status(c), step, timeout_s, since=t0)
@@ -215,7 +217,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     while True:  # --wait: a pearld that is starting (or not listening yet) is asked again
         try:
             with client(args) as c:
-                status = fetch_status(c)
+                status = status_plain(fetch_status(c))
             break
         except PearlError:
             if time.monotonic() >= deadline:
@@ -304,7 +306,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
             seen += 1
             show(seq, payload)
 
-        pub = _reachable(status["pub_endpoint"], args.endpoint)
+        pub = _reachable(status.pub_endpoint, args.endpoint)
         sub = Subscriber(
             pub,
             c,

@@ -27,6 +27,7 @@ from typing import Any
 from pearl.cli.remote import _reachable, client, connection_options, fetch_status
 from pearl.config import format_gpus
 from pearl.core.errors import PearlError
+from pearl.core.status import status_plain
 
 EVENTS_SHOWN = 8  # changes listed at the bottom of the screen
 WIDTH = 100  # frame width when stdout is not a terminal
@@ -565,9 +566,9 @@ def _poll(c: Any, timeout_s: float) -> dict[str, Any]:
     from transports.protocol import StatusRequest
 
     payload = c.request(StatusRequest(), timeout_s, retries=0).payload
-    if not payload:
+    if payload is None:
         raise PearlError("pearld is starting")
-    return dict(payload)
+    return status_plain(payload)
 
 
 def cmd_top(args: argparse.Namespace) -> int:
@@ -575,7 +576,8 @@ def cmd_top(args: argparse.Namespace) -> int:
     changes, hidden = Changes(), False
     try:
         with client(args) as c:
-            status = fetch_status(c)  # unreachable: one line on stderr, exit 1 (like status)
+            # Unreachable: one line on stderr, exit 1 (like status).
+            status = status_plain(fetch_status(c))
             if args.once:
                 changes.note = "changes are followed without --once (or: pearl watch)"
             else:

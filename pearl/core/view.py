@@ -4,8 +4,9 @@ Actors read its attributes; nothing between actors is a status dict. :class:`Tab
 table (:class:`~pearl.core.state.ClusterState`) in an encodable form — sorted tuples instead of
 sets and the worker map — and converts back losslessly; :class:`ClusterView` adds what the
 controller knows beside the table (profile, plan progress, gate, borrow cycles, failures) and the
-workers that receive requests. :func:`status_json` renders the ``pearl status --json`` object: only
-the edge (the API actor, a runtime's ``status()``) calls it.
+workers that receive requests. :func:`cluster_status` renders the typed ``pearl status`` object
+(:mod:`pearl.core.status`), :func:`status_json` its JSON mapping: only the edge (the API actor, a
+runtime's ``status()``) calls them.
 
 Pure: no I/O, no clock.
 """
@@ -15,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from types import MappingProxyType
 from typing import Any
+
+import msgspec
 
 from pearl.core.borrow import BorrowCycle
 from pearl.core.controller import ControllerState
@@ -31,6 +34,7 @@ from pearl.core.state import (
     TrainingPhase,
     Worker,
 )
+from pearl.core.status import ClusterStatus
 
 
 class TableSnapshot(Value, frozen=True):
@@ -252,11 +256,18 @@ def status_json(v: ClusterView) -> dict[str, Any]:
     return out
 
 
+def cluster_status(v: ClusterView) -> ClusterStatus:
+    """The typed ``pearl status`` of view ``v``: :func:`status_json` decoded, as a client
+    decodes it (its ``plan`` mapping holds JSON lists, in process as on the wire)."""
+    return msgspec.json.decode(msgspec.json.encode(status_json(v)), type=ClusterStatus)
+
+
 __all__ = [
     "ClusterView",
     "DecisionView",
     "TableSnapshot",
     "budget_workers",
+    "cluster_status",
     "cluster_view",
     "status_json",
     "stranded_gpus",

@@ -95,6 +95,18 @@ class StepReport:
     start_spread_s: float = 0.0
 
 
+@dataclass(frozen=True)
+class PipelineStats:
+    """What the pipeline counted so far, copied at one instant."""
+
+    groups: dict[str, int]  # GRPO groups started, delivered, dropped as stale, lost to a failure
+    failed_trajectories: int  # failed outright (not counting aborted-and-resumed)
+    # Migrated generations: (when aborted, monotonic s; prompt tokens the resumption prefilled
+    # again), recorded when the resumption completes.
+    migrations: tuple[tuple[float, int], ...]
+    last_batch: StepReport | None  # the report of the last batch handed out
+
+
 @dataclass
 class _Group:
     id: str
@@ -216,6 +228,16 @@ class Pipeline:
         with self._cv:
             missing = self.cfg.groups_per_batch - len(self._ready)
             return gid in itertools.islice(self._running_groups, max(0, missing))
+
+    def stats(self) -> PipelineStats:
+        """A consistent copy of the counters (taken under the pipeline's lock)."""
+        with self._cv:
+            return PipelineStats(
+                groups=dict(self.counts),
+                failed_trajectories=self.failed,
+                migrations=tuple(self.migrations),
+                last_batch=self.reports[-1] if self.reports else None,
+            )
 
     def take(self, timeout_s: float) -> Batch | None:
         """The next batch of B fresh trajectories, or None after ``timeout_s``."""
@@ -462,4 +484,4 @@ def _expected_left(latencies: list[float], elapsed: float) -> float:
     return statistics.median(longer) - elapsed if longer else math.inf
 
 
-__all__ = ["Pipeline", "PipelineConfig", "StepReport"]
+__all__ = ["Pipeline", "PipelineConfig", "PipelineStats", "StepReport"]

@@ -80,7 +80,7 @@ class FakePearld:
 
     def st(self, env: Any) -> Status:
         self.status += 1
-        return Status({})
+        return Status()
 
 
 @pytest.fixture
@@ -286,7 +286,7 @@ def test_the_api_counts_a_hosts_reports_as_heartbeats() -> None:
     with (
         Server(
             "tcp://127.0.0.1:*",
-            dispatch({StatusRequest: lambda env: Status({})}),
+            dispatch({StatusRequest: lambda env: Status()}),
             liveness=board.ear,
         ) as s,
         Client(s.address, name=host_name(5, 2, "r")) as c,

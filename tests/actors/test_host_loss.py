@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 
 import pearl
-from actors.supervisor import Deaths
 
 pytestmark = pytest.mark.slow
 
@@ -74,11 +73,7 @@ def runtime(tmp_path: Path) -> Iterator[Any]:
 
 
 def serving(rt: Any) -> list[int]:
-    return [
-        w["id"]
-        for w in rt.status()["workers"]
-        if w["activity"] == "active" and w["role"] != "training"
-    ]
+    return [w.id for w in rt.status().workers if w.activity == "active" and w.role != "training"]
 
 
 def test_a_host_killed_mid_rollout_loses_no_trajectory(
@@ -128,7 +123,7 @@ def test_a_host_killed_mid_rollout_loses_no_trajectory(
         assert time.monotonic() < deadline, "no host ever had a turn in flight"
         time.sleep(0.02)
     victim, in_flight = max(busy.items(), key=lambda kv: len(kv[1]))
-    roles = {w["id"]: w["role"] for w in rt.status()["workers"]}
+    roles = {w.id: w.role for w in rt.status().workers}
     # The newest incarnation: under load a host may have been restarted once already.
     pid = max((inc, p) for (w, inc), p in host_pids(tmp_path / "state").items() if w == victim)[1]
     os.kill(pid, signal.SIGKILL)
@@ -167,5 +162,5 @@ def test_a_host_killed_mid_rollout_loses_no_trajectory(
     c = pipeline.counts
     assert pipeline.failed == 0 and c["failed"] == 0, c  # no trajectory lost
     assert len(ids) == 6 * 8  # every batch whole, no trajectory handed out twice
-    deaths = rt.daemon.directory.get("supervisor").ask(Deaths())
+    deaths = rt.stats().host_deaths
     assert deaths.get("exited") == 1 and deaths.get("missed heartbeats", 0) == 0, (deaths, story)

@@ -93,7 +93,7 @@ def test_a_full_disk_refuses_events_keeps_reports_and_heals_with_no_restart(tmp_
             LogWriteFailed, match=r"2 earlier record\(s\) .* wait for the disk first"
         ):
             ref.ask(ev.GpusAdded((20, 21)), timeout_s=5)
-        assert ref.ask(StatusRequest(), timeout_s=5)["seq"] == before
+        assert ref.ask(StatusRequest(), timeout_s=5).seq == before
         assert ref.ref.is_alive() and log.last_seq == before
         failpoints.disk()
         ack = ref.ask(ev.GpusAdded((20, 21)), timeout_s=5)

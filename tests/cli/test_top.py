@@ -14,6 +14,7 @@ import pytest
 from pearl import config as config_mod
 from pearl.cli import main, top
 from pearl.cli.top import describe, render
+from pearl.core.status import ClusterStatus
 from pearl.daemon import Daemon
 from tests.daemon.conftest import CONFIG, SMALL, wait_until
 from transports.protocol import StatusRequest
@@ -251,11 +252,11 @@ def pearld(tmp_path: Path) -> Iterator[Daemon]:
         d.stop()
 
 
-def settled(s: dict[str, Any]) -> bool:
-    rollout = [w for w in s.get("workers", []) if w["role"] != "training"]
-    return (
-        bool(rollout) and not s["transitions"] and all(w["activity"] == "active" for w in rollout)
-    )
+def settled(s: ClusterStatus | None) -> bool:
+    if s is None:
+        return False
+    rollout = [w for w in s.workers if w.role != "training"]
+    return bool(rollout) and not s.transitions and all(w.activity == "active" for w in rollout)
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

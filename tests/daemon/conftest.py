@@ -17,6 +17,7 @@ import pytest
 from pearl.core.events import RECORDS
 from pearl.core.fold import replay
 from pearl.core.state import ClusterState
+from pearl.core.status import status_plain
 from pearl.log import FileLog
 from transports.protocol import Event, StatusRequest
 from transports.rpc import Client
@@ -94,8 +95,9 @@ class Pearld:
         )
 
     def status(self) -> dict[str, Any]:
+        """The ``pearl status --json`` mapping."""
         assert self.client is not None
-        return self.client.request(StatusRequest()).payload  # type: ignore[no-any-return]
+        return status_plain(self.client.request(StatusRequest()).payload)
 
     def event(self, record: Any) -> int:
         assert self.client is not None

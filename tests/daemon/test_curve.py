@@ -133,7 +133,7 @@ def test_pearld_with_keys_serves_and_only_keyed_clients_get_in(keyed: Any, tmp_p
     # The Python client: the same keys work, none are refused with the same explanation.
     rt = pearl.connect(d.endpoint, keys_dir=str(keys), timeout_s=2.0)
     try:
-        assert rt.status()["seq"] >= seq
+        assert rt.status().seq >= seq
     finally:
         rt.stop()
     with pytest.raises(PearlError, match="authentication failed.*keys_dir=DIR"):

@@ -24,6 +24,7 @@ import pearl
 from actors.messages import Route
 from pearl.core import events as ev
 from pearl.core.errors import ConfigError
+from pearl.core.status import status_plain
 from pearl.engines.base import GenerateRequest, SamplingParams
 from tests.daemon.conftest import CONFIG, ROOT, Pearld, wait_until
 
@@ -135,7 +136,7 @@ def serving(status: dict[str, Any]) -> list[dict[str, Any]]:
 
 def settled(rt: Any, timeout: float = 60.0) -> dict[str, Any]:
     def calm() -> dict[str, Any] | None:
-        s = rt.status()
+        s = status_plain(rt.status())
         return s if not s["transitions"] and not s["failed"] and s["plan"] is None else None
 
     return wait_until(calm, timeout, "pearld to settle", every=0.1)  # type: ignore[no-any-return]
@@ -344,8 +345,9 @@ def test_node_loss_and_arrival_are_elastic_events(
 
         on_b = {
             k: ray.get(host_of(*k).where.remote(), timeout=10)[1]
-            for k in ((w["id"], w["incarnation"]) for w in serving(rt.status()))
-            if k[0] in {w["id"] for w in serving(rt.status()) if w["gpus"][0] in (2, 3)}
+            for k in ((w["id"], w["incarnation"]) for w in serving(status_plain(rt.status())))
+            if k[0]
+            in {w["id"] for w in serving(status_plain(rt.status())) if w["gpus"][0] in (2, 3)}
         }
         assert len(on_b) == 2
         t0 = time.monotonic()
@@ -369,7 +371,7 @@ def test_node_loss_and_arrival_are_elastic_events(
             ids |= {t.id for t in batch}
         assert pipeline.failed == 0 and pipeline.counts["failed"] == 0, pipeline.counts
         assert len(ids) == 4 * 8
-        status = rt.status()
+        status = status_plain(rt.status())
         with FileLog(tmp_path / "state" / "log", readonly=True) as log:
             replayed = log.load(status["seq"]).state.to_json()
         assert (status["seq"], status["workers"]) == (replayed["seq"], replayed["workers"])

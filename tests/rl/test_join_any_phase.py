@@ -17,6 +17,7 @@ import pytest
 
 import pearl
 from pearl.core import events as ev
+from pearl.core.status import ClusterStatus, WorkerRow
 from pearl.rl.weights import latest_snapshot
 
 pytestmark = pytest.mark.slow
@@ -36,8 +37,8 @@ FAST = (
 JOIN_S = 120.0
 
 
-def on(status: dict[str, Any], gpu: int) -> list[dict[str, Any]]:
-    return [w for w in status["workers"] if gpu in w["gpus"] and w["role"] != "training"]
+def on(status: ClusterStatus, gpu: int) -> list[WorkerRow]:
+    return [w for w in status.workers if gpu in w.gpus and w.role != "training"]
 
 
 def settle(rt: Any, gpu: int, present: bool) -> None:
@@ -46,8 +47,8 @@ def settle(rt: Any, gpu: int, present: bool) -> None:
     while True:
         s = rt.status()
         rows = on(s, gpu)
-        done = [w["activity"] for w in rows] == ["active"] if present else not rows
-        if done and s["plan"] is None:
+        done = [w.activity for w in rows] == ["active"] if present else not rows
+        if done and s.plan is None:
             return
         assert time.monotonic() < deadline, f"GPU {gpu} {'joining' if present else 'leaving'}: {s}"
         time.sleep(0.1)
@@ -94,7 +95,7 @@ def test_workers_join_and_leave_at_every_phase_of_a_step(tmp_path: Path) -> None
             trainer.step(batch)
         # Training Finished named version 2; its snapshot is still being written: a joiner takes
         # the newest stored version (1) and moves on when told.
-        assert rt.status()["weights_version"] == 2 and newest(state) == 1
+        assert rt.status().weights_version == 2 and newest(state) == 1
         join_and_leave(rt, 3)
         rt.publish_weights(trainer.state_dict(), 2)
 

@@ -15,6 +15,7 @@ import pytest
 import pearl
 from pearl import config
 from pearl.core import events as ev
+from pearl.core.status import ClusterStatus, status_plain
 from pearl.log import FileLog
 
 pytestmark = pytest.mark.slow
@@ -49,19 +50,19 @@ SETS = (
 )
 
 
-def wait_for(rt: Any, pred: Any, timeout: float, what: str) -> dict[str, Any]:
+def wait_for(rt: Any, pred: Any, timeout: float, what: str) -> ClusterStatus:
     deadline = time.monotonic() + timeout
-    s: dict[str, Any] = {}
+    s: ClusterStatus | None = None
     while time.monotonic() < deadline:
         s = rt.status()
-        if s["plan"] is None and pred(s):
+        if s.plan is None and pred(s):
             return s
         time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}: {s.get('mode')} {s}")
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}: {s}")
 
 
-def serving(s: dict[str, Any]) -> str:
-    return f"{s['N_C']}C" if s["mode"] == "colocated" else f"{s['N_P']}P{s['N_D']}D"
+def serving(s: ClusterStatus) -> str:
+    return f"{s.N_C}C" if s.mode == "colocated" else f"{s.N_P}P{s.N_D}D"
 
 
 def generating(rt: Any, timeout: float = 60.0) -> int:
@@ -120,19 +121,21 @@ def test_colocated_disaggregated_colocated_with_requests_in_flight(tmp_path: Pat
     rt.start()
     modes = []
     try:
-        s = wait_for(rt, lambda s: s["N_C"] == 2, 120, "2 colocated workers")
+        s = wait_for(rt, lambda s: s.N_C == 2, 120, "2 colocated workers")
         modes.append(serving(s))
         in_flight = [generating(rt)]
         rt.event(ev.GpusAdded((3,)))
-        s = wait_for(rt, lambda s: s["mode"] == "disaggregated", 120, "the split")
+        s = wait_for(rt, lambda s: s.mode == "disaggregated", 120, "the split")
         modes.append(serving(s))
         in_flight.append(generating(rt))
         rt.event(ev.GpusReclaimed((3,)))
-        s = wait_for(rt, lambda s: s["mode"] == "colocated" and s["N_C"] == 2, 120, "colocation")
+        s = wait_for(rt, lambda s: s.mode == "colocated" and s.N_C == 2, 120, "colocation")
         modes.append(serving(s))
         batches = [rt.next_batch(timeout_s=240) for _ in range(2)]
-        switches = rt.daemon.plans.switches()
-        migrated = len(rt.daemon.batches().migrations)
+        stats = rt.stats()
+        switches = stats.switches
+        assert stats.pipeline is not None
+        migrated = len(stats.pipeline.migrations)
         final = rt.status()
     finally:
         rt.stop()
@@ -158,5 +161,5 @@ def test_colocated_disaggregated_colocated_with_requests_in_flight(tmp_path: Pat
     )
 
     with FileLog(state / "log", readonly=True) as log:
-        table = log.load(final["seq"]).state.to_json()
-    assert (table["seq"], table["workers"]) == (final["seq"], final["workers"])
+        table = log.load(final.seq).state.to_json()
+    assert (table["seq"], table["workers"]) == (final.seq, status_plain(final)["workers"])

@@ -24,6 +24,7 @@ import pytest
 
 import pearl
 from pearl.core import events as ev
+from pearl.core.status import ClusterStatus
 from pearl.rl.trajectory import Batch
 
 pytestmark = pytest.mark.slow
@@ -61,11 +62,11 @@ def check_batch(
         assert t.min_version >= trainer_version - staleness, (t.min_version, trainer_version)
 
 
-def returned(status: dict[str, Any]) -> bool:
-    trainer = [w for w in status["workers"] if w["role"] == "training"]
-    overlap = [w for w in status["workers"] if w["zone"] == "overlap" and w["role"] != "training"]
-    return all(w["activity"] == "active" for w in trainer) and all(
-        w["activity"] == "inactive" for w in overlap
+def returned(status: ClusterStatus) -> bool:
+    trainer = [w for w in status.workers if w.role == "training"]
+    overlap = [w for w in status.workers if w.zone == "overlap" and w.role != "training"]
+    return all(w.activity == "active" for w in trainer) and all(
+        w.activity == "inactive" for w in overlap
     )
 
 
@@ -172,7 +173,7 @@ def test_embedding_api_against_a_pearld_subprocess(tmp_path: Path) -> None:
             path = rt.publish_weights(trainer.state_dict(), 1)  # uploaded as one bulk frame
         assert path.endswith(".safetensors") and Path(path).exists()
         status = rt.status()
-        assert status["weights_version"] == 1 and status["phase"] == "idle"
+        assert status.weights_version == 1 and status.phase == "idle"
         batch = rt.next_batch(timeout_s=240)
         check_batch(batch, 8, 4, 1, staleness=1)
         rt.stop()

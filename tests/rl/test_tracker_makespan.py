@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from pearl import demo
-from pearl.report import makespan_errors
+from pearl.demo import makespan_errors
 
 pytestmark = pytest.mark.slow
 

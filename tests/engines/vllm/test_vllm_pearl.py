@@ -24,6 +24,7 @@ import pytest
 import pearl
 from actors import base
 from pearl.core import events as ev
+from pearl.core.status import status_plain
 from pearl.engines.base import GenerateRequest, SamplingParams
 from pearl.engines.vllm.client import VLLMClient
 from pearl.engines.vllm.engine import body
@@ -80,13 +81,13 @@ class Cluster:
         """GPU id -> worker, for the active rollout workers."""
         return {
             w["gpus"][0]: w
-            for w in self.rt.status()["workers"]
+            for w in status_plain(self.rt.status())["workers"]
             if w["activity"] == "active" and w["role"] != "training"
         }
 
     def settled(self, gpus: set[int], timeout: float = 600) -> None:
         def ok() -> bool:
-            s = self.rt.status()
+            s = status_plain(self.rt.status())
             return set(self.serving()) == gpus and not s["transitions"] and s["plan"] is None
 
         wait_until(ok, timeout, f"workers serving on GPUs {sorted(gpus)}")
@@ -126,12 +127,12 @@ class Cluster:
             raise AssertionError(
                 f"no answer to {missing}; router pending {pending}, stats "
                 f"{router.stats().get()}, client errors {s['errors']}, sends {s['sends']}, "
-                f"status {self.rt.status()['workers']}"
+                f"status {status_plain(self.rt.status())['workers']}"
             ) from None
 
     def status_is_replay(self) -> None:
         def same() -> bool:
-            status = self.rt.status()
+            status = status_plain(self.rt.status())
             with FileLog(self.state / "log", readonly=True) as log:
                 table = log.load().state.to_json()
             keys = ("seq", "workers", "mode", "N_P", "N_D", "N_C")
@@ -226,7 +227,7 @@ def test_a_worker_that_joins_serves_the_published_weights_from_the_start(
             p.add_(torch.randn_like(p) * 0.5)
     state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
     c.rt.publish_weights(state, 1)
-    wait_until(lambda: c.rt.status()["weights_version"] == 1, 60, "weights version 1")
+    wait_until(lambda: status_plain(c.rt.status())["weights_version"] == 1, 60, "weights version 1")
     c.rt.event(ev.GpusAdded((3,)))
     first = wait_until(lambda: 3 in c.serving(), 600, "the joiner to serve")
     # The moment the table routes to it, its server already holds version 1.
@@ -255,7 +256,7 @@ def test_a_borrow_cycle_pauses_the_lent_server_and_resumes_it(cluster: Cluster) 
         c.answers({f"b{rid}" for rid in PROMPTS})
     c.settled({0, 1, 3})
     assert call(c.url(0) + "/is_paused")["is_paused"] is False
-    borrow = c.rt.status()["borrow"]
+    borrow = status_plain(c.rt.status())["borrow"]
     assert (borrow["current"] or borrow["last"] or {}).get("step") == 1, borrow
     c.status_is_replay()
 

@@ -15,20 +15,49 @@ import math
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pearl.core import events as ev
 from pearl.core.borrow import Verdict
 from pearl.core.errors import PearlError
-from pearl.runtime import Runtime
+from pearl.core.profile import WorkloadProfile
+from pearl.core.status import BorrowCycleStatus, ClusterStatus
+from pearl.runtime import Runtime, RuntimeStats
+
+if TYPE_CHECKING:
+    from pearl.rl.pipeline import StepReport
 
 LIVE_S = 1.0  # live view period
 BATCH_TIMEOUT_S = 180.0  # no batch for this long: something is wrong, stop with a report
 
 
 @dataclass
+class BorrowRecord:
+    """The training-idle window before a step: what the borrowing gate said and what happened
+    (seconds; None where it did not occur)."""
+
+    window_s: float | None = None
+    gate: Verdict = Verdict.NONE
+    gate_reason: str = ""
+    window_left_s: float | None = None
+    lent: int = 0
+    activated: int = 0
+    activation_s: float | None = None
+    served_s: float | None = None
+    aborted: bool = False
+    abort_reason: str | None = None
+    returning: int = 0
+    returned_after_s: float | None = None
+    # Generations aborted while the step trained, resumed from their prefix elsewhere, and the
+    # prompt tokens those resumptions prefilled again (:func:`count_cut_short`).
+    migrated: int = 0
+    recomputed_tokens: int = 0
+
+
+@dataclass(kw_only=True)
 class StepRecord:
     step: int
     end_s: float  # since the job started
@@ -52,7 +81,7 @@ class StepRecord:
     predicted_makespan_s: float | None
     measured_makespan_s: float | None
     # The training-idle window before this step: what the borrowing gate said and what happened.
-    borrow: dict[str, Any] = field(default_factory=dict)
+    borrow: BorrowRecord = field(default_factory=BorrowRecord)
     # The pure forecast, made before the batch was handed out: the same profile with its own
     # B_flight, for the configuration in place then.
     forecast_makespan_s: float | None = None
@@ -60,74 +89,69 @@ class StepRecord:
     mean_workers: dict[str, float] = field(default_factory=dict)  # by role, over its span
 
 
-def borrow_record(cycle: dict[str, Any] | None) -> dict[str, Any]:
-    """A borrow cycle of ``pearl status`` as a report record (seconds; null where n/a)."""
-    c = cycle or {}
-    return {
-        "window_s": c.get("window_s"),
-        "gate": Verdict(c.get("gate", Verdict.NONE)),
-        "gate_reason": c.get("gate_reason", ""),
-        "window_left_s": c.get("window_left_s"),
-        "lent": c.get("lent", 0),
-        "activated": c.get("activated", 0),
-        "activation_s": c.get("activation_s"),
-        "served_s": c.get("served_s"),
-        "aborted": bool(c.get("aborted")),
-        "abort_reason": c.get("aborted"),
-        "returning": c.get("returning", 0),
-        "returned_after_s": c.get("return_s"),
-    }
+def borrow_record(cycle: BorrowCycleStatus | None) -> BorrowRecord:
+    """A borrow cycle of ``pearl status`` as a report record (no cycle: nothing happened)."""
+    if cycle is None:
+        return BorrowRecord()
+    return BorrowRecord(
+        window_s=cycle.window_s,
+        gate=cycle.gate,
+        gate_reason=cycle.gate_reason,
+        window_left_s=cycle.window_left_s,
+        lent=cycle.lent,
+        activated=cycle.activated,
+        activation_s=cycle.activation_s,
+        served_s=cycle.served_s,
+        aborted=bool(cycle.aborted),
+        abort_reason=cycle.aborted,
+        returning=cycle.returning,
+        returned_after_s=cycle.return_s,
+    )
 
 
-def migrations(rt: Runtime) -> list[tuple[float, int]] | None:
-    """The pipeline's migrated generations so far: (when aborted, monotonic; prompt tokens the
-    resumption prefilled again). A resumption is recorded when it completes. None if unknown."""
-    try:
-        p = rt.daemon.batches()
-        return list(p.migrations) if p is not None else []
-    except Exception:  # the report matters more than these figures
-        return None
-
-
-def migrated_between(moved: list[tuple[float, int]], begin: float, end: float) -> dict[str, int]:
+def migrated_between(
+    moved: Sequence[tuple[float, int]], begin: float, end: float
+) -> tuple[int, int]:
     """The generations aborted in [begin, end] and the prompt tokens prefilled again for them."""
     during = [n for t, n in moved if begin <= t <= end]
-    return {"migrated": len(during), "recomputed_tokens": sum(during)}
+    return len(during), sum(during)
 
 
 def count_cut_short(
-    moved: list[tuple[float, int]], records: list[StepRecord], training: list[tuple[float, float]]
+    moved: Sequence[tuple[float, int]],
+    records: list[StepRecord],
+    training: list[tuple[float, float]],
 ) -> None:
     """Adds to each record's borrow the generations aborted while its step trained (Training
     Begin -> the step's end: the lent workers' return, and any worker removal then), each resumed
     from its prefix elsewhere, and the prompt tokens those resumptions prefilled again."""
     for r, (begin, end) in zip(records, training, strict=False):
-        r.borrow.update(migrated_between(moved, begin, end))
+        r.borrow.migrated, r.borrow.recomputed_tokens = migrated_between(moved, begin, end)
 
 
 def borrow_summary(records: list[StepRecord]) -> dict[str, Any]:
     """Borrow windows of the run: how many the gate approved, and in how many lent workers
     really served, and how many plans Training Begin cut short."""
-    windows = [r.borrow for r in records if r.borrow.get("window_s") is not None]
-    approved = [b for b in windows if b["gate"] is Verdict.APPROVED]
-    served = [b for b in approved if (b["served_s"] or 0) > 0]
+    windows = [r.borrow for r in records if r.borrow.window_s is not None]
+    approved = [b for b in windows if b.gate is Verdict.APPROVED]
+    served = [b for b in approved if (b.served_s or 0) > 0]
     return {
         "windows": len(windows),
         "approved": len(approved),
         "served": len(served),
         "served_fraction": len(served) / len(approved) if approved else None,
         "aborted_by_training_begin": sum(
-            b["abort_reason"] == ev.AbortCause.TRAINING_BEGIN for b in windows
+            b.abort_reason == ev.AbortCause.TRAINING_BEGIN for b in windows
         ),
-        "served_s": sum(b["served_s"] or 0.0 for b in windows),
-        "migrated": sum(r.borrow.get("migrated", 0) for r in records),
-        "recomputed_tokens": sum(r.borrow.get("recomputed_tokens", 0) for r in records),
+        "served_s": sum(b.served_s or 0.0 for b in windows),
+        "migrated": sum(r.borrow.migrated for r in records),
+        "recomputed_tokens": sum(r.borrow.recomputed_tokens for r in records),
     }
 
 
-def returned_line(step: int, cycle: dict[str, Any], waited_s: float) -> str:
+def returned_line(step: int, cycle: BorrowCycleStatus | None, waited_s: float) -> str:
     """What the return did, in words: never a return that did not happen."""
-    n, why = cycle.get("returning", 0), cycle.get("aborted")
+    n, why = (0, None) if cycle is None else (cycle.returning, cycle.aborted)
     back = f"back in {waited_s * 1e3:.0f} ms"
     if n and why:  # the plan had begun handing the GPUs over when it was cut short
         return (
@@ -141,12 +165,44 @@ def returned_line(step: int, cycle: dict[str, Any], waited_s: float) -> str:
     return f"training step {step}: nothing was lent"
 
 
+@dataclass(frozen=True)
+class Counts:
+    """Active rollout workers by role, in the overlap zone, and available by kind."""
+
+    prefill: int
+    decode: int
+    colocated: int
+    overlap: int  # borrowed from training
+    workers: int
+    reserved: int  # on reserved GPUs
+    preemptible: int  # on preemptible GPUs (the trace's)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One live-view sample: seconds since the job started, the workers then, the phase."""
+
+    t: float
+    prefill: int
+    decode: int
+    colocated: int
+    overlap: int
+    workers: int
+    reserved: int
+    preemptible: int
+    phase: str
+
+    @classmethod
+    def of(cls, t: float, c: Counts, phase: str) -> Sample:
+        return cls(t=t, **asdict(c), phase=phase)
+
+
 @dataclass
 class Timeline:
     """What the live view samples: time, roles, available workers, events."""
 
     t0: float
-    samples: list[dict[str, Any]] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
     events: list[tuple[float, str]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -159,23 +215,20 @@ class Timeline:
             return self.events[-1][1] if self.events else ""
 
 
-def counts(status: dict[str, Any]) -> dict[str, int]:
-    rows = [w for w in status["workers"] if w["role"] != "training"]
-    reserved = set((status.get("gpus") or {}).get("reserved", ()))
-    active = [w for w in rows if w["activity"] == "active"]
-    return {
-        "prefill": sum(w["role"] == "prefill" for w in active),
-        "decode": sum(w["role"] == "decode" for w in active),
-        "colocated": sum(w["role"] == "colocated" for w in active),
-        "overlap": sum(w["zone"] == "overlap" for w in active),
-        "workers": len(active),
-        # Available workers by kind: on reserved GPUs, on preemptible ones (the trace's), and
-        # borrowed from training (overlap, above).
-        "reserved": sum(w["zone"] != "overlap" and set(w["gpus"]) <= reserved for w in active),
-        "preemptible": sum(
-            w["zone"] != "overlap" and not set(w["gpus"]) <= reserved for w in active
-        ),
-    }
+def counts(status: ClusterStatus) -> Counts:
+    """The active rollout workers of ``status``, counted."""
+    reserved = set(status.gpus.reserved)
+    active = [w for w in status.workers if w.role != "training" and w.activity == "active"]
+    dedicated = [w for w in active if w.zone != "overlap"]
+    return Counts(
+        prefill=sum(w.role == "prefill" for w in active),
+        decode=sum(w.role == "decode" for w in active),
+        colocated=sum(w.role == "colocated" for w in active),
+        overlap=len(active) - len(dedicated),
+        workers=len(active),
+        reserved=sum(set(w.gpus) <= reserved for w in dedicated),
+        preemptible=sum(not set(w.gpus) <= reserved for w in dedicated),
+    )
 
 
 class Preemptible:
@@ -271,13 +324,13 @@ class LiveView(threading.Thread):
             c = counts(s)
             t = time.monotonic() - self.timeline.t0
             with self.timeline.lock:
-                self.timeline.samples.append({"t": t, **c, "phase": s["phase"]})
-            ratio = f"{s['N_C']}C" if s["mode"] == "colocated" else f"{s['N_P']}P{s['N_D']}D"
+                self.timeline.samples.append(Sample.of(t, c, s.phase))
+            ratio = f"{s.N_C}C" if s.mode == "colocated" else f"{s.N_P}P{s.N_D}D"
             acc = self.state.get("accuracy")
             line = (
-                f"[{t:6.1f}s] step {self.state.get('step', 0):>3}  {s['mode']:<13} {ratio:<5} "
-                f"P{c['prefill']} D{c['decode']} C{c['colocated']} (overlap {c['overlap']})  "
-                f"{self.state.get('throughput', 0.0):7.0f} tok/s  {s['phase']:<8} "
+                f"[{t:6.1f}s] step {self.state.get('step', 0):>3}  {s.mode:<13} {ratio:<5} "
+                f"P{c.prefill} D{c.decode} C{c.colocated} (overlap {c.overlap})  "
+                f"{self.state.get('throughput', 0.0):7.0f} tok/s  {s.phase:<8} "
                 f"reward {self.state.get('reward', 0.0):.2f}"
                 + (f" held-out {acc:.2f}" if acc is not None else "")
                 + f"  {self.timeline.last_event()[:40]}"
@@ -291,30 +344,28 @@ class LiveView(threading.Thread):
                 print(line, flush=True)
 
 
-def predict(status: dict[str, Any]) -> float | None:
+def predict(status: ClusterStatus) -> float | None:
     """The makespan eq. 1-3 predict for the current configuration from the current profile."""
-    return predict_for(
-        status["profile"], status["mode"], status["N_P"], status["N_D"], status["N_C"]
-    )
+    if status.profile is None:
+        return None
+    return predict_for(status.profile, status.mode, status.N_P, status.N_D, status.N_C)
 
 
 def predict_for(
-    profile: dict[str, Any],
+    profile: WorkloadProfile,
     mode: str,
     N_P: float,
     N_D: float,
     N_C: float,
     in_flight: float | None = None,
 ) -> float | None:
-    """Eq. 1-3 on ``profile`` (a status' plain profile) for a configuration, with B_flight
-    replaced by ``in_flight`` when given."""
+    """Eq. 1-3 on ``profile`` for a configuration, with B_flight replaced by ``in_flight`` when
+    given."""
     import msgspec
 
     from pearl.core.makespan import T_coloc, T_dis
-    from pearl.core.profile import WorkloadProfile
-    from pearl.core.schema import from_plain
 
-    p = from_plain(WorkloadProfile, profile)
+    p = profile
     if in_flight is not None and in_flight > 0:
         p = msgspec.structs.replace(p, B_flight=in_flight)
     if mode == "colocated":
@@ -324,10 +375,12 @@ def predict_for(
     return None
 
 
-def predict_batch(profile: dict[str, Any], report: Any) -> float | None:
+def predict_batch(profile: WorkloadProfile | None, report: StepReport) -> float | None:
     """Eq. 1-3 for the workers (mean by role over the batch's span) and the concurrency
     (B_flight) the batch really ran with; the mode is the one most workers were in."""
-    w = getattr(report, "workers", None) or {}
+    if profile is None:
+        return None
+    w = report.workers
     c, n_p, n_d = w.get("colocated", 0.0), w.get("prefill", 0.0), w.get("decode", 0.0)
     if c <= 0 and n_p + n_d <= 0:
         return None
@@ -379,10 +432,10 @@ def run(
     """Run the demo job; returns the report (also written to ``out/report.json``).
 
     ``seed`` fixes tasks, sampling and initial weights; ``learning``
-    (:class:`pearl.learning.Learning`) adds the cached warm start and held-out evaluation."""
+    (:class:`pearl.demo.learning.Learning`) adds the cached warm start and held-out evaluation."""
     import torch
 
-    from pearl import learning as learn
+    from pearl.demo import learning as learn
     from pearl.rl.grpo import GRPOTrainer
 
     if (out / "state").exists():
@@ -424,7 +477,7 @@ def run(
             driver.start()
         live.start()
         last_end = time.monotonic()
-        first = int(rt.status()["training_step"]) + 1  # a reused state dir continues
+        first = rt.status().training_step + 1  # a reused state dir continues
         for step in range(first, first + steps):
             if script is not None:
                 script.pool.move_to(script.interval(step), f"budget from step {step}")
@@ -436,9 +489,9 @@ def run(
             s = rt.status()
             began = time.monotonic()
             with rt.training(step, weights_version=step):
-                cycle = (rt.status().get("borrow") or {}).get("current") or {}
-                if cycle.get("step") != step - 1:
-                    cycle = {}  # not the window before this step (a reused state dir)
+                cycle = rt.status().borrow.current
+                if cycle is not None and cycle.step != step - 1:
+                    cycle = None  # not the window before this step (a reused state dir)
                 timeline.event(returned_line(step, cycle, rt.last_return_s))
                 t_train = time.monotonic()
                 metrics = trainer.step(batch)
@@ -455,33 +508,34 @@ def run(
             trained = int(metrics.get("tokens", sum(t.n_tokens for t in batch)))
             duration = end - last_end
             last_end = end
-            report = rt.daemon.batches().reports[-1] if rt.daemon.batches().reports else None
-            predicted = predict_batch(before["profile"], report) if report else forecast
+            pipeline = rt.stats().pipeline
+            report = pipeline.last_batch if pipeline is not None else None
+            predicted = predict_batch(before.profile, report) if report else forecast
             records.append(
                 StepRecord(
-                    step,
-                    end - timeline.t0,
-                    duration,
-                    got - t0,
-                    train_s,
-                    rt.last_return_s,
-                    generated,
-                    trained,
-                    (generated + trained) / max(duration, 1e-9),
-                    float(metrics.get("reward_mean", 0.0)),
-                    float(metrics.get("loss", 0.0)),
-                    step,
-                    s["mode"],
-                    s["N_P"],
-                    s["N_D"],
-                    s["N_C"],
-                    counts(s)["workers"],
-                    predicted,
-                    report.makespan_s if report else None,
-                    borrow_record(cycle),
-                    forecast,
-                    report.in_flight if report else None,
-                    dict(report.workers) if report else {},
+                    step=step,
+                    end_s=end - timeline.t0,
+                    duration_s=duration,
+                    wait_batch_s=got - t0,
+                    train_s=train_s,
+                    return_s=rt.last_return_s,
+                    generated_tokens=generated,
+                    trained_tokens=trained,
+                    throughput_tok_s=(generated + trained) / max(duration, 1e-9),
+                    reward=float(metrics.get("reward_mean", 0.0)),
+                    loss=float(metrics.get("loss", 0.0)),
+                    version=step,
+                    mode=s.mode,
+                    N_P=s.N_P,
+                    N_D=s.N_D,
+                    N_C=s.N_C,
+                    workers=counts(s).workers,
+                    predicted_makespan_s=predicted,
+                    measured_makespan_s=report.makespan_s if report else None,
+                    borrow=borrow_record(cycle),
+                    forecast_makespan_s=forecast,
+                    in_flight=report.in_flight if report else None,
+                    mean_workers=dict(report.workers) if report else {},
                 )
             )
             if evals is not None and learn.eval_due(learning, step, first + steps - 1):
@@ -506,13 +560,12 @@ def run(
             live.join(2.0)
             if live.tty and not quiet:
                 print(flush=True)
-        deaths = host_deaths(rt)
-        groups = pipeline_counts(rt)
-        switches = mode_switches(rt, timeline.t0)
-        moved = migrations(rt)
-        if moved is not None:
-            count_cut_short(moved, records, training)
-        rt.stop()
+        try:
+            stats = rt.stats()  # what this run's pearld counted, before it stops
+        finally:
+            rt.stop()
+        if stats.pipeline is not None:
+            count_cut_short(stats.pipeline.migrations, records, training)
         held_out = evals.results() if evals is not None else []
     summary = write_report(
         out,
@@ -520,47 +573,33 @@ def run(
         records,
         timeline,
         interrupted,
-        deaths,
+        stats.host_deaths,
         evals=held_out,
         learning={**prepared.warm_start, "settings": learn.describe(learning)},
-        groups=groups,
-        switches=switches,
+        groups=pipeline_counts(stats),
+        switches=mode_switches(stats, timeline.t0),
     )
     return summary
 
 
-def host_deaths(rt: Runtime) -> dict[str, int]:
-    """Worker hosts the supervisor declared dead during the run, by reason (empty if unknown)."""
-    from actors.supervisor import Deaths
-
-    try:
-        return dict(rt.daemon.directory.get("supervisor").ask(Deaths(), 5.0))
-    except Exception:  # the report matters more than this figure
-        return {}
-
-
-def mode_switches(rt: Runtime, t0: float) -> list[dict[str, Any]]:
+def mode_switches(stats: RuntimeStats, t0: float) -> list[dict[str, Any]]:
     """Each committed plan that changed the PD mode: when (s since the job started), from and to,
     plan begin -> commit, the generations it migrated (aborted and resumed from their prefix
     elsewhere) and the prompt tokens those resumptions prefilled again, and the decision's
     reason (its hysteresis arithmetic) and predicted makespan."""
-    moved = migrations(rt)
-    if moved is None:
-        return []
-    try:
-        spans = rt.daemon.plans.switches()
-    except Exception:  # the report matters more than this figure
-        return []
+    moved = stats.pipeline.migrations if stats.pipeline is not None else ()
     out = []
-    for sp in spans:
+    for sp in stats.switches:
         end = sp.end if sp.end is not None else sp.begin
+        migrated, recomputed = migrated_between(moved, sp.begin, end)
         out.append(
             {
                 "at_s": sp.begin - t0,
                 "from": str(sp.before),
                 "to": str(sp.target),
                 "plan_s": end - sp.begin,
-                **migrated_between(moved, sp.begin, end),
+                "migrated": migrated,
+                "recomputed_tokens": recomputed,
                 "cause": sp.cause,
                 "decision": sp.decision,
                 "predicted_s": sp.predicted_s,
@@ -569,13 +608,12 @@ def mode_switches(rt: Runtime, t0: float) -> list[dict[str, Any]]:
     return out
 
 
-def pipeline_counts(rt: Runtime) -> dict[str, int]:
+def pipeline_counts(stats: RuntimeStats) -> dict[str, int]:
     """GRPO groups the pipeline started, delivered, dropped as stale, and lost to a failure."""
-    try:
-        p = rt.daemon.batches()
-        return {**p.counts, "failed_trajectories": int(p.failed)}
-    except Exception:  # the report matters more than this figure
+    p = stats.pipeline
+    if p is None:
         return {}
+    return {**p.groups, "failed_trajectories": p.failed_trajectories}
 
 
 def write_report(
@@ -590,7 +628,7 @@ def write_report(
     groups: dict[str, int] | None = None,
     switches: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    from pearl.report import plots
+    from pearl.demo.report import plots
 
     total_tokens = sum(r.generated_tokens + r.trained_tokens for r in records)
     elapsed = records[-1].end_s if records else 0.0
@@ -615,7 +653,7 @@ def write_report(
         "groups": groups or {},  # failed: groups lost (a member's generation could not finish)
         "switches": switches or [],  # committed plans that changed the PD mode, with their cost
         "records": [asdict(r) for r in records],
-        "timeline": timeline.samples,
+        "timeline": [asdict(s) for s in timeline.samples],
         "events": timeline.events,
     }
     (out / "report.json").write_text(json.dumps(summary, indent=1))

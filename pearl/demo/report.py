@@ -7,11 +7,17 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pearl.demo.app import Sample, StepRecord, Timeline
 
 
 def plots(
-    out: Path, records: list[Any], timeline: Any, evals: list[dict[str, Any]] | None = None
+    out: Path,
+    records: list[StepRecord],
+    timeline: Timeline,
+    evals: list[dict[str, Any]] | None = None,
 ) -> list[Path]:
     import matplotlib
 
@@ -42,19 +48,19 @@ def plots(
     samples = list(timeline.samples)
     if samples:
         fig, ax = plt.subplots(figsize=(8, 3.5))
-        t = [s["t"] for s in samples]
+        t = [s.t for s in samples]
         ax.stackplot(
             t,
-            [s["prefill"] for s in samples],
-            [s["decode"] for s in samples],
-            [s["colocated"] for s in samples],
+            [s.prefill for s in samples],
+            [s.decode for s in samples],
+            [s.colocated for s in samples],
             labels=["prefill", "decode", "colocated"],
             colors=["#ddaa33", "#228833", "#4477aa"],
             step="post",
         )
         ax.plot(
             t,
-            [s["overlap"] for s in samples],
+            [s.overlap for s in samples],
             color="black",
             lw=1,
             drawstyle="steps-post",
@@ -89,7 +95,7 @@ def plots(
     return paths
 
 
-def reward_plot(path: Path, records: list[Any], evals: list[dict[str, Any]]) -> Path:
+def reward_plot(path: Path, records: list[StepRecord], evals: list[dict[str, Any]]) -> Path:
     """Mean training reward of every step and held-out accuracy where it was measured."""
     import matplotlib.pyplot as plt
 
@@ -121,7 +127,7 @@ def reward_plot(path: Path, records: list[Any], evals: list[dict[str, Any]]) -> 
 
 
 def summary_plot(
-    path: Path, records: list[Any], samples: list[dict[str, Any]], evals: list[dict[str, Any]]
+    path: Path, records: list[StepRecord], samples: list[Sample], evals: list[dict[str, Any]]
 ) -> Path:
     """Available workers by kind, roles, throughput and reward on one time axis."""
     import matplotlib.pyplot as plt
@@ -129,14 +135,14 @@ def summary_plot(
     fig, axes = plt.subplots(
         4, 1, figsize=(9, 8.5), sharex=True, gridspec_kw={"height_ratios": [1, 1, 1, 1.1]}
     )
-    t = [s["t"] for s in samples]
+    t = [s.t for s in samples]
     ax = axes[0]
     if samples:
         ax.stackplot(
             t,
-            [s.get("reserved", 0) for s in samples],
-            [s.get("preemptible", 0) for s in samples],
-            [s["overlap"] for s in samples],
+            [s.reserved for s in samples],
+            [s.preemptible for s in samples],
+            [s.overlap for s in samples],
             labels=["reserved", "preemptible (trace)", "borrowed from training"],
             colors=["#4477aa", "#ccbb44", "#aa3377"],
             step="post",
@@ -148,9 +154,9 @@ def summary_plot(
     if samples:
         ax.stackplot(
             t,
-            [s["prefill"] for s in samples],
-            [s["decode"] for s in samples],
-            [s["colocated"] for s in samples],
+            [s.prefill for s in samples],
+            [s.decode for s in samples],
+            [s.colocated for s in samples],
             labels=["prefill", "decode", "colocated"],
             colors=["#ddaa33", "#228833", "#66ccee"],
             step="post",
@@ -314,16 +320,16 @@ def summary_table(report: dict[str, Any]) -> str:
     return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
 
 
-def _spans(samples: list[dict[str, Any]], phase: str) -> list[tuple[float, float]]:
+def _spans(samples: list[Sample], phase: str) -> list[tuple[float, float]]:
     out, start = [], None
     for s in samples:
-        if s["phase"] == phase and start is None:
-            start = s["t"]
-        elif s["phase"] != phase and start is not None:
-            out.append((start, s["t"]))
+        if s.phase == phase and start is None:
+            start = s.t
+        elif s.phase != phase and start is not None:
+            out.append((start, s.t))
             start = None
     if start is not None:
-        out.append((start, samples[-1]["t"]))
+        out.append((start, samples[-1].t))
     return out
 
 
