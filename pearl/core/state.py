@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import operator
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -265,15 +266,17 @@ class TableSnapshot(Value, frozen=True):
 
     @staticmethod
     def of(t: ClusterState) -> TableSnapshot:
-        return TableSnapshot(**{name: enc(getattr(t, name)) for name, enc, _ in _CONVERT})
+        values = list(_SNAPSHOT_VALUES(t))
+        for i, enc in _ENCODE:
+            values[i] = enc(values[i])
+        return TableSnapshot(*values)
 
     def state(self) -> ClusterState:
         """The table again (``TableSnapshot.of(t).state() == t``)."""
-        return ClusterState(**{name: dec(getattr(self, name)) for name, _, dec in _CONVERT})
-
-
-def _same(v: Any) -> Any:
-    return v
+        values = list(_VALUES(self))
+        for i, dec in _DECODE:
+            values[i] = dec(values[i])
+        return ClusterState(*values)
 
 
 def _sorted(v: Iterable[Any]) -> tuple[Any, ...]:
@@ -298,7 +301,7 @@ def _worker_map(workers: Iterable[Worker]) -> Mapping[int, Worker]:
 
 _Conv = Callable[[Any], Any]
 # (ClusterState field type, TableSnapshot field type) -> (to the second, back to the first).
-# Fields of the same type in both are kept as they are.
+# A field of the same type in both is kept as it is.
 _BY_TYPES: dict[tuple[Any, Any], tuple[_Conv, _Conv]] = {
     (frozenset[int], tuple[int, ...]): (_sorted, frozenset),
     (Mapping[int, Worker], tuple[Worker, ...]): (_by_id, _worker_map),
@@ -306,47 +309,37 @@ _BY_TYPES: dict[tuple[Any, Any], tuple[_Conv, _Conv]] = {
 }
 
 
-def _conversions() -> tuple[tuple[str, _Conv, _Conv], ...]:
-    table = typing.get_type_hints(ClusterState)
+def _conversions() -> dict[str, tuple[_Conv, _Conv]]:
+    """Field name -> (to TableSnapshot's type, back) for each field whose two types differ."""
     snap = {f.name: f.type for f in msgspec.structs.fields(TableSnapshot)}
-    if set(table) != set(snap):
-        only_table, only_snap = sorted(set(table) - set(snap)), sorted(set(snap) - set(table))
+    if set(_TYPES) != set(snap):
+        only_table, only_snap = sorted(set(_TYPES) - set(snap)), sorted(set(snap) - set(_TYPES))
         raise TypeError(
             "ClusterState and TableSnapshot must have the same fields: only in ClusterState "
             f"{only_table}, only in TableSnapshot {only_snap}"
         )
-    out = []
-    for f in dataclasses.fields(ClusterState):
-        types = (table[f.name], snap[f.name])
-        if types[0] == types[1]:
-            out.append((f.name, _same, _same))
-        elif types in _BY_TYPES:
-            out.append((f.name, *_BY_TYPES[types]))
-        else:
-            raise TypeError(f"no conversion for table field {f.name!r} between types {types}")
-    return tuple(out)
+    out = {}
+    for name in _FIELDS:
+        types = (_TYPES[name], snap[name])
+        if types in _BY_TYPES:
+            out[name] = _BY_TYPES[types]
+        elif types[0] != types[1]:
+            raise TypeError(f"no conversion for table field {name!r} between types {types}")
+    return out
 
 
+# Both classes are built from positional values, each in its own field order.
+_FIELDS = tuple(f.name for f in dataclasses.fields(ClusterState))
+_TYPES = typing.get_type_hints(ClusterState)
+_VALUES = operator.attrgetter(*_FIELDS)
+_SNAPSHOT_FIELDS = TableSnapshot.__struct_fields__
+_SNAPSHOT_VALUES = operator.attrgetter(*_SNAPSHOT_FIELDS)
 _CONVERT = _conversions()
-_FIELDS = tuple(name for name, _, _ in _CONVERT)
-
-
-def _thaw(v: Any) -> Any:
-    """A ClusterState value as the builder holds it (a mutable copy of a set or mapping)."""
-    if type(v) is frozenset:
-        return set(v)
-    if type(v) is MappingProxyType:
-        return dict(v)
-    return v
-
-
-def _freeze(v: Any) -> Any:
-    """A builder's value as ClusterState holds it (a copy: the builder goes on changing)."""
-    if type(v) is set:
-        return frozenset(v)
-    if type(v) is dict:
-        return MappingProxyType(dict(v))
-    return v
+_ENCODE = tuple((i, _CONVERT[n][0]) for i, n in enumerate(_SNAPSHOT_FIELDS) if n in _CONVERT)
+_DECODE = tuple((i, _CONVERT[n][1]) for i, n in enumerate(_FIELDS) if n in _CONVERT)
+# The builder holds each frozenset of the table as a set and each mapping as a dict.
+_SETS = tuple(i for i, n in enumerate(_FIELDS) if typing.get_origin(_TYPES[n]) is frozenset)
+_MAPS = tuple(i for i, n in enumerate(_FIELDS) if typing.get_origin(_TYPES[n]) is Mapping)
 
 
 class TableBuilder:
@@ -375,8 +368,13 @@ class TableBuilder:
     next_incarnation: int
 
     def __init__(self, s: ClusterState) -> None:
-        for name in _FIELDS:
-            setattr(self, name, _thaw(getattr(s, name)))
+        values = list(_VALUES(s))
+        for i in _SETS:
+            values[i] = set(values[i])
+        for i in _MAPS:
+            values[i] = dict(values[i])
+        for name, value in zip(_FIELDS, values, strict=True):
+            setattr(self, name, value)
         # GPU -> id of the rollout worker / training worker bound to it.
         self._rollout_owner: dict[int, int] = {}
         self._training_owner: dict[int, int] = {}
@@ -388,7 +386,12 @@ class TableBuilder:
             self._index(w)
 
     def freeze(self) -> ClusterState:
-        return ClusterState(**{name: _freeze(getattr(self, name)) for name in _FIELDS})
+        values = list(_VALUES(self))
+        for i in _SETS:
+            values[i] = frozenset(values[i])
+        for i in _MAPS:
+            values[i] = MappingProxyType(dict(values[i]))  # a copy: the builder goes on changing
+        return ClusterState(*values)
 
     # -- GPUs and the training phase ---------------------------------------------------------
 
