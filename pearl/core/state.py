@@ -9,15 +9,26 @@ training worker and overlap rollout workers).
 primitive checks its preconditions *before* it mutates anything, so a rejected update raises
 :class:`InvariantViolation` and leaves the table as it was. ``pearl.core.fold`` maps log records
 onto these primitives.
+
+The table's fields are declared twice, by the same names: in :class:`ClusterState` (sets and
+mappings, for lookups) and in :class:`TableSnapshot` (sorted tuples, what snapshots and views
+encode). Everything else — the builder's copy, the conversions both ways — is derived from those
+declarations by each field's pair of types; a field missing from either class, or a pair of
+types with no conversion, fails at import.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
-from collections.abc import Iterable, Mapping
+import operator
+import typing
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
+
+import msgspec
 
 from pearl.core.errors import InvalidEvent, InvalidNotice, InvariantViolation
 from pearl.core.schema import Value, to_plain
@@ -228,6 +239,109 @@ class ClusterState:
         }
 
 
+class TableSnapshot(Value, frozen=True):
+    """A :class:`ClusterState`, every field kept, in types the codecs encode: each GPU set a
+    sorted tuple, the workers a tuple by id, the notices (GPU, deadline) pairs by GPU.
+
+    Snapshot files and the Orchestrator's views carry this struct. Its fields are ClusterState's,
+    by name; a field added later needs a default here, which is what an older snapshot reads as.
+    """
+
+    seq: int = 0
+    tp: int = 0
+    workers: tuple[Worker, ...] = ()
+    training_gpus: tuple[int, ...] = ()
+    reserved_gpus: tuple[int, ...] = ()
+    preemptible_gpus: tuple[int, ...] = ()
+    present_gpus: tuple[int, ...] = ()
+    reclaiming_gpus: tuple[int, ...] = ()
+    regranted_gpus: tuple[int, ...] = ()
+    phase: TrainingPhase = TrainingPhase.IDLE
+    training_step: int = 0
+    weights_version: int = 0
+    plan: PlanProgress | None = None
+    last_plan: int = 0
+    next_incarnation: int = 1
+    leaving_gpus: tuple[tuple[int, float], ...] = ()
+
+    @staticmethod
+    def of(t: ClusterState) -> TableSnapshot:
+        values = list(_SNAPSHOT_VALUES(t))
+        for i, enc in _ENCODE:
+            values[i] = enc(values[i])
+        return TableSnapshot(*values)
+
+    def state(self) -> ClusterState:
+        """The table again (``TableSnapshot.of(t).state() == t``)."""
+        values = list(_VALUES(self))
+        for i, dec in _DECODE:
+            values[i] = dec(values[i])
+        return ClusterState(*values)
+
+
+def _sorted(v: Iterable[Any]) -> tuple[Any, ...]:
+    return tuple(sorted(v))
+
+
+def _by_id(workers: Mapping[int, Worker]) -> tuple[Worker, ...]:
+    return tuple(sorted(workers.values(), key=lambda w: w.id))
+
+
+def _items(m: Mapping[Any, Any]) -> tuple[tuple[Any, Any], ...]:
+    return tuple(sorted(m.items()))
+
+
+def _mapping(pairs: Iterable[tuple[Any, Any]]) -> Mapping[Any, Any]:
+    return MappingProxyType(dict(pairs))
+
+
+def _worker_map(workers: Iterable[Worker]) -> Mapping[int, Worker]:
+    return MappingProxyType({w.id: w for w in workers})
+
+
+_Conv = Callable[[Any], Any]
+# (ClusterState field type, TableSnapshot field type) -> (to the second, back to the first).
+# A field of the same type in both is kept as it is.
+_BY_TYPES: dict[tuple[Any, Any], tuple[_Conv, _Conv]] = {
+    (frozenset[int], tuple[int, ...]): (_sorted, frozenset),
+    (Mapping[int, Worker], tuple[Worker, ...]): (_by_id, _worker_map),
+    (Mapping[int, float], tuple[tuple[int, float], ...]): (_items, _mapping),
+}
+
+
+def _conversions() -> dict[str, tuple[_Conv, _Conv]]:
+    """Field name -> (to TableSnapshot's type, back) for each field whose two types differ."""
+    snap = {f.name: f.type for f in msgspec.structs.fields(TableSnapshot)}
+    if set(_TYPES) != set(snap):
+        only_table, only_snap = sorted(set(_TYPES) - set(snap)), sorted(set(snap) - set(_TYPES))
+        raise TypeError(
+            "ClusterState and TableSnapshot must have the same fields: only in ClusterState "
+            f"{only_table}, only in TableSnapshot {only_snap}"
+        )
+    out = {}
+    for name in _FIELDS:
+        types = (_TYPES[name], snap[name])
+        if types in _BY_TYPES:
+            out[name] = _BY_TYPES[types]
+        elif types[0] != types[1]:
+            raise TypeError(f"no conversion for table field {name!r} between types {types}")
+    return out
+
+
+# Both classes are built from positional values, each in its own field order.
+_FIELDS = tuple(f.name for f in dataclasses.fields(ClusterState))
+_TYPES = typing.get_type_hints(ClusterState)
+_VALUES = operator.attrgetter(*_FIELDS)
+_SNAPSHOT_FIELDS = TableSnapshot.__struct_fields__
+_SNAPSHOT_VALUES = operator.attrgetter(*_SNAPSHOT_FIELDS)
+_CONVERT = _conversions()
+_ENCODE = tuple((i, _CONVERT[n][0]) for i, n in enumerate(_SNAPSHOT_FIELDS) if n in _CONVERT)
+_DECODE = tuple((i, _CONVERT[n][1]) for i, n in enumerate(_FIELDS) if n in _CONVERT)
+# The builder holds each frozenset of the table as a set and each mapping as a dict.
+_SETS = tuple(i for i, n in enumerate(_FIELDS) if typing.get_origin(_TYPES[n]) is frozenset)
+_MAPS = tuple(i for i, n in enumerate(_FIELDS) if typing.get_origin(_TYPES[n]) is Mapping)
+
+
 class TableBuilder:
     """A private mutable copy of a :class:`ClusterState`.
 
@@ -235,23 +349,32 @@ class TableBuilder:
     exactly as it was. Replay folds many records through one builder and freezes once.
     """
 
+    # ClusterState's fields, mutable: a set for each frozenset, a dict for each mapping.
+    seq: int
+    tp: int
+    training_gpus: set[int]
+    reserved_gpus: set[int]
+    preemptible_gpus: set[int]
+    present_gpus: set[int]
+    reclaiming_gpus: set[int]
+    regranted_gpus: set[int]
+    workers: dict[int, Worker]
+    leaving_gpus: dict[int, float]
+    phase: TrainingPhase
+    training_step: int
+    weights_version: int
+    plan: PlanProgress | None
+    last_plan: int
+    next_incarnation: int
+
     def __init__(self, s: ClusterState) -> None:
-        self.seq = s.seq
-        self.tp = s.tp
-        self.training_gpus = s.training_gpus
-        self.reserved_gpus = s.reserved_gpus
-        self.preemptible_gpus = s.preemptible_gpus
-        self.present_gpus = set(s.present_gpus)
-        self.reclaiming_gpus = set(s.reclaiming_gpus)
-        self.regranted_gpus = set(s.regranted_gpus)
-        self.leaving_gpus: dict[int, float] = dict(s.leaving_gpus)
-        self.workers: dict[int, Worker] = dict(s.workers)
-        self.phase = s.phase
-        self.training_step = s.training_step
-        self.weights_version = s.weights_version
-        self.plan = s.plan
-        self.last_plan = s.last_plan
-        self.next_incarnation = s.next_incarnation
+        values = list(_VALUES(s))
+        for i in _SETS:
+            values[i] = set(values[i])
+        for i in _MAPS:
+            values[i] = dict(values[i])
+        for name, value in zip(_FIELDS, values, strict=True):
+            setattr(self, name, value)
         # GPU -> id of the rollout worker / training worker bound to it.
         self._rollout_owner: dict[int, int] = {}
         self._training_owner: dict[int, int] = {}
@@ -263,24 +386,12 @@ class TableBuilder:
             self._index(w)
 
     def freeze(self) -> ClusterState:
-        return ClusterState(
-            seq=self.seq,
-            tp=self.tp,
-            training_gpus=self.training_gpus,
-            reserved_gpus=self.reserved_gpus,
-            preemptible_gpus=self.preemptible_gpus,
-            present_gpus=frozenset(self.present_gpus),
-            reclaiming_gpus=frozenset(self.reclaiming_gpus),
-            regranted_gpus=frozenset(self.regranted_gpus),
-            workers=MappingProxyType(dict(self.workers)),
-            leaving_gpus=MappingProxyType(dict(self.leaving_gpus)),
-            phase=self.phase,
-            training_step=self.training_step,
-            weights_version=self.weights_version,
-            plan=self.plan,
-            last_plan=self.last_plan,
-            next_incarnation=self.next_incarnation,
-        )
+        values = list(_VALUES(self))
+        for i in _SETS:
+            values[i] = frozenset(values[i])
+        for i in _MAPS:
+            values[i] = MappingProxyType(dict(values[i]))  # a copy: the builder goes on changing
+        return ClusterState(*values)
 
     # -- GPUs and the training phase ---------------------------------------------------------
 
@@ -309,9 +420,9 @@ class TableBuilder:
             raise InvariantViolation("GPU ids must be >= 0")
         self.tp, self.training_gpus, self.reserved_gpus, self.preemptible_gpus = (
             tp,
-            training,
-            reserved,
-            preempt,
+            set(training),
+            set(reserved),
+            set(preempt),
         )
         if training:
             self._put(

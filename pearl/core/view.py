@@ -1,12 +1,11 @@
 """The typed view the Orchestrator publishes after every logged change (``state-changed``).
 
-Actors read its attributes; nothing between actors is a status dict. :class:`TableSnapshot` is the
-table (:class:`~pearl.core.state.ClusterState`) in an encodable form — sorted tuples instead of
-sets and the worker map — and converts back losslessly; :class:`ClusterView` adds what the
-controller knows beside the table (profile, plan progress, gate, borrow cycles, failures) and the
-workers that receive requests. :func:`cluster_status` renders the typed ``pearl status`` object
-(:mod:`pearl.core.status`), :func:`status_json` its JSON mapping: only the edge (the API actor, a
-runtime's ``status()``) calls them.
+Actors read its attributes; nothing between actors is a status dict. :class:`TableSnapshot` (from
+:mod:`pearl.core.state`) is the table in an encodable form and converts back losslessly;
+:class:`ClusterView` adds what the controller knows beside the table (profile, plan progress,
+gate, borrow cycles, failures) and the workers that receive requests. :func:`cluster_status`
+renders the typed ``pearl status`` object (:mod:`pearl.core.status`), :func:`status_json` its
+JSON mapping: only the edge (the API actor, a runtime's ``status()``) calls them.
 
 Pure: no I/O, no clock.
 """
@@ -14,7 +13,6 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from types import MappingProxyType
 from typing import Any
 
 import msgspec
@@ -28,76 +26,12 @@ from pearl.core.state import (
     Activity,
     ClusterState,
     Mode,
-    PlanProgress,
     Role,
+    TableSnapshot,
     Target,
-    TrainingPhase,
     Worker,
 )
 from pearl.core.status import ClusterStatus
-
-
-class TableSnapshot(Value, frozen=True):
-    """A :class:`ClusterState`, every field kept, in types the message codec encodes."""
-
-    seq: int = 0
-    tp: int = 0
-    workers: tuple[Worker, ...] = ()  # by id
-    training_gpus: tuple[int, ...] = ()  # each GPU set sorted
-    reserved_gpus: tuple[int, ...] = ()
-    preemptible_gpus: tuple[int, ...] = ()
-    present_gpus: tuple[int, ...] = ()
-    reclaiming_gpus: tuple[int, ...] = ()
-    regranted_gpus: tuple[int, ...] = ()
-    phase: TrainingPhase = TrainingPhase.IDLE
-    training_step: int = 0
-    weights_version: int = 0
-    plan: PlanProgress | None = None
-    last_plan: int = 0
-    next_incarnation: int = 1
-    leaving_gpus: tuple[tuple[int, float], ...] = ()  # (GPU, notice deadline), by GPU
-
-    @staticmethod
-    def of(t: ClusterState) -> TableSnapshot:
-        return TableSnapshot(
-            seq=t.seq,
-            tp=t.tp,
-            workers=tuple(sorted(t.workers.values(), key=lambda w: w.id)),
-            training_gpus=tuple(sorted(t.training_gpus)),
-            reserved_gpus=tuple(sorted(t.reserved_gpus)),
-            preemptible_gpus=tuple(sorted(t.preemptible_gpus)),
-            present_gpus=tuple(sorted(t.present_gpus)),
-            reclaiming_gpus=tuple(sorted(t.reclaiming_gpus)),
-            regranted_gpus=tuple(sorted(t.regranted_gpus)),
-            phase=t.phase,
-            training_step=t.training_step,
-            weights_version=t.weights_version,
-            plan=t.plan,
-            last_plan=t.last_plan,
-            next_incarnation=t.next_incarnation,
-            leaving_gpus=tuple(sorted(t.leaving_gpus.items())),
-        )
-
-    def state(self) -> ClusterState:
-        """The table again (``TableSnapshot.of(t).state() == t``)."""
-        return ClusterState(
-            seq=self.seq,
-            tp=self.tp,
-            training_gpus=frozenset(self.training_gpus),
-            reserved_gpus=frozenset(self.reserved_gpus),
-            preemptible_gpus=frozenset(self.preemptible_gpus),
-            present_gpus=frozenset(self.present_gpus),
-            reclaiming_gpus=frozenset(self.reclaiming_gpus),
-            regranted_gpus=frozenset(self.regranted_gpus),
-            workers=MappingProxyType({w.id: w for w in self.workers}),
-            phase=self.phase,
-            training_step=self.training_step,
-            weights_version=self.weights_version,
-            plan=self.plan,
-            last_plan=self.last_plan,
-            next_incarnation=self.next_incarnation,
-            leaving_gpus=MappingProxyType(dict(self.leaving_gpus)),
-        )
 
 
 class DecisionView(Value, frozen=True):

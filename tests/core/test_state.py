@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import typing
+from types import MappingProxyType
 from typing import Any
 
 import msgspec
@@ -18,11 +19,14 @@ from pearl.core.state import (
     Activity,
     ClusterState,
     Mode,
+    PlanProgress,
     Role,
     Step,
     StepOp,
+    TableSnapshot,
     Target,
     TrainingPhase,
+    Worker,
     Zone,
     validate,
 )
@@ -256,3 +260,45 @@ def test_json_view_lists_workers_first() -> None:
 
 def test_every_record_kind_has_one_fold_rule() -> None:
     assert set(fold._HANDLERS) == set(typing.get_args(ev.Record))
+
+
+def test_the_builder_and_the_snapshot_keep_every_field_and_copy_what_changes() -> None:
+    """The builder's copy and TableSnapshot's are derived from the fields: none is lost."""
+    w = Worker(3, (4,), Role.DECODE, T, Zone.DEDICATED, 2)
+    plan = PlanProgress(
+        5, "rebalance", Target(Mode.DISAGGREGATED, 0, 1, 0), (Step(StepOp.REMOVE, 3),)
+    )
+    t = ClusterState(
+        seq=7,
+        tp=1,
+        training_gpus=frozenset(TRAINING),
+        reserved_gpus=frozenset(RESERVED),
+        preemptible_gpus=frozenset(PREEMPTIBLE),
+        present_gpus=frozenset({6, 7}),
+        reclaiming_gpus=frozenset({8}),
+        regranted_gpus=frozenset({8}),
+        workers=MappingProxyType({3: w}),
+        leaving_gpus=MappingProxyType({7: 2.5, 6: 1.5}),
+        phase=TrainingPhase.TRAINING,
+        training_step=3,
+        weights_version=4,
+        plan=plan,
+        last_plan=5,
+        next_incarnation=9,
+    )
+    snap = TableSnapshot.of(t)
+    assert snap.leaving_gpus == ((6, 1.5), (7, 2.5)) and snap.present_gpus == (6, 7)
+    assert (
+        snap.state() == t
+        and msgspec.msgpack.decode(msgspec.msgpack.encode(snap), type=TableSnapshot) == snap
+    )
+    b = t.thaw()
+    assert b.freeze() == t
+    b.present_gpus.add(9)
+    b.leaving_gpus[9] = 3.0
+    del b.workers[3]
+    frozen = b.freeze()
+    b.present_gpus.discard(6)
+    b.leaving_gpus.clear()
+    assert t.present_gpus == {6, 7} and 9 not in t.leaving_gpus and 3 in t.workers
+    assert frozen.present_gpus == {6, 7, 9} and 9 in frozen.leaving_gpus and not frozen.workers

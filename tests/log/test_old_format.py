@@ -3,7 +3,9 @@
 ``data/v1-log`` was written by the hand-written converter that preceded msgspec (see
 ``data/make_v1_log.py``): 406 records of the realistic stream (every record kind but
 gpus-reclaimed) and a snapshot at seq 251. ``v1-log.expected.json`` holds what that code read
-back: every record's wire mapping and the final table.
+back: every record's wire mapping and the final table. ``data/snapshot-v1.bin`` is one snapshot
+file written by the per-field snapshot converter (see ``data/make_snapshot_v1.py``); its table is
+:data:`SNAPSHOT_V1`.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -18,8 +21,24 @@ import pytest
 from pearl.core import events as ev
 from pearl.core.fold import replay
 from pearl.core.schema import to_wire
-from pearl.log import FileLog, verify
-from pearl.log.snapshot import state_to_snapshot
+from pearl.core.state import (
+    Activity,
+    ClusterState,
+    Mode,
+    PlanProgress,
+    Role,
+    Step,
+    StepOp,
+    Target,
+    TrainingPhase,
+    Worker,
+    Zone,
+    validate,
+)
+from pearl.log import FileLog, snapshot, verify
+from pearl.log.snapshot import state_from_snapshot
+
+from .data import make_snapshot_v1
 
 DATA = Path(__file__).parent / "data"
 EXPECTED = json.loads((DATA / "v1-log.expected.json").read_text())
@@ -45,7 +64,7 @@ def test_replays_to_the_same_state(v1_log: Path) -> None:
         assert loaded.snapshot_seq == EXPECTED["snapshot_seq"]
         assert loaded.extra == {"note": "written by the v1 codec", "step": 3}
         records = [r for _, r in log.read()]
-    assert _plain(state_to_snapshot(loaded.state)) == EXPECTED["state"]
+    assert loaded.state == state_from_snapshot(EXPECTED["state"])  # the mapping as v1 wrote it
     assert replay(records) == loaded.state  # from seq 1, without the snapshot
     assert _plain([to_wire(r) for r in records]) == EXPECTED["records"]
 
@@ -66,3 +85,81 @@ def test_a_writer_appends_after_the_old_records(v1_log: Path) -> None:
         assert log.last_seq == EXPECTED["last_seq"] + 1
         assert [r for _, r in log.read(log.last_seq)] == [new]
         assert log.load().state.weights_version == new.version
+
+
+def _w(wid: int, gpus: range, role: Role, activity: Activity, zone: Zone, inc: int) -> Worker:
+    return Worker(wid, tuple(gpus), role, activity, zone, inc)
+
+
+A, I, T, D, O = (
+    Activity.ACTIVE,
+    Activity.INACTIVE,
+    Activity.TRANSITIONING,
+    Zone.DEDICATED,
+    Zone.OVERLAP,
+)
+# data/snapshot-v1.bin's table, written out by hand (see data/make_snapshot_v1.py).
+SNAPSHOT_V1 = ClusterState(
+    seq=33,
+    tp=2,
+    training_gpus=frozenset(range(8)),
+    reserved_gpus=frozenset(range(8, 12)),
+    preemptible_gpus=frozenset(range(12, 20)),
+    present_gpus=frozenset(range(12, 16)),
+    reclaiming_gpus=frozenset({16, 17}),
+    regranted_gpus=frozenset({16}),
+    workers=MappingProxyType(
+        {
+            0: _w(0, range(8), Role.TRAINING, I, O, 1),  # lent: a borrow in progress
+            1: _w(1, range(8, 10), Role.PREFILL, A, D, 2),
+            2: _w(2, range(10, 12), Role.DECODE, A, D, 3),
+            3: _w(3, range(12, 14), Role.DECODE, A, D, 4),
+            4: _w(4, range(16, 18), Role.COLOCATED, T, D, 5),  # its GPUs reclaimed
+            5: _w(5, range(0, 2), Role.DECODE, A, O, 7),  # on borrowed training GPUs
+            6: _w(6, range(2, 4), Role.DECODE, A, O, 8),
+            7: _w(7, range(4, 6), Role.COLOCATED, I, O, 9),
+            8: _w(8, range(14, 16), Role.DECODE, T, D, 6),  # under a reclaim notice
+        }
+    ),
+    leaving_gpus=MappingProxyType({14: 1_800_000_000.25, 15: 1_800_000_000.25}),
+    phase=TrainingPhase.IDLE,
+    training_step=1,
+    weights_version=2,
+    plan=PlanProgress(
+        2,
+        "rebalance",
+        Target(Mode.DISAGGREGATED, 1, 5, 0),
+        (
+            Step(StepOp.SET_ROLE, 8, Role.DECODE),
+            Step(StepOp.REMOVE, 4),
+            Step(StepOp.ACTIVATE, 7),
+        ),
+        done=(0,),
+    ),
+    last_plan=2,
+    next_incarnation=10,
+)
+
+
+def test_a_format_1_snapshot_file_loads() -> None:
+    validate(SNAPSHOT_V1)
+    state, extra = snapshot.decode((DATA / "snapshot-v1.bin").read_bytes(), "snapshot-v1.bin")
+    assert state == SNAPSHOT_V1
+    assert extra == {"note": "written by the format-1 field converters"}
+
+
+def test_a_format_1_snapshot_in_a_log_resumes_like_a_full_replay(tmp_path: Path) -> None:
+    """The old snapshot as a log's starting point: snapshot + tail equals replaying everything."""
+    records = make_snapshot_v1.RECORDS
+    tail = [ev.WorkerRemoved(4), ev.StepDone(2, 1)]  # GPU 16 present again, 17 gone
+    with FileLog(tmp_path / "log") as log:
+        log.append(records)
+        (tmp_path / "log" / snapshot.file_name(33)).write_bytes(
+            (DATA / "snapshot-v1.bin").read_bytes()
+        )
+    with FileLog(tmp_path / "log") as log:
+        assert log.snapshots() == [33]
+        log.append(tail)
+        loaded = log.load()
+    assert loaded.snapshot_seq == 33
+    assert loaded.state == replay([*records, *tail])

@@ -1,0 +1,81 @@
+"""How tests/log/data/snapshot-v1.bin was made: with the snapshot codec of format 1 as it stood
+before the table's snapshot moved to msgspec types (a hand-written converter per field). Kept for
+the record; do not regenerate the fixture with a newer PEARL (its point is that the old code wrote
+it). Run from the repository root:
+``PYTHONPATH=. .venv/bin/python tests/log/data/make_snapshot_v1.py``.
+
+The table: tp 2; training GPUs 0-7 lent to rollout (a borrow in progress: the training worker
+inactive, two overlap workers active, one kept inactive); reserved GPUs 8-11; preemptible GPUs
+12-19, of which 12-17 were granted, 16-17 reclaimed while bound to a worker and 16 granted again,
+14-15 under a reclaim notice; prefill, decode and colocated workers; a plan in flight with one
+step of three done.
+"""
+
+from pathlib import Path
+
+from pearl.core import events as ev
+from pearl.core.fold import replay
+from pearl.core.state import Activity, Mode, Role, Step, StepOp, Target, Zone
+from pearl.log import snapshot
+
+A, I, D, O = Activity.ACTIVE, Activity.INACTIVE, Zone.DEDICATED, Zone.OVERLAP
+RECORDS = [
+    ev.ClusterInit(2, tuple(range(8)), (8, 9, 10, 11), tuple(range(12, 20))),
+    ev.GpusAdded((12, 13, 14, 15, 16, 17)),
+    ev.WorkerAdded(1, (8, 9), Role.PREFILL, D),
+    ev.ActivityChanged(1, A),
+    ev.WorkerAdded(2, (10, 11), Role.DECODE, D),
+    ev.ActivityChanged(2, A),
+    ev.WorkerAdded(3, (12, 13), Role.DECODE, D),
+    ev.ActivityChanged(3, A),
+    ev.WorkerAdded(4, (16, 17), Role.COLOCATED, D),
+    ev.ActivityChanged(4, A),
+    ev.WorkerAdded(8, (14, 15), Role.PREFILL, D),
+    ev.ActivityChanged(8, A),
+    ev.TrainingBegin(1),
+    ev.TrainingFinished(1, 1),
+    ev.PlanBegin(
+        1,
+        "expand",
+        Target(Mode.DISAGGREGATED, 2, 4, 0),
+        (
+            Step(StepOp.LEND, 0),
+            Step(StepOp.ADD, 5, Role.DECODE, (0, 1), O),
+            Step(StepOp.ADD, 6, Role.DECODE, (2, 3), O),
+        ),
+    ),
+    ev.ActivityChanged(0, I),
+    ev.StepDone(1, 0),
+    ev.WorkerAdded(5, (0, 1), Role.DECODE, O),
+    ev.ActivityChanged(5, A),
+    ev.StepDone(1, 1),
+    ev.WorkerAdded(6, (2, 3), Role.DECODE, O),
+    ev.ActivityChanged(6, A),
+    ev.StepDone(1, 2),
+    ev.PlanCommit(1),
+    ev.WorkerAdded(7, (4, 5), Role.COLOCATED, O),
+    ev.ActivityChanged(7, I),
+    ev.WeightsPublished(2, "file:///w/2"),
+    ev.GpusReclaimed((16, 17)),
+    ev.GpusAdded((16,)),
+    ev.GpusReclaiming((14, 15), 1_800_000_000.25),
+    ev.PlanBegin(
+        2,
+        "rebalance",
+        Target(Mode.DISAGGREGATED, 1, 5, 0),
+        (
+            Step(StepOp.SET_ROLE, 8, Role.DECODE),
+            Step(StepOp.REMOVE, 4),
+            Step(StepOp.ACTIVATE, 7),
+        ),
+    ),
+    ev.RoleChanged(8, Role.DECODE),
+    ev.StepDone(2, 0),
+]
+
+if __name__ == "__main__":
+    state = replay(RECORDS)
+    data = snapshot.encode(state, {"note": "written by the format-1 field converters"})
+    Path("tests/log/data/snapshot-v1.bin").write_bytes(data)
+    print(state.seq, len(data), "bytes")
+    print(state)
