@@ -16,7 +16,6 @@ from __future__ import annotations
 import struct
 import threading
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
 from crc32c import crc32c
@@ -44,7 +43,7 @@ def _encoder() -> msgspec.msgpack.Encoder:
     return e
 
 
-def pack(record: Any, max_record: int = MAX_RECORD) -> bytes:
+def pack(record: object, max_record: int = MAX_RECORD) -> bytes:
     """A record's msgpack payload; refuses records that break the codec or the size limit."""
     if type(record) not in _RECORD_TYPES:
         raise SchemaError(f"cannot encode {type(record).__name__} as a log record: not a record")
