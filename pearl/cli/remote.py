@@ -22,14 +22,7 @@ from pearl.core import events as ev
 from pearl.core.errors import PearlError
 from pearl.core.status import ClusterStatus, status_plain
 
-EVENTS = (
-    "gpus-added",
-    "gpus-reclaimed",
-    "gpus-reclaiming",
-    "gpus-reclaim-cancelled",
-    "training-begin",
-    "training-finished",
-)
+EVENTS = tuple(c.KIND for c in ev.ELASTIC_EVENTS)  # the subcommands of `pearl event`
 RETURN_WAIT_S = 60.0  # training-begin: how long to wait for borrowed workers, by default
 REQUEST_S = 1.5  # a request's whole wait, retries included: pearld answers in milliseconds
 
