@@ -115,7 +115,14 @@ def main() -> None:
     ap.add_argument("--token-budget", type=int, default=256)
     ap.add_argument("--kv-budget-mib", type=int, default=512)
     ap.add_argument("--json", action="store_true", help="also print the figures as JSON")
+    ap.add_argument(
+        "--small",
+        action="store_true",
+        help="the tiny preset, 4 trajectories of 2 turns (a smoke run)",
+    )
     a = ap.parse_args()
+    if a.small:
+        a.preset, a.trajectories, a.turns = "tiny", 4, 2
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         sys.exit("needs two cores")

@@ -106,7 +106,16 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--json", type=Path, help="write the figures as JSON to this file")
     ap.add_argument("pearl_demo_args", nargs="*", help="passed to pearl demo (after --)")
+    ap.add_argument(
+        "--small", action="store_true", help="one seed, 2 steps without a warm start (a smoke run)"
+    )
     args = ap.parse_args()
+    if args.small:
+        args.seeds = args.seeds[:1]
+        args.pearl_demo_args = [
+            *("--steps", "2", "--no-warm-start", "--eval-every", "2", "--eval-tasks", "8"),
+            *args.pearl_demo_args,
+        ]
     runs, cached = [], None
     with tempfile.TemporaryDirectory(prefix="bench_learning-") as tmp:
         cache = Path(tmp) / "warm-start"
@@ -147,11 +156,12 @@ def main() -> int:
 
 
 def print_run(kind: str, r: dict) -> None:
-    ws = (
-        "cached"
-        if r["warm_start_cached"]
-        else f"{r['warm_start_steps']} steps in {r['warm_start_s']:.0f} s"
-    )
+    if r["warm_start_cached"]:
+        ws = "cached"
+    elif r["warm_start_s"] is None:
+        ws = "none"
+    else:
+        ws = f"{r['warm_start_steps']} steps in {r['warm_start_s']:.0f} s"
     print(
         f"seed {r['seed']} ({kind}): held-out {r['accuracy_first']:.2f} -> "
         f"{r['accuracy_last']:.2f}; reward {r['reward_first_quarter']:.2f} -> "

@@ -101,8 +101,10 @@ class Setup:
     start_timeout_s: float = 180.0
 
 
-def sim_setup(scale: float) -> Setup:
-    notices = (30.0, 120.0)
+def sim_setup(scale: float, small: bool = False) -> Setup:
+    """The shrunk sim cluster; ``small``: one notice, one warm batch, a short settle (a smoke
+    run)."""
+    notices = (30.0,) if small else (30.0, 120.0)
     return Setup(
         name=f"sim engines (configs/sim-32.toml shrunk), time x{scale:g}",
         config=ROOT / "configs" / "sim-32.toml",
@@ -124,10 +126,10 @@ def sim_setup(scale: float) -> Setup:
         reclaimed=(8, 9, 10, 11),
         rollout_workers=6,
         lead_s=max(notices) * scale + 6.0,
-        settle_s=max(8.0, 60 * scale),
+        settle_s=4.0 if small else max(8.0, 60 * scale),
         min_in_flight=4,
         trigger_s=5.0,
-        warm_batches=2,
+        warm_batches=1 if small else 2,
         notices=tuple(n * scale for n in notices),
         label=tuple(f"{n:g} s (x{scale:g}: {n * scale:g} s)" for n in notices),
     )
@@ -426,11 +428,18 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=1, help="rounds of every scenario")
     ap.add_argument("--json", type=Path, help="write the figures here")
     ap.add_argument("-v", "--verbose", action="store_true")
+    ap.add_argument(
+        "--small",
+        action="store_true",
+        help="sim engines only, at time x0.02, one notice (a smoke run)",
+    )
     args = ap.parse_args()
+    if args.small:
+        args.engine, args.scale = "sim", 0.02
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
     setups = []
     if args.engine in ("sim", "both"):
-        setups.append(sim_setup(args.scale))
+        setups.append(sim_setup(args.scale, args.small))
     if args.engine in ("torch", "both"):
         setups.append(torch_setup(tuple(args.torch_notices), args.device_share))
     results: dict[str, Any] = {}

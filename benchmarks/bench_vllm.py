@@ -128,7 +128,14 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--preset", default="small")
     ap.add_argument("--json", help="write the figures here")
+    ap.add_argument(
+        "--small",
+        action="store_true",
+        help="2 agents x 1 turn x 16 tokens, one round (a smoke run)",
+    )
     a = ap.parse_args()
+    if a.small:
+        a.agents, a.turns, a.tokens, a.rounds = 2, 1, 16, 1
     if not (DEFAULT_VENV / "bin" / "python").exists():
         raise SystemExit(f"no vLLM environment at {DEFAULT_VENV}: run `make vllm`")
 
