@@ -20,6 +20,7 @@ from pearl.core.view import ClusterView, TableSnapshot
 from pearl.engines.base import FinishReason, GenerateRequest, SamplingParams
 from pearl.engines.sglang import SGLangClient
 from pearl.engines.sglang.router import RouterClient, SGLangRouterLink, launch_routers
+from pearl.engines.web import call
 
 from ..helpers import prompt_of
 from ..trainer import Trainer
@@ -141,20 +142,26 @@ def test_workers_join_and_leave_during_a_run_and_nothing_is_lost(
     n, long = 10, 120
     prompts = {f"r{i}": prompt_of(8 + i, 20 + i) for i in range(n)}
     tr = h.trainer.ref.proxy()
-    for rid, p in prompts.items():
-        tr.submit(rid, p, long).get()
-    wait(
-        lambda: SGLangClient(s.coloc.spec.url).metrics()["sglang:num_running_reqs"] > 0,
-        what="requests running",
-    )
-    # a second worker joins mid-run ...
-    h.publish(table(s, (s.coloc, "colocated"), (s.old, "colocated")))
-    wait(lambda: len(h.rc.workers()) == 2, what="the second worker")
-    # ... then the first leaves (a shrink): unrouted first, then its requests are aborted and
-    # come back with their prefixes, which the trainer resubmits and the router sends elsewhere
-    h.publish(table(s, (s.old, "colocated")))
-    wait(lambda: [w["url"] for w in h.rc.workers()] == [s.old.spec.url], what="removal")
-    SGLangClient(s.coloc.spec.url).abort_all()
+    coloc = SGLangClient(s.coloc.spec.url)
+    # The first worker holds every request in flight (no iteration runs) until it leaves: the
+    # removal below always finds them running, however fast the machine.
+    call(f"{s.coloc.spec.url}/pause_generation", "POST", {})
+    try:
+        for rid, p in prompts.items():
+            tr.submit(rid, p, long).get()
+        wait(lambda: coloc.metrics()["sglang:num_running_reqs"] == n, what="requests held")
+        # a second worker joins mid-run ...
+        h.publish(table(s, (s.coloc, "colocated"), (s.old, "colocated")))
+        wait(lambda: len(h.rc.workers()) == 2, what="the second worker")
+        # ... then the first leaves (a shrink): unrouted first, then its requests are aborted
+        # and come back with their prefixes, which the trainer resubmits and the router sends
+        # elsewhere
+        h.publish(table(s, (s.old, "colocated")))
+        wait(lambda: [w["url"] for w in h.rc.workers()] == [s.old.spec.url], what="removal")
+        assert coloc.metrics()["sglang:num_running_reqs"] == n  # all still in flight
+        coloc.abort_all()
+    finally:
+        call(f"{s.coloc.spec.url}/continue_generation", "POST", {})
     st = answers(h, n, timeout=120)
     for rid, p in prompts.items():
         ref = (
@@ -163,7 +170,7 @@ def test_workers_join_and_leave_during_a_run_and_nothing_is_lost(
             .output_ids
         )
         assert st["finished"][rid] == list(ref), rid  # every token, none lost or doubled
-    assert st["aborts"] > 0
+    assert st["aborts"] >= n
 
 
 def test_a_group_is_admitted_only_when_all_of_it_is_healthy(
