@@ -6,7 +6,6 @@ table."""
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ import pearl
 from pearl import config
 from pearl.core import events as ev
 from pearl.log import FileLog
+from pearl.testing.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -50,14 +50,12 @@ SETS = (
 
 
 def wait_for(rt: Any, pred: Any, timeout: float, what: str) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    s: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        s = rt.status()
-        if s["plan"] is None and pred(s):
-            return s
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}: {s.get('mode')} {s}")
+    def ready() -> dict[str, Any] | None:
+        s: dict[str, Any] = rt.status()
+        return s if s["plan"] is None and pred(s) else None
+
+    got: dict[str, Any] = wait_until(ready, timeout, what)
+    return got
 
 
 def serving(s: dict[str, Any]) -> str:
@@ -67,12 +65,7 @@ def serving(s: dict[str, Any]) -> str:
 def generating(rt: Any, timeout: float = 60.0) -> int:
     """Wait until requests are in flight on the workers; how many."""
     p = rt.daemon.batches()
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if p.generating:
-            return int(p.generating)
-        time.sleep(0.01)
-    raise AssertionError("no generation in flight")
+    return int(wait_until(lambda: p.generating, timeout, "generation in flight", every=0.01))
 
 
 def alone(cfg: Any, trajectories: list[Any]) -> dict[str, Any]:

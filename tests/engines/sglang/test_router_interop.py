@@ -4,8 +4,8 @@ changes, removes them with ``DELETE /workers/{id}``, and routes colocated and PD
 
 from __future__ import annotations
 
+import logging
 import threading
-import time
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -21,6 +21,7 @@ from pearl.engines.base import FinishReason, GenerateRequest, SamplingParams
 from pearl.engines.sglang import SGLangClient
 from pearl.engines.sglang.router import RouterClient, SGLangRouterLink, launch_routers
 from pearl.engines.web import call
+from pearl.testing.wait import wait_until
 
 from ..helpers import prompt_of
 from ..trainer import Trainer
@@ -53,10 +54,7 @@ def table(s: Servers, *rows: tuple[Any, str]) -> tuple[Worker, ...]:
 
 
 def wait(cond: Any, timeout: float = 30.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+    wait_until(cond, timeout, what or "the condition")
 
 
 @pytest.fixture
@@ -174,12 +172,14 @@ def test_workers_join_and_leave_during_a_run_and_nothing_is_lost(
 
 
 def test_a_group_is_admitted_only_when_all_of_it_is_healthy(
-    servers: Servers, harness: SimpleNamespace
+    servers: Servers, harness: SimpleNamespace, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="pearl.engines.sglang.router")
     h, s = harness, servers
     dead = SimpleNamespace(spec=SimpleNamespace(port=s.base + 9))  # nothing listens there
     h.publish(table(s, (s.coloc, "colocated"), (dead, "colocated")))
-    time.sleep(1.5)
+    url = f"http://127.0.0.1:{s.base + 9}"
+    wait(lambda: f"waiting for ['{url}']" in caplog.text, what="the group to be held back")
     assert h.rc.workers() == [] and not h.link.routable()
     h.publish(table(s, (s.coloc, "colocated")))  # the plan without the sick worker
     wait(lambda: h.link.mode() == "regular", what="admission")
