@@ -175,8 +175,8 @@ def test_kv_may_arrive_before_the_decode_request(engines: Engines) -> None:
     coloc = engines.make()
     prompt, sp = prompt_of(33), SamplingParams(max_new_tokens=6)
     peer = decode.kv_channel.address  # type: ignore[attr-defined]
+    # The prefill answers once its KV is sent: before the decode request exists.
     prefill.generate(GenerateRequest("r", prompt, sp, transfer_id="early", kv_peer=peer)).result(30)
-    time.sleep(0.05)
     rd = decode.generate(GenerateRequest("r", prompt, sp, transfer_id="early")).result(30)
     assert rd.output_ids == run(coloc, prompt, max_new_tokens=6).output_ids
 
