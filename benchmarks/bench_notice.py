@@ -79,6 +79,7 @@ if str(ROOT) not in sys.path:
 
 from pearl.core import events as ev  # noqa: E402
 from pearl.engines.base import FinishReason  # noqa: E402
+from pearl.testing.wait import wait_until  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -214,14 +215,14 @@ def router_stats(rt: Any) -> dict[str, Any]:
 
 
 def wait_for(rt: Any, pred: Any, timeout: float, what: str) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    s: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        s = rt.status()
-        if pred(s):
-            return s
-        time.sleep(0.1)
-    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+    """The status once ``pred`` holds of it."""
+
+    def ready() -> dict[str, Any] | None:
+        s: dict[str, Any] = rt.status()
+        return s if pred(s) else None
+
+    got: dict[str, Any] = wait_until(ready, timeout, what, every=0.1)
+    return got
 
 
 def run(setup: Setup, notice_s: float | None) -> dict[str, Any]:

@@ -50,6 +50,7 @@ from pearl.engines.vllm.checkpoint import byte_tokenizer, preset_dir  # noqa: E4
 from pearl.engines.vllm.client import VLLMClient  # noqa: E402
 from pearl.engines.vllm.engine import body  # noqa: E402
 from pearl.engines.vllm.launch import DEFAULT_VENV  # noqa: E402
+from pearl.testing.wait import wait_until  # noqa: E402
 
 Generate = Callable[[int, GenerateRequest], list[int]]  # (agent, request) -> generated ids
 
@@ -67,15 +68,6 @@ def free_base(n: int) -> int:
                 continue
             return port
     raise SystemExit("no run of free ports")
-
-
-def wait_until(pred: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if got := pred():
-            return got
-        time.sleep(0.05)
-    raise SystemExit(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def serving(rt: Any) -> set[int]:
