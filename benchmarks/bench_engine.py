@@ -91,7 +91,7 @@ def predict(
         theta=(1 - f) / f,
         A=fit["A"],
         b=fit["b"],
-        t_prefill=fit["t_prefill"],
+        t_prefill=max(fit["t_prefill"], 0.0),  # a fit on few, noisy points can dip below 0
         T_env=(S - 1) * a.env_ms / 1000,
         T_over=0.0,
         K=kv["bytes"] / max(prefill_tokens, 1) if disaggregated else 0.0,
