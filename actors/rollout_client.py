@@ -68,7 +68,7 @@ class RolloutClient:
         return fut
 
     def close(self) -> None:
-        self.directory.unregister(self.name, self)  # type: ignore[arg-type]
+        self.directory.unregister(self.name, self)
 
     # -- the Ref side: the Router's answers ------------------------------------------------------
 

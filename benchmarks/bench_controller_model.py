@@ -1,4 +1,4 @@
-"""Nightly-style soak of the controller model (tests/core/test_controller_model.py).
+"""Nightly-style soak of the controller model (pearl/testing/controller_model.py).
 
 `make test` runs >= 10,000 model steps; this runs as many as asked and prints the steps taken,
 the violations found (0, or 1 with the shrunk failing sequence) and the rate. It is a soak, not
@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hypothesis import HealthCheck, settings  # noqa: E402
 from hypothesis.stateful import run_state_machine_as_test  # noqa: E402
 
-from tests.core import test_controller_model as model  # noqa: E402
+from pearl.testing import controller_model as model  # noqa: E402
 
 
 def main() -> int:
@@ -28,7 +28,10 @@ def main() -> int:
     p.add_argument("--examples", type=int, default=2000)
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--json", type=Path)
+    p.add_argument("--small", action="store_true", help="30 examples of 30 steps (a smoke run)")
     a = p.parse_args()
+    if a.small:
+        a.examples, a.steps = 30, 30
     t0 = time.perf_counter()
     error = None
     try:

@@ -91,7 +91,7 @@ def predict(
         theta=(1 - f) / f,
         A=fit["A"],
         b=fit["b"],
-        t_prefill=fit["t_prefill"],
+        t_prefill=max(fit["t_prefill"], 0.0),  # a fit on few, noisy points can dip below 0
         T_env=(S - 1) * a.env_ms / 1000,
         T_over=0.0,
         K=kv["bytes"] / max(prefill_tokens, 1) if disaggregated else 0.0,
@@ -115,7 +115,14 @@ def main() -> None:
     ap.add_argument("--token-budget", type=int, default=256)
     ap.add_argument("--kv-budget-mib", type=int, default=512)
     ap.add_argument("--json", action="store_true", help="also print the figures as JSON")
+    ap.add_argument(
+        "--small",
+        action="store_true",
+        help="the tiny preset, 4 trajectories of 2 turns (a smoke run)",
+    )
     a = ap.parse_args()
+    if a.small:
+        a.preset, a.trajectories, a.turns = "tiny", 4, 2
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         sys.exit("needs two cores")

@@ -2,7 +2,7 @@
 
 Appends: 1 and 8 writer threads append for a fixed time, each append returning only once
 durable: first the batches an Orchestrator would log (the realistic stream of
-tests/log/workload.py: plan steps, activity changes, telemetry, ...; under 2 records each), then
+pearl/testing/workload.py: plan steps, activity changes, telemetry, ...; under 2 records each), then
 the same records 16 to an append. Group commit and the fsync-per-record baseline run in the same
 process on the same disk, in alternating 0.25 s slices so both see the same disk latency; the
 ratio is records/s of one over the other. With W writers one sync
@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT))  # the realistic record stream lives with the log 
 
 import pearl.log.file as file_mod  # noqa: E402
 from pearl.log import FileLog  # noqa: E402
-from tests.log.workload import Workload  # noqa: E402
+from pearl.testing.workload import Workload  # noqa: E402
 
 GROUP_TARGET = 20.0
 REPLAY_TARGET = 300_000
@@ -204,7 +204,12 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=2.0, help="duration of each append run")
     ap.add_argument("--repeat", type=int, default=2, help="replay repeats (best is reported)")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures to FILE")
+    ap.add_argument(
+        "--small", action="store_true", help="a 20,000-record log, 0.2 s appends (a smoke run)"
+    )
     args = ap.parse_args()
+    if args.small:
+        args.records, args.seconds, args.repeat = 20_000, 0.2, 1
     root = Path(tempfile.mkdtemp(prefix="bench_log-", dir=args.dir))
     try:
         return run(root, args)

@@ -92,7 +92,12 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=4, help="rounds of each (alternating)")
     ap.add_argument("--hz", type=float, default=10.0)
     ap.add_argument("--json", help="write the figures as JSON to this file")
+    ap.add_argument(
+        "--small", action="store_true", help="20 events, one round of each (a smoke run)"
+    )
     a = ap.parse_args()
+    if a.small:
+        a.events, a.rounds = 20, 1
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
     with tempfile.TemporaryDirectory(prefix="bench_metrics-") as tmp:

@@ -81,6 +81,7 @@ from actors import names  # noqa: E402
 from pearl.core import events as ev  # noqa: E402
 from pearl.core.status import status_plain  # noqa: E402
 from pearl.engines.base import FinishReason  # noqa: E402
+from pearl.testing.wait import wait_until  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -103,8 +104,10 @@ class Setup:
     start_timeout_s: float = 180.0
 
 
-def sim_setup(scale: float) -> Setup:
-    notices = (30.0, 120.0)
+def sim_setup(scale: float, small: bool = False) -> Setup:
+    """The shrunk sim cluster; ``small``: one notice, one warm batch, a short settle (a smoke
+    run)."""
+    notices = (30.0,) if small else (30.0, 120.0)
     return Setup(
         name=f"sim engines (configs/sim-32.toml shrunk), time x{scale:g}",
         config=ROOT / "configs" / "sim-32.toml",
@@ -126,10 +129,10 @@ def sim_setup(scale: float) -> Setup:
         reclaimed=(8, 9, 10, 11),
         rollout_workers=6,
         lead_s=max(notices) * scale + 6.0,
-        settle_s=max(8.0, 60 * scale),
+        settle_s=4.0 if small else max(8.0, 60 * scale),
         min_in_flight=4,
         trigger_s=5.0,
-        warm_batches=2,
+        warm_batches=1 if small else 2,
         notices=tuple(n * scale for n in notices),
         label=tuple(f"{n:g} s (x{scale:g}: {n * scale:g} s)" for n in notices),
     )
@@ -214,14 +217,14 @@ def router_stats(rt: Any) -> dict[str, Any]:
 
 
 def wait_for(rt: Any, pred: Any, timeout: float, what: str) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    s: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        s = status_plain(rt.status())
-        if pred(s):
-            return s
-        time.sleep(0.1)
-    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+    """The status once ``pred`` holds of it."""
+
+    def ready() -> dict[str, Any] | None:
+        s: dict[str, Any] = status_plain(rt.status())
+        return s if pred(s) else None
+
+    got: dict[str, Any] = wait_until(ready, timeout, what, every=0.1)
+    return got
 
 
 def run(setup: Setup, notice_s: float | None) -> dict[str, Any]:
@@ -428,11 +431,18 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=1, help="rounds of every scenario")
     ap.add_argument("--json", type=Path, help="write the figures here")
     ap.add_argument("-v", "--verbose", action="store_true")
+    ap.add_argument(
+        "--small",
+        action="store_true",
+        help="sim engines only, at time x0.02, one notice (a smoke run)",
+    )
     args = ap.parse_args()
+    if args.small:
+        args.engine, args.scale = "sim", 0.02
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
     setups = []
     if args.engine in ("sim", "both"):
-        setups.append(sim_setup(args.scale))
+        setups.append(sim_setup(args.scale, args.small))
     if args.engine in ("torch", "both"):
         setups.append(torch_setup(tuple(args.torch_notices), args.device_share))
     results: dict[str, Any] = {}

@@ -290,7 +290,14 @@ def main() -> int:
     ap.add_argument("--token-budget", type=int, default=256)
     ap.add_argument("--kv-budget-mib", type=int, default=256)
     ap.add_argument("--json", help="write the figures as JSON to this file")
+    ap.add_argument(
+        "--small",
+        action="store_true",
+        help="a budget of 2, one batch of 4, one round of 2 turns (a smoke run)",
+    )
     a = ap.parse_args()
+    if a.small:
+        a.budgets, a.batches, a.rounds, a.turns = [2], [4], 1, 2
     if min(a.budgets) < 2 or min(a.batches) < 1:
         ap.error("budgets must be >= 2 workers (a split needs two) and batches >= 1")
     cores = sorted(os.sched_getaffinity(0))

@@ -248,9 +248,17 @@ def bench_recovery(tmp: Path, sizes: list[int]) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer samples")
+    ap.add_argument(
+        "--small", action="store_true", help="a few samples of each, small logs (a smoke run)"
+    )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench_pearld-") as d:
         tmp = Path(d)
+        if args.small:
+            bench_round_trip(tmp, 500)
+            bench_event_to_plan(tmp, [32], 2)
+            bench_recovery(tmp, [1_000])
+            return 0
         bench_round_trip(tmp, 2000 if args.quick else 10000)
         bench_event_to_plan(tmp, [32, 1024], 5 if args.quick else 20)
         bench_recovery(tmp, [10_000, 100_000])

@@ -95,7 +95,10 @@ def event_s(sets: list[str]) -> float:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--small", action="store_true", help="one repeat (a smoke run)")
     args = p.parse_args()
+    if args.small:
+        args.repeat = 1
     try:
         import ray
         from ray.cluster_utils import Cluster

@@ -5,7 +5,7 @@ prints the wall time per policy, the total, and the speed against real time meas
 same run (simulated seconds, warm-up included, per wall second). The last block repeats S2 at
 time_scale 1 (the roofline deployment: ~40x more, shorter steps, so ~40x more events per hour).
 
-    .venv/bin/python benchmarks/bench_sim.py [--quick]
+    .venv/bin/python benchmarks/bench_sim.py [--quick | --small]
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def bench(sc: Scenario, segment: str) -> tuple[float, dict[str, float], int]:
 
 
 def main() -> int:
-    quick = "--quick" in sys.argv
+    quick = "--quick" in sys.argv or "--small" in sys.argv
     cases = (
         [("qwen3-8b", "S2")]
         if quick

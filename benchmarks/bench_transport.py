@@ -96,7 +96,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=15000, help="round trips per variant")
     ap.add_argument("--ipc", action="store_true", help="ipc:// instead of tcp://127.0.0.1")
+    ap.add_argument(
+        "--small", action="store_true", help="500 round trips per variant (a smoke run)"
+    )
     args = ap.parse_args()
+    if args.small:
+        args.n = 500
     ctx: zmq.Context[Any] = zmq.Context()
     tmp = tempfile.TemporaryDirectory()
     k = iter(range(1000))

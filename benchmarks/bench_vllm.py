@@ -52,6 +52,7 @@ from pearl.engines.vllm.checkpoint import byte_tokenizer, preset_dir  # noqa: E4
 from pearl.engines.vllm.client import VLLMClient  # noqa: E402
 from pearl.engines.vllm.engine import body  # noqa: E402
 from pearl.engines.vllm.launch import DEFAULT_VENV  # noqa: E402
+from pearl.testing.wait import wait_until  # noqa: E402
 
 Generate = Callable[[int, GenerateRequest], list[int]]  # (agent, request) -> generated ids
 
@@ -69,15 +70,6 @@ def free_base(n: int) -> int:
                 continue
             return port
     raise SystemExit("no run of free ports")
-
-
-def wait_until(pred: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if got := pred():
-            return got
-        time.sleep(0.05)
-    raise SystemExit(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def serving(rt: Any) -> set[int]:
@@ -130,7 +122,14 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--preset", default="small")
     ap.add_argument("--json", help="write the figures here")
+    ap.add_argument(
+        "--small",
+        action="store_true",
+        help="2 agents x 1 turn x 16 tokens, one round (a smoke run)",
+    )
     a = ap.parse_args()
+    if a.small:
+        a.agents, a.turns, a.tokens, a.rounds = 2, 1, 16, 1
     if not (DEFAULT_VENV / "bin" / "python").exists():
         raise SystemExit(f"no vLLM environment at {DEFAULT_VENV}: run `make vllm`")
 

@@ -50,10 +50,10 @@ from live_pearld import (  # noqa: E402
     lost_events,
     overlap_serving,
     pearl_cli,
+    poll,
     safetensors_blob,
     status_vs_replay,
     summary,
-    wait_until,
 )
 
 from actors import names  # noqa: E402
@@ -193,7 +193,7 @@ class Play:
             self.world -= set(gone)
             self.fact(ev.GpusReclaimed(gone))
             if self.rng.random() < 0.6:
-                wait_until(lambda: self._lending(), 10.0, 0.01)
+                poll(lambda: self._lending(), 10.0, 0.01)
                 self.cycle(k + 1, [])
 
     def _lending(self) -> bool:
@@ -238,7 +238,7 @@ def settle(t: Trainer, timeout: float) -> bool:
             return False
         return not (s["transitions"] or s["plan"] or s["gpus"]["reclaiming"] or s["failed"])
 
-    return bool(wait_until(calm, timeout, 0.1))
+    return bool(poll(calm, timeout, 0.1))
 
 
 def hosts_vs_table(d: Pearld, s: dict[str, Any]) -> dict[str, Any]:
@@ -263,6 +263,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     d = Pearld(
         tmp,
         [f"daemon.metrics=127.0.0.1:{port}", *args.set],
+        port=live.free_port(),
         metrics_port=port,
         env={DISK_ENV: str(tmp / "disk-full")},  # the injector's disk-full windows
     )
@@ -323,7 +324,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         out.update(report(d, t, play, inj, t0, settled))
         # SIGTERM stops pearld "and its worker hosts": also the ones it adopted after a restart?
         out["pearld_exit_code"] = d.stop()
-        wait_until(lambda: not d.hosts(), 10.0, 0.2)
+        poll(lambda: not d.hosts(), 10.0, 0.2)
         out["hosts_left_after_sigterm"] = sorted(f"{h.worker}/{h.pid}" for h in d.hosts())
     finally:
         if inj is not None:

@@ -1,26 +1,17 @@
-"""A live pearld for the storm and chaos runs: a process on a loopback port, its worker hosts,
-its structured log, and the checks that compare what it acknowledged with what it logged.
-
-Everything started here is tracked by pid and stopped by pid (``Pearld.cleanup``): pearld
-itself, and every worker host whose command line names this run's state directory.
+"""The storm and chaos runs around a live pearld (pearl.testing.pearld, on a loopback port):
+a trainer that remembers what pearld acknowledged, and the checks that compare it with the log.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
-import re
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,262 +21,12 @@ if str(ROOT) not in sys.path:
 
 from pearl.core import events as ev  # noqa: E402
 from pearl.core.status import status_plain  # noqa: E402
+from pearl.testing.pearld import CONFIG, Host, Pearld, alive, free_port  # noqa: E402
+from pearl.testing.wait import poll  # noqa: E402
 from transports.protocol import Event, StatusRequest  # noqa: E402
-from transports.rpc import Client, RemoteError  # noqa: E402
+from transports.rpc import RemoteError  # noqa: E402
 
-CONFIG = ROOT / "configs" / "sim-32.toml"
 PREEMPTIBLE = tuple(range(20, 32))
-# Structured lines of pearld (see pearl.daemon.StructuredFormatter) that the runs count.
-HOST_DOWN = re.compile(r'msg="worker host (\d+) \(pid (\d+)\) ([^"]*)"')
-ACTOR_RESTART = re.compile(r'msg="restarting actor (\w+)')
-ACTOR_FAILED = re.compile(r'msg="actor (\w+) failed: ([^"]*)"')
-GIVE_UP = re.compile(r'msg="actor (\w+) keeps failing')
-VIOLATION = re.compile(r'msg="controller rejected its own output for ([^"]*)"')
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_until(pred: Callable[[], Any], timeout: float, every: float = 0.01) -> Any:
-    """``pred()`` once truthy, else None after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(every)
-    return None
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
-    except OSError:
-        return []
-
-
-def _stat(pid: int) -> tuple[str, int] | None:
-    """(state letter, start time in clock ticks) of ``pid``, None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            rest = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return rest[0], int(rest[19])
-
-
-def alive(pid: int) -> bool:
-    st = _stat(pid)
-    return st is not None and st[0] != "Z"
-
-
-@dataclass
-class Host:
-    """A worker host process of this run: its pid, the start time that tells it from a reused
-    pid, and the worker and incarnation on its command line."""
-
-    pid: int
-    start: int
-    worker: int
-    incarnation: int
-
-    def same(self) -> bool:
-        st = _stat(self.pid)
-        return st is not None and st[1] == self.start and st[0] != "Z"
-
-    def signal(self, sig: int) -> bool:
-        if not self.same():
-            return False
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, sig)
-            return True
-        return False
-
-
-def _forked_ids(pid: int) -> tuple[int, int] | None:
-    """(worker, incarnation) of a host forked by pearld's fork server, from its process name
-    (pearl-w3.12); None for the server itself."""
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            m = re.fullmatch(r"pearl-w(\d+)\.(\d+)", f.read().strip())
-    except OSError:
-        return None
-    return (int(m[1]), int(m[2])) if m else None
-
-
-def _arg(argv: list[str], flag: str) -> str:
-    return argv[argv.index(flag) + 1] if flag in argv[:-1] else ""
-
-
-@dataclass
-class Pearld:
-    """pearld on ``tcp://127.0.0.1:<port>`` (the same port across restarts, so that surviving
-    worker hosts find the new one) with one log file per start."""
-
-    tmp: Path
-    sets: list[str] = field(default_factory=list)
-    config: Path = CONFIG
-    port: int = field(default_factory=free_port)
-    proc: subprocess.Popen[bytes] | None = None
-    starts: int = 0
-    seen_hosts: dict[int, Host] = field(default_factory=dict)
-    env: dict[str, str] = field(default_factory=dict)  # added to pearld's environment
-    metrics_port: int = 0  # where daemon.metrics serves, when the run set it
-
-    @property
-    def endpoint(self) -> str:
-        return f"tcp://127.0.0.1:{self.port}"
-
-    @property
-    def state(self) -> Path:
-        return self.tmp / "state"
-
-    def log_path(self, n: int) -> Path:
-        return self.tmp / f"pearld-{n}.log"
-
-    def start(self, timeout: float = 60.0) -> float:
-        """Start pearld; the seconds until it answers status."""
-        self.starts += 1
-        t0 = time.monotonic()
-        sets = [x for s in self.sets for x in ("--set", s)]
-        with open(self.log_path(self.starts), "wb") as out:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "pearl.daemon",
-                    "--config",
-                    str(self.config),
-                    "--state-dir",
-                    str(self.state),
-                    "--endpoint",
-                    self.endpoint,
-                    *sets,
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=ROOT,
-                env={**os.environ, **self.env},
-                start_new_session=True,  # a Ctrl-C of the run reaches pearld only through us
-            )
-        with Client(self.endpoint, timeout_s=0.5, retries=0, name="harness") as c:
-            while time.monotonic() - t0 < timeout:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"pearld exited ({self.proc.returncode}):\n{self.tail()}")
-                with contextlib.suppress(Exception):
-                    if c.request(StatusRequest()).payload:
-                        return time.monotonic() - t0
-                time.sleep(0.05)
-        raise RuntimeError(f"pearld did not answer status in {timeout}s:\n{self.tail()}")
-
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def kill9(self) -> None:
-        if self.running():
-            assert self.proc is not None
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-
-    def stop(self, timeout: float = 30.0) -> int | None:
-        """SIGTERM, then SIGKILL after ``timeout``; the exit status."""
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
-        return self.proc.returncode
-
-    def hosts(self) -> list[Host]:
-        """Live worker hosts of this state dir: pearld's children and every other process whose
-        command line is a worker host of this state dir (adopted after a restart)."""
-        state = str(self.state)
-        out = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            pid = int(entry)
-            argv = _cmdline(pid)
-            if _arg(argv, "--state-dir") != state:
-                continue
-            if "actors.worker_host" in argv:  # a subprocess: its own command line
-                ids = (int(_arg(argv, "--worker")), int(_arg(argv, "--incarnation")))
-            elif "actors.forkserver" in argv and (found := _forked_ids(pid)) is not None:
-                ids = found  # forked: the server's command line, and a name of its own
-            else:
-                continue
-            st = _stat(pid)
-            if st is None or st[0] == "Z":
-                continue
-            h = Host(pid, st[1], *ids)
-            self.seen_hosts.setdefault(pid, h)
-            out.append(h)
-        return out
-
-    def cleanup(self) -> None:
-        """Stop pearld and every worker host of this run, by pid (also stopped ones)."""
-        with contextlib.suppress(Exception):
-            self.stop(20)
-        for h in [*self.hosts(), *self.seen_hosts.values()]:
-            h.signal(signal.SIGKILL)
-            h.signal(signal.SIGCONT)
-
-    def tail(self, n: int = 30) -> str:
-        p = self.log_path(self.starts)
-        return "\n".join(p.read_text(errors="replace").splitlines()[-n:]) if p.exists() else ""
-
-    def log_lines(self) -> list[tuple[int, str]]:
-        """Every line of every pearld start's log, with the start it came from."""
-        out = []
-        for n in range(1, self.starts + 1):
-            p = self.log_path(n)
-            if p.exists():
-                out += [(n, line) for line in p.read_text(errors="replace").splitlines()]
-        return out
-
-    def log_stats(self) -> dict[str, Any]:
-        """Actor restarts and failures, give-ups, controller invariant violations and worker hosts
-        declared down, from the log."""
-        restarts: dict[str, int] = {}
-        failures: list[str] = []
-        down: list[dict[str, Any]] = []
-        gave_up = []
-        violations: list[str] = []  # invariant violations the orchestrator recovered from
-        for start, line in self.log_lines():
-            if m := ACTOR_RESTART.search(line):
-                restarts[m[1]] = restarts.get(m[1], 0) + 1
-            if m := ACTOR_FAILED.search(line):
-                failures.append(f"{m[1]}: {m[2]}")
-            if m := GIVE_UP.search(line):
-                gave_up.append(m[1])
-            if m := VIOLATION.search(line):
-                violations.append(m[1][:300])
-            if m := HOST_DOWN.search(line):
-                down.append(
-                    {
-                        "start": start,
-                        "worker": int(m[1]),
-                        "pid": int(m[2]),
-                        "why": m[3],
-                        "ts": line.split(" ", 1)[0][3:],
-                    }
-                )
-        return {
-            "restarts": restarts,
-            "failures": failures,
-            "gave_up": gave_up,
-            "violations": violations,
-            "down": down,
-        }
 
 
 class Trainer:
@@ -366,7 +107,7 @@ class Trainer:
             except Exception:
                 return False
 
-        return time.monotonic() - t0 if wait_until(ok, timeout, 0.005) else None
+        return time.monotonic() - t0 if poll(ok, timeout, 0.005) else None
 
 
 def safetensors_blob() -> bytes:
@@ -464,14 +205,16 @@ def in_state_dir(
 
 
 __all__ = [
+    "CONFIG",
     "PREEMPTIBLE",
     "Host",
     "Pearld",
     "Trainer",
     "alive",
+    "free_port",
     "lost_events",
     "overlap_serving",
+    "poll",
     "status_vs_replay",
     "summary",
-    "wait_until",
 ]

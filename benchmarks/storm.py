@@ -27,7 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import live_pearld as live  # noqa: E402
-from live_pearld import Pearld, Trainer, lost_events, overlap_serving, summary, wait_until  # noqa: E402
+from live_pearld import Pearld, Trainer, lost_events, overlap_serving, poll, summary  # noqa: E402
 
 from pearl.core import events as ev  # noqa: E402
 
@@ -48,7 +48,7 @@ def settle(t: Trainer, timeout: float = 60.0) -> bool:
         s = t.status()
         return not s["transitions"] and s["plan"] is None and not s["gpus"]["reclaiming"]
 
-    return bool(wait_until(calm, timeout, 0.02))
+    return bool(poll(calm, timeout, 0.02))
 
 
 def add_back(t: Trainer, gpus: tuple[int, ...], timeout: float = 60.0) -> bool:
@@ -61,7 +61,7 @@ def add_back(t: Trainer, gpus: tuple[int, ...], timeout: float = 60.0) -> bool:
             return True
         return "LogWriteFailed" not in t.last_refusal and bool(t.last_refusal)
 
-    return bool(wait_until(added, timeout, 0.02)) and not t.last_refusal
+    return bool(poll(added, timeout, 0.02)) and not t.last_refusal
 
 
 def cycle(t: Trainer, rng: random.Random, variant: str) -> dict[str, Any]:
@@ -80,7 +80,7 @@ def cycle(t: Trainer, rng: random.Random, variant: str) -> dict[str, Any]:
         t.event(ev.GpusAdded(arrivals))
     if variant not in ("after-borrow", "after-begin"):
         t.event(ev.GpusReclaimed(tuple(reclaim)))
-    borrowed = bool(wait_until(lambda: overlap_serving(t.status()), 30.0, 0.005))
+    borrowed = bool(poll(lambda: overlap_serving(t.status()), 30.0, 0.005))
     if variant == "after-borrow":
         time.sleep(rng.uniform(0.0, 0.3))
         t.event(ev.GpusReclaimed(tuple(reclaim)))
@@ -106,7 +106,7 @@ def cycle(t: Trainer, rng: random.Random, variant: str) -> dict[str, Any]:
 
 def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     rng = random.Random(args.seed)
-    d = Pearld(tmp, list(args.set))
+    d = Pearld(tmp, list(args.set), port=live.free_port())
     out: dict[str, Any] = {
         "benchmark": "storm",
         "seed": args.seed,

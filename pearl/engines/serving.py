@@ -61,6 +61,7 @@ class ServingEngine(EngineBase, Backend):
         self._thread: threading.Thread | None = None
         self._life = Lifecycle(self.kind)
         self._pending_weights: tuple[int, Any] | None = None
+        self._paused = False  # pause_generation(): no iteration runs
         self.handoff = (
             KVHandoff(kv_channel, config.kv_timeout_s, self._record_transfer, self._now)
             if kv_channel is not None
@@ -111,6 +112,18 @@ class ServingEngine(EngineBase, Backend):
     def abort(self, rid: str) -> None:
         with self._cv:
             self._aborts.append(rid)
+            self._cv.notify_all()
+
+    def pause_generation(self) -> None:
+        """Run no iteration until :meth:`continue_generation`: requests stay in flight where they
+        are; new requests, aborts and calls are still taken (SGLang's /pause_generation)."""
+        with self._cv:
+            self._paused = True
+            self._cv.notify_all()
+
+    def continue_generation(self) -> None:
+        with self._cv:
+            self._paused = False
             self._cv.notify_all()
 
     def _requests(self) -> dict[str, Seq]:
@@ -242,7 +255,8 @@ class ServingEngine(EngineBase, Backend):
     def _loop(self) -> None:
         while True:
             with self._cv:
-                busy = self.sched is not None and self.sched.busy
+                paused = self._paused
+                busy = self.sched is not None and self.sched.busy and not paused
                 stopping = self._life.state is EngineState.STOPPING
                 urgent = busy or self._inbox or self._aborts or self._calls or stopping
                 if not urgent:  # only KV transfers pending: poll the channel briskly
@@ -267,7 +281,7 @@ class ServingEngine(EngineBase, Backend):
             for rid in aborts:
                 if (victim := self._seqs.get(rid)) is not None:
                     self._finish(victim, FinishReason.ABORT)
-            if self.sched is not None:
+            if self.sched is not None and not paused:
                 self._poll_transfers(self.sched)
                 self._step(self.sched)
 

@@ -18,6 +18,7 @@ from actors.router import WorkerGone
 from actors.supervisor import Host, Liveboard, RoleSupervisor
 from pearl.config import load
 from pearl.core import commands as cmd
+from pearl.testing.wait import wait_until
 from transports.protocol import Status, StatusRequest
 from transports.rpc import Client, Server, dispatch
 
@@ -91,10 +92,7 @@ def pearld() -> Iterator[FakePearld]:
 
 
 def wait_for(cond: Any, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
+    wait_until(cond, timeout, "the condition", every=0.02)
 
 
 def test_the_heart_beats_while_the_process_computes_and_says_hello_again(

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 import pearl
+from pearl.testing.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -81,10 +82,7 @@ def test_a_host_killed_mid_rollout_loses_no_trajectory(
 ) -> None:
     caplog.set_level(logging.INFO, logger="actors")
     rt = runtime
-    deadline = time.monotonic() + 120
-    while len(serving(rt)) < 3:
-        assert time.monotonic() < deadline, f"only {serving(rt)} serving"
-        time.sleep(0.2)
+    wait_until(lambda: len(serving(rt)) >= 3, 120, "3 workers serving", every=0.2)
     pipeline = rt.daemon.batches()
     router = rt.daemon.directory.get("router").ref.proxy()
 
@@ -110,18 +108,14 @@ def test_a_host_killed_mid_rollout_loses_no_trajectory(
     turn_s = max(turns)
 
     # A host with turns in flight, killed by pid.
-    deadline = time.monotonic() + 30
-    while True:
-        pending = router.pending.get()
+    def busy_hosts() -> dict[int, list[str]]:
         on: dict[int, list[str]] = {}
-        for rid, p in pending.items():
+        for rid, p in router.pending.get().items():
             for w in p.workers:
                 on.setdefault(w, []).append(rid)
-        busy = {w: rids for w, rids in on.items() if w in serving(rt)}
-        if busy:
-            break
-        assert time.monotonic() < deadline, "no host ever had a turn in flight"
-        time.sleep(0.02)
+        return {w: rids for w, rids in on.items() if w in serving(rt)}
+
+    busy = wait_until(busy_hosts, 30, "a host with a turn in flight", every=0.02)
     victim, in_flight = max(busy.items(), key=lambda kv: len(kv[1]))
     roles = {w.id: w.role for w in rt.status().workers}
     # The newest incarnation: under load a host may have been restarted once already.
@@ -131,9 +125,12 @@ def test_a_host_killed_mid_rollout_loses_no_trajectory(
     t_kill_wall = time.time()
 
     # Its turns are routed again and answered: within detection plus one turn.
-    while any(rid in router.pending.get() for rid in in_flight):
-        assert time.monotonic() - t_kill < 30, "the killed host's turns were never answered"
-        time.sleep(0.01)
+    wait_until(
+        lambda: not any(rid in router.pending.get() for rid in in_flight),
+        30,
+        "the killed host's turns to be answered",
+        every=0.01,
+    )
     answered_s = time.monotonic() - t_kill
     batch = rt.next_batch(timeout_s=60)
     next_batch_s = time.monotonic() - t_kill

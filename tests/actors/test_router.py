@@ -6,7 +6,6 @@ ignored)."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +18,8 @@ from actors.router import MAX_ATTEMPTS, Flush, KvAddress, Router, WorkerGone
 from pearl.core.state import Activity, Role, Worker, Zone
 from pearl.core.view import ClusterView, TableSnapshot
 from pearl.engines.base import FinishReason, GenerateRequest, GenerateResult
+from pearl.testing.actors import barrier
+from pearl.testing.wait import wait_until
 
 
 class FakeWorker(PearlActor):
@@ -87,13 +88,16 @@ def view(d: Directory, rows: list[tuple[int, str, str]], seq: int = 1) -> None:
 
 
 def results(d: Directory, n: int, timeout: float = 5.0) -> list[GenerateDone]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = d.get("sink").ask(Results())
-        if len(got) >= n:
-            return got  # type: ignore[no-any-return]
-        time.sleep(0.01)
-    raise AssertionError(f"only {len(got)} of {n} results")
+    def enough() -> list[GenerateDone] | None:
+        got: list[GenerateDone] = d.get("sink").ask(Results())
+        return got if len(got) >= n else None
+
+    return wait_until(enough, timeout, f"{n} results")  # type: ignore[no-any-return]
+
+
+def settle(d: Directory, *names: str) -> None:
+    """Every message told so far has been handled by these actors, in this order."""
+    barrier(*(d.get(n) for n in names))
 
 
 def test_only_active_workers_receive_requests(cluster: Any) -> None:
@@ -109,7 +113,7 @@ def test_requests_wait_for_routable_workers(cluster: Any) -> None:
     d, log, _ = cluster
     view(d, [(1, "colocated", "transitioning")])
     d.tell("router", Route(GenerateRequest("r", (5,)), "sink"))
-    time.sleep(0.1)
+    settle(d, "router", "worker/1")
     assert log == []
     view(d, [(1, "colocated", "active")], seq=2)
     assert results(d, 1)[0].result is not None
@@ -131,7 +135,7 @@ def test_a_retryable_failure_is_routed_again(cluster: Any) -> None:
     view(d, [(1, "prefill", "active"), (2, "decode", "active")])
     fail.append(2)  # the decode worker never gets the KV the first time
     d.tell("router", Route(GenerateRequest("r", (5,)), "sink"))
-    time.sleep(0.1)
+    settle(d, "router", "worker/1", "worker/2", "router")  # the failure is back at the router
     d.tell("router", Flush())  # retries are routed at the next tick
     done = results(d, 1)
     assert done[0].result is not None and not done[0].error
@@ -198,7 +202,7 @@ def test_a_request_on_a_host_that_died_is_routed_again_from_the_turn_start(clust
     holding(d, 0, log)
     view(d, [(0, "colocated", "active"), (2, "colocated", "active")])
     d.tell("router", Route(GenerateRequest("r", (5, 6, 7)), "sink"))
-    time.sleep(0.1)
+    settle(d, "router", "worker/0", "worker/2")
     assert [q.rid for q in sent_to(log, 0)] == ["r"]  # worker 0 holds it, then its host dies
     d.tell("router", WorkerGone(0, 1, "exited"))
     done = results(d, 1)
@@ -211,11 +215,11 @@ def test_a_request_on_a_host_that_died_is_routed_again_from_the_turn_start(clust
     assert [q.rid for q in sent_to(log, 0)] == ["r"]
     d.tell("router", KvAddress(0, "inproc://kv-0"))
     d.tell("router", Route(GenerateRequest("t", (5,)), "sink"))
-    time.sleep(0.1)
+    settle(d, "router", "worker/0")
     assert [q.rid for q in sent_to(log, 0)] == ["r", "t"]
     # A late answer of the attempt given up on is not taken for anything.
     d.tell("worker/0", Release())
-    time.sleep(0.1)
+    settle(d, "worker/0", "router", "sink")
     assert [m.rid for m in d.get("sink").ask(Results())] == ["r", "s", "t"]
 
 
@@ -225,7 +229,7 @@ def test_a_dead_prefill_host_aborts_the_decode_half_and_retries(cluster: Any) ->
     holding(d, 4, log)  # decode: waits for it (first attempt), answers the retry
     view(d, [(0, "prefill", "active"), (2, "prefill", "active"), (4, "decode", "active")])
     d.tell("router", Route(GenerateRequest("r", (5, 6)), "sink"))
-    time.sleep(0.1)
+    settle(d, "router", "worker/0", "worker/4")
     d.tell("router", WorkerGone(0, 1, "missed heartbeats"))
     done = results(d, 1)
     assert done[0].rid == "r" and done[0].worker == 4 and done[0].result is not None
@@ -238,9 +242,9 @@ def test_a_prefill_host_that_dies_after_shipping_leaves_the_decode_alone(cluster
     holding(d, 4, log)
     view(d, [(1, "prefill", "active"), (4, "decode", "active")])
     d.tell("router", Route(GenerateRequest("r", (5, 6)), "sink"))
-    time.sleep(0.1)  # worker 1 answered at once: its KV left
+    settle(d, "router", "worker/1", "worker/4", "router")  # worker 1 answered: its KV left
     d.tell("router", WorkerGone(1, 1, "exited"))
-    time.sleep(0.1)
+    settle(d, "router", "worker/4")
     assert not any(e[1:] == ("abort", "r") for e in log) and len(sent_to(log, 4)) == 1
     d.tell("worker/4", Release())
     assert results(d, 1)[0].result is not None
@@ -252,7 +256,7 @@ def test_a_request_whose_hosts_keep_dying_gives_up(cluster: Any) -> None:
     view(d, [(0, "colocated", "active")])
     d.tell("router", Route(GenerateRequest("r", (5,)), "sink"))
     for _ in range(MAX_ATTEMPTS):
-        time.sleep(0.05)
+        settle(d, "router", "worker/0")
         d.tell("router", WorkerGone(0, 1, "exited"))
         d.tell("router", KvAddress(0, "inproc://kv-0"))  # restarted: it says hello again
         d.tell("router", Flush())

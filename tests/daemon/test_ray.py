@@ -266,7 +266,8 @@ def test_pearld_sigkilled_and_restarted_adopts_the_ray_hosts(sim: Sim, tmp_path:
         assert {n for n, _ in where.values()} == {node_of_gpu(sim, 0), node_of_gpu(sim, 2)}
         d.kill9()
         d.start(timeout=60)
-        time.sleep(6 * HEARTBEAT_S)  # long enough for a lost host to be declared dead
+        # No event: a host pearld lost would be declared dead after missed heartbeats; wait that.
+        time.sleep(6 * HEARTBEAT_S)
         s = d.settled(60)
         assert {(w["id"], w["incarnation"]) for w in serving(s)} == before
         after = {k: ray.get(host_of(*k).where.remote(), timeout=10) for k in before}

@@ -77,8 +77,8 @@ def test_kill_minus_nine_soak(pearld_factory: Any) -> None:
                 acked[d.event(rec)] = rec
             except RemoteError:
                 pass  # refused against the logged state (e.g. GPUs still being returned)
-            time.sleep(rng.uniform(0.0, 0.15))
-        time.sleep(rng.uniform(0.0, 0.1))  # land the kill anywhere in the transitions
+            time.sleep(rng.uniform(0.0, 0.15))  # random spacing is the point: no event to wait
+        time.sleep(rng.uniform(0.0, 0.1))  # random: land the kill anywhere in the transitions
         d.kill9()
         kills += 1
 

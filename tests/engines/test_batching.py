@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import random
-import time
 
 import pytest
 
 from pearl.engines.base import FinishReason, GenerateRequest, SamplingParams
+from pearl.testing.wait import wait_until
 
 from .helpers import Engines, prompt_of, run
 
@@ -52,8 +52,12 @@ def test_many_concurrent_requests_complete_and_match_unbatched(engines: Engines)
 def test_chunked_prefill_interleaves_with_decode(engines: Engines) -> None:
     e = engines.make(token_budget=32)
     short = e.generate(GenerateRequest("short", prompt_of(4), SamplingParams(max_new_tokens=400)))
-    while not any(it.decode_batch for it in e.telemetry().iterations):
-        time.sleep(0.001)
+    wait_until(
+        lambda: any(it.decode_batch for it in e.telemetry().iterations),
+        30,
+        "a decode iteration",
+        every=0.001,
+    )
     long = run(e, prompt_of(300, 3), rid="long", max_new_tokens=2)
     its = e.telemetry().iterations
     assert all(it.prefill_tokens + it.decode_batch <= 32 for it in its)

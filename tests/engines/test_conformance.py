@@ -15,6 +15,7 @@ from pearl.engines.base import (
     KVTimeout,
     SamplingParams,
 )
+from pearl.testing.wait import wait_until
 
 from .helpers import Engines, new_weights, prompt_of, run
 
@@ -23,11 +24,13 @@ LONG = 3000  # tokens: seconds of generation on either engine, so an abort lands
 
 def wait_decoding(engine: Engine, tokens: int = 5, timeout: float = 20.0) -> None:
     """Block until the engine ran ``tokens`` decode iterations (read from its telemetry)."""
-    seen, deadline = 0, time.monotonic() + timeout
-    while seen < tokens:
-        assert time.monotonic() < deadline, "engine did not start decoding"
-        seen += sum(1 for it in engine.telemetry().iterations if it.decode_batch)
-        time.sleep(0.005)
+    seen = [0]
+
+    def decoded() -> bool:
+        seen[0] += sum(1 for it in engine.telemetry().iterations if it.decode_batch)
+        return seen[0] >= tokens
+
+    wait_until(decoded, timeout, f"{tokens} decode iterations", every=0.005)
 
 
 def test_generation_respects_max_new_tokens(engines: Engines) -> None:
@@ -63,6 +66,20 @@ def test_seeded_sampling_is_reproducible(engines: Engines) -> None:
         for i, seed in enumerate((1, 1, 2))
     ]
     assert outs[0] == outs[1] != outs[2]
+
+
+def test_paused_generation_holds_requests_in_flight_until_continued(engines: Engines) -> None:
+    e = engines.make()
+    e.pause_generation()
+    sp = SamplingParams(max_new_tokens=4)
+    held = e.generate(GenerateRequest("held", prompt_of(8), sp))
+    other = e.generate(GenerateRequest("other", prompt_of(9), sp))
+    e.abort("held")
+    r = held.result(30)  # the abort was handled; no iteration ran before or since
+    assert r.finish_reason is FinishReason.ABORT and len(r.output_ids) == 0
+    assert not other.done() and e.in_flight() == ["other"]
+    e.continue_generation()
+    assert len(other.result(30).output_ids) == 4
 
 
 def test_abort_returns_the_generated_prefix(engines: Engines) -> None:
@@ -158,8 +175,8 @@ def test_kv_may_arrive_before_the_decode_request(engines: Engines) -> None:
     coloc = engines.make()
     prompt, sp = prompt_of(33), SamplingParams(max_new_tokens=6)
     peer = decode.kv_channel.address  # type: ignore[attr-defined]
+    # The prefill answers once its KV is sent: before the decode request exists.
     prefill.generate(GenerateRequest("r", prompt, sp, transfer_id="early", kv_peer=peer)).result(30)
-    time.sleep(0.05)
     rd = decode.generate(GenerateRequest("r", prompt, sp, transfer_id="early")).result(30)
     assert rd.output_ids == run(coloc, prompt, max_new_tokens=6).output_ids
 

@@ -11,6 +11,7 @@ from pearl.core.errors import EngineError, InvariantViolation
 from pearl.engines.base import GenerateRequest, SamplingParams
 from pearl.engines.lifecycle import SERVER_TRANSITIONS, TRANSITIONS, EngineState, Lifecycle, Server
 from pearl.engines.sim import SimEngine
+from pearl.testing.wait import wait_until
 from tests.engines.helpers import SIM_COST, SIM_SCALE, prompt_of, run
 from tests.graphs import reachable
 
@@ -69,10 +70,7 @@ def test_an_engine_walks_its_lifecycle() -> None:
     states: list[EngineState] = []
     drainer = threading.Thread(target=lambda: states.append(S.SERVING) if e.drain(30) else None)
     drainer.start()
-    deadline = time.monotonic() + 5
-    while e.state is not S.DRAINING and time.monotonic() < deadline:
-        time.sleep(0.001)
-    assert e.state is S.DRAINING
+    wait_until(lambda: e.state is S.DRAINING, 5, "draining", every=0.001)
     with pytest.raises(EngineError, match="draining"):
         e.generate(GenerateRequest("new", prompt_of(8), SamplingParams(max_new_tokens=2)))
     slow.result(30)
@@ -98,18 +96,24 @@ def test_a_call_the_engine_thread_never_runs_is_an_error_that_names_it() -> None
     e = SimEngine(cost=SIM_COST, time_scale=SIM_SCALE, call_timeout_s=0.2)
     e.start()
     try:
+        running, gate = threading.Event(), threading.Event()
 
-        def busy() -> None:  # the engine thread is busy for a second; this call times out too
+        def stuck() -> None:  # the engine thread is held until the gate opens
+            running.set()
+            gate.wait(10)
+
+        def busy() -> None:  # this call times out too
             with pytest.raises(EngineError, match="within"):
-                e._call(lambda: time.sleep(1.0))
+                e._call(stuck)
 
         hold = threading.Thread(target=busy)
         hold.start()
-        time.sleep(0.05)
+        assert running.wait(5)
         t0 = time.monotonic()
         with pytest.raises(EngineError, match=r"release: .*within 0\.2 s"):
             e.release_memory()
         assert time.monotonic() - t0 < 0.9
-        hold.join()
+        hold.join()  # its call timed out too
+        gate.set()
     finally:
         e.stop()

@@ -11,8 +11,7 @@ import sys
 from pearl.core.fold import apply_to
 from pearl.core.state import ClusterState
 from pearl.log import FileLog
-
-from .workload import Workload
+from pearl.testing.workload import Workload
 
 SEED = 3
 SNAPSHOT_EVERY = 4

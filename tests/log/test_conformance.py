@@ -10,9 +10,9 @@ from pearl.core import events as ev
 from pearl.core.errors import LogError, SchemaError
 from pearl.core.fold import replay
 from pearl.core.state import ClusterState
+from pearl.testing.workload import realistic
 
 from .conftest import Store
-from .workload import realistic
 
 RECORDS = realistic(300, seed=1)
 

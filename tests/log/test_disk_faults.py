@@ -18,8 +18,7 @@ import pytest
 from pearl.core import events as ev
 from pearl.core.errors import LogError, LogWriteFailed
 from pearl.log import FileLog, failpoints, segments
-
-from .workload import realistic
+from pearl.testing.workload import realistic
 
 RECORDS = realistic(40, seed=7)
 

@@ -23,7 +23,7 @@ class SlowSync:
 
     def __call__(self, fd: int) -> None:
         size = os.fstat(fd).st_size
-        time.sleep(0.004)
+        time.sleep(0.004)  # a slow disk is the point (appends pile up): latency, not a wait
         os.fsync(fd)
         with self.lock:
             self.synced.append(size)

@@ -14,8 +14,7 @@ import pytest
 from pearl.core.errors import LogCorrupted, LogError, LogLocked, NotALog
 from pearl.core.fold import replay
 from pearl.log import FileLog, framing, reader, segments
-
-from .workload import realistic
+from pearl.testing.workload import realistic
 
 RECORDS = realistic(80, seed=2)
 SEG = "0000000000000001.seg"

@@ -13,8 +13,7 @@ from pearl.core.errors import LogCorrupted, SchemaError
 from pearl.core.fold import replay
 from pearl.core.state import ClusterState
 from pearl.log import snapshot
-
-from .workload import realistic
+from pearl.testing.workload import realistic
 
 STATE = replay(realistic(400, seed=4))  # mid-plan, GPUs present, training
 

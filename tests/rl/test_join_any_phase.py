@@ -9,7 +9,6 @@ aborted, no joiner is removed as a cancelled expansion.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import pearl
 from pearl.core import events as ev
 from pearl.core.status import ClusterStatus, WorkerRow
 from pearl.rl.weights import latest_snapshot
+from pearl.testing.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -43,15 +43,14 @@ def on(status: ClusterStatus, gpu: int) -> list[WorkerRow]:
 
 def settle(rt: Any, gpu: int, present: bool) -> None:
     """Until the worker on ``gpu`` serves (or is gone) and no plan is in flight."""
-    deadline = time.monotonic() + JOIN_S
-    while True:
+
+    def settled() -> bool:
         s = rt.status()
         rows = on(s, gpu)
         done = [w.activity for w in rows] == ["active"] if present else not rows
-        if done and s.plan is None:
-            return
-        assert time.monotonic() < deadline, f"GPU {gpu} {'joining' if present else 'leaving'}: {s}"
-        time.sleep(0.1)
+        return bool(done and s.plan is None)
+
+    wait_until(settled, JOIN_S, f"GPU {gpu} {'joining' if present else 'leaving'}", every=0.1)
 
 
 def join_and_leave(rt: Any, gpu: int, during: Any = None) -> None:

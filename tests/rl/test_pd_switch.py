@@ -6,7 +6,6 @@ table."""
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from pearl import config
 from pearl.core import events as ev
 from pearl.core.status import ClusterStatus, status_plain
 from pearl.log import FileLog
+from pearl.testing.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -51,14 +51,12 @@ SETS = (
 
 
 def wait_for(rt: Any, pred: Any, timeout: float, what: str) -> ClusterStatus:
-    deadline = time.monotonic() + timeout
-    s: ClusterStatus | None = None
-    while time.monotonic() < deadline:
-        s = rt.status()
-        if s.plan is None and pred(s):
-            return s
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}: {s}")
+    def ready() -> ClusterStatus | None:
+        s: ClusterStatus = rt.status()
+        return s if s.plan is None and pred(s) else None
+
+    got: ClusterStatus = wait_until(ready, timeout, what)
+    return got
 
 
 def serving(s: ClusterStatus) -> str:
@@ -68,12 +66,7 @@ def serving(s: ClusterStatus) -> str:
 def generating(rt: Any, timeout: float = 60.0) -> int:
     """Wait until requests are in flight on the workers; how many."""
     p = rt.daemon.batches()
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if p.generating:
-            return int(p.generating)
-        time.sleep(0.01)
-    raise AssertionError("no generation in flight")
+    return int(wait_until(lambda: p.generating, timeout, "generation in flight", every=0.01))
 
 
 def alone(cfg: Any, trajectories: list[Any]) -> dict[str, Any]:

@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ import pearl
 from pearl.core import events as ev
 from pearl.core.status import ClusterStatus
 from pearl.rl.trajectory import Batch
+from pearl.testing.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -156,14 +156,14 @@ def test_embedding_api_against_a_pearld_subprocess(tmp_path: Path) -> None:
     stderr_file = open(tmp_path / "pearld.log", "wb")  # noqa: SIM115 (the child owns it)
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=stderr_file, cwd=ROOT)
     try:
-        deadline = time.monotonic() + 60
-        rt = None
-        while rt is None:
+
+        def connected() -> Any:
             try:
-                rt = pearl.connect(endpoint, timeout_s=2.0)
+                return pearl.connect(endpoint, timeout_s=2.0)
             except pearl.PearlError:
-                assert time.monotonic() < deadline, (tmp_path / "pearld.log").read_text()[-2000:]
-                time.sleep(0.2)
+                return None
+
+        rt = wait_until(connected, 60, "pearld to accept a client", every=0.2)
         trainer = GRPOTrainer(preset="tiny", seed=0, lr=3e-4, device="cpu")
         batch = rt.next_batch(timeout_s=240)
         check_batch(batch, 8, 4, 0, staleness=1)

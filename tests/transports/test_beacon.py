@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import zmq
 
+from pearl.testing.wait import wait_until
 from transports.beacon import Beacon
 from transports.codec import Envelope
 from transports.heartbeat import Liveness
@@ -61,18 +62,19 @@ def test_beats_keep_their_schedule_and_a_server_behind_judges_no_one(
             stuck.append(time.monotonic() - t0)
 
     try:
-        time.sleep(0.5)
-        assert live.alive("host-beat")
+        wait_until(lambda: live.alive("host-beat") and b.sent >= 5, 5, "the first beats")
         t = threading.Thread(target=hold_the_server)
         t.start()
-        time.sleep(1.0)
+        time.sleep(1.0)  # no event: the point is 1 s of silence while the server is stuck
         # The beats wait unread behind the stuck handler: 1 s of silence is 10 missed intervals,
         # yet silence is judged only up to when the server fell behind.
         assert live.last_seen("host-beat") < time.monotonic() - 0.9  # type: ignore[operator]
         assert live.dead() == [] and live.alive("host-beat")
         t.join()
         assert stuck[0] >= 1.4
-        time.sleep(0.3)  # the server has read the waiting beats and new ones
+        # the server has read the waiting beats and new ones
+        now = time.monotonic()
+        wait_until(lambda: (live.last_seen("host-beat") or 0) > now, 5, "a beat after the stall")
         assert live.alive("host-beat") and "host-beat" not in live.dead()
         assert 15 <= b.sent <= 30, b.sent  # one per 0.1 s over ~1.8 s, replies slow or not
         assert b.replies > 0 and all(isinstance(e.msg, Pong) for e in replies)
@@ -86,11 +88,10 @@ def test_a_paused_beacon_sends_nothing(
     server, live, _ = slow_server
     b = beacon(server.address, ctx, replies).start()
     try:
-        time.sleep(0.35)
+        time.sleep(0.35)  # no event: the point is that nothing is sent over 3 intervals
         assert b.sent == 0 and live.last_seen("host-beat") is None
         b.paused = False
-        time.sleep(0.35)
-        assert b.sent >= 2 and live.alive("host-beat")
+        wait_until(lambda: b.sent >= 2 and live.alive("host-beat"), 5, "two beats")
     finally:
         b.close()
 
@@ -105,13 +106,11 @@ def test_silence_replaces_the_socket_and_beats_resume_when_the_peer_comes(
     b = beacon(address, ctx, replies, interval_s=0.05).start()
     b.paused = False
     try:
-        time.sleep(0.6)  # nobody there: > 3 intervals of silence, more than once
-        assert b.reconnects >= 1 and b.replies == 0
-        assert b.silent_s() >= 0.5
+        # nobody there: > 3 intervals of silence, more than once
+        wait_until(lambda: b.reconnects >= 1 and b.silent_s() >= 0.5, 5, "a reconnect")
+        assert b.replies == 0
         with Server(address, dispatch({Ping: lambda env: Pong(env.msg.nonce)}), ctx=ctx):
-            deadline = time.monotonic() + 3.0
-            while b.replies == 0 and time.monotonic() < deadline:
-                time.sleep(0.02)
-            assert b.replies > 0 and b.silent_s() < 0.5
+            wait_until(lambda: b.replies > 0, 3.0, "a reply", every=0.02)
+            assert b.silent_s() < 0.5
     finally:
         b.close()

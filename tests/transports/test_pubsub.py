@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import zmq
 
+from pearl.testing.wait import wait_until
 from transports.codec import Envelope
 from transports.protocol import Snapshot, Subscribe
 from transports.pubsub import GapDetected, Publisher, Subscriber
@@ -215,10 +216,7 @@ def test_background_thread(ctx: Ctx, endpoints: Any, client: Client) -> None:
     try:
         for i in range(20):
             owner.set(f"k{i}", i)
-        deadline = time.monotonic() + 5
-        while mirror.data != owner.data:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_until(lambda: mirror.data == owner.data, 5, "the mirror to catch up", every=0.01)
     finally:
         sub.close()
     assert mirror.gaps == []

@@ -15,6 +15,7 @@ import zmq
 
 from pearl.core.errors import InvalidEvent, PearlError
 from pearl.core.events import GpusAdded, TrainingBegin
+from pearl.testing.wait import wait_until
 from tests.transports.test_codec import BAD, OVERSIZE, SMALL, _envelope
 from transports.codec import Codec, Envelope
 from transports.heartbeat import Liveness
@@ -364,10 +365,7 @@ def test_any_message_counts_as_a_heartbeat(ctx: Ctx, api: Api) -> None:
         assert live.alive("worker-3")
         now[0] += 3.0
         # Silence is judged once the server's loop has polled empty at the new time (<= 0.1 s).
-        deadline = time.monotonic() + 2.0
-        while live.dead() != ["worker-3"]:
-            assert time.monotonic() < deadline, live.dead()
-            time.sleep(0.01)
+        wait_until(lambda: live.dead() == ["worker-3"], 2.0, "worker-3 judged dead", every=0.01)
 
 
 def test_one_way_messages_and_stale_replies(ctx: Ctx, server: Server, client: Client) -> None:

@@ -82,6 +82,8 @@ class Facade:
             ("GET", model, self.model_info),
             ("POST", "/generate", self.generate),
             ("POST", "/abort_request", self.abort),
+            ("POST", "/pause_generation", self.pause),
+            ("POST", "/continue_generation", self.resume_generation),
             ("POST", "/release_memory_occupation", self.release),
             ("POST", "/resume_memory_occupation", self.resume),
             ("POST", "/update_weights_from_disk", self.update_from_disk),
@@ -178,6 +180,14 @@ class Facade:
             for r in self.engine.in_flight():
                 if r.startswith(rid):
                     self.engine.abort(r)
+        return 200, None
+
+    def pause(self, _: dict[str, Any]) -> Reply:
+        self.engine.pause_generation()
+        return 200, None
+
+    def resume_generation(self, _: dict[str, Any]) -> Reply:
+        self.engine.continue_generation()
         return 200, None
 
     # -- memory and weights --------------------------------------------------------------------

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from pearl.engines.sglang import protocol as P
 from pearl.engines.sglang.client import HTTPError, request
 from pearl.engines.torch import TorchEngine
 from pearl.engines.torch import model as M
+from pearl.testing.wait import wait_until
 
 from ..helpers import prompt_of
 from .conftest import NEW, OLD, Servers
@@ -69,11 +69,13 @@ def pd(
 
 
 def wait_tokens(c: SGLangClient, at_least: int, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
     start = c.metrics().get("sglang:generation_tokens_total", 0.0)
-    while c.metrics().get("sglang:generation_tokens_total", 0.0) - start < at_least:
-        assert time.monotonic() < deadline, "server did not generate"
-        time.sleep(0.02)
+    wait_until(
+        lambda: c.metrics().get("sglang:generation_tokens_total", 0.0) - start >= at_least,
+        timeout,
+        "the server to generate",
+        every=0.02,
+    )
 
 
 def test_generation_is_the_torch_engines(servers: Servers) -> None:
@@ -135,7 +137,7 @@ def test_abort_returns_the_prefix(servers: Servers) -> None:
     r = fut.result(30)
     assert r.finish_reason is FinishReason.ABORT and 0 < len(r.output_ids) < LONG
     assert len(r.logprobs) == len(r.output_ids)
-    time.sleep(0.3)
+    wait_tokens(e.client, 5)  # generation went on after the abort: r10 still runs
     assert not other.done() and "r10" in e.in_flight()  # SGLang aborts by prefix: not r10
     e.abort("r10")
     assert other.result(30).finish_reason is FinishReason.ABORT
@@ -294,12 +296,12 @@ def test_a_crashed_server_is_relaunched(servers: Servers) -> None:
     before = run(e, prompt, rid="pre", n=6)
     pid = e.server.pid
     os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 60
-    while True:
+
+    def relaunched() -> GenerateResult | None:
         try:
-            after = run(e, prompt, rid="post", n=6)
-            break
+            return run(e, prompt, rid="post", n=6)
         except EngineError:
-            assert time.monotonic() < deadline, "the server was not relaunched"
-            time.sleep(0.5)
+            return None
+
+    after = wait_until(relaunched, 60, "the server to be relaunched", every=0.5)
     assert e.server.pid != pid and after.output_ids == before.output_ids

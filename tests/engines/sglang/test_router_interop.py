@@ -4,8 +4,8 @@ changes, removes them with ``DELETE /workers/{id}``, and routes colocated and PD
 
 from __future__ import annotations
 
+import logging
 import threading
-import time
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -20,6 +20,8 @@ from pearl.core.view import ClusterView, TableSnapshot
 from pearl.engines.base import FinishReason, GenerateRequest, SamplingParams
 from pearl.engines.sglang import SGLangClient
 from pearl.engines.sglang.router import RouterClient, SGLangRouterLink, launch_routers
+from pearl.engines.web import call
+from pearl.testing.wait import wait_until
 
 from ..helpers import prompt_of
 from ..trainer import Trainer
@@ -52,10 +54,7 @@ def table(s: Servers, *rows: tuple[Any, str]) -> tuple[Worker, ...]:
 
 
 def wait(cond: Any, timeout: float = 30.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+    wait_until(cond, timeout, what or "the condition")
 
 
 @pytest.fixture
@@ -141,20 +140,26 @@ def test_workers_join_and_leave_during_a_run_and_nothing_is_lost(
     n, long = 10, 120
     prompts = {f"r{i}": prompt_of(8 + i, 20 + i) for i in range(n)}
     tr = h.trainer.ref.proxy()
-    for rid, p in prompts.items():
-        tr.submit(rid, p, long).get()
-    wait(
-        lambda: SGLangClient(s.coloc.spec.url).metrics()["sglang:num_running_reqs"] > 0,
-        what="requests running",
-    )
-    # a second worker joins mid-run ...
-    h.publish(table(s, (s.coloc, "colocated"), (s.old, "colocated")))
-    wait(lambda: len(h.rc.workers()) == 2, what="the second worker")
-    # ... then the first leaves (a shrink): unrouted first, then its requests are aborted and
-    # come back with their prefixes, which the trainer resubmits and the router sends elsewhere
-    h.publish(table(s, (s.old, "colocated")))
-    wait(lambda: [w["url"] for w in h.rc.workers()] == [s.old.spec.url], what="removal")
-    SGLangClient(s.coloc.spec.url).abort_all()
+    coloc = SGLangClient(s.coloc.spec.url)
+    # The first worker holds every request in flight (no iteration runs) until it leaves: the
+    # removal below always finds them running, however fast the machine.
+    call(f"{s.coloc.spec.url}/pause_generation", "POST", {})
+    try:
+        for rid, p in prompts.items():
+            tr.submit(rid, p, long).get()
+        wait(lambda: coloc.metrics()["sglang:num_running_reqs"] == n, what="requests held")
+        # a second worker joins mid-run ...
+        h.publish(table(s, (s.coloc, "colocated"), (s.old, "colocated")))
+        wait(lambda: len(h.rc.workers()) == 2, what="the second worker")
+        # ... then the first leaves (a shrink): unrouted first, then its requests are aborted
+        # and come back with their prefixes, which the trainer resubmits and the router sends
+        # elsewhere
+        h.publish(table(s, (s.old, "colocated")))
+        wait(lambda: [w["url"] for w in h.rc.workers()] == [s.old.spec.url], what="removal")
+        assert coloc.metrics()["sglang:num_running_reqs"] == n  # all still in flight
+        coloc.abort_all()
+    finally:
+        call(f"{s.coloc.spec.url}/continue_generation", "POST", {})
     st = answers(h, n, timeout=120)
     for rid, p in prompts.items():
         ref = (
@@ -163,16 +168,18 @@ def test_workers_join_and_leave_during_a_run_and_nothing_is_lost(
             .output_ids
         )
         assert st["finished"][rid] == list(ref), rid  # every token, none lost or doubled
-    assert st["aborts"] > 0
+    assert st["aborts"] >= n
 
 
 def test_a_group_is_admitted_only_when_all_of_it_is_healthy(
-    servers: Servers, harness: SimpleNamespace
+    servers: Servers, harness: SimpleNamespace, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="pearl.engines.sglang.router")
     h, s = harness, servers
     dead = SimpleNamespace(spec=SimpleNamespace(port=s.base + 9))  # nothing listens there
     h.publish(table(s, (s.coloc, "colocated"), (dead, "colocated")))
-    time.sleep(1.5)
+    url = f"http://127.0.0.1:{s.base + 9}"
+    wait(lambda: f"waiting for ['{url}']" in caplog.text, what="the group to be held back")
     assert h.rc.workers() == [] and not h.link.routable()
     h.publish(table(s, (s.coloc, "colocated")))  # the plan without the sick worker
     wait(lambda: h.link.mode() == "regular", what="admission")

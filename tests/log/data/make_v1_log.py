@@ -16,7 +16,7 @@ from pearl.core.schema import to_wire  # noqa: E402
 from pearl.core.state import Mode, Target  # noqa: E402
 from pearl.log import FileLog  # noqa: E402
 from pearl.log.snapshot import state_to_snapshot  # noqa: E402
-from tests.log.workload import Workload  # noqa: E402
+from pearl.testing.workload import Workload  # noqa: E402
 
 out = Path("tests/log/data/v1-log")
 if out.exists():

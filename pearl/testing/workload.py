@@ -62,7 +62,8 @@ class Workload:
 
     def _free_slots(self, n: int) -> list[int]:
         """The ``n`` lowest empty slots (stable slots: new workers reuse them)."""
-        out, wid = [], 1
+        out: list[int] = []
+        wid = 1
         while len(out) < n:
             if wid not in self.b.workers:
                 out.append(wid)
@@ -136,7 +137,7 @@ class Workload:
         )
         yield self._emit([ev.TrainingBegin(self.step)])
         overlap = [w for w in b.workers.values() if w.zone is Zone.OVERLAP and w.is_rollout]
-        steps = [
+        steps: list[tuple[Step, list[Any]]] = [
             (Step(StepOp.DEACTIVATE, w.id), [ev.ActivityChanged(w.id, Activity.INACTIVE)])
             for w in overlap
         ]
