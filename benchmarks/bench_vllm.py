@@ -125,11 +125,12 @@ def main() -> int:
     ap.add_argument(
         "--small",
         action="store_true",
-        help="2 agents x 1 turn x 16 tokens, one round (a smoke run)",
+        help="4 agents x 1 turn x 160 tokens, one round: a smoke run whose turns still run "
+        "when the reclaim comes",
     )
     a = ap.parse_args()
     if a.small:
-        a.agents, a.turns, a.tokens, a.rounds = 2, 1, 16, 1
+        a.agents, a.turns, a.tokens, a.rounds = 4, 1, 160, 1
     if not (DEFAULT_VENV / "bin" / "python").exists():
         raise SystemExit(f"no vLLM environment at {DEFAULT_VENV}: run `make vllm`")
 

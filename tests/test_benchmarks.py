@@ -11,6 +11,8 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,7 @@ BENCHES = sorted((ROOT / "benchmarks").glob("bench_*.py"))
 # A ratio (1.23x; infx when the baseline is 0) or a JSON field; bench_vllm prints its ratio bare.
 FIGURES = re.compile(r'(\d\.\d+|inf) ?x\b|"\w+": |PEARL / direct: \d\.\d+')
 TIMEOUT_S = 240
+SLOWEST = {"bench_vllm", "bench_demo", "bench_notice"}  # started first
 PYTHONPATH = os.environ.get("PYTHONPATH", "")
 
 
@@ -31,12 +34,8 @@ def skip_reason(name: str) -> str | None:
     return None
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("path", BENCHES, ids=lambda p: p.stem)
-def test_benchmark_runs_in_its_small_mode(path: Path) -> None:
-    if (why := skip_reason(path.stem)) is not None:
-        pytest.skip(why)
-    proc = subprocess.run(
+def run_small(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [sys.executable, str(path), "--small"],
         cwd=ROOT,
         capture_output=True,
@@ -44,6 +43,29 @@ def test_benchmark_runs_in_its_small_mode(path: Path) -> None:
         timeout=TIMEOUT_S,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), PYTHONPATH)))},
     )
+
+
+@pytest.fixture(scope="module")
+def small_runs() -> Iterator[dict[str, Future[subprocess.CompletedProcess[str]]]]:
+    """Every runnable benchmark's small mode, two at a time (most of their time is spent
+    waiting on their own processes), the slowest first; each test waits for its own."""
+    order = sorted(BENCHES, key=lambda p: p.stem not in SLOWEST)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = {p.stem: pool.submit(run_small, p) for p in order if skip_reason(p.stem) is None}
+        yield runs
+        for f in runs.values():
+            f.cancel()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2 * TIMEOUT_S * len(BENCHES))
+@pytest.mark.parametrize("path", BENCHES, ids=lambda p: p.stem)
+def test_benchmark_runs_in_its_small_mode(
+    path: Path, small_runs: dict[str, Future[subprocess.CompletedProcess[str]]]
+) -> None:
+    if (why := skip_reason(path.stem)) is not None:
+        pytest.skip(why)
+    proc = small_runs[path.stem].result()
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"{path.name} --small exited {proc.returncode}:\n{out[-4000:]}"
     assert FIGURES.search(proc.stdout), f"{path.name} --small printed no figures:\n{out[-4000:]}"
