@@ -1,0 +1,102 @@
+"""What the HTTP gateway needs from whatever serves it: the contract between the two halves.
+
+The gateway (``pearl.gateway.app``) speaks HTTP and the OpenAI / SGLang dialects; a
+:class:`Backend` generates tokens and takes control events. The pool backend
+(``pearl.gateway.pool``) routes through PEARL's Router to the elastic pool; tests use a scripted
+one. The gateway never sees actors, the event log or engines: only this module's types.
+
+Rules every backend keeps:
+- ``generate`` yields :class:`Delta` values in order and ends after the one whose
+  ``finish_reason`` is set; the concatenated ``token_ids`` are the completion, whatever
+  migrations happened underneath (a turn moved off a leaving worker continues with its prefix).
+- A request fails with :class:`GatewayError` only when the pool gave up on it; elasticity alone
+  never fails a request.
+- ``session`` names a conversation (``X-Session-ID``, else the request's ``user``, else ""):
+  its turns go to the worker that holds its prefix, and the backend measures them as one
+  trajectory (turns, prompt and generated tokens, the gap between a response and the next
+  request).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+class GatewayError(Exception):
+    """A request the gateway answers with an error body: ``status`` is its HTTP status,
+    ``kind`` OpenAI's error type (``invalid_request_error``, ``authentication_error``, ...),
+    ``param`` the request field at fault, if one is."""
+
+    def __init__(
+        self, message: str, status: int = 400, kind: str = "invalid_request_error",
+        param: str | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__(message)
+        self.message, self.status, self.kind, self.param = message, status, kind, param
+
+
+@dataclass(frozen=True)
+class Sampling:
+    max_new_tokens: int
+    temperature: float = 1.0  # 0: greedy
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Delta:
+    """Tokens generated since the previous delta, all by one weights version."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]  # one per token
+    weight_version: int
+    finish_reason: str | None = None  # "stop" | "length" on the last delta, else None
+    recomputed_tokens: int = 0  # prompt tokens re-prefilled because the request moved
+    migrations: int = 0  # times the request moved to another worker before this delta
+
+
+@dataclass
+class Usage:
+    """What one request cost, over all its attempts."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    recomputed_tokens: int = 0
+    migrations: int = 0
+    weight_versions: list[tuple[int, int]] = field(default_factory=list)  # (first token, version)
+
+
+class Tokenizer(Protocol):
+    eos_id: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+class Backend(Protocol):
+    model: str  # the one model id /v1/models lists and requests must name
+    max_context: int  # prompt + completion tokens a request may span
+    tokenizer: Tokenizer
+    chat_template: str | None  # a Jinja chat template (Hugging Face's), or None: ChatML
+
+    def generate(
+        self, rid: str, prompt_ids: Sequence[int], sampling: Sampling, session: str
+    ) -> AsyncIterator[Delta]:
+        """Generate for one request (an async generator; see the module's rules)."""
+        ...
+
+    async def status(self) -> dict[str, Any]:
+        """``pearl status --json``."""
+        ...
+
+    async def event(self, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+        """An elastic event by its kind (``gpus-added``, ``training-begin``, ...) with its
+        fields; the same handlers as the ZeroMQ API. Raises GatewayError for a refused one."""
+        ...
+
+
+__all__ = ["Backend", "Delta", "GatewayError", "Sampling", "Tokenizer", "Usage"]
