@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 import actors.supervisor as supervisor
+from actors import names
 from actors.base import Directory
 from actors.messages import RestoreWorker, WorkerHello
 from actors.supervisor import Deliver, Liveboard, RoleSupervisor, Spawn
@@ -41,7 +42,7 @@ class Courier:
 def adopted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     monkeypatch.setattr(supervisor, "CourierRef", Courier)
     d, got = Directory(), list[Any]()
-    for name in ("router", "orchestrator", "api"):
+    for name in (names.ROUTER, names.ORCHESTRATOR, names.API):
         d.register(Recorder(name, got))
     # The restarted pearld's table: worker 1 was switched to prefill while pearld was down.
     sup = RoleSupervisor(

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from actors import names
 from actors.base import Directory
 from actors.heart import HostHeart, host_name, host_of
 from actors.messages import Supervise, Welcome, WorkerBeat, WorkerHello
@@ -183,7 +184,7 @@ class FakeLauncher:
 
 
 class DummyRef:
-    name = "worker/3"
+    name = names.worker_name(3)
 
     def close(self) -> None:
         pass
@@ -195,7 +196,7 @@ def supervised() -> Iterator[tuple[RoleSupervisor, FakeLauncher, Now, list[Any]]
     cfg = load(None, ["daemon.heartbeat_s=0.5"])
     d = Directory()
     got: list[Any] = []
-    for name in ("router", "orchestrator"):
+    for name in (names.ROUTER, names.ORCHESTRATOR):
         d.register(Recorder(name, got))
     launcher = FakeLauncher()
     board = Liveboard(0.5, clock=now)

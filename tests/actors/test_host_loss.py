@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 import pearl
+from actors import names
 from pearl.testing.wait import wait_until
 
 pytestmark = pytest.mark.slow
@@ -84,7 +85,7 @@ def test_a_host_killed_mid_rollout_loses_no_trajectory(
     rt = runtime
     wait_until(lambda: len(serving(rt)) >= 3, 120, "3 workers serving", every=0.2)
     pipeline = rt.daemon.batches()
-    router = rt.daemon.directory.get("router").ref.proxy()
+    router = rt.daemon.directory.get(names.ROUTER).ref.proxy()
 
     # How long one turn takes here (Route -> answer), measured on the live pipeline.
     turns: list[float] = []

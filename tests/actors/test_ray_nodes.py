@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from actors import names
 from actors.ray_nodes import RayNode, check_placement, held, node_events, placement
 from pearl import config
 from pearl.core import events as ev
@@ -177,7 +178,7 @@ class Scheduler:
     """The ElasticScheduler as the watcher sees it: refuses what does not fit, and is
     unreachable for the first ``down`` asks."""
 
-    name = "scheduler"
+    name = names.SCHEDULER
 
     def __init__(self, down: int = 0, refuse: tuple[object, ...] = ()) -> None:
         self.down, self.refuse, self.got = down, refuse, []  # type: list[object]

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from actors import names
 from actors.base import Directory
 from actors.messages import GenerateDone, Route
 from actors.rollout_client import RolloutClient
@@ -19,7 +20,7 @@ class ScriptedRouter:
     then aborts, ("done", version) generates the rest, ("error",) fails the attempt, ("hold",)
     leaves it running."""
 
-    name = "router"
+    name = names.ROUTER
 
     def __init__(self, d: Directory, script: list[tuple[Any, ...]]) -> None:
         self.d, self.script, self.seen = d, list(script), []

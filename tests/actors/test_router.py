@@ -12,6 +12,7 @@ from typing import Any
 import pykka
 import pytest
 
+from actors import names
 from actors.base import Directory, LocalRef, PearlActor, start
 from actors.messages import AbortRequest, Generate, GenerateDone, Route, StateChanged
 from actors.router import MAX_ATTEMPTS, Flush, KvAddress, Router, WorkerGone
@@ -28,17 +29,19 @@ class FakeWorker(PearlActor):
     def __init__(self, directory: Directory, wid: int, log: list[Any], fail: list[int]) -> None:
         super().__init__()
         self.directory, self.wid, self.log, self.fail = directory, wid, log, fail
-        self.name = f"worker/{wid}"  # type: ignore[misc]
+        self.name = names.worker_name(wid)  # type: ignore[misc]
 
     def on_generate(self, msg: Generate) -> None:
         self.log.append((self.wid, msg.request))
         r = msg.request
         if self.fail and self.fail[0] == self.wid:
             self.fail.pop(0)
-            self.directory.tell("router", GenerateDone(self.wid, r.rid, None, "KV timeout", True))
+            self.directory.tell(
+                names.ROUTER, GenerateDone(self.wid, r.rid, None, "KV timeout", True)
+            )
             return
         out = GenerateResult(r.rid, (1, 2, 3), (0.0,) * 3, FinishReason.LENGTH, 0, len(r.input_ids))
-        self.directory.tell("router", GenerateDone(self.wid, r.rid, out))
+        self.directory.tell(names.ROUTER, GenerateDone(self.wid, r.rid, out))
 
     def on_abort(self, msg: AbortRequest) -> None:
         self.log.append((self.wid, "abort", msg.rid))
@@ -76,15 +79,15 @@ def cluster() -> Iterator[tuple[Directory, list[Any], list[int]]]:
     start(d, Router, d)
     start(d, Sink)
     for wid in (1, 2, 3):
-        d.register(LocalRef(f"worker/{wid}", FakeWorker.start(d, wid, log, fail)))
-        d.tell("router", KvAddress(wid, f"inproc://kv-{wid}"))
+        d.register(LocalRef(names.worker_name(wid), FakeWorker.start(d, wid, log, fail)))
+        d.tell(names.ROUTER, KvAddress(wid, f"inproc://kv-{wid}"))
     yield d, log, fail
     pykka.ActorRegistry.stop_all()
 
 
 def view(d: Directory, rows: list[tuple[int, str, str]], seq: int = 1) -> None:
     workers = tuple(Worker(w, (w,), Role(r), Activity(a), Zone.DEDICATED, 1) for w, r, a in rows)
-    d.tell("router", StateChanged(ClusterView(TableSnapshot(seq=seq, workers=workers))))
+    d.tell(names.ROUTER, StateChanged(ClusterView(TableSnapshot(seq=seq, workers=workers))))
 
 
 def results(d: Directory, n: int, timeout: float = 5.0) -> list[GenerateDone]:
@@ -104,7 +107,7 @@ def test_only_active_workers_receive_requests(cluster: Any) -> None:
     d, log, _ = cluster
     view(d, [(1, "colocated", "transitioning"), (2, "colocated", "active")])
     for i in range(4):
-        d.tell("router", Route(GenerateRequest(f"r{i}", (5, 6)), "sink"))
+        d.tell(names.ROUTER, Route(GenerateRequest(f"r{i}", (5, 6)), "sink"))
     assert all(r.result is not None for r in results(d, 4))
     assert {w for w, _ in log} == {2}
 
@@ -112,8 +115,8 @@ def test_only_active_workers_receive_requests(cluster: Any) -> None:
 def test_requests_wait_for_routable_workers(cluster: Any) -> None:
     d, log, _ = cluster
     view(d, [(1, "colocated", "transitioning")])
-    d.tell("router", Route(GenerateRequest("r", (5,)), "sink"))
-    settle(d, "router", "worker/1")
+    d.tell(names.ROUTER, Route(GenerateRequest("r", (5,)), "sink"))
+    settle(d, names.ROUTER, names.worker_name(1))
     assert log == []
     view(d, [(1, "colocated", "active")], seq=2)
     assert results(d, 1)[0].result is not None
@@ -122,7 +125,7 @@ def test_requests_wait_for_routable_workers(cluster: Any) -> None:
 def test_pd_requests_go_to_a_pair_with_one_transfer_id(cluster: Any) -> None:
     d, log, _ = cluster
     view(d, [(1, "prefill", "active"), (2, "decode", "active")])
-    d.tell("router", Route(GenerateRequest("r", (5, 6, 7)), "sink"))
+    d.tell(names.ROUTER, Route(GenerateRequest("r", (5, 6, 7)), "sink"))
     done = results(d, 1)
     assert done[0].worker == 2  # the decode worker's answer is the result
     sent = {w: req for w, req in log}
@@ -134,9 +137,11 @@ def test_a_retryable_failure_is_routed_again(cluster: Any) -> None:
     d, log, fail = cluster
     view(d, [(1, "prefill", "active"), (2, "decode", "active")])
     fail.append(2)  # the decode worker never gets the KV the first time
-    d.tell("router", Route(GenerateRequest("r", (5,)), "sink"))
-    settle(d, "router", "worker/1", "worker/2", "router")  # the failure is back at the router
-    d.tell("router", Flush())  # retries are routed at the next tick
+    d.tell(names.ROUTER, Route(GenerateRequest("r", (5,)), "sink"))
+    settle(
+        d, names.ROUTER, names.worker_name(1), names.worker_name(2), names.ROUTER
+    )  # the failure is back at the router
+    d.tell(names.ROUTER, Flush())  # retries are routed at the next tick
     done = results(d, 1)
     assert done[0].result is not None and not done[0].error
     ids = [req.transfer_id for w, req in log if w == 2]
@@ -146,8 +151,8 @@ def test_a_retryable_failure_is_routed_again(cluster: Any) -> None:
 def test_abort_reaches_the_worker(cluster: Any) -> None:
     d, log, _ = cluster
     view(d, [(3, "colocated", "transitioning")])
-    d.tell("router", Route(GenerateRequest("r", (5,)), "sink"))
-    d.tell("router", AbortRequest("r"))
+    d.tell(names.ROUTER, Route(GenerateRequest("r", (5,)), "sink"))
+    d.tell(names.ROUTER, AbortRequest("r"))
     done = results(d, 1)
     assert done[0].result is None and "aborted" in done[0].error
 
@@ -163,7 +168,7 @@ class HoldingWorker(PearlActor):
     def __init__(self, directory: Directory, wid: int, log: list[Any], every: bool) -> None:
         super().__init__()
         self.directory, self.wid, self.log, self.every = directory, wid, log, every
-        self.name = f"worker/{wid}"  # type: ignore[misc]
+        self.name = names.worker_name(wid)  # type: ignore[misc]
         self.held: list[GenerateRequest] = []
 
     def on_generate(self, msg: Generate) -> None:
@@ -175,7 +180,7 @@ class HoldingWorker(PearlActor):
 
     def _answer(self, r: GenerateRequest) -> None:
         out = GenerateResult(r.rid, (7,), (0.0,), FinishReason.STOP, 0, len(r.input_ids))
-        self.directory.tell("router", GenerateDone(self.wid, r.rid, out))
+        self.directory.tell(names.ROUTER, GenerateDone(self.wid, r.rid, out))
 
     def release(self, _: Release) -> None:
         held, self.held = self.held, []
@@ -189,8 +194,8 @@ class HoldingWorker(PearlActor):
 
 
 def holding(d: Directory, wid: int, log: list[Any], every: bool = False) -> None:
-    d.register(LocalRef(f"worker/{wid}", HoldingWorker.start(d, wid, log, every)))
-    d.tell("router", KvAddress(wid, f"inproc://kv-{wid}"))
+    d.register(LocalRef(names.worker_name(wid), HoldingWorker.start(d, wid, log, every)))
+    d.tell(names.ROUTER, KvAddress(wid, f"inproc://kv-{wid}"))
 
 
 def sent_to(log: list[Any], wid: int) -> list[GenerateRequest]:
@@ -201,25 +206,25 @@ def test_a_request_on_a_host_that_died_is_routed_again_from_the_turn_start(clust
     d, log, _ = cluster
     holding(d, 0, log)
     view(d, [(0, "colocated", "active"), (2, "colocated", "active")])
-    d.tell("router", Route(GenerateRequest("r", (5, 6, 7)), "sink"))
-    settle(d, "router", "worker/0", "worker/2")
+    d.tell(names.ROUTER, Route(GenerateRequest("r", (5, 6, 7)), "sink"))
+    settle(d, names.ROUTER, names.worker_name(0), names.worker_name(2))
     assert [q.rid for q in sent_to(log, 0)] == ["r"]  # worker 0 holds it, then its host dies
-    d.tell("router", WorkerGone(0, 1, "exited"))
+    d.tell(names.ROUTER, WorkerGone(0, 1, "exited"))
     done = results(d, 1)
     assert done[0].rid == "r" and done[0].result is not None and done[0].result.rid == "r"
     retry = sent_to(log, 2)
     assert [q.rid for q in retry] == ["r~1"] and retry[0].input_ids == (5, 6, 7)
     # The gone worker gets nothing until its (new) host says hello, even with the lowest load.
-    d.tell("router", Route(GenerateRequest("s", (5,)), "sink"))
+    d.tell(names.ROUTER, Route(GenerateRequest("s", (5,)), "sink"))
     results(d, 2)
     assert [q.rid for q in sent_to(log, 0)] == ["r"]
-    d.tell("router", KvAddress(0, "inproc://kv-0"))
-    d.tell("router", Route(GenerateRequest("t", (5,)), "sink"))
-    settle(d, "router", "worker/0")
+    d.tell(names.ROUTER, KvAddress(0, "inproc://kv-0"))
+    d.tell(names.ROUTER, Route(GenerateRequest("t", (5,)), "sink"))
+    settle(d, names.ROUTER, names.worker_name(0))
     assert [q.rid for q in sent_to(log, 0)] == ["r", "t"]
     # A late answer of the attempt given up on is not taken for anything.
-    d.tell("worker/0", Release())
-    settle(d, "worker/0", "router", "sink")
+    d.tell(names.worker_name(0), Release())
+    settle(d, names.worker_name(0), names.ROUTER, "sink")
     assert [m.rid for m in d.get("sink").ask(Results())] == ["r", "s", "t"]
 
 
@@ -228,9 +233,9 @@ def test_a_dead_prefill_host_aborts_the_decode_half_and_retries(cluster: Any) ->
     holding(d, 0, log)  # prefill: never ships the KV
     holding(d, 4, log)  # decode: waits for it (first attempt), answers the retry
     view(d, [(0, "prefill", "active"), (2, "prefill", "active"), (4, "decode", "active")])
-    d.tell("router", Route(GenerateRequest("r", (5, 6)), "sink"))
-    settle(d, "router", "worker/0", "worker/4")
-    d.tell("router", WorkerGone(0, 1, "missed heartbeats"))
+    d.tell(names.ROUTER, Route(GenerateRequest("r", (5, 6)), "sink"))
+    settle(d, names.ROUTER, names.worker_name(0), names.worker_name(4))
+    d.tell(names.ROUTER, WorkerGone(0, 1, "missed heartbeats"))
     done = results(d, 1)
     assert done[0].rid == "r" and done[0].worker == 4 and done[0].result is not None
     assert (4, "abort", "r") in log  # the surviving half of the first attempt
@@ -241,12 +246,14 @@ def test_a_prefill_host_that_dies_after_shipping_leaves_the_decode_alone(cluster
     d, log, _ = cluster
     holding(d, 4, log)
     view(d, [(1, "prefill", "active"), (4, "decode", "active")])
-    d.tell("router", Route(GenerateRequest("r", (5, 6)), "sink"))
-    settle(d, "router", "worker/1", "worker/4", "router")  # worker 1 answered: its KV left
-    d.tell("router", WorkerGone(1, 1, "exited"))
-    settle(d, "router", "worker/4")
+    d.tell(names.ROUTER, Route(GenerateRequest("r", (5, 6)), "sink"))
+    settle(
+        d, names.ROUTER, names.worker_name(1), names.worker_name(4), names.ROUTER
+    )  # worker 1 answered: its KV left
+    d.tell(names.ROUTER, WorkerGone(1, 1, "exited"))
+    settle(d, names.ROUTER, names.worker_name(4))
     assert not any(e[1:] == ("abort", "r") for e in log) and len(sent_to(log, 4)) == 1
-    d.tell("worker/4", Release())
+    d.tell(names.worker_name(4), Release())
     assert results(d, 1)[0].result is not None
 
 
@@ -254,12 +261,12 @@ def test_a_request_whose_hosts_keep_dying_gives_up(cluster: Any) -> None:
     d, log, _ = cluster
     holding(d, 0, log, every=True)
     view(d, [(0, "colocated", "active")])
-    d.tell("router", Route(GenerateRequest("r", (5,)), "sink"))
+    d.tell(names.ROUTER, Route(GenerateRequest("r", (5,)), "sink"))
     for _ in range(MAX_ATTEMPTS):
-        settle(d, "router", "worker/0")
-        d.tell("router", WorkerGone(0, 1, "exited"))
-        d.tell("router", KvAddress(0, "inproc://kv-0"))  # restarted: it says hello again
-        d.tell("router", Flush())
+        settle(d, names.ROUTER, names.worker_name(0))
+        d.tell(names.ROUTER, WorkerGone(0, 1, "exited"))
+        d.tell(names.ROUTER, KvAddress(0, "inproc://kv-0"))  # restarted: it says hello again
+        d.tell(names.ROUTER, Flush())
     done = results(d, 1)
     assert done[0].result is None and "gave up" in done[0].error
     assert [q.rid for q in sent_to(log, 0)] == ["r", "r~1", "r~2", "r~3", "r~4"]

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from actors import names
 from actors.base import Directory, PearlActor, start
 from actors.launcher import LaunchError, LocalProcessLauncher, WorkerSpec
 from actors.messages import Supervise
@@ -46,7 +47,7 @@ def supervisor(
     monkeypatch.setattr("actors.supervisor.time.monotonic", lambda: clock[0])
     d = Directory()
     got: list[Any] = []
-    for name in ("router", "orchestrator"):
+    for name in (names.ROUTER, names.ORCHESTRATOR):
         d.register(Recorder(name, got))
     board = Liveboard(0.5, clock=Now())
     sup = RoleSupervisor(d, launcher, CFG, lambda: "tcp://x", "", "boot", board)  # type: ignore[arg-type]

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from actors import names
 from actors.base import Directory
 from actors.messages import Supervise, WorkerHello
 from actors.supervisor import HOST_METRICS, Host, HostsChanged, Liveboard, RoleSupervisor
@@ -50,7 +51,7 @@ def made(tmp_path: Path) -> Iterator[Any]:
 
     def make(metrics: str) -> Made:
         d, got = Directory(), list[Any]()
-        for name in ("router", "orchestrator", "api"):
+        for name in (names.ROUTER, names.ORCHESTRATOR, names.API):
             d.register(Recorder(name, got))
         launcher = CountingLauncher()
         sup = RoleSupervisor(

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from actors import names
 from actors.worker import WorkerActor
 from pearl.core.errors import EngineError
 from pearl.metrics import HostMetrics
@@ -28,7 +29,9 @@ class Engine:
 def weights(engine: Engine, version: int, store: list[tuple[int, str] | None]) -> None:
     """``WorkerActor._weights`` with a store that answers ``store`` in turn."""
     answers = iter(store)
-    actor = SimpleNamespace(name="worker/1", engine=engine, weights_source=lambda v: next(answers))
+    actor = SimpleNamespace(
+        name=names.worker_name(1), engine=engine, weights_source=lambda v: next(answers)
+    )
     WorkerActor._weights(actor, version)  # type: ignore[arg-type]
 
 
@@ -63,7 +66,7 @@ def test_a_released_worker_loads_the_newest_when_activated_not_what_it_was_synce
     e = Engine()
     synced = SimpleNamespace(version=3)
     actor = SimpleNamespace(
-        name="worker/2", engine=e, released=True, weights_source=lambda v: (6, "v6")
+        name=names.worker_name(2), engine=e, released=True, weights_source=lambda v: (6, "v6")
     )
     actor._weights = lambda v: WorkerActor._weights(actor, v)  # type: ignore[arg-type]
     WorkerActor.on_load_weights(actor, synced)  # type: ignore[arg-type]
@@ -95,7 +98,7 @@ def test_an_activated_worker_is_given_the_newest_weights_before_it_resumes() -> 
 
     e = Released()
     actor = SimpleNamespace(
-        name="worker/2",
+        name=names.worker_name(2),
         engine=e,
         released=True,
         weights_source=lambda v: (6, "v6"),

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 import pearl
+from actors import names
 from actors.messages import Route
 from pearl.core import events as ev
 from pearl.core.errors import ConfigError
@@ -209,7 +210,7 @@ def test_hosts_run_on_their_gpus_nodes_and_a_re_role_plan_spans_nodes(
         rt.daemon.directory.register(sink)
         for i in range(8):
             request = GenerateRequest(f"x{i}", (1, 2, 3, 4), SamplingParams(max_new_tokens=4))
-            rt.daemon.directory.tell("router", Route(request, reply_to="sink"))
+            rt.daemon.directory.tell(names.ROUTER, Route(request, reply_to="sink"))
         wait_until(lambda: len(sink.got) == 8, 30, "8 requests answered")
         assert all(d.result is not None and not d.error for d in sink.got.values()), sink.got
     finally:
@@ -248,7 +249,7 @@ def test_a_kv_hand_off_between_torch_hosts_on_two_nodes(sim: Sim, tmp_path: Path
         rt.daemon.directory.register(sink)
         prompt = tuple(range(5, 40))  # prefilled on one node, its KV decoded on the other
         request = GenerateRequest("kv", prompt, SamplingParams(max_new_tokens=6, temperature=0.0))
-        rt.daemon.directory.tell("router", Route(request, reply_to="sink"))
+        rt.daemon.directory.tell(names.ROUTER, Route(request, reply_to="sink"))
         done = wait_until(lambda: sink.got.get("kv"), 60, "the request to be answered")
         assert not done.error and done.result is not None, done
         assert done.result.prompt_tokens == len(prompt) and len(done.result.output_ids) == 6

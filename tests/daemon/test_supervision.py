@@ -9,7 +9,7 @@ from typing import Any
 import pykka
 import pytest
 
-from actors import base
+from actors import base, names
 from pearl import config as config_mod
 from pearl.daemon import Daemon
 from pearl.log import FileLog
@@ -59,7 +59,7 @@ def test_a_dead_actor_is_restarted_and_one_that_keeps_dying_stops_pearld(
                 f"restart {k}",
             )
             assert not daemon.failed.is_set()
-        assert daemon.directory.get("orchestrator").ref.is_alive()  # the others were left alone
+        assert daemon.directory.get(names.ORCHESTRATOR).ref.is_alive()  # the others were left alone
         daemon.directory.get("crashy").tell(Crash())  # the sixth failure
         wait_until(daemon.failed.is_set, 10, "pearld to give up on the crashy actor")
     finally:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from actors import names
 from actors.messages import Route
 from pearl.core import events as ev
 from pearl.core.schema import to_wire
@@ -82,7 +83,7 @@ def test_worker_hosts_serve_metrics_and_targets_follow_them(pearld_factory: Any)
     # Requests run: the engines' telemetry moves their hosts' counters.
     for i in range(4):
         request = GenerateRequest(f"m{i}", (1, 2, 3), SamplingParams(max_new_tokens=8))
-        tell(d, "router", Route(request, reply_to="nobody"))  # the results go nowhere
+        tell(d, names.ROUTER, Route(request, reply_to="nobody"))  # the results go nowhere
 
     def total(counter: str) -> float:  # over the hosts: the router spreads the requests
         return sum(

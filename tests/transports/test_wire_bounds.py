@@ -10,6 +10,7 @@ from typing import Any
 import msgpack
 import pytest
 
+from actors import names
 from actors.control import ElasticScheduler
 from actors.messages import WeightsUpload
 from pearl.core import events as ev
@@ -119,7 +120,7 @@ class Directory:
         self.orchestrator = Orchestrator()
 
     def get(self, name: str) -> Any:
-        assert name == "orchestrator"
+        assert name == names.ORCHESTRATOR
         return self.orchestrator
 
 

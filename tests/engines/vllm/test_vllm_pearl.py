@@ -22,7 +22,7 @@ import pykka
 import pytest
 
 import pearl
-from actors import base
+from actors import base, names
 from pearl.core import events as ev
 from pearl.core.status import status_plain
 from pearl.engines.base import GenerateRequest, SamplingParams
@@ -121,7 +121,7 @@ class Cluster:
             return wait_until(done, timeout, "answers")  # type: ignore[no-any-return]
         except AssertionError:  # say what is missing and where the Router holds it
             s = dict(self.trainer.status().get())
-            router = self.rt.daemon.directory.get("router").ref.proxy()
+            router = self.rt.daemon.directory.get(names.ROUTER).ref.proxy()
             pending = {r: p.workers for r, p in router.pending.get().items()}
             missing = sorted(rids - set(s["finished"]))
             raise AssertionError(
@@ -192,7 +192,7 @@ def test_a_reclaim_moves_turns_with_their_prefix_and_they_end_as_unmigrated(
 ) -> None:
     c, n = cluster, 160
     want = {f"m{rid}": c.direct(1, p, n) for rid, p in PROMPTS.items()}
-    router = c.rt.daemon.directory.get("router").ref.proxy()
+    router = c.rt.daemon.directory.get(names.ROUTER).ref.proxy()
     on_2 = next(w["id"] for g, w in c.serving().items() if g == 2)
     for rid, p in PROMPTS.items():
         c.submit(f"m{rid}", p, n)
