@@ -27,6 +27,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import statistics
@@ -224,6 +225,7 @@ def main() -> int:
         for pid in hosts:
             with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
                 os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(work, ignore_errors=True)  # the model, its tokenizer, pearld's state
 
     ratio = pearl_tok_s / direct_tok_s
     out = {
