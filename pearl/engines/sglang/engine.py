@@ -25,6 +25,7 @@ detects the server version, and then:
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -333,9 +334,12 @@ class SGLangEngine(EngineBase):
             )
         else:
             path = Path(source)
-            if path.is_file():
-                path = overlay_model_dir(self.spec.model_path, path)
-            self.client.update_weights_from_disk(str(path), version)
+            overlay = overlay_model_dir(self.spec.model_path, path) if path.is_file() else None
+            try:  # the server has read the weights when its update answers
+                self.client.update_weights_from_disk(str(overlay or path), version)
+            finally:
+                if overlay is not None:
+                    shutil.rmtree(overlay, ignore_errors=True)
             self._weights = source
 
     def set_role(self, role: Role) -> None:
