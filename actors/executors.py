@@ -36,7 +36,7 @@ class InterScaleRebuilder(PearlActor):
     def on_stop_worker(self, c: cmd.StopWorker) -> None:
         # A plan step is answered by the worker itself (or, when forced, once it is gone); a stop
         # beside any plan (a reclaimed worker leaving now) is answered when its host has exited.
-        gone = cmd.WorkerDown(c.worker, 0, "stopped")
+        gone = cmd.WorkerDown(c.worker, c.incarnation, "stopped")
         report = _result(c) if c.plan else gone
         ref = self.directory.find(names.worker_name(c.worker))
         if ref is not None and not c.force and self.directory.tell(ref.name, c):
@@ -46,7 +46,8 @@ class InterScaleRebuilder(PearlActor):
             )
             self.directory.tell(names.SUPERVISOR, retire)
         else:
-            self.directory.tell(names.SUPERVISOR, Retire(c.worker, force=True, report=report))
+            retire = Retire(c.worker, force=True, report=report, incarnation=c.incarnation)
+            self.directory.tell(names.SUPERVISOR, retire)
 
     def on_set_role(self, c: cmd.SetRole) -> None:
         if not self.directory.tell(names.worker_name(c.worker), c):

@@ -212,6 +212,7 @@ class Retire:
     # A StepResult the host itself owes (it was told the step): sent if it dies instead (a lost
     # node takes the host with the stop in flight); a second result of a done step is ignored.
     fallback: Any = None
+    incarnation: int = 0  # only this host (0: whichever serves the worker)
 
 
 @dataclass(frozen=True)
@@ -431,6 +432,8 @@ class RoleSupervisor(PearlActor):
 
     def retire(self, msg: Retire) -> None:
         h = self.hosts.get(msg.worker)
+        if h is not None and msg.incarnation and h.incarnation != msg.incarnation:
+            h = None  # the held host is another incarnation: not the one to stop
         if h is None or not h.handle:
             if h is not None:
                 self.hosts.pop(msg.worker, None)

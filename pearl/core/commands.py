@@ -61,6 +61,9 @@ class StopWorker(WireStruct, tag="stop-worker", frozen=True):
     keep_partial: bool = True
     force: bool = False  # kill the host now: the GPUs must be returned regardless
     cancel: bool = False  # undoes a joiner of a cancelled expansion (answered with cancel=True)
+    # The host to stop: one the log does not know (0: whichever host serves the worker). Its
+    # worker-down names it, so it cannot fail the table's worker of the same id.
+    incarnation: int = 0
 
 
 @COMMANDS.add

@@ -587,7 +587,7 @@ class Controller:
         w = tx.table.workers.get(e.worker)
         if w is None or w.incarnation != e.incarnation:
             tx.commands.append(
-                cmd.StopWorker(worker=e.worker, force=True)
+                cmd.StopWorker(worker=e.worker, force=True, incarnation=e.incarnation)
             )  # the log does not know it
             return
         if w.id not in tx.s.failed:

@@ -233,7 +233,8 @@ class _Driver:
         elif isinstance(c, cmd.StopWorker) and c.worker in s.evicting:
             where = self.next_output(ev.WorkerRemoved, c.worker) if self.in_sync else None
             when = self.at_recorded(where) if where else self.modeled(op)
-            self.push(*when, cmd.WorkerDown(worker=c.worker, incarnation=0, reason="stopped"))
+            down = cmd.WorkerDown(worker=c.worker, incarnation=c.incarnation, reason="stopped")
+            self.push(*when, down)
 
 
 def replay(

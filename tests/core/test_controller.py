@@ -857,3 +857,20 @@ def test_a_window_on_a_ready_batch_is_not_measured_and_no_borrow_begins_at_a_han
     h.send(cmd.RolloutProgress(h.s.profile.B))
     assert not h.s.last_gate.enabled and "handed out" in h.s.last_gate.reason
     assert h.table.plan is None and sum(isinstance(r, ev.PlanBegin) for r in h.records) == plans
+
+
+def test_stopping_a_host_the_log_does_not_know_fails_no_worker_of_the_table() -> None:
+    """Found by the kill -9 soak: a host of an incarnation the log does not know (it says it is
+    up after the table moved on) is stopped, and its worker-down named no incarnation, so it was
+    logged as the failure of the table's worker of the same id, which was never replaced."""
+    h = Harness()
+    h.settle()
+    w = h.table.routable()[0]
+    stale = w.incarnation + 100
+    h.send(cmd.WorkerUp(w.id, stale))
+    (stop,) = [c for c in h.sent if isinstance(c, cmd.StopWorker) and c.worker == w.id]
+    assert stop.force and stop.incarnation == stale
+    failed = sum(isinstance(r, ev.WorkerFailed) for r in h.records)
+    h.send(cmd.WorkerDown(w.id, stop.incarnation, "stopped"))  # what the executor reports
+    assert sum(isinstance(r, ev.WorkerFailed) for r in h.records) == failed
+    assert h.table.workers[w.id].routable
