@@ -243,7 +243,7 @@ def test_status_and_events_map_to_the_backend(client: TestClient, backend: Scrip
     assert r.status_code == 409 and "unknown gpu" in r.json()["error"]["message"]
 
 
-def assert_error(r, status: int, words: str, param: str | None = "-") -> dict:  # type: ignore[no-untyped-def]
+def assert_error(r, status: int, words: str, param: str | None = "-") -> dict:
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"}
@@ -336,11 +336,11 @@ def test_a_backend_error_keeps_its_status_and_the_app_keeps_serving(
 
 
 def test_a_backend_that_never_finishes_is_a_500(backend: ScriptedBackend) -> None:
-    async def endless(*_: object):  # type: ignore[no-untyped-def]
+    async def endless(*_: object):
         return
         yield  # an async generator that yields nothing
 
-    backend.generate = endless  # type: ignore[method-assign]
+    backend.generate = endless
     with TestClient(build_app(backend)) as client:
         r = client.post("/v1/completions", json={"model": MODEL, "prompt": [1]})
     assert_error(r, 500, "without a finish reason")
@@ -369,7 +369,7 @@ def test_bodies_over_the_bound_get_413(backend: ScriptedBackend) -> None:
         big = {"model": MODEL, "messages": [{"role": "user", "content": "x" * 2000}]}
         assert_error(client.post("/v1/chat/completions", json=big), 413, "over 1000 bytes")
 
-        def chunks():  # type: ignore[no-untyped-def]
+        def chunks():
             yield json.dumps(big).encode()  # no content-length: counted as it arrives
 
         r = client.post("/v1/chat/completions", content=chunks(),
