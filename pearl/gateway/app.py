@@ -198,22 +198,24 @@ class _Job:
 
 
 class _Detok:
-    """Incremental detokenizer: text for ids as they arrive, holding back an incomplete
-    character (a trailing U+FFFD) until the next ids complete it."""
+    """Incremental detokenizer: the text that ids add as they arrive. It decodes a window (the
+    ids since the last emission but one) and holds back an incomplete character (a trailing
+    U+FFFD) until the next ids complete it, so the cost per delta does not grow with the
+    response."""
 
     def __init__(self, tokenizer: Any) -> None:
-        self.tok, self.sent = tokenizer, 0
+        self.tok = tokenizer
         self.ids: list[int] = []
+        self.prefix = self.read = 0  # window start; end of the ids already emitted
 
     def push(self, ids: Sequence[int], final: bool = False) -> str:
         self.ids.extend(ids)
-        text = self.tok.decode(self.ids)
-        end = len(text)
-        if not final:
-            while end > self.sent and text[end - 1] == "\ufffd":
-                end -= 1
-        out, self.sent = text[self.sent : end], end
-        return out
+        before = self.tok.decode(self.ids[self.prefix : self.read])
+        after = self.tok.decode(self.ids[self.prefix :])
+        if len(after) <= len(before) or (after.endswith("\ufffd") and not final):
+            return ""
+        self.prefix, self.read = self.read, len(self.ids)
+        return str(after[len(before) :])
 
 
 def _sse(obj: Any) -> str:

@@ -5,10 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pearl.gateway import protocol as p
+from pearl.gateway.app import _Detok
 from pearl.gateway.backend import GatewayError
 from pearl.gateway.chat import ToolStream, message_dicts, parse_tool_calls, render
+from tests.gateway.scripted import ByteTokenizer
 
 TOOLS = [
     {
@@ -122,3 +126,17 @@ def test_tool_stream_releases_a_lookalike_prefix() -> None:
     assert ts.feed("a <tool") == "a "
     assert ts.feed("box> b") == "<toolbox> b"
     assert ts.finish() == (None, [])
+
+
+@given(st.text(max_size=40), st.lists(st.integers(1, 6), min_size=1, max_size=40))
+def test_incremental_detokenizing_adds_up_to_the_whole_decode(text: str, cuts: list[int]) -> None:
+    tok = ByteTokenizer()
+    ids, parts, at, k = tok.encode(text), [], 0, 0
+    detok = _Detok(tok)
+    while at < len(ids):
+        step = cuts[k % len(cuts)]
+        part = detok.push(ids[at : at + step], final=at + step >= len(ids))
+        assert "\ufffd" not in part or "\ufffd" in text
+        parts.append(part)
+        at, k = at + step, k + 1
+    assert "".join(parts) == text
