@@ -83,16 +83,21 @@ class Guard:
 
     def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int) -> None:
         self.app, self.max_body = app, max_body_bytes
-        self.expected = None if api_key is None else b"Bearer " + api_key.encode()
+        self.expected = None if api_key is None else api_key.encode()
+
+    def authorized(self, header: bytes) -> bool:
+        """``Bearer KEY`` (the scheme in any case), compared in constant time."""
+        assert self.expected is not None
+        scheme, _, token = header.strip().partition(b" ")
+        ok = hmac.compare_digest(token.strip(), self.expected)
+        return ok and scheme.lower() == b"bearer"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
-        if self.expected is not None and not hmac.compare_digest(
-            headers.get(b"authorization", b""), self.expected
-        ):
+        if self.expected is not None and not self.authorized(headers.get(b"authorization", b"")):
             await _send_error(
                 send,
                 401,
@@ -270,9 +275,16 @@ def _refuse(message: str, param: str | None) -> GatewayError:
     return GatewayError(message, 400, "invalid_request_error", param)
 
 
+def _is_union_tag(part: object) -> bool:
+    return isinstance(part, str) and (
+        part in {"str", "int", "float", "bool", "dict", "list", "none"} or "[" in part
+    )
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     err = exc.errors()[0]
-    loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+    # The location without "body" and without pydantic's union-member tags ("str", "list[int]").
+    loc = [str(x) for x in err.get("loc", ()) if x != "body" and not _is_union_tag(x)]
     param = ".".join(loc) or None
     if err.get("type") == "json_invalid":
         return f"malformed JSON body: {err.get('ctx', {}).get('error', err.get('msg'))}", None

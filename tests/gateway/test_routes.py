@@ -293,7 +293,7 @@ def test_malformed_json_and_too_long_prompts_get_400(
     r = client.post("/v1/completions", json={"model": MODEL, "prompt": "x" * 4096})
     assert_error(r, 400, "the prompt is 4096 tokens; the context holds 4096")
     r = client.post("/v1/completions", json={"model": MODEL, "prompt": ["a", "b"]})
-    assert_error(r, 400, "invalid prompt")
+    assert_error(r, 400, "invalid prompt: ", "prompt")
     r = client.post("/v1/completions", json={"model": MODEL, "prompt": [1], "logprobs": 2})
     assert_error(r, 400, "logprobs=0", "logprobs")
     r = client.post("/v1/completions", json={"model": MODEL, "prompt": [-1]})
@@ -359,6 +359,12 @@ def test_the_api_key_guards_every_route(backend: ScriptedBackend) -> None:
                 assert r.headers["www-authenticate"] == "Bearer"
         ok = {"Authorization": "Bearer s3cret"}
         assert client.get("/v1/models", headers=ok).status_code == 200
+        assert (
+            client.get("/v1/models", headers={"Authorization": "bearer s3cret"}).status_code == 200
+        )
+        assert (
+            client.get("/v1/models", headers={"Authorization": "Basic s3cret"}).status_code == 401
+        )
         r = client.post("/v1/chat/completions", headers=ok, json={"model": MODEL, "messages": HI})
         assert r.status_code == 200
     assert len(backend.calls) == 1 and backend.events == []
