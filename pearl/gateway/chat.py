@@ -2,9 +2,10 @@
 
 A chat is rendered to a prompt as Hugging Face's ``apply_chat_template`` renders it: the
 tokenizer's Jinja template in an immutable sandbox (``trim_blocks``, ``lstrip_blocks``, the
-``loopcontrols`` extension, a ``tojson`` that keeps non-ASCII, ``raise_exception`` and
-``strftime_now``), with ``messages``, ``tools`` and ``add_generation_prompt=True``. Without a
-template the gateway renders ChatML with tools in the system turn, as Qwen3's template does.
+``loopcontrols`` extension, ``{% generation %}`` blocks, a ``tojson`` that keeps non-ASCII,
+``raise_exception`` and ``strftime_now``), with ``messages``, ``tools`` and
+``add_generation_prompt=True``. Without a template the gateway renders ChatML with tools in the
+system turn, as Qwen3's template does.
 
 The model's tool calls are ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks
 (Qwen3 / Hermes); a block that does not hold such JSON stays in the content, as it was written.
@@ -20,8 +21,9 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-from jinja2 import TemplateError
-from jinja2.ext import loopcontrols
+from jinja2 import TemplateError, nodes
+from jinja2.ext import Extension, loopcontrols
+from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from pearl.gateway.backend import GatewayError
@@ -105,10 +107,27 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+class _Generation(Extension):
+    """``{% generation %}...{% endgeneration %}``, which Hugging Face's templates may use to
+    mark the assistant's tokens: rendered as its body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Parser) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        call = self.call_method("_body")
+        return nodes.CallBlock(call, [], [], body).set_lineno(lineno)
+
+    @staticmethod
+    def _body(caller: Any) -> str:
+        return str(caller())
+
+
 @lru_cache(maxsize=8)
 def _compile(source: str) -> Any:
     env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _Generation]
     )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise

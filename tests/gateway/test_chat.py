@@ -87,6 +87,17 @@ def test_a_hugging_face_template_renders_in_the_sandbox() -> None:
         render("{{ messages.__class__.__mro__ }}{{ ''.__class__.__subclasses__() }}", [], None)
 
 
+def test_generation_blocks_and_loop_controls_render_as_hugging_face_renders_them() -> None:
+    template = (
+        "{% for m in messages %}{% if loop.index > 2 %}{% break %}{% endif %}"
+        "{% if m.role == 'assistant' %}{% generation %}<a>{{ m.content }}{% endgeneration %}"
+        "{% else %}<u>{{ m.content }}{% endif %}{% endfor %}"
+    )
+    turns = msgs({"role": "user", "content": "q"}, {"role": "assistant", "content": "r"},
+                 {"role": "user", "content": "dropped"})  # fmt: skip
+    assert render(template, turns, None) == "<u>q<a>r"
+
+
 def test_non_text_content_parts_are_refused() -> None:
     with pytest.raises(GatewayError, match="image_url"):
         msgs({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]})
