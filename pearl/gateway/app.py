@@ -28,6 +28,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pearl.core import events as ev
@@ -138,6 +139,8 @@ class Guard:
 
         try:
             await self.app(scope, replay, tracked)
+        except ClientDisconnect:
+            log.debug("gateway: the client left %s %s", scope["method"], scope["path"])
         except Exception as e:
             log.exception("gateway: unexpected error on %s %s", scope["method"], scope["path"])
             if not started:
