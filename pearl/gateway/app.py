@@ -360,10 +360,13 @@ def build_app(
         temperature: float | None,
         top_p: float | None,
         seed: int | None,
-        stop_ids: Sequence[int],
+        stop_ids: Sequence[int] | None,
         session: str,
         rid: str | None = None,
+        eos: bool = True,
     ) -> _Job:
+        """A validated request: the prompt fits, the limit fits beside it, and it stops at
+        ``stop_ids`` and (``eos``) the tokenizer's EOS, where it has one."""
         n, ctx = len(prompt_ids), backend.max_context
         if n == 0:
             raise _refuse("the prompt is empty", None)
@@ -381,13 +384,14 @@ def build_app(
                 f"context of {ctx} tokens (at most {ctx - n})",
                 param,
             )
-        check_ids(stop_ids, "stop_token_ids")
+        check_ids(stop_ids or [], "stop_token_ids")
+        stops = [*([tok.eos_id] if eos and tok.eos_id >= 0 else []), *(stop_ids or [])]
         sampling = Sampling(
             max_new_tokens=max_tokens,
             temperature=1.0 if temperature is None else temperature,
             top_p=1.0 if top_p is None else top_p,
             seed=seed,
-            stop_ids=tuple(dict.fromkeys(stop_ids)),
+            stop_ids=tuple(dict.fromkeys(stops)),
         )
         return _Job(rid or f"{prefix}-{uuid.uuid4().hex}", prompt_ids, sampling, session)
 
@@ -477,7 +481,7 @@ def build_app(
         messages = chat_mod.message_dicts(req.messages)
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
         extra = dict(req.chat_template_kwargs or {})
-        extra.setdefault("eos_token", token_text(tok.eos_id))
+        extra.setdefault("eos_token", token_text(tok.eos_id) if tok.eos_id >= 0 else "")
         text = chat_mod.render(backend.chat_template, messages, tools, extra)
         limit_param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
         j = job(
@@ -488,7 +492,7 @@ def build_app(
             req.temperature,
             req.top_p,
             req.seed,
-            [tok.eos_id, *(req.stop_token_ids or [])],
+            req.stop_token_ids,
             session_of(request, req.user),
         )
         want_ids, want_lp = bool(req.return_token_ids), bool(req.logprobs)
@@ -634,7 +638,7 @@ def build_app(
             req.temperature,
             req.top_p,
             req.seed,
-            [tok.eos_id, *(req.stop_token_ids or [])],
+            req.stop_token_ids,
             session_of(request, req.user),
         )
         want_ids, want_lp = bool(req.return_token_ids), req.logprobs is not None
@@ -737,7 +741,6 @@ def build_app(
             prompt_ids = list(req.input_ids)
         else:
             prompt_ids = list(tok.encode(req.text or ""))
-        stop = [*([] if sp.ignore_eos else [tok.eos_id]), *(sp.stop_token_ids or [])]
         seed = sp.seed if sp.seed is not None else sp.sampling_seed
         j = job(
             "gen",
@@ -747,9 +750,10 @@ def build_app(
             sp.temperature,
             sp.top_p,
             seed,
-            stop,
+            sp.stop_token_ids,
             session_of(request, None),
             rid=req.rid,
+            eos=not sp.ignore_eos,
         )
         t0 = time.perf_counter()
 

@@ -396,6 +396,16 @@ def test_migrations_and_recomputation_add_up_in_usage(backend: ScriptedBackend) 
     assert (meta["migrations"], meta["recomputed_tokens"]) == (5, 10)
 
 
+def test_a_tokenizer_without_eos_stops_only_where_asked(backend: ScriptedBackend) -> None:
+    backend.tokenizer.eos_id = -1
+    with TestClient(build_app(backend)) as client:
+        chat(client, stop_token_ids=[7])
+        r = client.post("/v1/completions", json={"model": MODEL, "prompt": [1],
+                                                 "stop_token_ids": [-3]})  # fmt: skip
+        assert_error(r, 400, "non-negative", "stop_token_ids")
+    assert backend.calls[0].sampling.stop_ids == (7,)
+
+
 def test_a_gateway_error_carries_its_kind(backend: ScriptedBackend) -> None:
     backend.fail_after = 0
     backend.failure = GatewayError("slow down", 429, "rate_limit_error", "messages")
