@@ -1,0 +1,6 @@
+"""PEARL's HTTP gateway: OpenAI- and SGLang-compatible endpoints in front of the elastic pool.
+
+``backend`` is the contract (what the gateway needs from whatever generates), ``protocol`` the
+validated request and response types, ``chat`` chat templates and tool-call parsing, ``app`` the
+FastAPI application. Importing this package imports none of them.
+"""

@@ -1,0 +1,309 @@
+"""The gateway's request and response types (pydantic): OpenAI's chat and completions dialects,
+SGLang's native ``/generate``, and PEARL's extensions.
+
+Requests forbid unknown fields, so a parameter the gateway does not implement is refused by name
+rather than silently ignored. Fields that are accepted but change nothing (``store``,
+``metadata``, ``parallel_tool_calls``) are listed explicitly. Extension fields (vLLM's
+``return_token_ids``, ``token_ids``, ``prompt_token_ids``; PEARL's ``weight_version`` and
+``weight_versions``) are documented in docs/gateway.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+# --- requests -----------------------------------------------------------------------------------
+
+
+class ContentPart(_Open):
+    type: str
+    text: str | None = None
+
+
+class FunctionCall(_Open):
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCall(_Open):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(_Open):
+    """One message; extra fields (``reasoning_content``, ...) reach the chat template."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class FunctionDef(_Open):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(_Open):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class StreamOptions(_Strict):
+    include_usage: bool | None = None
+
+
+class _Sampled(_Strict):
+    """What chat and completions requests share."""
+
+    model: str
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    seed: int | None = None
+    n: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None  # vLLM's extension
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    return_token_ids: bool | None = None  # vLLM's extension
+    # Accepted and ignored: they change nothing in what is generated.
+    store: bool | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class ChatRequest(_Sampled):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0)
+    tools: list[Tool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's extension
+
+
+class CompletionRequest(_Sampled):
+    prompt: str | list[int]
+    logprobs: int | None = Field(default=None, ge=0)
+    echo: bool | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+
+
+class GenerateSamplingParams(_Strict):
+    """SGLang's ``sampling_params`` (the subset PEARL implements)."""
+
+    max_new_tokens: int = Field(default=128, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = -1
+    seed: int | None = None
+    sampling_seed: int | None = None  # SGLang's name for the seed
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    no_stop_trim: bool = False
+    n: int = 1
+
+
+class GenerateRequest(_Strict):
+    """SGLang's ``GenerateReqInput`` for one prompt."""
+
+    text: str | None = None
+    input_ids: list[int] | None = None
+    sampling_params: GenerateSamplingParams = Field(default_factory=GenerateSamplingParams)
+    rid: str | None = None
+    stream: bool = False
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    return_text_in_logprobs: bool = False
+
+
+# --- responses ----------------------------------------------------------------------------------
+
+
+class ErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | int | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    recomputed_tokens: int = 0  # PEARL: prompt tokens re-prefilled because the request moved
+    migrations: int = 0  # PEARL: times the request moved to another worker
+
+
+class TokenLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob] | None
+
+
+class ResponseFunction(BaseModel):
+    name: str
+    arguments: str
+
+
+class ResponseToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: ResponseFunction
+
+
+class ResponseMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    tool_calls: list[ResponseToolCall] | None = None
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: ResponseMessage
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: str
+    token_ids: list[int] | None = None  # vLLM's, with return_token_ids
+    weight_version: int  # PEARL: the version that produced the last token
+    weight_versions: list[tuple[int, int]]  # PEARL: [first token index, version] per change
+
+
+class ChatResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    prompt_token_ids: list[int] | None = None  # vLLM's, with return_token_ids
+
+
+class DeltaFunction(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(BaseModel):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunction
+
+
+class ChunkDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
+
+
+class ChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChunkDelta
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: str | None = None
+    token_ids: list[int] | None = None  # this chunk's tokens, with return_token_ids
+    weight_version: int | None = None  # PEARL: the version of this chunk's tokens
+
+
+class ChatChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
+    prompt_token_ids: list[int] | None = None  # on the first chunk, with return_token_ids
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] | None = None
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None
+    token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None  # where vLLM puts them for completions
+    weight_version: int | None = None
+    weight_versions: list[tuple[int, int]] | None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    prompt_token_ids: list[int] | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "pearl"
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class GenerateMeta(BaseModel):
+    id: str
+    finish_reason: dict[str, Any] | None
+    prompt_tokens: int
+    completion_tokens: int
+    output_token_logprobs: list[tuple[float, int, str | None]] | None = None
+    weight_version: int
+    weight_versions: list[tuple[int, int]]  # PEARL
+    recomputed_tokens: int = 0  # PEARL
+    migrations: int = 0  # PEARL
+    e2e_latency: float
+
+
+class GenerateResponse(BaseModel):
+    text: str
+    output_ids: list[int]
+    meta_info: GenerateMeta

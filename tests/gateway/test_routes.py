@@ -1,0 +1,414 @@
+"""The gateway's routes over a scripted backend, through FastAPI's TestClient."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+from pearl.gateway.app import EVENT_KINDS, build_app
+from pearl.gateway.backend import GatewayError
+from tests.gateway.conftest import sse
+from tests.gateway.scripted import EOS, ByteTokenizer, ScriptedBackend, logprob_of
+
+MODEL = "scripted-model"
+TOK = ByteTokenizer()
+HI = [{"role": "user", "content": "Hi"}]
+CHATML_HI = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def chat(client: TestClient, **body: object) -> dict:
+    r = client.post("/v1/chat/completions", json={"model": MODEL, "messages": HI, **body})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_models_lists_the_backends_one_model(client: TestClient) -> None:
+    body = client.get("/v1/models").json()
+    assert body["object"] == "list"
+    assert [(m["id"], m["object"], m["max_model_len"]) for m in body["data"]] == [
+        (MODEL, "model", 4096)
+    ]
+    assert client.get(f"/v1/models/{MODEL}").json()["id"] == MODEL
+    assert client.get("/v1/models/other").status_code == 404
+
+
+def test_chat_returns_text_token_ids_logprobs_and_weight_versions(
+    client: TestClient, backend: ScriptedBackend
+) -> None:
+    body = chat(client, return_token_ids=True, logprobs=True, max_tokens=50)
+    choice = body["choices"][0]
+    assert body["object"] == "chat.completion" and body["model"] == MODEL
+    assert choice["message"] == {"role": "assistant", "content": "Hello, world!",
+                                 "tool_calls": None}  # fmt: skip
+    assert choice["finish_reason"] == "stop"
+    reply = [*TOK.encode("Hello, world!"), EOS]
+    assert choice["token_ids"] == reply
+    assert body["prompt_token_ids"] == TOK.encode(CHATML_HI)
+    assert backend.calls[0].prompt_ids == TOK.encode(CHATML_HI)
+    assert choice["weight_version"] == 8
+    assert choice["weight_versions"] == [[0, 7], [5, 8]]
+    lps = choice["logprobs"]["content"]
+    assert [x["logprob"] for x in lps] == [logprob_of(i) for i in range(len(reply))]
+    assert [x["token"] for x in lps[:2]] == ["H", "e"]
+    assert lps[0]["bytes"] == [ord("H")]
+    assert body["usage"] == {"prompt_tokens": len(CHATML_HI), "completion_tokens": len(reply),
+                             "total_tokens": len(CHATML_HI) + len(reply),
+                             "recomputed_tokens": 0, "migrations": 0}  # fmt: skip
+    sampling = backend.calls[0].sampling
+    assert sampling.max_new_tokens == 50 and EOS in sampling.stop_ids
+
+
+def test_chat_without_extensions_leaves_them_out_and_defaults_max_tokens(
+    client: TestClient, backend: ScriptedBackend
+) -> None:
+    choice = chat(client)["choices"][0]
+    assert choice["token_ids"] is None and choice["logprobs"] is None
+    assert backend.calls[0].sampling.max_new_tokens == 4096 - len(CHATML_HI)
+
+
+def test_chat_stops_at_the_limit_with_length(client: TestClient) -> None:
+    choice = chat(client, max_tokens=3, return_token_ids=True)["choices"][0]
+    assert (choice["message"]["content"], choice["finish_reason"]) == ("Hel", "length")
+    assert choice["weight_versions"] == [[0, 7]]
+
+
+def test_the_session_is_the_header_then_user_then_empty(
+    client: TestClient, backend: ScriptedBackend
+) -> None:
+    body = {"model": MODEL, "messages": HI, "user": "u1"}
+    client.post("/v1/chat/completions", json=body, headers={"X-Session-ID": "s1"})
+    client.post("/v1/chat/completions", json=body)
+    client.post("/v1/chat/completions", json={"model": MODEL, "messages": HI})
+    client.post("/generate", json={"input_ids": [1, 2]}, headers={"X-Session-ID": "g"})
+    assert [c.session for c in backend.calls] == ["s1", "u1", "", "g"]
+
+
+def test_chat_stream_chunks_add_up_to_the_response(backend: ScriptedBackend) -> None:
+    backend.replies = ["Grüße, 世界!"]  # multi-byte characters split across deltas
+    backend.chunk = 3
+    with TestClient(build_app(backend)) as client:
+        r = client.post(
+            "/v1/chat/completions",
+            json={"model": MODEL, "messages": HI, "stream": True, "return_token_ids": True,
+                  "logprobs": True, "stream_options": {"include_usage": True}},
+        )  # fmt: skip
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = sse(r.text)
+    assert events[-1] == "[DONE]"
+    chunks, usage = events[:-2], events[-2]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert chunks[0]["prompt_token_ids"] == TOK.encode(CHATML_HI)
+    text = "".join(c["choices"][0]["delta"]["content"] or "" for c in chunks)
+    assert text == "Grüße, 世界!" and "\ufffd" not in text
+    ids = [i for c in chunks for i in c["choices"][0]["token_ids"] or []]
+    assert ids == [*TOK.encode("Grüße, 世界!"), EOS]
+    lps = [x["logprob"] for c in chunks if c["choices"][0]["logprobs"]
+           for x in c["choices"][0]["logprobs"]["content"]]  # fmt: skip
+    assert lps == [logprob_of(i) for i in range(len(ids))]
+    versions = [c["choices"][0]["weight_version"] for c in chunks[1:]]
+    assert versions[0] == 7 and versions[-1] == 8
+    assert [c["choices"][0]["finish_reason"] for c in chunks][-1] == "stop"
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == len(ids)
+
+
+def test_chat_tool_calls_come_back_as_openai_tool_calls(backend: ScriptedBackend) -> None:
+    backend.replies = [
+        'Checking.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+        "</tool_call>"
+    ]
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+    with TestClient(build_app(backend)) as client:
+        body = chat(client, tools=tools, return_token_ids=True)
+        choice = body["choices"][0]
+        assert choice["finish_reason"] == "tool_calls"
+        assert choice["message"]["content"] == "Checking."
+        (call,) = choice["message"]["tool_calls"]
+        assert call["type"] == "function" and call["id"].startswith("call_")
+        assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+        # The tokens stay exact: the parsed text is still in token_ids.
+        assert TOK.decode(choice["token_ids"]) == backend.replies[0]
+        prompt = TOK.decode(backend.calls[0].prompt_ids)
+        assert "# Tools" in prompt and '"name": "get_weather"' in prompt
+
+        r = client.post("/v1/chat/completions", json={
+            "model": MODEL, "messages": HI, "tools": tools, "stream": True})  # fmt: skip
+        chunks = sse(r.text)[:-1]
+        content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+        assert content == "Checking."
+        calls = [tc for c in chunks for tc in c["choices"][0]["delta"].get("tool_calls") or []]
+        assert [(tc["index"], tc["function"]["name"], tc["function"]["arguments"])
+                for tc in calls] == [(0, "get_weather", '{"city": "Paris"}')]  # fmt: skip
+        assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+        plain = chat(client, tools=tools, tool_choice="none")["choices"][0]
+        assert plain["finish_reason"] == "stop" and plain["message"]["tool_calls"] is None
+        assert plain["message"]["content"] == backend.replies[0]
+
+
+def test_the_backends_chat_template_is_used(backend: ScriptedBackend) -> None:
+    backend.chat_template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}#"
+    with TestClient(build_app(backend)) as client:
+        chat(client)
+    assert TOK.decode(backend.calls[0].prompt_ids) == "<user>Hi#"
+
+
+def test_completions_take_text_or_token_ids(client: TestClient, backend: ScriptedBackend) -> None:
+    r = client.post("/v1/completions", json={"model": MODEL, "prompt": "Say", "max_tokens": 20,
+                                             "logprobs": 0, "return_token_ids": True})  # fmt: skip
+    body = r.json()
+    choice = body["choices"][0]
+    assert body["object"] == "text_completion"
+    assert choice["text"] == "Hello, world!" and choice["finish_reason"] == "stop"
+    assert body["prompt_token_ids"] == choice["prompt_token_ids"] == TOK.encode("Say")
+    assert choice["token_ids"][-1] == EOS
+    lp = choice["logprobs"]
+    assert lp["tokens"][:3] == ["H", "e", "l"] and lp["text_offset"][:3] == [0, 1, 2]
+    assert lp["token_logprobs"][:2] == [logprob_of(0), logprob_of(1)]
+    assert choice["weight_versions"] == [[0, 7], [5, 8]]
+
+    client.post("/v1/completions", json={"model": MODEL, "prompt": [5, 6, 7]})
+    assert backend.calls[1].prompt_ids == [5, 6, 7]
+
+    r = client.post("/v1/completions", json={"model": MODEL, "prompt": [5], "stream": True,
+                                             "return_token_ids": True})  # fmt: skip
+    chunks = sse(r.text)[:-1]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "Hello, world!"
+    assert chunks[0]["choices"][0]["prompt_token_ids"] == [5]
+    assert [c["choices"][0]["finish_reason"] for c in chunks][-1] == "stop"
+
+
+def test_generate_speaks_sglangs_dialect(client: TestClient, backend: ScriptedBackend) -> None:
+    r = client.post("/generate", json={
+        "input_ids": [1, 2, 3], "return_logprob": True,
+        "sampling_params": {"max_new_tokens": 64, "temperature": 0, "top_p": 0.9,
+                            "sampling_seed": 11, "stop_token_ids": [300]},
+    })  # fmt: skip
+    body = r.json()
+    reply = [*TOK.encode("Hello, world!"), EOS]
+    assert body["text"] == "Hello, world!" and body["output_ids"] == reply
+    meta = body["meta_info"]
+    assert meta["finish_reason"] == {"type": "stop", "matched": EOS}
+    assert (meta["prompt_tokens"], meta["completion_tokens"]) == (3, len(reply))
+    assert meta["output_token_logprobs"] == [[logprob_of(k), i, None] for k, i in enumerate(reply)]
+    assert meta["weight_version"] == 8 and meta["weight_versions"] == [[0, 7], [5, 8]]
+    assert meta["id"] == backend.calls[0].rid
+    s = backend.calls[0].sampling
+    assert (s.max_new_tokens, s.temperature, s.top_p, s.seed) == (64, 0.0, 0.9, 11)
+    assert s.stop_ids == (EOS, 300)
+
+    body = client.post(
+        "/generate", json={"text": "Say", "rid": "r-1", "sampling_params": {"max_new_tokens": 4}}
+    ).json()
+    assert body["meta_info"]["finish_reason"] == {"type": "length", "length": 4}
+    assert body["meta_info"]["output_token_logprobs"] is None and body["text"] == "Hell"
+    assert backend.calls[1].rid == "r-1" and backend.calls[1].prompt_ids == TOK.encode("Say")
+
+    body = client.post("/generate", json={"input_ids": [1], "sampling_params": {
+        "ignore_eos": True, "max_new_tokens": 99}}).json()  # fmt: skip
+    assert EOS not in backend.calls[2].sampling.stop_ids
+    assert body["meta_info"]["finish_reason"] == {"type": "stop"}
+
+
+def test_generate_streams_cumulative_outputs(client: TestClient) -> None:
+    r = client.post("/generate", json={"input_ids": [1], "stream": True, "return_logprob": True})
+    events = sse(r.text)
+    assert events[-1] == "[DONE]"
+    outs = events[:-1]
+    assert [len(o["output_ids"]) for o in outs] == sorted(len(o["output_ids"]) for o in outs)
+    assert all(o["meta_info"]["finish_reason"] is None for o in outs[:-1])
+    last = outs[-1]
+    assert last["text"] == "Hello, world!" and last["meta_info"]["finish_reason"]["type"] == "stop"
+    assert [x[1] for x in last["meta_info"]["output_token_logprobs"]] == last["output_ids"]
+
+
+def test_status_and_events_map_to_the_backend(client: TestClient, backend: ScriptedBackend) -> None:
+    assert client.get("/pearl/v1/status").json()["status"] == "replay"
+    for kind in EVENT_KINDS:
+        r = client.post(f"/pearl/v1/events/{kind}", json={"gpus": [0, 1]})
+        assert r.status_code == 200 and r.json()["kind"] == kind
+    assert backend.events == [(k, {"gpus": [0, 1]}) for k in EVENT_KINDS]
+    assert client.post("/pearl/v1/events/training-begin").status_code == 200
+    assert backend.events[-1] == ("training-begin", {})
+
+    r = client.post("/pearl/v1/events/reboot", json={})
+    assert r.status_code == 404 and "gpus-added" in r.json()["error"]["message"]
+    r = client.post("/pearl/v1/events/gpus-added", json=[1])
+    assert r.status_code == 400 and "JSON object" in r.json()["error"]["message"]
+    r = client.post("/pearl/v1/events/gpus-added", content=b"{nope")
+    assert r.status_code == 400 and "malformed JSON" in r.json()["error"]["message"]
+    r = client.post("/pearl/v1/events/gpus-reclaimed", json={"refuse": "unknown gpu"})
+    assert r.status_code == 409 and "unknown gpu" in r.json()["error"]["message"]
+
+
+def assert_error(r, status: int, words: str, param: str | None = "-") -> dict:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert words in err["message"], err
+    if param != "-":
+        assert err["param"] == param
+    return err
+
+
+@pytest.mark.parametrize(
+    ("body", "words", "param"),
+    [
+        ({"model": "gpt-4", "messages": HI}, "unknown model 'gpt-4'", "model"),
+        ({"model": MODEL, "messages": HI, "n": 2}, "n > 1", "n"),
+        ({"model": MODEL, "messages": HI, "frobnicate": 1}, "unsupported parameter: 'frobnicate'",
+         "frobnicate"),
+        ({"model": MODEL, "messages": HI, "stop": ["\n"]}, "stop strings", "stop"),
+        ({"model": MODEL, "messages": HI, "top_logprobs": 3}, "top_logprobs", "top_logprobs"),
+        ({"model": MODEL, "messages": HI, "presence_penalty": 0.5}, "presence_penalty",
+         "presence_penalty"),
+        ({"model": MODEL, "messages": HI, "tool_choice": "required"}, "tool_choice",
+         "tool_choice"),
+        ({"model": MODEL, "messages": HI, "max_tokens": 5000}, "beyond the context", "max_tokens"),
+        ({"model": MODEL, "messages": HI, "temperature": 9}, "invalid temperature",
+         "temperature"),
+        ({"model": MODEL, "messages": []}, "invalid messages", "messages"),
+        ({"messages": HI}, "missing required parameter: 'model'", "model"),
+        ({"model": MODEL, "messages": [{"role": "robot", "content": "x"}]}, "invalid messages",
+         None),
+    ],
+)  # fmt: skip
+def test_bad_chat_requests_get_400_with_a_clear_message(
+    client: TestClient, backend: ScriptedBackend, body: dict, words: str, param: str | None
+) -> None:
+    err = assert_error(client.post("/v1/chat/completions", json=body), 400, words,
+                       param if param is not None else "-")  # fmt: skip
+    assert err["type"] == "invalid_request_error"
+    assert backend.calls == []
+
+
+def test_malformed_json_and_too_long_prompts_get_400(
+    client: TestClient, backend: ScriptedBackend
+) -> None:
+    r = client.post("/v1/chat/completions", content=b'{"model": ', headers={
+        "content-type": "application/json"})  # fmt: skip
+    assert_error(r, 400, "malformed JSON")
+    r = client.post("/v1/completions", json={"model": MODEL, "prompt": "x" * 4096})
+    assert_error(r, 400, "the prompt is 4096 tokens; the context holds 4096")
+    r = client.post("/v1/completions", json={"model": MODEL, "prompt": ["a", "b"]})
+    assert_error(r, 400, "invalid prompt: ", "prompt")
+    r = client.post("/v1/completions", json={"model": MODEL, "prompt": [1], "logprobs": 2})
+    assert_error(r, 400, "logprobs=0", "logprobs")
+    r = client.post("/v1/completions", json={"model": MODEL, "prompt": [-1]})
+    assert_error(r, 400, "non-negative", "prompt")
+    r = client.post("/generate", json={"text": "a", "input_ids": [1]})
+    assert_error(r, 400, "exactly one of text and input_ids")
+    r = client.post("/generate", json={"input_ids": [1], "sampling_params": {"min_p": 0.1}})
+    assert_error(r, 400, "unsupported parameter: 'sampling_params.min_p'")
+    r = client.post("/generate", json={"input_ids": [1] * 10, "sampling_params": {
+        "max_new_tokens": 4090}})  # fmt: skip
+    assert_error(r, 400, "beyond the context", "sampling_params.max_new_tokens")
+    assert client.post("/v1/nowhere").status_code == 404
+    assert client.get("/v1/chat/completions").json()["error"]["message"] == "Method Not Allowed"
+    assert backend.calls == []
+
+
+def test_a_backend_error_keeps_its_status_and_the_app_keeps_serving(
+    backend: ScriptedBackend,
+) -> None:
+    backend.fail_after = 0
+    with TestClient(build_app(backend)) as client:
+        r = client.post("/v1/chat/completions", json={"model": MODEL, "messages": HI})
+        err = assert_error(r, 503, "pool gave up")
+        assert err["type"] == "invalid_request_error"
+
+        backend.failure = RuntimeError("boom")
+        r = client.post("/generate", json={"input_ids": [1]})
+        assert_error(r, 500, "internal error: RuntimeError: boom")
+
+        # Mid-stream: the error is the last event before [DONE]; the generator was closed.
+        backend.fail_after = 2
+        r = client.post("/v1/chat/completions", json={"model": MODEL, "messages": HI,
+                                                      "stream": True})  # fmt: skip
+        events = sse(r.text)
+        assert events[-1] == "[DONE]" and "boom" in events[-2]["error"]["message"]
+        assert backend.closed == [c.rid for c in backend.calls]
+
+        backend.fail_after = None
+        assert chat(client)["choices"][0]["message"]["content"] == "Hello, world!"
+
+
+def test_a_backend_that_never_finishes_is_a_500(backend: ScriptedBackend) -> None:
+    async def endless(*_: object):
+        return
+        yield  # an async generator that yields nothing
+
+    backend.generate = endless
+    with TestClient(build_app(backend)) as client:
+        r = client.post("/v1/completions", json={"model": MODEL, "prompt": [1]})
+    assert_error(r, 500, "without a finish reason")
+
+
+def test_the_api_key_guards_every_route(backend: ScriptedBackend) -> None:
+    with TestClient(build_app(backend, api_key="s3cret")) as client:
+        routes = [("GET", "/v1/models"), ("GET", "/pearl/v1/status"),
+                  ("POST", "/v1/chat/completions"), ("POST", "/generate"),
+                  ("POST", "/pearl/v1/events/gpus-added"), ("GET", "/nowhere")]  # fmt: skip
+        for method, path in routes:
+            for headers in [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}]:
+                r = client.request(method, path, headers=headers, json={})
+                err = assert_error(r, 401, "API key")
+                assert err["type"] == "authentication_error"
+                assert r.headers["www-authenticate"] == "Bearer"
+        ok = {"Authorization": "Bearer s3cret"}
+        assert client.get("/v1/models", headers=ok).status_code == 200
+        assert (
+            client.get("/v1/models", headers={"Authorization": "bearer s3cret"}).status_code == 200
+        )
+        assert (
+            client.get("/v1/models", headers={"Authorization": "Basic s3cret"}).status_code == 401
+        )
+        r = client.post("/v1/chat/completions", headers=ok, json={"model": MODEL, "messages": HI})
+        assert r.status_code == 200
+    assert len(backend.calls) == 1 and backend.events == []
+
+
+def test_bodies_over_the_bound_get_413(backend: ScriptedBackend) -> None:
+    with TestClient(build_app(backend, max_body_bytes=1000)) as client:
+        big = {"model": MODEL, "messages": [{"role": "user", "content": "x" * 2000}]}
+        assert_error(client.post("/v1/chat/completions", json=big), 413, "over 1000 bytes")
+
+        def chunks():
+            yield json.dumps(big).encode()  # no content-length: counted as it arrives
+
+        r = client.post("/v1/chat/completions", content=chunks(),
+                        headers={"content-type": "application/json"})  # fmt: skip
+        assert_error(r, 413, "over 1000 bytes")
+        small = {"model": MODEL, "messages": HI}
+        assert client.post("/v1/chat/completions", json=small).status_code == 200
+    assert len(backend.calls) == 1
+
+
+def test_migrations_and_recomputation_add_up_in_usage(backend: ScriptedBackend) -> None:
+    backend.moves_per_delta = 1
+    with TestClient(build_app(backend)) as client:
+        usage = chat(client)["usage"]
+        meta = client.post("/generate", json={"input_ids": [1, 2]}).json()["meta_info"]
+    # "Hello, world!" + EOS: 4-token deltas, one split where the version changes.
+    assert (usage["migrations"], usage["recomputed_tokens"]) == (5, 5 * len(CHATML_HI))
+    assert (meta["migrations"], meta["recomputed_tokens"]) == (5, 10)
+
+
+def test_a_tokenizer_without_eos_stops_only_where_asked(backend: ScriptedBackend) -> None:
+    backend.tokenizer.eos_id = -1
+    with TestClient(build_app(backend)) as client:
+        chat(client, stop_token_ids=[7])
+        r = client.post("/v1/completions", json={"model": MODEL, "prompt": [1],
+                                                 "stop_token_ids": [-3]})  # fmt: skip
+        assert_error(r, 400, "non-negative", "stop_token_ids")
+    assert backend.calls[0].sampling.stop_ids == (7,)
+
+
+def test_a_gateway_error_carries_its_kind(backend: ScriptedBackend) -> None:
+    backend.fail_after = 0
+    backend.failure = GatewayError("slow down", 429, "rate_limit_error", "messages")
+    with TestClient(build_app(backend)) as client:
+        err = assert_error(client.post("/generate", json={"input_ids": [1]}), 429, "slow down")
+    assert (err["type"], err["param"]) == ("rate_limit_error", "messages")
