@@ -1,6 +1,8 @@
 """A scripted Backend for the gateway's tests: a TEST DOUBLE, not an engine.
 
-It answers every request with the next scripted reply (text, or token ids), cut into deltas of
+It answers every request with the next scripted reply (text, or token ids) or, when ``reply_to``
+is set, with what that function makes of the prompt's text (a scripted policy, for multi-turn
+agents whose next turn depends on what came back), cut into deltas of
 ``chunk`` tokens, with the weights version changing from ``versions[0]`` to ``versions[1]`` at
 token ``switch_at`` (as a weights update mid-response would). It stops with the tokenizer's EOS
 when the reply ends within ``max_new_tokens`` (``stop``), else at the limit (``length``). It
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +51,7 @@ class Call:
 @dataclass
 class ScriptedBackend:
     replies: list[str | list[int]] = field(default_factory=lambda: ["Hello, world!"])
+    reply_to: Callable[[str], str] | None = None  # the prompt's text -> the reply, when set
     model: str = "scripted-model"
     max_context: int = 4096
     chat_template: str | None = None
@@ -72,7 +75,10 @@ class ScriptedBackend:
         self, rid: str, prompt_ids: Sequence[int], sampling: Sampling, session: str
     ) -> AsyncIterator[Delta]:
         self.calls.append(Call(rid, list(prompt_ids), sampling, session))
-        ids = self.reply_ids(len(self.calls) - 1)
+        if self.reply_to is not None:
+            ids = self.tokenizer.encode(self.reply_to(self.tokenizer.decode(prompt_ids)))
+        else:
+            ids = self.reply_ids(len(self.calls) - 1)
         finish = "length"
         if len(ids) < sampling.max_new_tokens:
             ids, finish = [*ids, EOS] if EOS in sampling.stop_ids else ids, "stop"

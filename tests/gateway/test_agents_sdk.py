@@ -1,0 +1,202 @@
+"""The OpenAI Agents SDK (`openai-agents`) runs a multi-turn tool-calling agent through the
+gateway served by uvicorn, over chat completions (``OpenAIChatCompletionsModel``).
+
+The model is a scripted policy (a test double, not a model): it reads the rendered prompt and
+answers with Hermes ``<tool_call>`` blocks or a final answer built from the ``<tool_response>``
+blocks it finds there. So a run ends with the scripted answer only if the SDK ran the tools
+with the arguments the gateway parsed, sent their results back, and the chat template rendered
+them into the next prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import agents
+import openai
+import pytest
+from agents import (
+    Agent,
+    ModelSettings,
+    OpenAIChatCompletionsModel,
+    RunItemStreamEvent,
+    Runner,
+    function_tool,
+)
+from openai import AsyncOpenAI
+
+from pearl.gateway.app import build_app
+from tests.gateway.scripted import ScriptedBackend
+from tests.gateway.serving import serve
+
+MODEL = "scripted-model"
+KEY = "agents-key"
+RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
+
+
+def call(name: str, **arguments: Any) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+def chain_policy(prompt: str) -> str:
+    """(2+3)*4 in three turns: add, then multiply by 4 whatever add returned, then the answer
+    from what multiply returned. It reads tool results only from the prompt."""
+    results = RESPONSE.findall(prompt)
+    if not results:
+        return "Let me add first.\n" + call("add", a=2, b=3)
+    if len(results) == 1:
+        return call("multiply", a=int(results[0]), b=4)
+    return f"(2+3)*4 = {results[1]}"
+
+
+def parallel_policy(prompt: str) -> str:
+    """Two calls in one turn, then an answer from both results."""
+    results = RESPONSE.findall(prompt)
+    if not results:
+        return call("add", a=2, b=3) + "\n" + call("add", a=10, b=20)
+    return f"2+3 = {results[0]} and 10+20 = {results[1]}."
+
+
+class Calculator:
+    """Two function tools that record every call they get."""
+
+    def __init__(self) -> None:
+        self.ran: list[tuple[str, int, int]] = []
+
+        @function_tool
+        def add(a: int, b: int) -> int:
+            """Add two integers."""
+            self.ran.append(("add", a, b))
+            return a + b
+
+        @function_tool
+        def multiply(a: int, b: int) -> int:
+            """Multiply two integers."""
+            self.ran.append(("multiply", a, b))
+            return a * b
+
+        self.tools = [add, multiply]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_tracing() -> Iterator[None]:
+    # The SDK would otherwise export traces to OpenAI's servers.
+    agents.set_tracing_disabled(True)
+    yield
+
+
+@pytest.fixture
+def backend() -> ScriptedBackend:
+    return ScriptedBackend(chunk=3)
+
+
+@pytest.fixture
+def base_url(backend: ScriptedBackend) -> Iterator[str]:
+    with serve(build_app(backend, api_key=KEY)) as url:
+        yield url
+
+
+def agent_over(client: AsyncOpenAI, calc: Calculator, **settings: Any) -> Agent:
+    return Agent(
+        name="calculator",
+        instructions="You are a calculator. Use the tools.",
+        tools=list(calc.tools),
+        model=OpenAIChatCompletionsModel(model=MODEL, openai_client=client),
+        model_settings=ModelSettings(**settings),
+    )
+
+
+def client_for(base_url: str, key: str = KEY) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=f"{base_url}/v1", api_key=key, max_retries=0, timeout=30)
+
+
+def test_agent_runs_a_tool_chain_through_the_gateway(
+    base_url: str, backend: ScriptedBackend
+) -> None:
+    backend.reply_to = chain_policy
+    calc = Calculator()
+
+    async def main() -> Any:
+        async with client_for(base_url) as client:
+            agent = agent_over(client, calc, extra_headers={"X-Session-ID": "agent-1"})
+            return await Runner.run(agent, "What is (2+3)*4?")
+
+    result = asyncio.run(main())
+    assert result.final_output == "(2+3)*4 = 20"
+    # The tools ran with the arguments parsed from the model's <tool_call> blocks, in order.
+    assert calc.ran == [("add", 2, 3), ("multiply", 5, 4)]
+    assert len(backend.calls) == 3
+    assert {c.session for c in backend.calls} == {"agent-1"}
+    prompts = [backend.tokenizer.decode(c.prompt_ids) for c in backend.calls]
+    # Every prompt carries the instructions and both tools' schemas (rendered in the system turn).
+    for prompt in prompts:
+        assert prompt.startswith("<|im_start|>system\nYou are a calculator. Use the tools.")
+        assert '"name": "add"' in prompt and '"name": "multiply"' in prompt
+        assert prompt.endswith("<|im_start|>assistant\n")
+    # The model's turns and the tools' results come back rendered, in order: the render/parse
+    # round trip through the chat template.
+    turn1 = "<|im_start|>assistant\nLet me add first.\n" + call("add", a=2, b=3) + "<|im_end|>"
+    result1 = "<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>"
+    assert turn1 in prompts[1] and result1 in prompts[1]
+    assert prompts[1].index(turn1) < prompts[1].index(result1)
+    turn2 = "<|im_start|>assistant\n" + call("multiply", a=5, b=4) + "<|im_end|>"
+    result2 = "<|im_start|>user\n<tool_response>\n20\n</tool_response><|im_end|>"
+    assert prompts[2].startswith(prompts[1]) and prompts[2].endswith(
+        f"{turn2}\n{result2}\n<|im_start|>assistant\n"
+    )
+    # The SDK counted what the gateway reported.
+    usage = result.context_wrapper.usage
+    assert usage.requests == 3
+    assert usage.input_tokens == sum(len(c.prompt_ids) for c in backend.calls)
+
+
+def test_agent_streams_parallel_tool_calls_through_the_gateway(
+    base_url: str, backend: ScriptedBackend
+) -> None:
+    backend.reply_to = parallel_policy
+    calc = Calculator()
+
+    async def main() -> tuple[Any, list[str], str]:
+        async with client_for(base_url) as client:
+            agent = agent_over(client, calc, include_usage=True)
+            run = Runner.run_streamed(agent, "What are 2+3 and 10+20?")
+            items, text = [], ""
+            async for event in run.stream_events():
+                if isinstance(event, RunItemStreamEvent):
+                    items.append(event.name)
+                elif event.type == "raw_response_event" and (
+                    event.data.type == "response.output_text.delta"
+                ):
+                    text += event.data.delta
+            return run, items, text
+
+    run, items, text = asyncio.run(main())
+    answer = "2+3 = 5 and 10+20 = 30."
+    assert run.final_output == answer and text == answer
+    assert sorted(calc.ran) == [("add", 2, 3), ("add", 10, 20)]
+    assert items.count("tool_called") == 2 and items.count("tool_output") == 2
+    assert items[-1] == "message_output_created"
+    second = backend.tokenizer.decode(backend.calls[1].prompt_ids)
+    assert "<tool_response>\n5\n</tool_response>\n<tool_response>\n30\n</tool_response>" in second
+    # Usage came in the streams' last chunks (stream_options.include_usage).
+    usage = run.context_wrapper.usage
+    assert usage.requests == 2
+    assert usage.input_tokens == sum(len(c.prompt_ids) for c in backend.calls)
+    assert usage.output_tokens > 0
+
+
+def test_agent_with_a_wrong_api_key_is_refused(base_url: str, backend: ScriptedBackend) -> None:
+    backend.reply_to = chain_policy
+    calc = Calculator()
+
+    async def main() -> None:
+        async with client_for(base_url, key="not-the-key") as client:
+            await Runner.run(agent_over(client, calc), "What is (2+3)*4?")
+
+    with pytest.raises(openai.AuthenticationError, match="API key"):
+        asyncio.run(main())
+    assert backend.calls == [] and calc.ran == []
