@@ -201,8 +201,8 @@ class ParsedCall:
 _BLOCK = re.compile(re.escape(TOOL_OPEN) + r"(.*?)" + re.escape(TOOL_CLOSE), re.DOTALL)
 
 
-def parse_tool_calls(text: str) -> tuple[str | None, list[ParsedCall]]:
-    """Split generated text into its content (None when empty) and its tool calls."""
+def _split(text: str) -> tuple[str, list[ParsedCall]]:
+    """``text`` without its tool-call blocks (whitespace kept), and the calls."""
     calls: list[ParsedCall] = []
 
     def take(m: re.Match[str]) -> str:
@@ -222,37 +222,56 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[ParsedCall]]:
         )
         return ""
 
-    rest = _BLOCK.sub(take, text).strip()
-    return (rest or None), calls
+    return _BLOCK.sub(take, text), calls
+
+
+def parse_tool_calls(text: str) -> tuple[str | None, list[ParsedCall]]:
+    """Split generated text into its content (stripped; None when empty) and its tool calls."""
+    rest, calls = _split(text)
+    return (rest.strip() or None), calls
 
 
 class ToolStream:
     """Streams content up to the first ``<tool_call>`` and holds everything from there on:
     :meth:`feed` returns the text that is surely content, :meth:`finish` the held text's
-    content and calls."""
+    content and calls.
+
+    The streamed content (every :meth:`feed`, then :meth:`finish`'s content) is exactly
+    :func:`parse_tool_calls`' content: leading whitespace is dropped and trailing whitespace is
+    held until more content follows it, so the whitespace between the content and a call never
+    reaches the client (the chat template renders that separator itself; a client that sent it
+    back would change the prompt's tokens)."""
 
     def __init__(self) -> None:
         self.held = ""
         self.in_call = False
+        self.started = False  # some content was returned
 
     def feed(self, text: str) -> str:
         if self.in_call:
             self.held += text
             return ""
         buf = self.held + text
+        if not self.started:
+            buf = buf.lstrip()
         at = buf.find(TOOL_OPEN)
         if at >= 0:
-            self.in_call, self.held = True, buf[at:]
-            return buf[:at]
-        # Hold back a tail that could start "<tool_call>".
-        keep = 0
-        for k in range(min(len(TOOL_OPEN) - 1, len(buf)), 0, -1):
-            if TOOL_OPEN.startswith(buf[-k:]):
-                keep = k
-                break
-        self.held = buf[len(buf) - keep :]
-        return buf[: len(buf) - keep]
+            self.in_call = True
+            end = at
+        else:
+            # Hold back a tail that could start "<tool_call>".
+            end = len(buf)
+            for k in range(min(len(TOOL_OPEN) - 1, len(buf)), 0, -1):
+                if TOOL_OPEN.startswith(buf[-k:]):
+                    end = len(buf) - k
+                    break
+        cut = len(buf[:end].rstrip())
+        self.held = buf[cut:]
+        self.started = self.started or cut > 0
+        return buf[:cut]
 
     def finish(self) -> tuple[str | None, list[ParsedCall]]:
         held, self.held = self.held, ""
-        return parse_tool_calls(held) if held else (None, [])
+        rest, calls = _split(held)
+        rest = rest.rstrip() if self.started else rest.strip()
+        return (rest or None), calls

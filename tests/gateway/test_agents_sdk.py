@@ -114,16 +114,24 @@ def client_for(base_url: str, key: str = KEY) -> AsyncOpenAI:
     return AsyncOpenAI(base_url=f"{base_url}/v1", api_key=key, max_retries=0, timeout=30)
 
 
+@pytest.mark.parametrize("streamed", [False, True], ids=["run", "run_streamed"])
 def test_agent_runs_a_tool_chain_through_the_gateway(
-    base_url: str, backend: ScriptedBackend
+    base_url: str, backend: ScriptedBackend, streamed: bool
 ) -> None:
     backend.reply_to = chain_policy
     calc = Calculator()
 
     async def main() -> Any:
         async with client_for(base_url) as client:
-            agent = agent_over(client, calc, extra_headers={"X-Session-ID": "agent-1"})
-            return await Runner.run(agent, "What is (2+3)*4?")
+            agent = agent_over(
+                client, calc, extra_headers={"X-Session-ID": "agent-1"}, include_usage=True
+            )
+            if not streamed:
+                return await Runner.run(agent, "What is (2+3)*4?")
+            run = Runner.run_streamed(agent, "What is (2+3)*4?")
+            async for _ in run.stream_events():
+                pass
+            return run
 
     result = asyncio.run(main())
     assert result.final_output == "(2+3)*4 = 20"
@@ -138,7 +146,8 @@ def test_agent_runs_a_tool_chain_through_the_gateway(
         assert '"name": "add"' in prompt and '"name": "multiply"' in prompt
         assert prompt.endswith("<|im_start|>assistant\n")
     # The model's turns and the tools' results come back rendered, in order: the render/parse
-    # round trip through the chat template.
+    # round trip through the chat template gives back the text the model generated, streamed
+    # or not.
     turn1 = "<|im_start|>assistant\nLet me add first.\n" + call("add", a=2, b=3) + "<|im_end|>"
     result1 = "<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>"
     assert turn1 in prompts[1] and result1 in prompts[1]

@@ -127,16 +127,39 @@ def test_tool_stream_holds_back_a_split_tag(cut: int) -> None:
     text = 'Hi <tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>'
     ts = ToolStream()
     shown = "".join(ts.feed(text[i : i + cut]) for i in range(0, len(text), cut))
-    assert shown == "Hi "
+    assert shown == "Hi"
     content, calls = ts.finish()
     assert content is None and [(c.name, c.arguments) for c in calls] == [("f", '{"a": 1}')]
 
 
 def test_tool_stream_releases_a_lookalike_prefix() -> None:
     ts = ToolStream()
-    assert ts.feed("a <tool") == "a "
-    assert ts.feed("box> b") == "<toolbox> b"
+    assert ts.feed("a <tool") == "a"
+    assert ts.feed("box> b") == " <toolbox> b"
     assert ts.finish() == (None, [])
+
+
+CALL = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
+PIECES = ["Hi", "x y", " ", "\n", "\n\n", CALL, "<tool", "<tool_call>", "</tool_call>", "é"]
+
+
+@given(
+    st.lists(st.sampled_from(PIECES), max_size=8),
+    st.lists(st.integers(1, 9), min_size=1, max_size=20),
+)
+def test_tool_stream_streams_exactly_the_parsed_content(pieces: list[str], cuts: list[int]) -> None:
+    """Whatever the cuts, the streamed content and calls are what parsing the whole text gives:
+    a streamed reply re-rendered by the template is the prompt a non-streamed one would be."""
+    text, ts, shown, at, k = "".join(pieces), ToolStream(), "", 0, 0
+    while at < len(text):
+        shown += ts.feed(text[at : at + cuts[k % len(cuts)]])
+        at, k = at + cuts[k % len(cuts)], k + 1
+    rest, calls = ts.finish()
+    content, expected = parse_tool_calls(text)
+    assert shown + (rest or "") == (content or "")
+    assert [(c.name, c.arguments) for c in calls] == [(c.name, c.arguments) for c in expected]
+    if calls:  # content before the first call never ends with the separator
+        assert shown == shown.rstrip()
 
 
 @given(st.text(max_size=40), st.lists(st.integers(1, 6), min_size=1, max_size=40))
