@@ -28,6 +28,7 @@ from agents import (
     function_tool,
 )
 from openai import AsyncOpenAI
+from pydantic import BaseModel
 
 from pearl.gateway.app import build_app
 from tests.gateway.scripted import ScriptedBackend
@@ -35,6 +36,8 @@ from tests.gateway.serving import serve
 
 MODEL = "scripted-model"
 KEY = "agents-key"
+END = "<|im_end|>\n"
+FOLLOW_UP = "Add 1 to that."
 RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
 
 
@@ -42,15 +45,26 @@ def call(name: str, **arguments: Any) -> str:
     return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
+def tool_turn(*results: str) -> str:
+    """The tools' results as the ChatML template renders them, then the generation prompt."""
+    body = "\n".join(f"<tool_response>\n{r}\n</tool_response>" for r in results)
+    return f"<|im_start|>user\n{body}{END}<|im_start|>assistant\n"
+
+
 def chain_policy(prompt: str) -> str:
     """(2+3)*4 in three turns: add, then multiply by 4 whatever add returned, then the answer
-    from what multiply returned. It reads tool results only from the prompt."""
+    from what multiply returned; asked FOLLOW_UP next, add 1 to that and answer. It reads tool
+    results only from the prompt."""
     results = RESPONSE.findall(prompt)
     if not results:
         return "Let me add first.\n" + call("add", a=2, b=3)
     if len(results) == 1:
         return call("multiply", a=int(results[0]), b=4)
-    return f"(2+3)*4 = {results[1]}"
+    if FOLLOW_UP not in prompt:
+        return f"(2+3)*4 = {results[1]}"
+    if len(results) == 2:
+        return call("add", a=int(results[1]), b=1)
+    return f"That makes {results[2]}."
 
 
 def parallel_policy(prompt: str) -> str:
@@ -145,22 +159,39 @@ def test_agent_runs_a_tool_chain_through_the_gateway(
         assert prompt.startswith("<|im_start|>system\nYou are a calculator. Use the tools.")
         assert '"name": "add"' in prompt and '"name": "multiply"' in prompt
         assert prompt.endswith("<|im_start|>assistant\n")
-    # The model's turns and the tools' results come back rendered, in order: the render/parse
-    # round trip through the chat template gives back the text the model generated, streamed
-    # or not.
-    turn1 = "<|im_start|>assistant\nLet me add first.\n" + call("add", a=2, b=3) + "<|im_end|>"
-    result1 = "<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>"
-    assert turn1 in prompts[1] and result1 in prompts[1]
-    assert prompts[1].index(turn1) < prompts[1].index(result1)
-    turn2 = "<|im_start|>assistant\n" + call("multiply", a=5, b=4) + "<|im_end|>"
-    result2 = "<|im_start|>user\n<tool_response>\n20\n</tool_response><|im_end|>"
-    assert prompts[2].startswith(prompts[1]) and prompts[2].endswith(
-        f"{turn2}\n{result2}\n<|im_start|>assistant\n"
-    )
+    # Each prompt is the previous one, the model's reply exactly as it was generated, and the
+    # tool's result: the render/parse round trip through the chat template gives back the
+    # model's own tokens, streamed or not, so a turn extends its session's prefix.
+    reply1 = "Let me add first.\n" + call("add", a=2, b=3)
+    reply2 = call("multiply", a=5, b=4)
+    assert prompts[1] == prompts[0] + reply1 + END + tool_turn("5")
+    assert prompts[2] == prompts[1] + reply2 + END + tool_turn("20")
     # The SDK counted what the gateway reported.
     usage = result.context_wrapper.usage
     assert usage.requests == 3
     assert usage.input_tokens == sum(len(c.prompt_ids) for c in backend.calls)
+
+
+def test_a_follow_up_run_extends_the_conversation(base_url: str, backend: ScriptedBackend) -> None:
+    backend.reply_to = chain_policy
+    calc = Calculator()
+
+    async def main() -> tuple[Any, Any]:
+        async with client_for(base_url) as client:
+            agent = agent_over(client, calc)
+            first = await Runner.run(agent, "What is (2+3)*4?")
+            follow = [*first.to_input_list(), {"role": "user", "content": FOLLOW_UP}]
+            return first, await Runner.run(agent, follow)
+
+    first, second = asyncio.run(main())
+    assert (first.final_output, second.final_output) == ("(2+3)*4 = 20", "That makes 21.")
+    assert calc.ran == [("add", 2, 3), ("multiply", 5, 4), ("add", 20, 1)]
+    prompts = [backend.tokenizer.decode(c.prompt_ids) for c in backend.calls]
+    assert len(prompts) == 5
+    # The next run's prompt extends the last one by the answer as generated and the new turn.
+    asked = f"<|im_start|>user\n{FOLLOW_UP}{END}<|im_start|>assistant\n"
+    assert prompts[3] == prompts[2] + "(2+3)*4 = 20" + END + asked
+    assert prompts[4] == prompts[3] + call("add", a=20, b=1) + END + tool_turn("21")
 
 
 def test_agent_streams_parallel_tool_calls_through_the_gateway(
@@ -189,8 +220,8 @@ def test_agent_streams_parallel_tool_calls_through_the_gateway(
     assert sorted(calc.ran) == [("add", 2, 3), ("add", 10, 20)]
     assert items.count("tool_called") == 2 and items.count("tool_output") == 2
     assert items[-1] == "message_output_created"
-    second = backend.tokenizer.decode(backend.calls[1].prompt_ids)
-    assert "<tool_response>\n5\n</tool_response>\n<tool_response>\n30\n</tool_response>" in second
+    first, second = (backend.tokenizer.decode(c.prompt_ids) for c in backend.calls)
+    assert second == first + parallel_policy("") + END + tool_turn("5", "30")
     # Usage came in the streams' last chunks (stream_options.include_usage).
     usage = run.context_wrapper.usage
     assert usage.requests == 2
@@ -208,4 +239,36 @@ def test_agent_with_a_wrong_api_key_is_refused(base_url: str, backend: ScriptedB
 
     with pytest.raises(openai.AuthenticationError, match="API key"):
         asyncio.run(main())
+    assert backend.calls == [] and calc.ran == []
+
+
+class Answer(BaseModel):
+    value: int
+
+
+@pytest.mark.parametrize(
+    ("change", "param"),
+    [
+        ({"model_settings": ModelSettings(tool_choice="required")}, "tool_choice"),
+        ({"output_type": Answer}, "response_format"),
+    ],
+    ids=["tool_choice_required", "structured_output"],
+)
+def test_what_the_gateway_does_not_implement_is_refused_by_name(
+    base_url: str, backend: ScriptedBackend, change: dict[str, Any], param: str
+) -> None:
+    """Forcing a tool call and structured output need constrained decoding, which the pool
+    does not do: the SDK gets a 400 naming the parameter, not an answer that ignores it."""
+    backend.reply_to = chain_policy
+    calc = Calculator()
+
+    async def main() -> None:
+        async with client_for(base_url) as client:
+            agent = agent_over(client, calc).clone(**change)
+            await Runner.run(agent, "What is (2+3)*4?")
+
+    with pytest.raises(openai.BadRequestError) as info:
+        asyncio.run(main())
+    assert info.value.status_code == 400 and f"{param}" in info.value.message
+    assert (info.value.body or {}).get("param") == param
     assert backend.calls == [] and calc.ran == []
