@@ -75,6 +75,14 @@ def parallel_policy(prompt: str) -> str:
     return f"2+3 = {results[0]} and 10+20 = {results[1]}."
 
 
+def handoff_policy(prompt: str) -> str:
+    """The triage agent hands off to the calculator, which adds and answers."""
+    if prompt.startswith("<|im_start|>system\nYou route questions."):
+        return call("transfer_to_calculator")
+    results = RESPONSE.findall(prompt)[1:]  # after the handoff's own result
+    return call("add", a=2, b=3) if not results else f"2+3 = {results[0]}"
+
+
 class Calculator:
     """Two function tools that record every call they get."""
 
@@ -192,6 +200,34 @@ def test_a_follow_up_run_extends_the_conversation(base_url: str, backend: Script
     asked = f"<|im_start|>user\n{FOLLOW_UP}{END}<|im_start|>assistant\n"
     assert prompts[3] == prompts[2] + "(2+3)*4 = 20" + END + asked
     assert prompts[4] == prompts[3] + call("add", a=20, b=1) + END + tool_turn("21")
+
+
+def test_a_triage_agent_hands_off_to_the_calculator(
+    base_url: str, backend: ScriptedBackend
+) -> None:
+    backend.reply_to = handoff_policy
+    calc = Calculator()
+
+    async def main() -> Any:
+        async with client_for(base_url) as client:
+            calculator = agent_over(client, calc)
+            triage = calculator.clone(
+                name="triage", instructions="You route questions.", tools=[],
+                handoffs=[calculator],
+            )  # fmt: skip
+            return await Runner.run(triage, "What is 2+3?")
+
+    result = asyncio.run(main())
+    assert result.final_output == "2+3 = 5" and result.last_agent.name == "calculator"
+    assert calc.ran == [("add", 2, 3)]
+    prompts = [backend.tokenizer.decode(c.prompt_ids) for c in backend.calls]
+    assert len(prompts) == 3
+    # The triage turn offered the handoff as a tool; the calculator saw it, and its result.
+    assert '"name": "transfer_to_calculator"' in prompts[0] and '"name": "add"' not in prompts[0]
+    assert prompts[1].startswith("<|im_start|>system\nYou are a calculator. Use the tools.")
+    assert call("transfer_to_calculator") in prompts[1]
+    assert RESPONSE.findall(prompts[1]) == ['{"assistant": "calculator"}']
+    assert prompts[2] == prompts[1] + call("add", a=2, b=3) + END + tool_turn("5")
 
 
 def test_agent_streams_parallel_tool_calls_through_the_gateway(
