@@ -1,0 +1,1 @@
+"""PEARL's OpenAI-compatible gateway: HTTP in front of the elastic pool."""
