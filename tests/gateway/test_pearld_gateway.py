@@ -19,6 +19,7 @@ openai = pytest.importorskip("openai")
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_an_embedded_runtime_serves_chat_completions_over_the_pool(tmp_path: Path) -> None:
     key = tmp_path / "key"
     key.write_text("sk-test\n")

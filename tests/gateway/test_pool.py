@@ -6,19 +6,29 @@ Runtime of sim engines while GPUs come and go and a training step happens."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+import random
+import threading
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import pearl
 from actors import names
 from actors.base import Directory
 from actors.messages import RolloutStep
 from pearl import config
 from pearl.core import events as ev
 from pearl.core.errors import PearlError
+from pearl.core.status import status_plain
 from pearl.gateway.backend import Delta, GatewayError, Sampling
 from pearl.gateway.pool import PoolBackend, load_chat_template, served_model
+from pearl.log import FileLog
+from pearl.runtime import wait_training_may_proceed
+from pearl.testing.wait import wait_until
 from tests.actors.test_rollout_client import ScriptedRouter
 
 
@@ -137,3 +147,151 @@ def test_model_id_and_chat_template_come_from_the_config_and_model_directory(tmp
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": templates}))
     assert load_chat_template(tmp_path) == "D"
     assert load_chat_template(tmp_path / "nowhere") is None
+
+
+# -- on a Runtime of sim engines ---------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+SETS = (
+    "engine.kind=sim",
+    "engine.time_scale=0.5",  # a turn takes a few hundred ms: events land mid-turn
+    "engine.sim_start_s=1",
+    "rl.env=",  # gateway-only traffic: no rollout pipeline
+    "daemon.borrow=always",  # the training GPUs are lent between steps and come back
+    "daemon.pd=colocated",  # a turn's worker is the one that generated it
+    "daemon.tick_s=0.1",
+    "daemon.heartbeat_s=0.5",
+    "workload.max_trajectory_tokens=4096",
+)
+AGENTS, TURNS, NEW = 10, 3, 64
+
+
+def routable(rt: Any) -> list[Any]:
+    return [w for w in rt.status().workers if w.activity == "active" and w.role != "training"]
+
+
+class Agents:
+    """``AGENTS`` clients, each running sessions of ``TURNS`` turns back to back until stopped,
+    on an event loop of their own; every request's deltas are checked as they come."""
+
+    def __init__(self, backend: PoolBackend) -> None:
+        self.backend, self.stop = backend, threading.Event()
+        self.started = self.completed = self.migrations = self.recomputed = 0
+        self.failures: list[str] = []
+        self.sessions: list[str] = []
+        self.ids = itertools.count(1)
+        self.thread = threading.Thread(target=lambda: asyncio.run(self.run(AGENTS, True)))
+
+    async def session(self, name: str, rng: random.Random) -> None:
+        prompt = [rng.randrange(256) for _ in range(40)]
+        for _ in range(TURNS):
+            self.started += 1
+            rid = f"{name}#{next(self.ids)}"
+            try:
+                deltas = [d async for d in self.backend.generate(rid, prompt, Sampling(NEW), name)]
+            except GatewayError as e:
+                self.failures.append(f"{rid}: {e.message}")
+                return
+            ids = [i for d in deltas for i in d.token_ids]
+            ends = [d.finish_reason for d in deltas if d.finish_reason]
+            if ends != [deltas[-1].finish_reason] or not 0 < len(ids) <= NEW:
+                self.failures.append(f"{rid}: {len(ids)} tokens, finish {ends}")
+            self.completed += 1
+            self.migrations += sum(d.migrations for d in deltas)
+            self.recomputed += sum(d.recomputed_tokens for d in deltas)
+            # the environment's turn (a tool call): the gap the sessions measure
+            await asyncio.sleep(rng.uniform(0.01, 0.05))
+            prompt = [*prompt, *ids, *(rng.randrange(256) for _ in range(16))]
+
+    async def run(self, agents: int, until_stopped: bool) -> None:
+        async def agent(i: int) -> None:
+            rng = random.Random(i)
+            n = 0
+            while True:
+                name = f"a{i}-{n}" if until_stopped else f"steady-{i}"
+                self.sessions.append(name)
+                await self.session(name, rng)
+                n += 1
+                if not until_stopped or self.stop.is_set():
+                    return
+
+        await asyncio.gather(*(agent(i) for i in range(agents)))
+
+
+@pytest.fixture
+def runtime(tmp_path: Path) -> Iterator[Any]:
+    rt = pearl.Runtime.from_config(
+        ROOT / "configs" / "local-cpu.toml", state_dir=tmp_path / "state", overrides=SETS
+    )
+    try:
+        rt.start()
+        yield rt
+    finally:
+        rt.stop()
+
+
+@pytest.mark.slow
+def test_every_request_completes_while_the_pool_changes_under_it(
+    runtime: Any, tmp_path: Path
+) -> None:
+    rt = runtime
+    wait_until(lambda: routable(rt), 60, "a worker serving", every=0.1)
+    backend = PoolBackend(rt.daemon.directory, rt.cfg, sessions_per_step=6)
+    router = rt.daemon.directory.get(names.ROUTER).ref.proxy()
+    agents = Agents(backend)
+    agents.thread.start()
+    try:
+        asyncio.run(backend.event("gpus-added", {"gpus": [3, 4]}))
+        wait_until(lambda: len(routable(rt)) >= 3, 60, "the added workers serving", every=0.1)
+
+        # the added GPUs are reclaimed while one has turns in flight: they move, with prefixes
+        def busy() -> bool:
+            on = {w for p in router.pending.get().values() for w in p.workers}
+            return any(set(w.gpus) & {3, 4} and w.id in on for w in routable(rt))
+
+        wait_until(busy, 60, "an added worker with turns in flight", every=0.01)
+        asyncio.run(backend.event("gpus-reclaimed", {"gpus": [3, 4]}))
+        wait_until(lambda: agents.migrations, 60, "a migrated request", every=0.05)
+
+        for step in (1, 2):  # the trainer's steps: lent GPUs come back at each begin
+            asyncio.run(backend.event("training-begin", {"step": step}))
+            wait_training_may_proceed(rt.status, step, timeout_s=60)
+            if step == 1:
+                asyncio.run(backend.event("training-finished", {"step": step}))
+        agents.stop.set()
+        agents.thread.join(120)
+        assert not agents.thread.is_alive()
+
+        # steady state: the preemptible GPUs are back, no event meanwhile, two sessions per
+        # worker; each session stays on its worker
+        asyncio.run(backend.event("gpus-added", {"gpus": [3, 4]}))
+        wait_until(lambda: len(routable(rt)) >= 3, 60, "the added workers serving", every=0.1)
+        steady = Agents(backend)
+        n = len(routable(rt))
+        asyncio.run(steady.run(2 * n, until_stopped=False))
+        homes = {s: set(backend.sessions.open[s].workers) for s in steady.sessions}
+        asyncio.run(backend.event("training-finished", {"step": 2}))
+        final = rt.status()
+    finally:
+        agents.stop.set()
+        agents.thread.join(120)
+        backend.close()
+
+    assert agents.failures == [] and steady.failures == []
+    assert agents.completed == agents.started > AGENTS * TURNS
+    assert agents.migrations > 0 and agents.recomputed > 0
+    assert agents.migrations + steady.migrations == backend.client.migrated
+    assert len(homes) >= 6 and all(len(h) == 1 for h in homes.values()), homes
+
+    # the tracker got the sessions' measured turns: one telemetry record per rollout step
+    stepped = backend.sessions.stepped
+    rt.stop()
+    with FileLog(tmp_path / "state" / "log", readonly=True) as log:
+        records = [r for _, r in log.read()]
+        table = log.load(final.seq).state.to_json()
+    telemetry = [r for r in records if isinstance(r, ev.Telemetry)]
+    assert stepped >= 2 and len(telemetry) == stepped
+    # sessions ended at a boundary between their turns count the turns they had
+    assert max(t.S for t in telemetry) == TURNS and all(1 <= t.S <= TURNS for t in telemetry)
+    assert all(0 < t.r <= NEW and (t.T_env > 0) == (t.S > 1) for t in telemetry), telemetry
+    assert (table["seq"], table["workers"]) == (final.seq, status_plain(final)["workers"])
