@@ -272,6 +272,7 @@ def test_every_request_completes_while_the_pool_changes_under_it(
         homes = {s: set(backend.sessions.open[s].workers) for s in steady.sessions}
         asyncio.run(backend.event("training-finished", {"step": 2}))
         final = rt.status()
+        via = asyncio.run(backend.status())  # pearl status --json, as the gateway serves it
     finally:
         agents.stop.set()
         agents.thread.join(120)
@@ -295,3 +296,4 @@ def test_every_request_completes_while_the_pool_changes_under_it(
     assert max(t.S for t in telemetry) == TURNS and all(1 <= t.S <= TURNS for t in telemetry)
     assert all(0 < t.r <= NEW and (t.T_env > 0) == (t.S > 1) for t in telemetry), telemetry
     assert (table["seq"], table["workers"]) == (final.seq, status_plain(final)["workers"])
+    assert via.keys() == status_plain(final).keys() and via["seq"] >= final.seq
