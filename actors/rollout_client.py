@@ -5,6 +5,9 @@
 at Training Begin) comes back with the tokens it had generated: the client sends the rest again,
 as prompt + prefix, to wherever the Router routes it now, and the caller sees one completion.
 An error the Router gave up on is tried again up to ``retries`` times before the future fails.
+``on_attempt`` hears each attempt that answered (its worker, tokens and version) as it ends, before
+the next is sent: a streaming caller sees the completion grow across migrations. ``cancel(rid)``
+aborts a request wherever it runs; its future then settles with what it had generated.
 
 The client is a :class:`actors.base.Ref` registered under its name, not an actor: the Router's
 answers arrive on the Router's thread and only settle futures or resubmit.
@@ -13,6 +16,7 @@ answers arrive on the Router's thread and only settle futures or resubmit.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +25,7 @@ import msgspec
 
 from actors import names
 from actors.base import DEFAULT_ASK_S, Directory
-from actors.messages import GenerateDone, Route
+from actors.messages import AbortRequest, GenerateDone, Route
 from pearl.engines.base import EngineError, FinishReason, GenerateRequest, GenerateResult
 
 
@@ -40,11 +44,33 @@ class Completion:
     errors: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt that answered: what it generated on ``worker``. ``finish_reason`` is set on
+    the request's last attempt only; ``recomputed_tokens`` counts this attempt's prompt tokens
+    prefilled again because the request moved (0 on a first attempt)."""
+
+    rid: str
+    worker: int
+    output_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    weights_version: int
+    prompt_tokens: int
+    cached_tokens: int
+    recomputed_tokens: int
+    resumed: int  # times the request was sent again before this attempt (migrations)
+    finish_reason: FinishReason | None
+    decode_steps: int = 0
+    decode_batch_sum: int = 0
+
+
 @dataclass
 class _Call:
     request: GenerateRequest
     future: Future[Completion]
     out: Completion
+    on_attempt: Callable[[Attempt], None] | None = None
+    cancelled: bool = False
 
 
 class RolloutClient:
@@ -58,14 +84,28 @@ class RolloutClient:
         self.failed = 0  # requests whose future failed
         directory.register(self)
 
-    def generate(self, request: GenerateRequest) -> Future[Completion]:
+    def generate(
+        self, request: GenerateRequest, on_attempt: Callable[[Attempt], None] | None = None
+    ) -> Future[Completion]:
+        """Route ``request``; ``on_attempt`` (called on the Router's thread) hears each attempt
+        that answered, in order, before the future settles."""
         fut: Future[Completion] = Future()
         with self._lock:
             if request.rid in self._calls:
                 raise EngineError(f"request {request.rid} is already in flight")
-            self._calls[request.rid] = _Call(request, fut, Completion(request.rid))
+            self._calls[request.rid] = _Call(request, fut, Completion(request.rid), on_attempt)
         self._send(request)
         return fut
+
+    def cancel(self, rid: str) -> None:
+        """Abort ``rid`` wherever it runs; it is not resumed, and its future settles with the
+        tokens it had (or fails, when the abort came before it ran)."""
+        with self._lock:
+            call = self._calls.get(rid)
+            if call is None:
+                return
+            call.cancelled = True
+        self.directory.tell(names.ROUTER, AbortRequest(rid))
 
     def close(self) -> None:
         self.directory.unregister(self.name, self)
@@ -91,26 +131,38 @@ class RolloutClient:
         out, req = call.out, call.request
         if msg.result is None:
             out.errors.append(msg.error)
-            if len(out.errors) > self.retries:
+            if call.cancelled or len(out.errors) > self.retries:
                 self._settle(call, EngineError(f"{msg.rid}: {msg.error}"))
             else:
                 self._send(self._rest(call))
             return
         r: GenerateResult = msg.result
+        recomputed = 0
         if out.resumed and out.output_ids:
-            out.recomputed_tokens += max(0, r.prompt_tokens - r.cached_tokens)
+            recomputed = max(0, r.prompt_tokens - r.cached_tokens)
+            out.recomputed_tokens += recomputed
         if r.output_ids:
             out.versions.append((len(out.output_ids), r.weights_version))
         out.output_ids += r.output_ids
         out.logprobs += r.logprobs
         left = req.sampling.max_new_tokens - len(out.output_ids)
-        if r.finish_reason is FinishReason.ABORT and left > 0:
+        resume = r.finish_reason is FinishReason.ABORT and left > 0 and not call.cancelled
+        if not resume:
+            out.finish_reason = r.finish_reason
+        if call.on_attempt is not None:
+            call.on_attempt(
+                Attempt(
+                    msg.rid, msg.worker, r.output_ids, r.logprobs, r.weights_version,
+                    r.prompt_tokens, r.cached_tokens, recomputed, out.resumed,
+                    out.finish_reason, r.decode_steps, r.decode_batch_sum,
+                )
+            )  # fmt: skip
+        if resume:
             out.resumed += 1
             with self._lock:
                 self.migrated += 1
             self._send(self._rest(call))
             return
-        out.finish_reason = r.finish_reason
         self._settle(call, None)
 
     def _rest(self, call: _Call) -> GenerateRequest:
@@ -134,4 +186,4 @@ class RolloutClient:
             call.future.set_result(call.out)
 
 
-__all__ = ["Completion", "RolloutClient"]
+__all__ = ["Attempt", "Completion", "RolloutClient"]

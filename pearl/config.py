@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pearl.core.address import check_exposure, parse_address
+from pearl.core.address import check_exposure, is_local, parse_address
 from pearl.core.bounds import MAX_GPU_ID, MAX_GPUS, check_fits, check_share, gpu_ids_problem
-from pearl.core.errors import ConfigError
+from pearl.core.errors import ConfigError, InsecureBind
 from pearl.core.policy import PD, Borrow
 
 GpuList = tuple[int, ...]
@@ -447,6 +447,22 @@ def parse_budget(text: str, preemptible: int, where: str = "demo.budget") -> lis
 
 
 @dataclass(frozen=True)
+class GatewayConfig:
+    """``[gateway]``: the OpenAI-compatible HTTP gateway in front of the elastic pool."""
+
+    listen: str = ""
+    """Where the gateway listens, HOST:PORT (port 0: any free port); "": off."""
+    api_key_file: str = ""
+    """A file holding the API key clients send as a bearer token; "": none (loopback only)."""
+    model: str = ""
+    """The model id the gateway serves and requests must name; "": the engine preset's name."""
+    max_body_bytes: int = 1 << 20
+    """Largest request body accepted, in bytes."""
+    max_streams: int = 256
+    """Requests served at once; more are refused with 429."""
+
+
+@dataclass(frozen=True)
 class Config:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -458,6 +474,7 @@ class Config:
     rl: RLConfig = field(default_factory=RLConfig)
     demo: DemoConfig = field(default_factory=DemoConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
 
     def validate(self) -> Config:
         c = self.cluster
@@ -497,6 +514,7 @@ class Config:
             parse_address(self.daemon.metrics)
             check_exposure(self.daemon.metrics, self.daemon.metrics_public)
         self._check_nodes()
+        self._check_gateway()
         if self.ray.poll_s <= 0:
             raise ConfigError("ray.poll_s must be > 0")
         if self.engine.colocated_only and self.daemon.pd is PD.DISAGGREGATED:
@@ -522,6 +540,20 @@ class Config:
         if self.demo.eval_every < 0:
             raise ConfigError(f"demo.eval_every must be >= 0, got {self.demo.eval_every}")
         return self
+
+    def _check_gateway(self) -> None:
+        g = self.gateway
+        if g.max_body_bytes < 1 or g.max_streams < 1:
+            raise ConfigError("gateway.max_body_bytes and gateway.max_streams must be >= 1")
+        if not g.listen:
+            return
+        parse_address(g.listen, "gateway.listen")
+        if not g.api_key_file and not is_local(f"tcp://{g.listen}"):
+            raise InsecureBind(
+                f"refusing to serve gateway.listen on {g.listen} without an API key: it may be "
+                "reachable from other machines. Set gateway.api_key_file to a file holding the "
+                "key clients must send, or bind 127.0.0.1:PORT"
+            )
 
     def _check_nodes(self) -> None:
         """Each [[cluster.nodes]] entry names one node and holds GPUs of the table, no two the

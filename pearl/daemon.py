@@ -197,6 +197,10 @@ class Daemon:
         self.metrics: Any = None  # pearl.metrics.Metrics when [daemon] metrics is set
         self.plans = PlanHistory()  # every plan of this process's life, timed (reports read it)
         self.metrics_server: Any = None
+        self.gateway: Any = None  # pearl.gateway.serve.GatewayServer when [gateway] listen is set
+        self.gateway_backend: Any = None  # its pearl.gateway.pool.PoolBackend
+        self._gateway_sock: Any = None  # bound at start, until the gateway serves on it
+        self._gateway_key: str | None = None
 
     def _recover(self) -> tuple[Any, Any]:
         """Replay the log (snapshot + tail), refit the profile, let the controller recover."""
@@ -248,10 +252,12 @@ class Daemon:
         # The API binds first: nothing durable is written before pearld can serve.
         parts: list[tuple[str, Callable[[], None], Callable[[bool], None]]] = [
             ("api", self._bind_api, self._unbind_api),
+            ("gateway-socket", self._bind_gateway, self._unbind_gateway),
             ("log", self._open_log, self._close_log),
             ("launcher", self._make_launcher, self._reap_workers),
             ("metrics", self._start_metrics, self._stop_metrics),
             ("actors", self._start_actors, self._stop_actors),
+            ("gateway", self._start_gateway, self._stop_gateway),
             ("ticker", self._start_ticker, self._stop_ticker),
         ]
         for name, up, down in parts:
@@ -349,6 +355,49 @@ class Daemon:
                 by_name[name].ref.stop(timeout=10)
             except Exception as e:  # keep going: sweep the rest
                 log.warning("stopping %s: %s", name, e)
+
+    def _bind_gateway(self) -> None:
+        """The gateway's socket and API key, before anything is written: a taken address or an
+        unreadable key fails the start with the state directory untouched."""
+        from pearl.gateway.serve import bind, read_api_key
+
+        g = self.cfg.gateway
+        if g.listen:
+            self._gateway_key = read_api_key(g.api_key_file)
+            self._gateway_sock = bind(g.listen)
+
+    def _unbind_gateway(self, failed: bool) -> None:
+        if self._gateway_sock is not None:  # never handed to the server (it closes its own)
+            self._gateway_sock.close()
+            self._gateway_sock = None
+
+    def _start_gateway(self) -> None:
+        """The OpenAI-compatible gateway (``[gateway] listen``), once the actors it routes to
+        are up; off when empty. A taken address fails the start in one line."""
+        g = self.cfg.gateway
+        if self._gateway_sock is None:
+            return
+        from pearl.gateway.app import build_app
+        from pearl.gateway.pool import PoolBackend
+        from pearl.gateway.serve import GatewayServer
+
+        self.gateway_backend = PoolBackend(self.directory, self.cfg)
+        app = build_app(
+            self.gateway_backend,
+            api_key=self._gateway_key,
+            max_body_bytes=g.max_body_bytes,
+            max_streams=g.max_streams,
+        )
+        sock, self._gateway_sock = self._gateway_sock, None
+        self.gateway = GatewayServer(app, g.listen, sock).start()
+
+    def _stop_gateway(self, failed: bool) -> None:
+        if self.gateway is not None:
+            self.gateway.stop()
+            self.gateway = None
+        if self.gateway_backend is not None:
+            self.gateway_backend.close()
+            self.gateway_backend = None
 
     def _start_ticker(self) -> None:
         self._ticker = threading.Thread(target=self._tick, name="ticker", daemon=True)
@@ -593,6 +642,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         pykka.ActorRegistry.stop_all(timeout=2.0)  # stragglers: no thread may keep us alive
         return 1
     print(f"pearld listening on {daemon.address} (pid {os.getpid()})", flush=True)
+    if daemon.gateway is not None:
+        print(f"gateway at http://{daemon.gateway.address}/v1", flush=True)
     try:
         while not done.wait(0.5):
             if daemon.failed.is_set():

@@ -212,6 +212,13 @@ class Runtime(_Base):
     def endpoint(self) -> str:
         return str(self.daemon.address)
 
+    @property
+    def gateway_url(self) -> str | None:
+        """The OpenAI-compatible gateway's base URL (``http://HOST:PORT/v1``) while it serves
+        (``[gateway] listen``), else None."""
+        server = self.daemon.gateway
+        return None if server is None else f"http://{server.address}/v1"
+
     def start(self) -> Runtime:
         if not self._started:
             self.daemon.start()

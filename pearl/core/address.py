@@ -38,7 +38,7 @@ def parse_address(value: str, where: str = "daemon.metrics") -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ConfigError(
             f"{where} = {value!r}: expected HOST:PORT (e.g. 127.0.0.1:9440; port 0 picks a free "
-            'one), or "" to turn the metrics endpoint off'
+            'one), or "" to turn it off'
         )
     return host, int(port)
 

@@ -2,5 +2,7 @@
 
 ``backend`` is the contract (what the gateway needs from whatever generates), ``protocol`` the
 validated request and response types, ``chat`` chat templates and tool-call parsing, ``app`` the
-FastAPI application. Importing this package imports none of them.
+FastAPI application, ``pool`` the backend over PEARL's Router, ``sessions`` the sessions
+measured as trajectories, ``serve`` the server pearld and the Runtime run. Importing this
+package imports none of them.
 """

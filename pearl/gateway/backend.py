@@ -54,6 +54,8 @@ class Delta:
     logprobs: tuple[float, ...]  # one per token
     weight_version: int
     finish_reason: str | None = None  # "stop" | "length" on the last delta, else None
+    # Both count what happened since the previous delta: summed over a request's deltas, they
+    # are its totals (Usage).
     recomputed_tokens: int = 0  # prompt tokens re-prefilled because the request moved
     migrations: int = 0  # times the request moved to another worker before this delta
 

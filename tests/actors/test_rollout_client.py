@@ -9,7 +9,7 @@ import pytest
 
 from actors import names
 from actors.base import Directory
-from actors.messages import GenerateDone, Route
+from actors.messages import AbortRequest, GenerateDone, Route
 from actors.rollout_client import RolloutClient
 from pearl.engines.base import EngineError, FinishReason, GenerateRequest, GenerateResult
 from pearl.engines.base import SamplingParams as S
@@ -24,8 +24,12 @@ class ScriptedRouter:
 
     def __init__(self, d: Directory, script: list[tuple[Any, ...]]) -> None:
         self.d, self.script, self.seen = d, list(script), []
+        self.aborted: list[str] = []
 
-    def tell(self, msg: Route) -> None:
+    def tell(self, msg: Route | AbortRequest) -> None:
+        if isinstance(msg, AbortRequest):
+            self.aborted.append(msg.rid)
+            return
         req = msg.request
         self.seen.append(req)
         step = self.script.pop(0)
@@ -86,3 +90,28 @@ def test_one_rid_at_a_time() -> None:
     client.generate(GenerateRequest("r", (1,), S(4)))
     with pytest.raises(EngineError, match="already in flight"):
         client.generate(GenerateRequest("r", (1,), S(4)))
+
+
+def test_each_attempt_is_heard_as_it_ends_before_the_future_settles() -> None:
+    client, _ = client_with([("abort", 3, 4), ("done", 5)])
+    heard: list[Any] = []
+    fut = client.generate(GenerateRequest("r", (100, 101), S(6)), heard.append)
+    out = fut.result(5)
+    assert [(a.output_ids, a.weights_version, a.resumed) for a in heard] == [
+        ((2, 3, 4), 4, 0), ((5, 6, 7), 5, 1)
+    ]  # fmt: skip
+    assert [a.finish_reason for a in heard] == [None, FinishReason.LENGTH]
+    assert heard[1].recomputed_tokens == 5 - 2 and out.recomputed_tokens == 3
+    assert sum(len(a.output_ids) for a in heard) == len(out.output_ids) == 6
+
+
+def test_a_cancelled_request_is_aborted_in_the_pool_and_not_resumed() -> None:
+    client, router = client_with([("hold",)])
+    fut = client.generate(GenerateRequest("r", (1, 2), S(8)))
+    client.cancel("r")
+    assert router.aborted == ["r"]
+    part = GenerateResult("r", (7, 8), (-1.0, -1.0), FinishReason.ABORT, 1, prompt_tokens=2)
+    client.tell(GenerateDone(1, "r", part))
+    out = fut.result(5)  # settled with what it had: no resumption was sent
+    assert out.output_ids == [7, 8] and out.finish_reason is FinishReason.ABORT
+    assert len(router.seen) == 1 and client.migrated == 0

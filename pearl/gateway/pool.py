@@ -1,0 +1,265 @@
+"""The gateway's backend over the elastic pool: requests go through PEARL's Router, control
+events to the same handlers as the ZeroMQ API.
+
+- ``generate`` sends one :class:`GenerateRequest` through a :class:`RolloutClient` (a turn
+  aborted off a leaving worker resumes elsewhere with its prefix) and yields one :class:`Delta`
+  per attempt that generated tokens, as each attempt ends: a stream keeps flowing across a
+  migration. A delta's ``recomputed_tokens`` and ``migrations`` count what happened since the
+  previous delta, so their sums are the request's totals. The session is the request's
+  ``trajectory``: the Router's affinity keeps a session's turns on the worker holding its prefix.
+  Generation stops at the tokenizer's eos as well as the request's stop ids. A stream closed
+  before its end aborts the request in the pool.
+- Sessions are measured as trajectories (:mod:`pearl.gateway.sessions`); each rollout step they
+  make goes to the Runtime Tracker, as the Pipeline Scheduler's do.
+- ``status`` is the Orchestrator's status (``pearl status --json``); ``event`` builds the record
+  of one of :data:`pearl.core.events.ELASTIC_EVENTS` from its kind and fields and hands it to the
+  ElasticScheduler: a bad kind or body is a 400, an event the scheduler refuses a 409 with its
+  message. ``training-begin`` is a step boundary for the sessions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, cast
+
+import msgspec
+
+from actors import names
+from actors.base import Directory
+from actors.rollout_client import Attempt, Completion, RolloutClient
+from pearl.core import events as ev
+from pearl.core.bounds import check_event
+from pearl.core.errors import PearlError
+from pearl.core.status import status_plain
+from pearl.engines.base import FinishReason, GenerateRequest, SamplingParams
+from pearl.gateway.backend import Delta, GatewayError, Sampling, Tokenizer
+from pearl.gateway.sessions import SessionBook
+
+ASK_S = 30.0  # an event or a status answered by pearld's actors
+EVENTS: dict[str, type[ev.ElasticEvent]] = {t.KIND: t for t in ev.ELASTIC_EVENTS}
+
+
+def model_dir(cfg: Any) -> Path | None:
+    """The engine's model directory, when its preset names one."""
+    preset = str(cfg.engine.preset)
+    return Path(preset) if "/" in preset and Path(preset).is_dir() else None
+
+
+def load_chat_template(directory: Path | None) -> str | None:
+    """The chat template of a model directory's ``tokenizer_config.json`` (the default one when
+    it lists several), or None."""
+    if directory is None:
+        return None
+    path = directory / "tokenizer_config.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    template = data.get("chat_template") if isinstance(data, dict) else None
+    if isinstance(template, list):  # [{"name": ..., "template": ...}, ...]
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default", next(iter(named.values()), None))
+    return template if isinstance(template, str) else None
+
+
+def served_model(cfg: Any) -> str:
+    """The model id the gateway serves: ``gateway.model``, else the engine preset's name."""
+    if cfg.gateway.model:
+        return str(cfg.gateway.model)
+    return Path(str(cfg.engine.preset)).name or str(cfg.engine.preset)
+
+
+def finish_of(reason: FinishReason | None) -> str:
+    return "stop" if reason is FinishReason.STOP else "length"
+
+
+class PoolBackend:
+    """:class:`pearl.gateway.backend.Backend` over the elastic pool of the pearld whose actors
+    are in ``directory`` (see the module)."""
+
+    def __init__(
+        self,
+        directory: Directory,
+        cfg: Any,
+        tokenizer: Tokenizer | None = None,
+        *,
+        chat_template: str | None = None,
+        sessions_per_step: int = 8,
+        session_idle_s: float = 60.0,
+        name: str = "gateway-client",
+    ) -> None:
+        if tokenizer is None:
+            from pearl.engines.torch.tokenizer import load_tokenizer
+
+            where = model_dir(cfg)
+            tokenizer = cast(Tokenizer, load_tokenizer(where))
+            chat_template = chat_template or load_chat_template(where)
+        self.directory, self.cfg = directory, cfg
+        self.tokenizer: Tokenizer = tokenizer
+        self.chat_template = chat_template
+        self.model = served_model(cfg)
+        self.max_context = int(cfg.workload.max_trajectory_tokens)
+        self.client = RolloutClient(directory, name)
+        self.sessions = SessionBook(sessions_per_step, session_idle_s)
+        self._lock = threading.Lock()  # guards the session book (Router thread + event loop)
+
+    def close(self) -> None:
+        self.client.close()
+
+    # -- generation -----------------------------------------------------------------------------
+
+    async def generate(
+        self, rid: str, prompt_ids: Sequence[int], sampling: Sampling, session: str
+    ) -> AsyncIterator[Delta]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Attempt | Future[Completion]] = asyncio.Queue()
+
+        def put(item: Attempt | Future[Completion]) -> None:
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody listens any more
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        stops = tuple(sampling.stop_ids)
+        if self.tokenizer.eos_id >= 0 and self.tokenizer.eos_id not in stops:
+            stops += (self.tokenizer.eos_id,)
+        params = SamplingParams(
+            max_new_tokens=sampling.max_new_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            stop_ids=stops,
+            seed=sampling.seed,
+        )
+        request = GenerateRequest(rid, tuple(prompt_ids), params, trajectory=session)
+        with self._lock:
+            key = self.sessions.begin(session, len(prompt_ids))
+
+        def on_attempt(a: Attempt) -> None:  # the Router's thread
+            with self._lock:
+                self.sessions.attempt(
+                    key, a.worker, len(a.output_ids), a.prompt_tokens, a.cached_tokens,
+                    a.decode_steps, a.decode_batch_sum,
+                )  # fmt: skip
+            put(a)
+
+        generated, ended = 0, False
+
+        def end() -> None:
+            nonlocal ended
+            if ended:
+                return
+            ended = True
+            with self._lock:
+                self.sessions.end(key, len(prompt_ids), generated)
+            self._report()
+
+        try:
+            future = self.client.generate(request, on_attempt)
+        except PearlError as e:  # already in flight
+            end()
+            raise GatewayError(str(e), 409, "invalid_request_error") from None
+        future.add_done_callback(put)
+        moved = recomputed = 0  # since the previous delta
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, Attempt):
+                    recomputed += item.recomputed_tokens
+                    if not item.output_ids and item.finish_reason is None:
+                        continue
+                    generated += len(item.output_ids)
+                    last = item.finish_reason is not None
+                    delta = Delta(
+                        item.output_ids,
+                        item.logprobs,
+                        item.weights_version,
+                        finish_of(item.finish_reason) if last else None,
+                        recomputed,
+                        item.resumed - moved,
+                    )
+                    moved, recomputed = item.resumed, 0
+                    if last:
+                        end()  # measured before the caller sees the end
+                    yield delta
+                    if last:
+                        return
+                    continue
+                error = item.exception()
+                if error is not None:
+                    raise GatewayError(
+                        f"the pool gave up on request {rid}: {error}", 503, "server_error"
+                    )
+                done = item.result()  # settled without a final attempt (cannot happen today)
+                end()
+                yield Delta((), (), 0, finish_of(done.finish_reason), recomputed, 0)
+                return
+        finally:
+            if not ended:  # the caller went away, or the pool gave up
+                self.client.cancel(rid)
+                end()
+
+    def _report(self) -> None:
+        """Hand the Runtime Tracker every rollout step the sessions made."""
+        while True:
+            with self._lock:
+                step = self.sessions.take_step()
+            if step is None:
+                return
+            self.directory.tell(names.TRACKER, step)
+
+    # -- control --------------------------------------------------------------------------------
+
+    async def status(self) -> dict[str, Any]:
+        return await asyncio.to_thread(self._status)
+
+    def _status(self) -> dict[str, Any]:
+        from transports.protocol import StatusRequest
+
+        status = self.directory.get(names.ORCHESTRATOR).ask(StatusRequest(), ASK_S)
+        return status_plain(status)
+
+    async def event(self, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+        record = self.record(kind, body)
+        seq = await asyncio.to_thread(self._event, record)
+        return {"kind": kind, "seq": seq}
+
+    @staticmethod
+    def record(kind: str, body: dict[str, Any]) -> ev.ElasticEvent:
+        """The elastic event ``kind`` with ``body``'s fields; GatewayError 400 when either is
+        wrong."""
+        cls = EVENTS.get(kind)
+        if cls is None:
+            raise GatewayError(
+                f"unknown event kind {kind!r}; expected one of {sorted(EVENTS)}", param="kind"
+            )
+        if not isinstance(body, dict):
+            raise GatewayError(f"{kind}: the body must be a JSON object of its fields")
+        fields = {k: v for k, v in body.items() if k != "kind"}
+        if body.get("kind", kind) != kind:
+            raise GatewayError(
+                f"{kind}: the body names another kind, {body['kind']!r}", param="kind"
+            )
+        try:
+            record = msgspec.convert(fields, cls)
+            check_event(record)
+        except (msgspec.ValidationError, PearlError) as e:
+            raise GatewayError(f"{kind}: {e}") from None
+        return record
+
+    def _event(self, record: ev.ElasticEvent) -> int:
+        try:
+            ack = self.directory.get(names.SCHEDULER).ask(record, ASK_S)
+        except PearlError as e:
+            raise GatewayError(str(e), 409, "invalid_request_error") from None
+        if isinstance(record, ev.TrainingBegin):
+            with self._lock:
+                self.sessions.boundary()
+            self._report()
+        return int(getattr(ack, "seq", 0))
+
+
+__all__ = ["PoolBackend", "load_chat_template", "model_dir", "served_model"]

@@ -1,0 +1,299 @@
+"""PoolBackend: the gateway's backend over the elastic pool.
+
+First on a scripted Router (streams across a migration, a failure, events in and out), then on a
+Runtime of sim engines while GPUs come and go and a training step happens."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import random
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import pearl
+from actors import names
+from actors.base import Directory
+from actors.messages import RolloutStep
+from pearl import config
+from pearl.core import events as ev
+from pearl.core.errors import PearlError
+from pearl.core.status import status_plain
+from pearl.gateway.backend import Delta, GatewayError, Sampling
+from pearl.gateway.pool import PoolBackend, load_chat_template, served_model
+from pearl.log import FileLog
+from pearl.runtime import wait_training_may_proceed
+from pearl.testing.wait import wait_until
+from tests.actors.test_rollout_client import ScriptedRouter
+
+
+class Scheduler:
+    """Acks each event with the next sequence number, refusing gpus-reclaimed of unknown GPUs."""
+
+    name = names.SCHEDULER
+
+    def __init__(self) -> None:
+        self.seen: list[Any] = []
+
+    def tell(self, msg: Any) -> None:
+        self.ask(msg)
+
+    def ask(self, msg: Any, timeout_s: float = 10.0) -> Any:
+        if isinstance(msg, ev.GpusReclaimed) and 99 in msg.gpus:
+            raise PearlError("gpus-reclaimed: GPU 99 is not in the cluster")
+        self.seen.append(msg)
+        return type("Ack", (), {"seq": len(self.seen)})()
+
+
+class Tracker:
+    name = names.TRACKER
+
+    def __init__(self) -> None:
+        self.steps: list[RolloutStep] = []
+
+    def tell(self, msg: Any) -> None:
+        self.steps.append(msg)
+
+    def ask(self, msg: Any, timeout_s: float = 10.0) -> Any:
+        self.tell(msg)
+
+
+def scripted(
+    script: list[tuple[Any, ...]],
+) -> tuple[PoolBackend, ScriptedRouter, Scheduler, Tracker]:
+    d = Directory()
+    router, scheduler, tracker = ScriptedRouter(d, script), Scheduler(), Tracker()
+    for ref in (router, scheduler, tracker):
+        d.register(ref)  # type: ignore[arg-type]
+    cfg = config.load(None, [])
+    return PoolBackend(d, cfg, sessions_per_step=1), router, scheduler, tracker
+
+
+async def collect(
+    backend: PoolBackend, rid: str, prompt: tuple[int, ...], n: int, session: str
+) -> list[Delta]:
+    return [d async for d in backend.generate(rid, prompt, Sampling(n), session)]
+
+
+def test_a_stream_flows_across_a_migration_one_delta_per_attempt() -> None:
+    backend, router, _, tracker = scripted([("abort", 3, 4), ("done", 5)])
+    deltas = asyncio.run(collect(backend, "r1", (100, 101), 6, "chat-1"))
+    assert [(d.token_ids, d.weight_version, d.finish_reason) for d in deltas] == [
+        ((2, 3, 4), 4, None), ((5, 6, 7), 5, "length")
+    ]  # fmt: skip
+    assert [(d.migrations, d.recomputed_tokens) for d in deltas] == [(0, 0), (1, 5 - 2)]
+    assert all(len(d.logprobs) == len(d.token_ids) for d in deltas)
+    # the session is the trajectory (the Router's affinity); eos stops it too
+    assert {r.trajectory for r in router.seen} == {"chat-1"}
+    assert backend.tokenizer.eos_id in router.seen[0].sampling.stop_ids
+    assert router.seen[1].input_ids == (100, 101, 2, 3, 4)
+    assert tracker.steps == []  # the session is still open: its next turn may come
+
+
+def test_the_pool_giving_up_fails_the_request_and_its_turn_is_measured() -> None:
+    backend, _, _, tracker = scripted([("error",)] * 4)
+
+    with pytest.raises(GatewayError) as e:
+        asyncio.run(collect(backend, "r1", (1, 2), 4, ""))
+    assert e.value.status == 503 and "worker 1 is gone" in e.value.message
+    assert len(tracker.steps) == 1 and tracker.steps[0].trajectories[0].turns == 1
+
+
+def test_a_stream_closed_early_aborts_the_request_in_the_pool() -> None:
+    backend, router, _, _ = scripted([("abort", 2, 1), ("hold",)])
+
+    async def first() -> Delta:
+        stream = backend.generate("r1", (1, 2), Sampling(8), "s")
+        delta = await anext(stream)  # type: ignore[arg-type]
+        await stream.aclose()  # type: ignore[attr-defined]
+        return delta
+
+    delta = asyncio.run(first())
+    assert delta.token_ids == (2, 3)
+    assert router.aborted == ["r1"] and backend.sessions.open["s"].running == 0
+
+
+def test_events_are_built_from_their_kind_and_refusals_are_409() -> None:
+    backend, _, scheduler, tracker = scripted([("done", 1)])
+    asyncio.run(collect(backend, "r1", (1,), 2, "s"))
+    out = asyncio.run(backend.event("gpus-added", {"gpus": [8, 9]}))
+    assert out == {"kind": "gpus-added", "seq": 1} and scheduler.seen == [ev.GpusAdded(gpus=(8, 9))]
+    for kind, body, match in [
+        ("gpus-stolen", {}, "unknown event kind"),
+        ("gpus-added", {"gpus": "eight"}, "Expected `array`"),
+        ("training-begin", {"step": -1}, "step"),
+        ("gpus-added", {"kind": "training-begin", "gpus": [1]}, "another kind"),
+    ]:
+        with pytest.raises(GatewayError, match=match) as e:
+            asyncio.run(backend.event(kind, body))
+        assert e.value.status == 400
+    with pytest.raises(GatewayError, match="GPU 99") as e:
+        asyncio.run(backend.event("gpus-reclaimed", {"gpus": [99]}))
+    assert e.value.status == 409
+    assert tracker.steps == []
+    asyncio.run(backend.event("training-begin", {"step": 1}))  # a step boundary: "s" ends
+    assert len(tracker.steps) == 1 and tracker.steps[0].trajectories[0].turns == 1
+
+
+def test_model_id_and_chat_template_come_from_the_config_and_model_directory(tmp_path: Any) -> None:
+    assert served_model(config.load(None, [])) == "tiny"
+    assert served_model(config.load(None, ["gateway.model=my-model"])) == "my-model"
+    templates = [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": templates}))
+    assert load_chat_template(tmp_path) == "D"
+    assert load_chat_template(tmp_path / "nowhere") is None
+
+
+# -- on a Runtime of sim engines ---------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+SETS = (
+    "engine.kind=sim",
+    "engine.time_scale=0.5",  # a turn takes a few hundred ms: events land mid-turn
+    "engine.sim_start_s=1",
+    "rl.env=",  # gateway-only traffic: no rollout pipeline
+    "daemon.borrow=always",  # the training GPUs are lent between steps and come back
+    "daemon.pd=colocated",  # a turn's worker is the one that generated it
+    "daemon.tick_s=0.1",
+    "daemon.heartbeat_s=0.5",
+    "workload.max_trajectory_tokens=4096",
+)
+AGENTS, TURNS, NEW = 10, 3, 64
+
+
+def routable(rt: Any) -> list[Any]:
+    return [w for w in rt.status().workers if w.activity == "active" and w.role != "training"]
+
+
+class Agents:
+    """``AGENTS`` clients, each running sessions of ``TURNS`` turns back to back until stopped,
+    on an event loop of their own; every request's deltas are checked as they come."""
+
+    def __init__(self, backend: PoolBackend) -> None:
+        self.backend, self.stop = backend, threading.Event()
+        self.started = self.completed = self.migrations = self.recomputed = 0
+        self.failures: list[str] = []
+        self.sessions: list[str] = []
+        self.ids = itertools.count(1)
+        self.thread = threading.Thread(target=lambda: asyncio.run(self.run(AGENTS, True)))
+
+    async def session(self, name: str, rng: random.Random) -> None:
+        prompt = [rng.randrange(256) for _ in range(40)]
+        for _ in range(TURNS):
+            self.started += 1
+            rid = f"{name}#{next(self.ids)}"
+            try:
+                deltas = [d async for d in self.backend.generate(rid, prompt, Sampling(NEW), name)]
+            except GatewayError as e:
+                self.failures.append(f"{rid}: {e.message}")
+                return
+            ids = [i for d in deltas for i in d.token_ids]
+            ends = [d.finish_reason for d in deltas if d.finish_reason]
+            if ends != [deltas[-1].finish_reason] or not 0 < len(ids) <= NEW:
+                self.failures.append(f"{rid}: {len(ids)} tokens, finish {ends}")
+            self.completed += 1
+            self.migrations += sum(d.migrations for d in deltas)
+            self.recomputed += sum(d.recomputed_tokens for d in deltas)
+            # the environment's turn (a tool call): the gap the sessions measure
+            await asyncio.sleep(rng.uniform(0.01, 0.05))
+            prompt = [*prompt, *ids, *(rng.randrange(256) for _ in range(16))]
+
+    async def run(self, agents: int, until_stopped: bool) -> None:
+        async def agent(i: int) -> None:
+            rng = random.Random(i)
+            n = 0
+            while True:
+                name = f"a{i}-{n}" if until_stopped else f"steady-{i}"
+                self.sessions.append(name)
+                await self.session(name, rng)
+                n += 1
+                if not until_stopped or self.stop.is_set():
+                    return
+
+        await asyncio.gather(*(agent(i) for i in range(agents)))
+
+
+@pytest.fixture
+def runtime(tmp_path: Path) -> Iterator[Any]:
+    rt = pearl.Runtime.from_config(
+        ROOT / "configs" / "local-cpu.toml", state_dir=tmp_path / "state", overrides=SETS
+    )
+    try:
+        rt.start()
+        yield rt
+    finally:
+        rt.stop()
+
+
+@pytest.mark.slow
+def test_every_request_completes_while_the_pool_changes_under_it(
+    runtime: Any, tmp_path: Path
+) -> None:
+    rt = runtime
+    wait_until(lambda: routable(rt), 60, "a worker serving", every=0.1)
+    backend = PoolBackend(rt.daemon.directory, rt.cfg, sessions_per_step=6)
+    router = rt.daemon.directory.get(names.ROUTER).ref.proxy()
+    agents = Agents(backend)
+    agents.thread.start()
+    try:
+        asyncio.run(backend.event("gpus-added", {"gpus": [3, 4]}))
+        wait_until(lambda: len(routable(rt)) >= 3, 60, "the added workers serving", every=0.1)
+
+        # the added GPUs are reclaimed while one has turns in flight: they move, with prefixes
+        def busy() -> bool:
+            on = {w for p in router.pending.get().values() for w in p.workers}
+            return any(set(w.gpus) & {3, 4} and w.id in on for w in routable(rt))
+
+        wait_until(busy, 60, "an added worker with turns in flight", every=0.01)
+        asyncio.run(backend.event("gpus-reclaimed", {"gpus": [3, 4]}))
+        wait_until(lambda: agents.migrations, 60, "a migrated request", every=0.05)
+
+        for step in (1, 2):  # the trainer's steps: lent GPUs come back at each begin
+            asyncio.run(backend.event("training-begin", {"step": step}))
+            wait_training_may_proceed(rt.status, step, timeout_s=60)
+            if step == 1:
+                asyncio.run(backend.event("training-finished", {"step": step}))
+        agents.stop.set()
+        agents.thread.join(120)
+        assert not agents.thread.is_alive()
+
+        # steady state: the preemptible GPUs are back, no event meanwhile, two sessions per
+        # worker; each session stays on its worker
+        asyncio.run(backend.event("gpus-added", {"gpus": [3, 4]}))
+        wait_until(lambda: len(routable(rt)) >= 3, 60, "the added workers serving", every=0.1)
+        steady = Agents(backend)
+        n = len(routable(rt))
+        asyncio.run(steady.run(2 * n, until_stopped=False))
+        homes = {s: set(backend.sessions.open[s].workers) for s in steady.sessions}
+        asyncio.run(backend.event("training-finished", {"step": 2}))
+        final = rt.status()
+        via = asyncio.run(backend.status())  # pearl status --json, as the gateway serves it
+    finally:
+        agents.stop.set()
+        agents.thread.join(120)
+        backend.close()
+
+    assert agents.failures == [] and steady.failures == []
+    assert agents.completed == agents.started > AGENTS * TURNS
+    assert agents.migrations > 0 and agents.recomputed > 0
+    assert agents.migrations + steady.migrations == backend.client.migrated
+    assert len(homes) >= 6 and all(len(h) == 1 for h in homes.values()), homes
+
+    # the tracker got the sessions' measured turns: one telemetry record per rollout step
+    stepped = backend.sessions.stepped
+    rt.stop()
+    with FileLog(tmp_path / "state" / "log", readonly=True) as log:
+        records = [r for _, r in log.read()]
+        table = log.load(final.seq).state.to_json()
+    telemetry = [r for r in records if isinstance(r, ev.Telemetry)]
+    assert stepped >= 2 and len(telemetry) == stepped
+    # sessions ended at a boundary between their turns count the turns they had
+    assert max(t.S for t in telemetry) == TURNS and all(1 <= t.S <= TURNS for t in telemetry)
+    assert all(0 < t.r <= NEW and (t.T_env > 0) == (t.S > 1) for t in telemetry), telemetry
+    assert (table["seq"], table["workers"]) == (final.seq, status_plain(final)["workers"])
+    assert via.keys() == status_plain(final).keys() and via["seq"] >= final.seq
