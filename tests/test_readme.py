@@ -1,10 +1,10 @@
 """The README's commands, run as written: a front door that fails as written is a defect.
 
 Each ``sh`` block under a README heading is run by bash here, with ``set -e``, from the
-repository root, changed in three ways only so that it can run beside other tests: pearld's
-endpoint becomes an ``ipc://`` socket in the test's directory (``PEARL_ENDPOINT`` for the CLI),
-and paths under ``/tmp/`` move into the test's directory. A heading whose blocks no test here
-runs fails ``test_every_command_block_is_run``.
+repository root, changed only so that it can run beside other tests: pearld's endpoint becomes
+an ``ipc://`` socket in the test's directory (``PEARL_ENDPOINT`` for the CLI), the gateway's
+port a free one, and paths under ``/tmp/`` move into the test's directory. A heading whose
+blocks no test here runs fails ``test_every_command_block_is_run``.
 """
 
 from __future__ import annotations
@@ -21,10 +21,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.ports import free_base
+
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 RESULTS = (ROOT / "docs" / "results.md").read_text()
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:7440"
+GATEWAY = "127.0.0.1:8000"
 
 
 def sections() -> dict[str, str]:
@@ -49,6 +52,7 @@ RUN_HERE = {
     "Running under a trainer",
     "Your own environment",
     "Your own model",
+    "Agents over HTTP: the OpenAI-compatible gateway",
     "Commands",
     "PEARL",
 }
@@ -80,10 +84,12 @@ class Shell:
         self.tmp = tmp
         self.sock_dir = Path(tempfile.mkdtemp(prefix="pearl-readme-"))  # ipc paths are short
         self.endpoint = f"ipc://{self.sock_dir}/api.sock"
+        self.gateway = f"127.0.0.1:{free_base(1)}"
         self.procs: list[subprocess.Popen[str]] = []
 
     def script(self, block: str) -> str:
         text = block.replace("/tmp/", f"{self.tmp}/").replace(DEFAULT_ENDPOINT, self.endpoint)
+        text = text.replace(GATEWAY, self.gateway)
         return text.replace("pearld --config", f"pearld --endpoint {self.endpoint} --config")
 
     def run(self, block: str, timeout_s: float) -> str:
@@ -189,5 +195,9 @@ def test_readme_is_a_front_door() -> None:
         assert (ROOT / doc).is_file(), doc
 
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__]))
+@pytest.mark.slow
+def test_an_openai_client_runs_through_the_gateway_as_shown(shell: Shell) -> None:
+    (block,) = blocks("Agents over HTTP: the OpenAI-compatible gateway")
+    out = shell.run(block, timeout_s=300)
+    assert '"object":"list"' in out, out  # /v1/models
+    assert re.search(r"^turn 2: \d+ tokens, weights version 0", out, flags=re.M), out
