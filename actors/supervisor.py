@@ -365,11 +365,30 @@ class RoleSupervisor(PearlActor):
             )
             self.launcher.kill(self.launcher.handle_of(msg), force=True)
             return Welcome(self.boot_id, known=False)
+        handle = self.launcher.handle_of(msg)
+        if (
+            h is not None
+            and h.incarnation == msg.incarnation
+            and h.handle
+            and h.handle != handle
+            and self.launcher.alive(h.handle)
+        ):
+            # A second host of this incarnation: an earlier pearld's host that came back after
+            # reconcile_grace_s, when its worker had been relaunched. One host per worker: the
+            # one pearld holds stays, and this one is stopped before it serves.
+            log.warning(
+                "stopping worker host %s/%s pid %s: the worker already runs as %s",
+                msg.worker,
+                msg.incarnation,
+                msg.pid,
+                h.handle,
+            )
+            self.launcher.kill(handle, force=True)
+            return Welcome(self.boot_id, known=False)
         if h is None or h.incarnation != msg.incarnation:  # adopted after a pearld restart
             assert row is not None
             h = self.hosts[msg.worker] = Host(msg.worker, msg.incarnation, row.gpus)
         self.awaited.discard(msg.worker)
-        handle = self.launcher.handle_of(msg)
         if h.handle != handle:  # another process: its CPU history is not this one's
             h.busy_since = None
             h.cpu_seen.clear()
@@ -392,22 +411,20 @@ class RoleSupervisor(PearlActor):
         if msg.node_id:  # status shows where each host runs
             self.directory.tell(names.API, HostsChanged())
         pending, h.pending = h.pending, []
-        if not pending and row is not None and not h.retiring:
-            # A restarted host: bring its engine back as the table says it should be. A running
-            # one (adopted after a pearld restart) too: a plan step sent while it was not yet
+        starts = any(isinstance(c, cmd.StartWorker | cmd.StopWorker) for c in pending)
+        if row is not None and not h.retiring and not starts:
+            # A restarted host: bring its engine back as the table says it should be, then the
+            # steps that waited for it. Its WorkerUp is what takes the worker out of `failed`
+            # (a step done does not), so it is restored even when steps wait. A running one
+            # (adopted after a pearld restart) too: a plan step sent while it was not yet
             # connected (recovery re-sends them at once) left the table's role and activity
             # ahead of its engine, and routing by the table would send a prefill to a decode
             # engine. Restoring is idempotent: an engine already there only catches up on
             # weights, then reports WorkerUp.
-            pending = [
-                RestoreWorker(
-                    h.worker,
-                    h.incarnation,
-                    row.role,
-                    self.weights_version,
-                    active=_engaged(row),
-                )
-            ]
+            restore = RestoreWorker(
+                h.worker, h.incarnation, row.role, self.weights_version, active=_engaged(row)
+            )
+            pending = [restore, *pending]
         elif msg.engine_ready and row is not None:
             self.directory.tell(names.ORCHESTRATOR, cmd.WorkerUp(h.worker, h.incarnation))
         for c in pending:

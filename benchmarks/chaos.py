@@ -226,12 +226,18 @@ def deaths(down: list[dict[str, Any]], faults: list[Fault]) -> dict[str, Any]:
     return {"caused": caused, "false": false, "unexplained": unexplained}
 
 
-def settle(t: Trainer, timeout: float) -> bool:
+def settle(t: Trainer, timeout: float, seen: dict[str, Any]) -> bool:
+    """Until nothing is in flight, ending the training step pearld lets proceed; ``seen`` keeps
+    the last status's unsettled part."""
+
     def calm() -> bool:
         try:
             s = t.status()
-        except Exception:
+        except Exception as e:
+            seen.update(error=str(e))
             return False
+        keys = ("phase", "training_step", "training_may_proceed", "transitions", "plan", "failed")
+        seen.update({k: s.get(k) for k in keys}, reclaiming=s["gpus"]["reclaiming"])
         if s["phase"] == "training":
             if s["training_may_proceed"] >= s["training_step"]:
                 t.event(ev.TrainingFinished(s["training_step"]))
@@ -319,7 +325,9 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         print("quiet: SIGCONT sent, settling", flush=True)
         if not d.running():
             d.start()
-        settled = settle(t, 120.0)
+        unsettled: dict[str, Any] = {}
+        settled = settle(t, 120.0, unsettled)
+        out["unsettled"] = {} if settled else unsettled
         time.sleep(3.0)  # hosts being retired finish exiting
         out.update(report(d, t, play, inj, t0, settled))
         # SIGTERM stops pearld "and its worker hosts": also the ones it adopted after a restart?

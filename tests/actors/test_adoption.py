@@ -91,7 +91,7 @@ def test_a_step_for_a_host_still_starting_is_given_after_its_start(adopted: Any)
     switch = cmd.SetRole(3, Role.COLOCATED, 6, 0)
     sup.deliver(Deliver(switch))
     assert not any(isinstance(m, cmd.StepResult) for m in got)
-    sup.hello(WorkerHello(3, 1, 777, "tcp://127.0.0.1:1"))
+    sup.hello(WorkerHello(3, 1, sup.hosts[3].handle, "tcp://127.0.0.1:1"))  # the launched one
     assert sup.hosts[3].ref.told == [start, switch]
 
 
@@ -100,3 +100,47 @@ def test_a_step_for_a_host_nobody_started_fails_at_once(adopted: Any) -> None:
     sup.deliver(Deliver(cmd.SetRole(1, Role.DECODE, 6, 0)))  # after a restart, before its hello
     (result,) = [m for m in got if isinstance(m, cmd.StepResult)]
     assert (result.plan, result.step, result.ok) == (6, 0, False)
+
+
+def test_a_second_host_of_one_incarnation_is_stopped_before_it_serves(adopted: Any) -> None:
+    """A host of an earlier pearld that comes back after ``reconcile_grace_s``, when its worker
+    was relaunched as the same incarnation: two processes would serve one worker on one set of
+    GPUs. The host pearld holds stays; the late one is told it is unknown and killed."""
+    sup, _ = adopted
+    launcher = sup.launcher
+    sup.awaited = {1}
+    sup.booted -= 60.0  # past the grace: worker 1 never came back, so it is relaunched
+    sup.supervise(supervisor.Supervise())
+    h = sup.hosts[1]
+    while h.restart_at is not None:  # its back-off
+        h.restart_at = 0.0
+        sup.supervise(supervisor.Supervise())
+    relaunched = h.handle
+    assert relaunched and [s.worker for s in launcher.launched] == [1]
+    late = WorkerHello(1, 1, 999, "tcp://127.0.0.1:1", engine_ready=True, role=Role.DECODE)
+    assert not sup.hello(late).known
+    assert launcher.killed == [999] and sup.hosts[1].handle == relaunched
+    ours = WorkerHello(1, 1, relaunched, "tcp://127.0.0.1:1", engine_ready=True, role=Role.DECODE)
+    assert sup.hello(ours).known and sup.hosts[1].ref is not None
+    # Its own hello again (a lost reply) is the same process: still welcome.
+    assert sup.hello(ours).known and launcher.killed == [999]
+
+
+def test_a_restarted_host_with_steps_waiting_is_restored_first(adopted: Any) -> None:
+    """A host that died is out of routing (``failed``) until its WorkerUp, which only a restore
+    or a background start sends. A step delivered while its relaunch started (an activation at
+    a borrow) used to take the restore's place: the worker stayed failed for good."""
+    sup, _ = adopted
+    sup.hello(hello(1, Role.PREFILL))
+    h = sup.hosts[1]
+    sup.launcher.killed.append(h.handle)  # the process exits
+    sup.supervise(supervisor.Supervise())
+    while h.restart_at is not None:  # its back-off
+        h.restart_at = 0.0
+        sup.supervise(supervisor.Supervise())
+    activate = cmd.ActivateWorker(1, Role.PREFILL, 0, 9, 0)
+    sup.deliver(Deliver(activate))
+    sup.hello(WorkerHello(1, 1, h.handle, "tcp://127.0.0.1:1"))
+    restore, then = sup.hosts[1].ref.told
+    assert isinstance(restore, RestoreWorker) and restore.role is Role.PREFILL
+    assert then == activate

@@ -74,6 +74,7 @@ def test_chaos_one_minute(tmp_path: Path) -> None:
     assert r["metrics_flood_connections_max"] <= 64, r["fault_log"]
     assert r["faults"]["pearld-exit"] == 0, r["fault_log"]  # a disk-full window kills nothing
     assert r["cycles"] >= 5, log[-3000:]
+    assert r["settled"], r["unsettled"]  # once the faults stop, nothing stays in flight or failed
     assert r["events_lost"] == 0, r["lost_detail"]
     assert r["replay_equal"], r["replay_diff"]
     assert r["log_verified"], r["log_verify"]
