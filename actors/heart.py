@@ -56,12 +56,13 @@ class HostHeart:
         orphan_s: float,
         ready: Callable[[], bool],
         on_beat: Callable[[], None] = lambda: None,
+        on_welcome: Callable[[], None] = lambda: None,
         keys: ClientKeys | None = None,
         ctx: Any = None,
     ) -> None:
         w, inc = hello.worker, hello.incarnation
         self.hello, self.interval_s, self.orphan_s = hello, interval_s, orphan_s
-        self.ready, self.on_beat = ready, on_beat
+        self.ready, self.on_beat, self.on_welcome = ready, on_beat, on_welcome
         self.client = Client(
             endpoint, ctx=ctx, keys=keys, timeout_s=2.0, retries=1, name=host_name(w, inc)
         )
@@ -114,6 +115,8 @@ class HostHeart:
                         log.info("pearld does not know this worker; exiting")
                         return "unknown"
                     self.boot_id = reply.boot_id if isinstance(reply, Welcome) else None
+                    if self.boot_id is not None:
+                        self.on_welcome()
                     self._fresh_after = self.beacon.last_id  # paused: no beat is in between
                     self._rehello.clear()
                     self.beacon.paused = self.boot_id is None

@@ -63,6 +63,23 @@ def scan(folder: Path) -> list[WorkerFile]:
     return out
 
 
+def write_own(pid_file: Path) -> None:
+    """Write this process's pid file whole (a rename): a prune that reads it never sees it
+    half-written and takes it for a dead host's."""
+    pid_file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = pid_file.with_name(f".{pid_file.name}.{os.getpid()}")
+    tmp.write_text(f"{os.getpid()}\n")
+    os.replace(tmp, pid_file)
+
+
+def remove_own(pid_file: Path) -> None:
+    """Remove this process's pid file, unless another host of the same worker and incarnation
+    (a relaunch) has written its own pid there since."""
+    with contextlib.suppress(OSError, ValueError):
+        if int(pid_file.read_text()) == os.getpid():
+            pid_file.unlink()
+
+
 def host_alive(pid_file: Path) -> bool:
     """Whether the host a pid file names still runs: its pid is live, not a zombie, and not a
     later process that reused the pid (one started after the file was written)."""
@@ -190,5 +207,7 @@ __all__ = [
     "log_path",
     "pid_path",
     "prune",
+    "remove_own",
     "scan",
+    "write_own",
 ]

@@ -202,8 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     if folder is not None:  # operators (and tests) find and stop hosts by pid
         pid_file = worker_files.pid_path(folder, a.worker, a.incarnation)
         bound = worker_files.LogBound(worker_files.log_path(folder, a.worker, a.incarnation))
-        pid_file.parent.mkdir(parents=True, exist_ok=True)
-        pid_file.write_text(f"{os.getpid()}\n")
+        worker_files.write_own(pid_file)
         # Earlier incarnations of this slot: their logs beyond the last few, dead pid files.
         worker_files.prune(folder, a.worker)
     # An import holds the interpreter (torch's shared libraries load under the GIL for about a
@@ -218,6 +217,12 @@ def main(argv: list[str] | None = None) -> int:
             telemetry.set()
             actor.tell(ReportTelemetry(telemetry))
 
+    def on_welcome() -> None:
+        # The one host pearld holds for this worker and incarnation names itself in the pid
+        # file (a relaunch of the same incarnation may have written its own pid there).
+        if pid_file is not None:
+            worker_files.write_own(pid_file)
+
     heart = HostHeart(
         a.endpoint,
         hello,
@@ -225,13 +230,14 @@ def main(argv: list[str] | None = None) -> int:
         orphan_s=a.orphan_s,
         ready=built.is_set,
         on_beat=on_beat,
+        on_welcome=on_welcome,
         keys=keys,
     )
     try:
         heart.run(stop)  # beats leave from the heart's own thread, whatever the engine does
     finally:
         if pid_file is not None:
-            pid_file.unlink(missing_ok=True)
+            worker_files.remove_own(pid_file)
         server.close()
         actor.stop(timeout=10)
         reporter.close()

@@ -182,11 +182,18 @@ class Pearld:
     def settled(self, timeout: float = 30.0) -> dict[str, Any]:
         """Wait for no plan in flight and no failed worker."""
 
+        seen: list[dict[str, Any]] = [{}]
+
         def calm() -> dict[str, Any] | None:
-            s = self.status()
+            s = seen[0] = self.status()
             return s if not s["transitions"] and not s["failed"] and s["plan"] is None else None
 
-        return wait_until(calm, timeout, "pearld to settle")
+        try:
+            return wait_until(calm, timeout, "pearld to settle")
+        except AssertionError as e:
+            s = seen[0]
+            unsettled = {k: s.get(k) for k in ("plan", "transitions", "failed", "phase")}
+            raise AssertionError(f"{e}\nunsettled: {unsettled}\npearld:\n{self.tail(60)}") from None
 
     def _close_client(self) -> None:
         if self.client is not None:

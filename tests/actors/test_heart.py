@@ -101,6 +101,7 @@ def test_the_heart_beats_while_the_process_computes_and_says_hello_again(
 ) -> None:
     ready = threading.Event()
     beats: list[float] = []
+    welcomes: list[str] = []  # the host rewrites its pid file on each
     heart = HostHeart(
         pearld.server.address,
         WorkerHello(3, 12, 1, "tcp://x"),
@@ -108,6 +109,7 @@ def test_the_heart_beats_while_the_process_computes_and_says_hello_again(
         orphan_s=30.0,
         ready=ready.is_set,
         on_beat=lambda: beats.append(time.monotonic()),
+        on_welcome=lambda: welcomes.append(pearld.boot),
     )
     stop = threading.Event()
     why: list[str] = []
@@ -126,6 +128,7 @@ def test_the_heart_beats_while_the_process_computes_and_says_hello_again(
         pearld.boot = "boot-2"
         wait_for(lambda: len(pearld.hellos) == 2)
         assert pearld.hellos[1].engine_ready is True
+        assert welcomes == ["boot-1", "boot-2"]
         n = len(beats)
         wait_for(lambda: len(beats) >= n + 3)
         assert len(pearld.hellos) == 2  # late answers to beats of the old boot change nothing
@@ -133,7 +136,7 @@ def test_the_heart_beats_while_the_process_computes_and_says_hello_again(
         pearld.known = False
         pearld.boot = "boot-3"
         t.join(5.0)
-        assert why == ["unknown"]
+        assert why == ["unknown"] and welcomes == ["boot-1", "boot-2"]
     finally:
         stop.set()
         t.join(5.0)

@@ -124,3 +124,18 @@ def test_a_log_bound_leaves_other_stdouts_alone(tmp_path: Path) -> None:
         )
     assert other.read_text() == "x" * 100 + "\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other.txt"]
+
+
+def test_a_host_removes_its_pid_file_only_while_it_names_that_host(tmp_path: Path) -> None:
+    """A relaunch of the same worker and incarnation writes the same pid file: the earlier host,
+    exiting later, must not take the running one's file with it."""
+    p = wf.pid_path(tmp_path / "workers", 3, 7)
+    wf.write_own(p)
+    assert p.read_text() == f"{os.getpid()}\n" and wf.host_alive(p)
+    assert [f.kind for f in wf.scan(p.parent)] == ["pid"]  # no temporary left
+    p.write_text("1\n")  # the relaunched host's
+    wf.remove_own(p)
+    assert p.read_text() == "1\n"
+    wf.write_own(p)
+    wf.remove_own(p)
+    assert not p.exists()
