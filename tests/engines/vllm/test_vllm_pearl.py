@@ -202,7 +202,12 @@ def test_a_reclaim_moves_turns_with_their_prefix_and_they_end_as_unmigrated(
         got = c.trainer.status().get()["got"]
         return [rid for rid, p in pending.items() if on_2 in p.workers and not got[rid]]
 
-    moving = wait_until(streaming_on_2, 120, "turns in flight on the preemptible worker")
+    wait_until(streaming_on_2, 120, "turns in flight on the preemptible worker")
+    # Freeze them there (vLLM keeps paused requests queued), so the reclaim lands while they
+    # still run however fast this machine decodes.
+    call(c.url(2) + "/pause?mode=keep", "POST", {})
+    moving = streaming_on_2()
+    assert moving, "every turn on the preemptible worker ended before its server paused"
     c.rt.event(ev.GpusReclaimed((2,)))
     got = c.answers(set(want), timeout=240)
     assert got["finished"] == want  # every turn equals its unmigrated greedy run
