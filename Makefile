@@ -33,7 +33,7 @@ demo: $(STAMP)
 	$(VENV)/bin/pearl demo --config configs/local-cpu.toml
 
 test: $(STAMP) $(VLLM_STAMP)
-	$(PY) -m pytest --durations=15
+	$(PY) -m pytest --durations=30
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow"
