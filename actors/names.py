@@ -16,6 +16,7 @@ REBUILDER = "rebuilder"  # the InterScaleRebuilder
 TOGGLE = "toggle"  # the IntraScaleToggleManager
 TRAINER = "trainer"  # registered by an embedding trainer; hears lend / reclaim hand-offs
 ROLLOUT_CLIENT = "rollout-client"  # a RolloutClient's default name
+GATEWAY = "gateway"  # the gateway's backend: hears table changes (trainer step boundaries)
 
 
 def worker_name(worker: int) -> str:
@@ -26,6 +27,7 @@ def worker_name(worker: int) -> str:
 __all__ = [
     "API",
     "DECISION",
+    "GATEWAY",
     "NODES",
     "ORCHESTRATOR",
     "PIPELINE",

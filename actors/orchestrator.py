@@ -66,6 +66,7 @@ LISTENERS = (
     names.PIPELINE,
     names.TRACKER,
     names.NODES,  # the RayNodeWatcher, with [ray] node_events
+    names.GATEWAY,  # the HTTP gateway's backend, with [gateway] listen
 )
 
 

@@ -14,7 +14,9 @@ events to the same handlers as the ZeroMQ API.
 - ``status`` is the Orchestrator's status (``pearl status --json``); ``event`` builds the record
   of one of :data:`pearl.core.events.ELASTIC_EVENTS` from its kind and fields and hands it to the
   ElasticScheduler: a bad kind or body is a 400, an event the scheduler refuses a 409 with its
-  message. ``training-begin`` is a step boundary for the sessions.
+  message.
+- Registered as :data:`actors.names.GATEWAY`, it hears the table's changes: a training step's
+  begin, however the trainer sent it, is a step boundary for the sessions.
 """
 
 from __future__ import annotations
@@ -32,10 +34,12 @@ import msgspec
 
 from actors import names
 from actors.base import Directory
+from actors.messages import StateChanged
 from actors.rollout_client import Attempt, Completion, RolloutClient
 from pearl.core import events as ev
 from pearl.core.bounds import check_event
 from pearl.core.errors import PearlError
+from pearl.core.state import TrainingPhase
 from pearl.core.status import status_plain
 from pearl.engines.base import FinishReason, GenerateRequest, SamplingParams
 from pearl.gateway.backend import Delta, GatewayError, Sampling, Tokenizer
@@ -108,9 +112,31 @@ class PoolBackend:
         self.client = RolloutClient(directory, name)
         self.sessions = SessionBook(sessions_per_step, session_idle_s)
         self._lock = threading.Lock()  # guards the session book (Router thread + event loop)
+        self._boundary_step: int | None = None  # the training step whose begin ended sessions
+        self.name = names.GATEWAY
+        directory.register(self)  # hears the table's changes: a trainer's step boundaries
 
     def close(self) -> None:
+        self.directory.unregister(self.name, self)
         self.client.close()
+
+    # -- the table's changes (the Orchestrator tells its listeners) -----------------------------
+
+    def tell(self, msg: Any) -> None:
+        """A training step began (whichever way the trainer sent ``training-begin``: ZeroMQ,
+        the embedded Runtime, or this gateway): a step boundary for the sessions."""
+        if not isinstance(msg, StateChanged):
+            return
+        t = msg.view.table
+        if t.phase is not TrainingPhase.TRAINING or t.training_step == self._boundary_step:
+            return
+        self._boundary_step = t.training_step
+        with self._lock:
+            self.sessions.boundary()
+        self._report()
+
+    def ask(self, msg: Any, timeout_s: float = 0.0) -> None:
+        self.tell(msg)
 
     # -- generation -----------------------------------------------------------------------------
 
@@ -255,10 +281,6 @@ class PoolBackend:
             ack = self.directory.get(names.SCHEDULER).ask(record, ASK_S)
         except PearlError as e:
             raise GatewayError(str(e), 409, "invalid_request_error") from None
-        if isinstance(record, ev.TrainingBegin):
-            with self._lock:
-                self.sessions.boundary()
-            self._report()
         return int(getattr(ack, "seq", 0))
 
 

@@ -19,11 +19,13 @@ import pytest
 import pearl
 from actors import names
 from actors.base import Directory
-from actors.messages import RolloutStep
+from actors.messages import RolloutStep, StateChanged
 from pearl import config
 from pearl.core import events as ev
 from pearl.core.errors import PearlError
+from pearl.core.state import TrainingPhase
 from pearl.core.status import status_plain
+from pearl.core.view import ClusterView, TableSnapshot
 from pearl.gateway.backend import Delta, GatewayError, Sampling
 from pearl.gateway.pool import PoolBackend, load_chat_template, served_model
 from pearl.log import FileLog
@@ -136,7 +138,10 @@ def test_events_are_built_from_their_kind_and_refusals_are_409() -> None:
         asyncio.run(backend.event("gpus-reclaimed", {"gpus": [99]}))
     assert e.value.status == 409
     assert tracker.steps == []
-    asyncio.run(backend.event("training-begin", {"step": 1}))  # a step boundary: "s" ends
+    # The Orchestrator tells its listeners each change: step 1 begins, a boundary, "s" ends.
+    begun = TableSnapshot(phase=TrainingPhase.TRAINING, training_step=1)
+    for _ in range(2):  # told again (another change during the step): still one boundary
+        backend.directory.tell(names.GATEWAY, StateChanged(ClusterView(begun)))
     assert len(tracker.steps) == 1 and tracker.steps[0].trajectories[0].turns == 1
 
 
