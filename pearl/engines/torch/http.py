@@ -1,8 +1,9 @@
 """The torch engine behind SGLang's HTTP dialect: ``python -m pearl.engines.torch.http ...``.
 
 It takes ``sglang.launch_server``'s flags (``--model-path`` is a preset such as ``tiny`` or a local
-Qwen3 directory; unknown flags are ignored) and serves the subset of SGLang's endpoints PEARL uses,
-with SGLang's payloads, backed by a real :class:`TorchEngine`. So one client
+Qwen3 directory, or ``sim`` for the sim engine's cost model; unknown flags are ignored) and serves
+the subset of SGLang's endpoints PEARL uses, with SGLang's payloads, backed by a real
+:class:`TorchEngine` (or a :class:`SimEngine`). So one client
 (:mod:`pearl.engines.sglang.client`) drives real SGLang servers and this facade, and CI exercises
 it against real model compute. ``--pretend-version`` picks the endpoint generation: before 0.5.5
 ``/get_server_info`` and ``/get_model_info``, from it ``/server_info`` and ``/model_info``, from
@@ -33,6 +34,7 @@ import torch
 from pearl.core.state import Role
 from pearl.engines.base import EngineError, GenerateResult, KVTimeout
 from pearl.engines.sglang import protocol as P
+from pearl.engines.serving import ServingEngine
 from pearl.engines.torch.engine import TorchEngine
 from pearl.engines.torch.facade_state import Counters, Rooms
 from pearl.engines.web import call
@@ -43,6 +45,35 @@ NEW_INFO_SINCE = (0, 5, 5)  # the facade's cut-over to /server_info and /model_i
 Reply = tuple[int, Any]
 
 
+SIM = "sim"  # --model-path sim: the sim engine's cost model instead of a torch model
+
+
+def _torch_engine(a: argparse.Namespace, role: Role, kv: ZmqKVChannel) -> TorchEngine:
+    preset, path = (a.model_path, "") if not Path(a.model_path).is_dir() else ("tiny", a.model_path)
+    return TorchEngine(
+        role=role,
+        kv_channel=kv,
+        preset=preset,
+        model_path=path,
+        threads=a.threads,
+        seed=a.seed,
+        kv_budget_bytes=int(a.kv_budget_mb * (1 << 20)),
+        kv_timeout_s=a.kv_timeout_s,
+        keep_cpu_copy=a.enable_weights_cpu_backup,
+    )
+
+
+def _sim_engine(a: argparse.Namespace, role: Role, kv: ZmqKVChannel) -> ServingEngine:
+    """The sim engine of ``--sim-model`` on ``--sim-gpu`` x ``--tp``: SGLang's API over the same
+    cost model pearld's sim workers run, so benchmarks can put HTTP clients and real routers in
+    front of sim workers."""
+    from pearl.engines.factory import sim_cost
+    from pearl.engines.sim import SimEngine
+
+    cost = sim_cost(a.sim_model, a.sim_gpu, a.tp, start_s=a.sim_start_s)
+    return SimEngine(cost=cost, role=role, kv_channel=kv, time_scale=a.sim_time_scale)
+
+
 class Facade:
     """The server state: one TorchEngine, its KV channel, the bootstrap rooms, the counters."""
 
@@ -51,19 +82,10 @@ class Facade:
         self.version = a.pretend_version
         self.mode = a.disaggregation_mode
         self.kv = ZmqKVChannel()
-        preset, path = (
-            (a.model_path, "") if not Path(a.model_path).is_dir() else ("tiny", a.model_path)
-        )
-        self.engine = TorchEngine(
-            role=P.ROLES[self.mode],
-            kv_channel=self.kv,
-            preset=preset,
-            model_path=path,
-            threads=a.threads,
-            seed=a.seed,
-            kv_budget_bytes=int(a.kv_budget_mb * (1 << 20)),
-            kv_timeout_s=a.kv_timeout_s,
-            keep_cpu_copy=a.enable_weights_cpu_backup,
+        self.engine: ServingEngine = (
+            _sim_engine(a, P.ROLES[self.mode], self.kv)
+            if a.model_path == SIM
+            else _torch_engine(a, P.ROLES[self.mode], self.kv)
         )
         self.weight_version = "0"
         self.rooms = Rooms()
@@ -244,13 +266,14 @@ class Facade:
     def update_from_distributed(self, body: dict[str, Any]) -> Reply:
         import torch.distributed as dist
 
-        if self.group is None or self.engine.model is None:
+        model = getattr(self.engine, "model", None)  # the sim engine has none
+        if self.group is None or model is None:
             return 400, {
                 "success": False,
                 "message": "no weight update group, or memory "
                 "released: init_weights_update_group / resume first",
             }
-        state = {k: v.detach().clone() for k, v in self.engine.model.state_dict().items()}
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         for name, dtype, shape in zip(body["names"], body["dtypes"], body["shapes"], strict=True):
             t = torch.empty([int(s) for s in shape], dtype=getattr(torch, dtype))
             dist.broadcast(t, src=0)
@@ -400,6 +423,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--kv-budget-mb", type=float, default=64.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--sim-model", default="qwen3-8b", help="with --model-path sim: its catalog model"
+    )
+    p.add_argument("--sim-gpu", default="H800", help="with --model-path sim: its catalog GPU")
+    p.add_argument("--sim-time-scale", type=float, default=0.001, help="wall s per model s")
+    p.add_argument("--sim-start-s", type=float, default=60.0, help="model seconds to start")
     a, unknown = p.parse_known_args(argv)
     if unknown:
         log.warning("ignoring flags the facade does not model: %s", " ".join(unknown))
