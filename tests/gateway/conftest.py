@@ -2,15 +2,33 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
+import pearl
 from pearl.gateway.app import build_app
 from tests.gateway.scripted import ScriptedBackend
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextlib.contextmanager
+def local_runtime(tmp_path: Path, sets: Sequence[str]) -> Iterator[Any]:
+    """An embedded Runtime on configs/local-cpu.toml with ``sets``, stopped on the way out."""
+    rt = pearl.Runtime.from_config(
+        ROOT / "configs" / "local-cpu.toml", state_dir=tmp_path / "state", overrides=sets
+    )
+    try:
+        rt.start()
+        yield rt
+    finally:
+        rt.stop()
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-import pearl
 from actors import names
 from actors.base import Directory
 from actors.messages import RolloutStep, StateChanged
@@ -32,6 +31,7 @@ from pearl.log import FileLog
 from pearl.runtime import wait_training_may_proceed
 from pearl.testing.wait import wait_until
 from tests.actors.test_rollout_client import ScriptedRouter
+from tests.gateway.conftest import local_runtime
 
 
 class Scheduler:
@@ -156,7 +156,6 @@ def test_model_id_and_chat_template_come_from_the_config_and_model_directory(tmp
 
 # -- on a Runtime of sim engines ---------------------------------------------------------------
 
-ROOT = Path(__file__).resolve().parents[2]
 SETS = (
     "engine.kind=sim",
     "engine.time_scale=0.5",  # a turn takes a few hundred ms: events land mid-turn
@@ -225,14 +224,8 @@ class Agents:
 
 @pytest.fixture
 def runtime(tmp_path: Path) -> Iterator[Any]:
-    rt = pearl.Runtime.from_config(
-        ROOT / "configs" / "local-cpu.toml", state_dir=tmp_path / "state", overrides=SETS
-    )
-    try:
-        rt.start()
+    with local_runtime(tmp_path, SETS) as rt:
         yield rt
-    finally:
-        rt.stop()
 
 
 @pytest.mark.slow

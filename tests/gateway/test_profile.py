@@ -14,14 +14,13 @@ from typing import Any
 import httpx
 import pytest
 
-import pearl
 from pearl.core import events as ev
 from pearl.runtime import wait_training_may_proceed
 from pearl.testing.wait import wait_until
+from tests.gateway.conftest import local_runtime
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 SETS = (
     "engine.kind=sim",
     "engine.time_scale=0.02",
@@ -43,14 +42,8 @@ T_ENV_TRUE = (TURNS - 1) * ENV_S  # a trajectory's environment time
 
 @pytest.fixture
 def runtime(tmp_path: Path) -> Iterator[Any]:
-    rt = pearl.Runtime.from_config(
-        ROOT / "configs" / "local-cpu.toml", state_dir=tmp_path / "state", overrides=SETS
-    )
-    try:
-        rt.start()
+    with local_runtime(tmp_path, SETS) as rt:
         yield rt
-    finally:
-        rt.stop()
 
 
 async def batch(url: str, model: str, k: int) -> list[str]:
