@@ -29,13 +29,11 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import torch
 
 from pearl.core.state import Role
 from pearl.engines.base import EngineError, GenerateResult, KVTimeout
-from pearl.engines.sglang import protocol as P
 from pearl.engines.serving import ServingEngine
-from pearl.engines.torch.engine import TorchEngine
+from pearl.engines.sglang import protocol as P
 from pearl.engines.torch.facade_state import Counters, Rooms
 from pearl.engines.web import call
 from transports.bulk import ZmqKVChannel
@@ -48,7 +46,9 @@ Reply = tuple[int, Any]
 SIM = "sim"  # --model-path sim: the sim engine's cost model instead of a torch model
 
 
-def _torch_engine(a: argparse.Namespace, role: Role, kv: ZmqKVChannel) -> TorchEngine:
+def _torch_engine(a: argparse.Namespace, role: Role, kv: ZmqKVChannel) -> ServingEngine:
+    from pearl.engines.torch.engine import TorchEngine
+
     preset, path = (a.model_path, "") if not Path(a.model_path).is_dir() else ("tiny", a.model_path)
     return TorchEngine(
         role=role,
@@ -264,6 +264,7 @@ class Facade:
         return 200, {"success": True, "message": "joined the weight update group"}
 
     def update_from_distributed(self, body: dict[str, Any]) -> Reply:
+        import torch
         import torch.distributed as dist
 
         model = getattr(self.engine, "model", None)  # the sim engine has none
