@@ -1,33 +1,47 @@
-"""K concurrent multi-turn agent sessions through PEARL's HTTP gateway, on sim engines.
+"""K concurrent multi-turn agent sessions through PEARL's HTTP gateway, directly to the workers,
+and through a real router (``sglang-router``), on the same workers.
 
-    python benchmarks/bench_gateway.py [--sessions 32] [--turns 4] [--tokens 32] [--rounds 3]
+    python benchmarks/bench_gateway.py [--engine sim|torch] [--sessions 64] [--turns 4]
+                                       [--tokens 32] [--rounds 3] [--storm-cycles 2]
                                        [--json FILE] [--small]
 
-The same agents (token-id prompts that grow by each reply and an observation, an environment
-delay between turns, one session id each) run two ways against one pearld's pool, in alternate
-rounds: through the gateway over HTTP (``/v1/completions`` with ``X-Session-ID``), and through
-the gateway's own backend in the agents' process (the same Router and workers, no HTTP). The
-ratio of their token rates and the difference of their latency percentiles are what the HTTP
-gateway adds. A last round through the gateway is a storm: preemptible GPUs join and are
-reclaimed with turns in flight, and a training step lends and returns the training GPUs; it
-counts failed requests and the prompt tokens that had to be prefilled again.
+One pearld (the embedded Runtime) runs its rollout workers as SGLang-dialect servers: PEARL's
+facade (``pearl.engines.torch.http``) over the sim engine's cost model (``--engine sim``) or the
+tiny torch model (``--engine torch``). The same agents (token-id prompts that grow by each reply
+and an observation, an environment delay between turns, one session id each), in a process of
+their own, post SGLang's ``/generate`` three ways, in alternating rounds:
 
-Not measured here: the agents calling the workers directly, and the same workers behind a real
-router (``vllm-router`` / ``sglang-router``): sim workers speak only to pearld.
+- ``gateway``: to pearld's gateway, with ``X-Session-ID``;
+- ``direct``: to the worker servers themselves, each session pinned to one by its id (client-side
+  affinity over the workers that serve at that moment);
+- ``router``: to one ``sglang-router`` (cache-aware policy) whose worker list a thread keeps
+  equal to the workers that serve (the best an operator could do: it learns of each change
+  from pearld's status within 50 ms).
+
+The ratios of their token rates and the differences of their latency percentiles are what the
+gateway adds. Then each way meets a storm of its own, twice: two preemptible GPUs join, are
+reclaimed with turns running on them, and a training step lends and returns the training GPUs.
+A request that fails or comes back aborted counts as failed; the gateway also reports the prompt
+tokens it had to prefill again after moving a request.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import multiprocessing
+import os
 import random
 import statistics
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable
+import zlib
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,26 +52,38 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import pearl  # noqa: E402
-from actors import names  # noqa: E402
-from pearl.gateway.backend import Sampling  # noqa: E402
-from pearl.gateway.pool import PoolBackend  # noqa: E402
+from pearl.core import events as ev  # noqa: E402
+from pearl.engines.base import EngineError  # noqa: E402
+from pearl.engines.process import ServerProcess  # noqa: E402
+from pearl.engines.sglang.launch import FACADE_MODULE  # noqa: E402
+from pearl.engines.sglang.router import RouterClient, WorkerEndpoint  # noqa: E402
+from pearl.engines.web import call, parse_metrics  # noqa: E402
 from pearl.runtime import wait_training_may_proceed  # noqa: E402
-from pearl.testing.wait import wait_until  # noqa: E402
+from pearl.testing.pearld import free_port  # noqa: E402
+from pearl.testing.wait import poll, wait_until  # noqa: E402
 
-SETS = (
-    "engine.kind=sim",
-    "engine.time_scale=0.05",
-    "engine.sim_start_s=1",
-    "rl.env=",  # gateway-only traffic
-    "daemon.pd=colocated",
-    "daemon.tick_s=0.1",
-    "daemon.heartbeat_s=0.5",
-    "workload.max_trajectory_tokens=8192",
-    "gateway.listen=127.0.0.1:0",
-)
+WAYS = ("gateway", "direct", "router")
+JOINERS = (3, 4)  # preemptible GPUs of configs/local-cpu.toml
 
-Reply = tuple[list[int], dict[str, Any]]  # the generated ids, the usage
-Turn = Callable[[str, list[int], int], Awaitable[Reply]]
+
+def settings(engine: str, port: int) -> list[str]:
+    sim = engine == "sim"
+    return [
+        "engine.kind=sglang",
+        f"engine.sglang_module={FACADE_MODULE}",
+        f"engine.sglang_model_path={'sim' if sim else 'tiny'}",
+        f"engine.sglang_port={port}",
+        f"engine.sglang_bootstrap_port={port + 100}",
+        "engine.sglang_startup_timeout_s=120",
+        *(["engine.sglang_extra_args=--sim-time-scale 0.05 --sim-start-s 1"] if sim else []),
+        "rl.env=",  # gateway-only traffic
+        "daemon.pd=colocated",
+        "daemon.tick_s=0.1",
+        "daemon.heartbeat_s=0.5",
+        "workload.max_trajectory_tokens=8192",
+        "gateway.listen=127.0.0.1:0",
+        "gateway.max_streams=1024",
+    ]
 
 
 @dataclass
@@ -70,8 +96,78 @@ class Tally:
     errors: list[str] = field(default_factory=list)
 
 
+class Pool:
+    """The worker servers that serve now (URLs, by worker id), refreshed from pearld's status
+    and written to ``path`` for the agents' process; keeps the real router's worker list equal
+    to them."""
+
+    def __init__(self, rt: pearl.Runtime, router: str, path: Path) -> None:
+        self.rt, self.router, self.path = rt, RouterClient(router), path
+        self.base = rt.cfg.engine.sglang_port
+        self.urls: dict[int, str] = {}
+        self.registered: dict[str, str] = {}  # url -> the router's id for it
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        # While the agents go through the gateway, nothing polls pearld's status from its
+        # process (this one): the gateway shares it, and direct and router agents need the URLs.
+        self.paused = False
+        self.refresh()
+        self._thread = threading.Thread(target=self._loop, name="bench-pool", daemon=True)
+        self._thread.start()
+
+    def refresh(self) -> None:
+        with self._lock:
+            urls = {
+                w.id: f"http://127.0.0.1:{self.base + min(w.gpus)}"
+                for w in self.rt.status().workers
+                if w.role != "training" and w.activity == "active"
+            }
+            if urls != self.urls:
+                tmp = self.path.with_suffix(".tmp")
+                tmp.write_text(json.dumps(sorted(urls.items())))
+                os.replace(tmp, self.path)
+            self.urls = urls
+            want = set(urls.values())
+            for url in sorted(set(self.registered) - want):
+                self.router.remove(self.registered.pop(url))
+            for wid, url in sorted(urls.items()):
+                if url not in self.registered:
+                    self.registered[url] = self.router.add(WorkerEndpoint(wid, url, "regular"))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.05):
+            if self.paused:
+                continue
+            try:
+                self.refresh()
+            except Exception as e:  # noqa: BLE001 - pearld busy or a router call failed: again
+                print(f"  pool refresh: {type(e).__name__}: {e}", flush=True)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+class Picker:
+    """Client-side affinity, in the agents' process: a session's hash over the workers that
+    serve now (the file :class:`Pool` keeps, re-read when it changes)."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.mtime, self.urls = Path(path), 0, list[str]()
+
+    def pick(self, sid: str) -> str:
+        mtime = self.path.stat().st_mtime_ns
+        if mtime != self.mtime:
+            self.mtime, self.urls = mtime, [u for _, u in json.loads(self.path.read_text())]
+        return self.urls[zlib.crc32(sid.encode()) % len(self.urls)]
+
+
 async def agents(
-    turn: Turn, a: argparse.Namespace, tag: str, tally: Tally, until: threading.Event | None = None
+    post: Callable[[str, dict[str, Any]], Any],
+    a: argparse.Namespace,
+    tag: str,
+    tally: Tally,
+    until: Any = None,
 ) -> float:
     """Every session's turns, all sessions at once (again and again until ``until`` is set,
     when given); the seconds the round took."""
@@ -79,26 +175,34 @@ async def agents(
     async def session(i: int) -> None:
         n = 0
         while True:
-            await one(i, f"{tag}-{i}.{n}")
+            await one(f"{tag}-{i}.{n}")
             n += 1
-            if until is None or until.is_set() or tally.failed:
+            if until is None or until.is_set():
                 return
 
-    async def one(i: int, sid: str) -> None:
+    async def one(sid: str) -> None:
         rng = random.Random(sid)
         prompt = [rng.randrange(256) for _ in range(a.prompt)]
         for _ in range(a.turns):
+            body = {
+                "input_ids": prompt,
+                "sampling_params": {"max_new_tokens": a.tokens, "temperature": 0.0},
+            }
             t0 = time.perf_counter()
             try:
-                ids, usage = await turn(sid, prompt, a.tokens)
+                out = await post(sid, body)
+                why = (out["meta_info"].get("finish_reason") or {}).get("type")
+                if why not in ("length", "stop"):
+                    raise RuntimeError(f"finished {out['meta_info'].get('finish_reason')}")
             except Exception as e:  # noqa: BLE001 - a failed request is a figure
                 tally.failed += 1
                 tally.errors.append(f"{sid}: {type(e).__name__}: {e}"[:300])
                 return
             tally.latencies.append(time.perf_counter() - t0)
+            ids = out["output_ids"]
             tally.tokens += len(ids)
-            tally.recomputed += int(usage.get("recomputed_tokens", 0))
-            tally.migrations += int(usage.get("migrations", 0))
+            tally.recomputed += int(out["meta_info"].get("recomputed_tokens", 0))
+            tally.migrations += int(out["meta_info"].get("migrations", 0))
             await asyncio.sleep(rng.uniform(0.005, 0.02))  # the environment's turn
             prompt = [*prompt, *ids, *(rng.randrange(256) for _ in range(a.obs))]
 
@@ -107,166 +211,231 @@ async def agents(
     return time.perf_counter() - t0
 
 
+async def run_way(
+    way: str,
+    a: argparse.Namespace,
+    tag: str,
+    tally: Tally,
+    urls: dict[str, str],
+    picker: Picker,
+    until: Any = None,
+) -> float:
+    limits = httpx.Limits(max_connections=a.sessions + 8, max_keepalive_connections=a.sessions + 8)
+    async with httpx.AsyncClient(timeout=300, limits=limits) as http:
+
+        async def post(sid: str, body: dict[str, Any]) -> Any:
+            base = picker.pick(sid) if way == "direct" else urls[way]
+            r = await http.post(base + "/generate", json=body, headers={"X-Session-ID": sid})
+            if r.status_code != 200:
+                raise RuntimeError(f"{r.status_code} {r.text[:200]}")
+            return r.json()
+
+        return await agents(post, a, tag, tally, until)
+
+
+def agents_process(
+    way: str, a: dict[str, Any], tag: str, urls: dict[str, str], pool_file: str, until: Any
+) -> tuple[float, Tally]:
+    """One round of the agents, in a process of their own (the Runtime, its gateway and its
+    actors keep this one): the seconds it took and its tally."""
+    tally = Tally()
+    secs = asyncio.run(
+        run_way(way, argparse.Namespace(**a), tag, tally, urls, Picker(pool_file), until)
+    )
+    return secs, tally
+
+
+def storm(rt: pearl.Runtime, pool: Pool, label: str, cycles: int) -> Callable[[], None]:
+    """``cycles`` joins, each reclaimed while turns run on it, and a borrow cycle after each."""
+
+    def running_on_joiners() -> bool:
+        for w in rt.status().workers:
+            if set(w.gpus) & set(JOINERS) and w.activity == "active":
+                try:
+                    m = parse_metrics(call(pool.urls.get(w.id, "") + "/metrics", timeout_s=2.0))
+                except (EngineError, OSError, ValueError):
+                    continue
+                if m.get("sglang:num_running_reqs", 0) > 0:
+                    return True
+        return False
+
+    def run() -> None:
+        for cycle in range(1, cycles + 1):
+            rt.event(ev.GpusAdded(JOINERS))
+
+            def joined() -> bool:
+                on = [w for w in rt.status().workers if set(w.gpus) & set(JOINERS)]
+                return sum(w.activity == "active" for w in on) == len(JOINERS)
+
+            wait_until(joined, 120, "the joiners serving", every=0.1)
+            pool.refresh()
+            if not poll(running_on_joiners, 30, 0.01):  # few sessions may all live elsewhere
+                print(f"  {label} storm cycle {cycle}: no turn ran on a joiner", flush=True)
+            rt.event(ev.GpusReclaimed(JOINERS))
+            step = rt.status().training_step + 1
+            rt.event(ev.TrainingBegin(step))
+            wait_training_may_proceed(rt.status, step, timeout_s=60)
+            rt.event(ev.TrainingFinished(step))
+            print(f"  {label} storm cycle {cycle}: a reclaim with turns running, a borrow cycle",
+                  flush=True)  # fmt: skip
+
+    return run
+
+
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
+def start_router(port: int) -> ServerProcess:
+    argv = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+            "--port", str(port), "--prometheus-port", str(free_port()), "--policy",
+            "cache_aware", "--log-level", "warn"]  # fmt: skip
+    proc = ServerProcess(argv)
+    try:
+        wait_until(lambda: _answers(f"http://127.0.0.1:{port}/workers") or not proc.alive(), 60,
+                   "sglang-router to start", every=0.1)  # fmt: skip
+    except AssertionError:
+        proc.stop()
+        raise
+    if not proc.alive():
+        raise SystemExit(f"sglang-router did not start:\n{proc.tail()}")
+    return proc
+
+
+def _answers(url: str) -> bool:
+    try:
+        call(url, "GET", None, 2.0)
+        return True
+    except EngineError:
+        return False
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sessions", type=int, default=32)
+    ap.add_argument("--engine", choices=("sim", "torch"), default="sim")
+    ap.add_argument("--sessions", type=int, default=64)
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--obs", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--storm-cycles", type=int, default=2)
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--small", action="store_true", help="8 sessions x 2 turns, one round")
     a = ap.parse_args()
     if a.small:
-        a.sessions, a.turns, a.rounds = 8, 2, 1
+        a.sessions, a.turns, a.rounds, a.storm_cycles = 8, 2, 1, 1
+    if a.engine == "torch" and not a.small:
+        a.tokens = min(a.tokens, 16)
 
     work = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
+    router_port = free_port()
+    router = start_router(router_port)
     rt = pearl.Runtime.from_config(
-        ROOT / "configs" / "local-cpu.toml", state_dir=work / "state", overrides=SETS
+        ROOT / "configs" / "local-cpu.toml",
+        state_dir=work / "state",
+        overrides=settings(a.engine, free_port() + 200),
     )
     rt.start()
+    pool: Pool | None = None
+    stack = contextlib.ExitStack()
     try:
-        url = rt.gateway_url
-        assert url is not None
+        assert rt.gateway_url is not None
+        urls = {
+            "gateway": rt.gateway_url.removesuffix("/v1"),
+            "router": f"http://127.0.0.1:{router_port}",
+        }
 
-        def serving() -> bool:
-            return any(w.activity == "active" and w.role != "training" for w in rt.status().workers)
+        def serving() -> int:
+            return sum(w.activity == "active" and w.role != "training" for w in rt.status().workers)
 
-        wait_until(serving, 60, "a worker serving", every=0.1)
-        # in-process: the same Router, under a name of its own (the gateway's client keeps its)
-        backend = PoolBackend(rt.daemon.directory, rt.cfg, name="bench-inprocess")
-        model = rt.daemon.gateway_backend.model
-        print(f"bench_gateway: {a.sessions} sessions x {a.turns} turns x {a.tokens} tokens, "
-              f"{len(rt.status().workers) - 1} sim workers", flush=True)  # fmt: skip
+        wait_until(lambda: serving() >= 3, 180, "the workers serving", every=0.2)
+        pool_file = work / "serving.json"
+        pool = Pool(rt, urls["router"], pool_file)
+        spawn = multiprocessing.get_context("spawn")
+        procs = stack.enter_context(ProcessPoolExecutor(1, mp_context=spawn))
+        manager = stack.enter_context(spawn.Manager())
 
-        async def inprocess(
-            sid: str, prompt: list[int], n: int
-        ) -> tuple[list[int], dict[str, Any]]:
-            ids: list[int] = []
-            usage = {"recomputed_tokens": 0, "migrations": 0}
-            rid = f"b{time.perf_counter_ns()}-{sid}"
-            async for d in backend.generate(rid, prompt, Sampling(n, temperature=0.0), sid):
-                ids += d.token_ids
-                usage["recomputed_tokens"] += d.recomputed_tokens
-                usage["migrations"] += d.migrations
-            return ids, usage
+        def round_of(way: str, tag: str, until: Any = None) -> tuple[float, Tally]:
+            pool.paused = way == "gateway"
+            try:
+                fut = procs.submit(agents_process, way, vars(a), tag, urls, str(pool_file), until)
+                return fut.result()
+            finally:
+                pool.paused = False
 
-        async def run_gateway(tag: str, tally: Tally, during: Any = None) -> float:
-            limits = httpx.Limits(max_connections=a.sessions + 4)
-            async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as http:
+        print(f"bench_gateway: {a.sessions} sessions x {a.turns} turns x {a.tokens} tokens on "
+              f"{serving()} {a.engine} workers", flush=True)  # fmt: skip
 
-                async def through(
-                    sid: str, prompt: list[int], n: int
-                ) -> tuple[list[int], dict[str, Any]]:
-                    r = await http.post(
-                        "/completions",
-                        json={"model": model, "prompt": prompt, "max_tokens": n,
-                              "temperature": 0, "return_token_ids": True},
-                        headers={"X-Session-ID": sid},
-                    )  # fmt: skip
-                    if r.status_code != 200:
-                        raise RuntimeError(f"{r.status_code} {r.text[:200]}")
-                    body = r.json()
-                    return body["choices"][0]["token_ids"], body["usage"]
-
-                if during is None:
-                    return await agents(through, a, tag, tally)
-                done = threading.Event()
-                task = asyncio.create_task(agents(through, a, tag, tally, until=done))
-                try:
-                    await asyncio.to_thread(during)
-                finally:
-                    done.set()
-                return await task
-
-        rates: dict[str, list[float]] = {"gateway": [], "inprocess": []}
-        lat: dict[str, list[float]] = {"gateway": [], "inprocess": []}
+        rates: dict[str, list[float]] = {w: [] for w in WAYS}
+        lat: dict[str, list[float]] = {w: [] for w in WAYS}
         for r in range(a.rounds):
-            order = ["inprocess", "gateway"] if r % 2 == 0 else ["gateway", "inprocess"]
+            order = WAYS[r % 3 :] + WAYS[: r % 3]
             for way in order:
-                tally = Tally()
-                if way == "gateway":
-                    secs = asyncio.run(run_gateway(f"g{r}", tally))
-                else:
-                    secs = asyncio.run(agents(inprocess, a, f"i{r}", tally))
+                secs, tally = round_of(way, f"{way[0]}{r}")
                 if tally.failed:
                     print(f"  {way}: {tally.failed} failed: {tally.errors[:3]}", flush=True)
                 rates[way].append(tally.tokens / secs)
                 lat[way] += tally.latencies
-                print(f"  round {r + 1}: {way:9s} {tally.tokens / secs:8.1f} tok/s, p50 "
+                print(f"  round {r + 1}: {way:8s} {tally.tokens / secs:8.1f} tok/s, p50 "
                       f"{pct(tally.latencies, 0.5) * 1e3:.1f} ms", flush=True)  # fmt: skip
         sessions = rt.daemon.gateway_backend.sessions
         homes = [s.workers for s in sessions.open.values() if len(s.workers) > 1]
         hits = sum(w == s[0] for s in homes for w in s[1:])
         turns_after_first = sum(len(s) - 1 for s in homes)
 
-        # the storm: joins and a reclaim with turns in flight, and a borrow cycle
-        router = rt.daemon.directory.get(names.ROUTER).ref.proxy()
-
-        def storm() -> None:
-            for cycle in range(1, 3):
-                rt.event(pearl.core.events.GpusAdded((3, 4)))
-
-                def joined() -> bool:
-                    on = [w for w in rt.status().workers if set(w.gpus) & {3, 4}]
-                    return sum(w.activity == "active" for w in on) == 2
-
-                wait_until(joined, 60, "the joiners serving")
-
-                def busy() -> bool:
-                    on = {w for p in router.pending.get().values() for w in p.workers}
-                    return any(set(w.gpus) & {3, 4} and w.id in on for w in rt.status().workers)
-
-                wait_until(busy, 60, "turns on a joiner", every=0.005)
-                rt.event(pearl.core.events.GpusReclaimed((3, 4)))
-                step = rt.status().training_step + 1
-                rt.event(pearl.core.events.TrainingBegin(step))
-                wait_training_may_proceed(rt.status, step, timeout_s=60)
-                rt.event(pearl.core.events.TrainingFinished(step))
-                print(f"  storm cycle {cycle}: a reclaim with turns in flight, a borrow cycle",
-                      flush=True)  # fmt: skip
-
-        storm_tally = Tally()
-        asyncio.run(run_gateway("storm", storm_tally, during=storm))
-        backend.close()
+        storms: dict[str, Tally] = {}
+        for way in WAYS:
+            done = manager.Event()
+            with ThreadPoolExecutor(1) as th:
+                agents_round = th.submit(round_of, way, f"s{way[0]}", done)
+                try:
+                    storm(rt, pool, way, a.storm_cycles)()
+                finally:
+                    done.set()
+                _, storms[way] = agents_round.result()
+            print(f"  {way} storm: {storms[way].failed} failed", flush=True)
     finally:
+        stack.close()
+        if pool is not None:
+            pool.close()
         rt.stop()
+        router.stop()
 
-    gw, ip = statistics.median(rates["gateway"]), statistics.median(rates["inprocess"])
+    tok = {w: statistics.median(rates[w]) for w in WAYS}
+    gw = storms["gateway"]
     out = {
+        "engine": a.engine,
         "sessions": a.sessions,
-        "gateway_tok_s": gw,
-        "inprocess_tok_s": ip,
-        "ratio_inprocess": gw / ip,
-        "p50_added_ms": (pct(lat["gateway"], 0.5) - pct(lat["inprocess"], 0.5)) * 1e3,
-        "p99_added_ms": (pct(lat["gateway"], 0.99) - pct(lat["inprocess"], 0.99)) * 1e3,
-        "failed_requests": storm_tally.failed,
-        "recomputed_tokens": storm_tally.recomputed,
-        "migrations": storm_tally.migrations,
+        "gateway_tok_s": tok["gateway"],
+        "direct_tok_s": tok["direct"],
+        "router_tok_s": tok["router"],
+        "ratio_direct": tok["gateway"] / tok["direct"],
+        "ratio_router": tok["gateway"] / tok["router"],
+        "p50_added_ms": (pct(lat["gateway"], 0.5) - pct(lat["direct"], 0.5)) * 1e3,
+        "p99_added_ms": (pct(lat["gateway"], 0.99) - pct(lat["direct"], 0.99)) * 1e3,
+        "p50_ms": {w: pct(lat[w], 0.5) * 1e3 for w in WAYS},
+        "p99_ms": {w: pct(lat[w], 0.99) * 1e3 for w in WAYS},
+        "failed_requests": gw.failed,
+        "direct_failed_requests": storms["direct"].failed,
+        "router_failed_requests": storms["router"].failed,
+        "recomputed_tokens": gw.recomputed,
+        "migrations": gw.migrations,
         "affinity_hit_ratio": hits / turns_after_first if turns_after_first else None,
-        # not measured (see the module docstring): no direct or real-router baseline on sim
-        "direct_tok_s": None,
-        "router_tok_s": None,
-        "ratio_direct": None,
-        "ratio_router": None,
-        "router_failed_requests": None,
     }
-    print(f"gateway / in-process: {out['ratio_inprocess']:.3f}x ({gw:.0f} / {ip:.0f} tok/s, "
-          f"medians of {a.rounds}); added latency p50 {out['p50_added_ms']:.2f} ms, p99 "
-          f"{out['p99_added_ms']:.2f} ms; storm: {storm_tally.failed} failed, "
-          f"{storm_tally.migrations} migrated, {storm_tally.recomputed} tokens recomputed; "
-          f"affinity {out['affinity_hit_ratio']}")  # fmt: skip
-    if storm_tally.errors:
-        print("  failures:", *storm_tally.errors[:5], sep="\n    ")
+    print(f"gateway / direct: {out['ratio_direct']:.3f}x, gateway / sglang-router: "
+          f"{out['ratio_router']:.3f}x ({tok['gateway']:.0f} / {tok['direct']:.0f} / "
+          f"{tok['router']:.0f} tok/s, medians of {a.rounds}); added latency p50 "
+          f"{out['p50_added_ms']:.2f} ms, p99 {out['p99_added_ms']:.2f} ms; storm failed: "
+          f"gateway {gw.failed} ({gw.migrations} migrated, {gw.recomputed} tokens recomputed), "
+          f"direct {storms['direct'].failed}, router {storms['router'].failed}; affinity "
+          f"{out['affinity_hit_ratio']}")  # fmt: skip
+    if gw.errors:
+        print("  gateway failures:", *gw.errors[:5], sep="\n    ")
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
-    return 0 if storm_tally.failed == 0 else 1
+    return 0 if gw.failed == 0 else 1
 
 
 if __name__ == "__main__":

@@ -31,6 +31,8 @@ def skip_reason(name: str) -> str | None:
         return "no .venv-vllm (make vllm)"
     if name == "bench_ray" and importlib.util.find_spec("ray") is None:
         return "ray is not installed (pip install -e '.[ray]')"
+    if name == "bench_gateway" and importlib.util.find_spec("sglang_router") is None:
+        return "sglang-router is not installed (pip install -e '.[test]')"
     return None
 
 
