@@ -10,6 +10,7 @@ Rules:
 - The API key, when set, guards every route; the comparison takes constant time.
 - Token-exact: ``token_ids`` are every generated id, the stop token included; text leaves out a
   final stop token. Weight versions come as ``[[first token index, version], ...]``.
+- Stop strings end a response where its text first holds one (:mod:`pearl.gateway.stops`).
 - The session is the ``X-Session-ID`` header, else the request's ``user``, else "".
 """
 
@@ -21,7 +22,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -34,6 +35,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from pearl.core import events as ev
 from pearl.gateway import chat as chat_mod
 from pearl.gateway import protocol as p
+from pearl.gateway import stops as stops_mod
 from pearl.gateway.backend import Backend, Delta, GatewayError, Sampling
 
 log = logging.getLogger("pearl.gateway")
@@ -197,6 +199,7 @@ class _Job:
     prompt_ids: list[int]
     sampling: Sampling
     session: str
+    stop: stops_mod.Stops = ()  # stop strings (pearl.gateway.stops)
 
     def text_ids(self, ids: Sequence[int], final: bool, finish: str | None) -> Sequence[int]:
         """``ids`` without a final stop token (text leaves it out)."""
@@ -340,8 +343,6 @@ def build_app(
         check_model(req.model)
         if req.n not in (None, 1):
             raise _refuse("n > 1 is not supported: one choice per request", "n")
-        if req.stop:
-            raise _refuse("stop strings are not supported; use stop_token_ids", "stop")
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(req, name):
                 raise _refuse(f"{name} is not supported (only 0)", name)
@@ -364,9 +365,10 @@ def build_app(
         session: str,
         rid: str | None = None,
         eos: bool = True,
+        stop: stops_mod.Stops = (),
     ) -> _Job:
         """A validated request: the prompt fits, the limit fits beside it, and it stops at
-        ``stop_ids`` and (``eos``) the tokenizer's EOS, where it has one."""
+        ``stop_ids``, (``eos``) the tokenizer's EOS, where it has one, and ``stop`` strings."""
         n, ctx = len(prompt_ids), backend.max_context
         if n == 0:
             raise _refuse("the prompt is empty", None)
@@ -393,7 +395,7 @@ def build_app(
             seed=seed,
             stop_ids=tuple(dict.fromkeys(stops)),
         )
-        return _Job(rid or f"{prefix}-{uuid.uuid4().hex}", prompt_ids, sampling, session)
+        return _Job(rid or f"{prefix}-{uuid.uuid4().hex}", prompt_ids, sampling, session, stop)
 
     def session_of(request: Request, user: str | None) -> str:
         return request.headers.get(SESSION_HEADER) or user or ""
@@ -402,8 +404,15 @@ def build_app(
         """The backend's deltas up to the one that finishes; the backend's generator is
         closed however this ends (a client that left, an error)."""
         it = backend.generate(j.rid, j.prompt_ids, j.sampling, j.session)
+        seen: list[int] = []
         try:
             async for d in it:
+                if j.stop and d.token_ids:
+                    k = stops_mod.stop_at(tok, seen, d.token_ids, j.stop)
+                    if k is not None:  # ends here; closing `it` aborts the rest in the pool
+                        ids, lps = d.token_ids[:k], d.logprobs[:k]
+                        d = replace(d, token_ids=ids, logprobs=lps, finish_reason="stop")
+                seen.extend(d.token_ids)
                 yield d
                 if d.finish_reason is not None:
                     return
@@ -494,6 +503,7 @@ def build_app(
             req.seed,
             req.stop_token_ids,
             session_of(request, req.user),
+            stop=stops_mod.stops_of(req.stop, "stop"),
         )
         want_ids, want_lp = bool(req.return_token_ids), bool(req.logprobs)
         if req.stream:
@@ -503,7 +513,7 @@ def build_app(
                 chat_stream(j, req.model, want_ids, want_lp, use_tools, include_usage), release
             )
         acc = await collect(j)
-        out = tok.decode(j.text_ids(acc.ids, True, acc.finish))
+        out = stops_mod.cut(tok.decode(j.text_ids(acc.ids, True, acc.finish)), j.stop)
         content, calls = chat_mod.parse_tool_calls(out) if use_tools else (out, [])
         message = p.ResponseMessage(
             content=content,
@@ -554,11 +564,13 @@ def build_app(
             first.prompt_token_ids = j.prompt_ids
         yield _sse(first)
         acc, detok, held = _Acc(), _Detok(tok), chat_mod.ToolStream() if use_tools else None
+        stopper = stops_mod.StopText(j.stop)
         try:
             async for d in deltas(j):
                 acc.add(d)
                 final = d.finish_reason is not None
                 text = detok.push(j.text_ids(d.token_ids, final, d.finish_reason), final)
+                text = stopper.push(text, final)
                 if held is not None:
                     text = held.feed(text)
                 if text or want_ids or want_lp:
@@ -640,6 +652,7 @@ def build_app(
             req.seed,
             req.stop_token_ids,
             session_of(request, req.user),
+            stop=stops_mod.stops_of(req.stop, "stop"),
         )
         want_ids, want_lp = bool(req.return_token_ids), req.logprobs is not None
         if req.stream:
@@ -649,7 +662,7 @@ def build_app(
                 completion_stream(j, req.model, want_ids, want_lp, include_usage), release
             )
         acc = await collect(j)
-        text = tok.decode(j.text_ids(acc.ids, True, acc.finish))
+        text = stops_mod.cut(tok.decode(j.text_ids(acc.ids, True, acc.finish)), j.stop)
         resp = p.CompletionResponse(
             id=j.rid,
             created=int(time.time()),
@@ -675,11 +688,13 @@ def build_app(
     ) -> AsyncIterator[str]:
         now = int(time.time())
         acc, detok, offset, first = _Acc(), _Detok(tok), 0, True
+        stopper = stops_mod.StopText(j.stop)
         try:
             async for d in deltas(j):
                 acc.add(d)
                 final = d.finish_reason is not None
                 text = detok.push(j.text_ids(d.token_ids, final, d.finish_reason), final)
+                text = stopper.push(text, final)
                 resp = p.CompletionResponse(
                     id=j.rid,
                     created=now,
@@ -721,10 +736,6 @@ def build_app(
             raise _refuse("give exactly one of text and input_ids", "input_ids")
         if sp.n != 1:
             raise _refuse("n > 1 is not supported: one output per request", "sampling_params.n")
-        if sp.stop:
-            raise _refuse(
-                "stop strings are not supported; use stop_token_ids", "sampling_params.stop"
-            )
         if sp.top_k not in (-1, 0):
             raise _refuse("top_k is not supported (only -1)", "sampling_params.top_k")
         if req.logprob_start_len not in (-1,) and req.return_logprob:
@@ -754,6 +765,7 @@ def build_app(
             session_of(request, None),
             rid=req.rid,
             eos=not sp.ignore_eos,
+            stop=stops_mod.stops_of(sp.stop, "sampling_params.stop"),
         )
         t0 = time.perf_counter()
 
@@ -767,15 +779,19 @@ def build_app(
                     (lp, i, token_text(i) if req.return_text_in_logprobs else None)
                     for i, lp in zip(acc.ids, acc.logprobs, strict=True)
                 ]
+            text = tok.decode(text_ids)
+            hit = stops_mod.find_stop(text, j.stop) if j.stop else None
             reason: dict[str, Any] | None = None
             if final:
                 reason = {"type": acc.finish}
                 if acc.finish == "stop" and acc.ids and acc.ids[-1] in j.sampling.stop_ids:
                     reason["matched"] = acc.ids[-1]
+                elif acc.finish == "stop" and hit is not None:
+                    reason["matched"] = hit[1]
                 elif acc.finish == "length":
                     reason["length"] = j.sampling.max_new_tokens
             return p.GenerateResponse(
-                text=tok.decode(text_ids),
+                text=stops_mod.cut(text, j.stop, keep=sp.no_stop_trim),
                 output_ids=acc.ids,
                 meta_info=p.GenerateMeta(
                     id=j.rid,

@@ -260,7 +260,7 @@ def assert_error(r, status: int, words: str, param: str | None = "-") -> dict:
         ({"model": MODEL, "messages": HI, "n": 2}, "n > 1", "n"),
         ({"model": MODEL, "messages": HI, "frobnicate": 1}, "unsupported parameter: 'frobnicate'",
          "frobnicate"),
-        ({"model": MODEL, "messages": HI, "stop": ["\n"]}, "stop strings", "stop"),
+        ({"model": MODEL, "messages": HI, "stop": ["\n", ""]}, "must not be empty", "stop"),
         ({"model": MODEL, "messages": HI, "top_logprobs": 3}, "top_logprobs", "top_logprobs"),
         ({"model": MODEL, "messages": HI, "presence_penalty": 0.5}, "presence_penalty",
          "presence_penalty"),
@@ -412,3 +412,66 @@ def test_a_gateway_error_carries_its_kind(backend: ScriptedBackend) -> None:
     with TestClient(build_app(backend)) as client:
         err = assert_error(client.post("/generate", json={"input_ids": [1]}), 429, "slow down")
     assert (err["type"], err["param"]) == ("rate_limit_error", "messages")
+
+
+# -- stop strings ----------------------------------------------------------------------------
+
+
+def test_stop_strings_cut_text_and_end_the_token_ids_at_the_token_that_completed_them(
+    backend: ScriptedBackend,
+) -> None:
+    """Text leaves the stop string out; token ids end with the token that completed it (what
+    the model generated, for the trainer); generation ends there (the backend is closed)."""
+    backend.replies = ["Thought: add. Action: calc Observation: 7 and more text"]
+    backend.chunk = 64  # one delta holding the stop and what came after it
+    with TestClient(build_app(backend)) as c:
+        r = c.post("/v1/completions", json={"model": MODEL, "prompt": "Q", "max_tokens": 80,
+                                            "stop": ["Observation:", "zzz"],
+                                            "return_token_ids": True})  # fmt: skip
+        choice = r.json()["choices"][0]
+        assert choice["text"] == "Thought: add. Action: calc "
+        assert choice["finish_reason"] == "stop"
+        want = list(b"Thought: add. Action: calc Observation:")
+        assert choice["token_ids"] == want
+        assert r.json()["usage"]["completion_tokens"] == len(want)
+        assert backend.closed == [backend.calls[-1].rid]  # the rest is aborted in the pool
+
+        # SGLang's dialect: the same cut, the matched string named, no_stop_trim keeps it
+        for trim, text in ((False, "Thought: add. Action: calc "),
+                           (True, "Thought: add. Action: calc Observation:")):  # fmt: skip
+            g = c.post(
+                "/generate",
+                json={
+                    "text": "Q",
+                    "sampling_params": {
+                        "max_new_tokens": 80,
+                        "stop": "Observation:",
+                        "no_stop_trim": trim,
+                    },
+                },
+            ).json()
+            assert g["text"] == text and g["output_ids"] == want
+            assert g["meta_info"]["finish_reason"] == {"type": "stop", "matched": "Observation:"}
+
+
+def test_a_stream_holds_back_what_may_become_a_stop_string(backend: ScriptedBackend) -> None:
+    """Deltas of 4 bytes split the stop string across them: no chunk shows any of it."""
+    backend.replies = ["abc END, then more"]
+    backend.chunk = 4
+    with TestClient(build_app(backend)) as c:
+        body = {"model": MODEL, "messages": HI, "stream": True, "stop": "END",
+                "return_token_ids": True}  # fmt: skip
+        r = c.post("/v1/chat/completions", json=body)
+        chunks = [e for e in sse(r.text) if e != "[DONE]" and e["choices"]]
+        texts = [e["choices"][0]["delta"].get("content") or "" for e in chunks]
+        assert "".join(texts) == "abc "
+        assert not any("E" in t for t in texts)
+        ids = [i for e in chunks for i in e["choices"][0].get("token_ids") or []]
+        assert ids == list(b"abc END")
+        assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+        # a stop string that never comes: every character arrives, nothing is held for good
+        r = c.post("/v1/completions", json={"model": MODEL, "prompt": "Q", "stream": True,
+                                            "stop": ["then more!"]})  # fmt: skip
+        chunks = [e for e in sse(r.text) if e != "[DONE]" and e["choices"]]
+        assert "".join(e["choices"][0]["text"] for e in chunks) == "abc END, then more"
