@@ -6,7 +6,7 @@ and through a real router (``sglang-router``), on the same workers.
                                        [--json FILE] [--small]
 
 One pearld (the embedded Runtime) runs its rollout workers as SGLang-dialect servers: PEARL's
-facade (``pearl.engines.torch.http``) over the sim engine's cost model (``--engine sim``) or the
+facade (``pearl.engines.facade``) over the sim engine's cost model (``--engine sim``) or the
 tiny torch model (``--engine torch``). The same agents (token-id prompts that grow by each reply
 and an observation, an environment delay between turns, one session id each), in a process of
 their own, post SGLang's ``/generate`` three ways, in alternating rounds:

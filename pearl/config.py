@@ -318,7 +318,7 @@ class EngineConfig:
     sglang_model_path: str = ""
     """sglang: ``--model-path`` of the servers."""
     sglang_module: str = "sglang.launch_server"
-    """sglang: the servers' module (pearl.engines.torch.http: the torch facade)."""
+    """sglang: the servers' module (pearl.engines.facade: the torch facade)."""
     sglang_host: str = "127.0.0.1"
     """sglang: host the servers listen on."""
     sglang_port: int = 30000

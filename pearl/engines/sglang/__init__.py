@@ -2,7 +2,7 @@
 
 Importing this package never imports ``sglang`` itself: servers run as separate processes
 (``python -m sglang.launch_server``), so the ``sglang`` extra is needed only where servers launch.
-The same client drives the torch engine's SGLang-compatible facade (``pearl.engines.torch.http``).
+The same client drives the torch engine's SGLang-compatible facade (``pearl.engines.facade``).
 """
 
 from pearl.engines.sglang.client import ServerInfo, SGLangClient, generate_pd

@@ -21,7 +21,7 @@ from pearl.engines.process import ServerProcess, first_gpu
 from pearl.engines.sglang.protocol import MODES, supports_role_switch
 
 SGLANG_MODULE = "sglang.launch_server"
-FACADE_MODULE = "pearl.engines.torch.http"  # the torch engine speaking SGLang's dialect
+FACADE_MODULE = "pearl.engines.facade"  # the torch (or sim) engine speaking SGLang's dialect
 TRANSFER_BACKENDS = ("mooncake", "nixl", "mori", "ascend", "fake")
 
 

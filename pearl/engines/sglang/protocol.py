@@ -1,7 +1,7 @@
 """SGLang's HTTP dialect as plain data: payloads, versions, endpoint names, metrics. No I/O.
 
 One module for both sides: the client (:mod:`pearl.engines.sglang.client`) builds request bodies
-and reads answers with it, the torch engine's facade (:mod:`pearl.engines.torch.http`) reads
+and reads answers with it, the torch engine's facade (:mod:`pearl.engines.facade`) reads
 requests and builds answers with it, so one dialect is spoken by both (the tests check the payloads
 against literal JSON, so a mistake here cannot hide behind the symmetry).
 

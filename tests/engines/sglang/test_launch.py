@@ -10,9 +10,9 @@ import pytest
 from pearl.config import EngineConfig, from_mapping
 from pearl.core.errors import ConfigError
 from pearl.core.state import Role
+from pearl.engines import facade
 from pearl.engines.base import EngineError
 from pearl.engines.sglang import launch as L
-from pearl.engines.torch import http
 
 BASE = L.ServerSpec(
     model_path="/models/qwen3-8b", tp=2, port=30004, bootstrap_port=9002, python="python"
@@ -136,7 +136,7 @@ def test_config_validates_router_and_role_switch() -> None:
 def test_the_facade_understands_every_flag_the_engine_passes() -> None:
     for role in (Role.COLOCATED, Role.PREFILL, Role.DECODE):
         a = argv(role=role, role_switch=True, weights_cpu_backup=True)
-        ns = http.parse_args(a[3:])
+        ns = facade.parse_args(a[3:])
         assert ns.disaggregation_mode == {"colocated": "null"}.get(role.value, role.value)
         assert ns.enable_memory_saver and ns.enable_metrics and ns.port == 30004
 

@@ -1,4 +1,4 @@
-"""The torch engine behind SGLang's HTTP dialect: ``python -m pearl.engines.torch.http ...``.
+"""An in-process engine behind SGLang's HTTP dialect: ``python -m pearl.engines.facade ...``.
 
 It takes ``sglang.launch_server``'s flags (``--model-path`` is a preset such as ``tiny`` or a local
 Qwen3 directory, or ``sim`` for the sim engine's cost model; unknown flags are ignored) and serves
@@ -32,9 +32,9 @@ import msgspec
 
 from pearl.core.state import Role
 from pearl.engines.base import EngineError, GenerateResult, KVTimeout
+from pearl.engines.facade_state import Counters, Rooms
 from pearl.engines.serving import ServingEngine
 from pearl.engines.sglang import protocol as P
-from pearl.engines.torch.facade_state import Counters, Rooms
 from pearl.engines.web import call
 from transports.bulk import ZmqKVChannel
 
@@ -75,7 +75,7 @@ def _sim_engine(a: argparse.Namespace, role: Role, kv: ZmqKVChannel) -> ServingE
 
 
 class Facade:
-    """The server state: one TorchEngine, its KV channel, the bootstrap rooms, the counters."""
+    """The server state: one engine, its KV channel, the bootstrap rooms, the counters."""
 
     def __init__(self, a: argparse.Namespace) -> None:
         self.a = a
@@ -404,7 +404,7 @@ def _abort_body(rid: str, message: str) -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m pearl.engines.torch.http")
+    p = argparse.ArgumentParser(prog="python -m pearl.engines.facade")
     p.add_argument("--model-path", required=True)
     p.add_argument("--tp", "--tp-size", type=int, default=1)
     p.add_argument("--host", default="127.0.0.1")

@@ -1,4 +1,4 @@
-"""State of the SGLang-compatible facade (:mod:`pearl.engines.torch.http`): bootstrap rooms and
+"""State of the SGLang-compatible facade (:mod:`pearl.engines.facade`): bootstrap rooms and
 the cumulative counters its ``/metrics`` reports."""
 
 from __future__ import annotations
