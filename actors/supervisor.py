@@ -411,8 +411,10 @@ class RoleSupervisor(PearlActor):
         if msg.node_id:  # status shows where each host runs
             self.directory.tell(names.API, HostsChanged())
         pending, h.pending = h.pending, []
-        starts = any(isinstance(c, cmd.StartWorker | cmd.StopWorker) for c in pending)
-        if row is not None and not h.retiring and not starts:
+        # A start brings the engine up itself (its step result or WorkerUp says so), a stop
+        # ends it: neither wants a restore.
+        lifecycle = any(isinstance(c, cmd.StartWorker | cmd.StopWorker) for c in pending)
+        if row is not None and not h.retiring and not lifecycle:
             # A restarted host: bring its engine back as the table says it should be, then the
             # steps that waited for it. Its WorkerUp is what takes the worker out of `failed`
             # (a step done does not), so it is restored even when steps wait. A running one
