@@ -54,9 +54,8 @@ sys.path.insert(0, str(ROOT))
 import pearl  # noqa: E402
 from pearl.core import events as ev  # noqa: E402
 from pearl.engines.base import EngineError  # noqa: E402
-from pearl.engines.process import ServerProcess  # noqa: E402
 from pearl.engines.sglang.launch import FACADE_MODULE  # noqa: E402
-from pearl.engines.sglang.router import RouterClient, WorkerEndpoint  # noqa: E402
+from pearl.engines.sglang.router import RouterClient, WorkerEndpoint, launch_router  # noqa: E402
 from pearl.engines.web import call, parse_metrics  # noqa: E402
 from pearl.runtime import wait_training_may_proceed  # noqa: E402
 from pearl.testing.pearld import free_port  # noqa: E402
@@ -287,30 +286,6 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
-def start_router(port: int) -> ServerProcess:
-    argv = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
-            "--port", str(port), "--prometheus-port", str(free_port()), "--policy",
-            "cache_aware", "--log-level", "warn"]  # fmt: skip
-    proc = ServerProcess(argv)
-    try:
-        wait_until(lambda: _answers(f"http://127.0.0.1:{port}/workers") or not proc.alive(), 60,
-                   "sglang-router to start", every=0.1)  # fmt: skip
-    except AssertionError:
-        proc.stop()
-        raise
-    if not proc.alive():
-        raise SystemExit(f"sglang-router did not start:\n{proc.tail()}")
-    return proc
-
-
-def _answers(url: str) -> bool:
-    try:
-        call(url, "GET", None, 2.0)
-        return True
-    except EngineError:
-        return False
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--engine", choices=("sim", "torch"), default="sim")
@@ -331,7 +306,7 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
     router_port = free_port()
-    router = start_router(router_port)
+    router = launch_router("127.0.0.1", router_port)  # cache-aware, sglang-router's default
     rt = pearl.Runtime.from_config(
         ROOT / "configs" / "local-cpu.toml",
         state_dir=work / "state",

@@ -245,42 +245,51 @@ class SGLangRouterLink:
             p.stop()
 
 
-def launch_routers(host: str, port: int, python: str = "") -> tuple[ServerProcess, ...]:
-    """A regular router on ``port`` and a PD router on ``port + 1`` (metrics on +10, +11)."""
+def launch_router(
+    host: str, port: int, python: str = "", pd: bool = False, deadline: float | None = None
+) -> ServerProcess:
+    """One sglang-router on ``port`` (metrics on ``port + 10``), regular or PD (``pd``), once it
+    answers ``/workers``; EngineError when it does not by ``deadline`` (60 s from now)."""
     import sys
 
-    procs = []
-    for i, extra in enumerate(([], ["--pd-disaggregation"])):
-        argv = [
-            python or sys.executable,
-            "-m",
-            "sglang_router.launch_router",
-            "--host",
-            host,
-            "--port",
-            str(port + i),
-            "--prometheus-port",
-            str(port + 10 + i),
-            "--log-level",
-            "warn",
-            *extra,
-        ]
-        procs.append(ServerProcess(argv))
+    argv = [
+        python or sys.executable,
+        "-m",
+        "sglang_router.launch_router",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--prometheus-port",
+        str(port + 10),
+        "--log-level",
+        "warn",
+        *(["--pd-disaggregation"] if pd else []),
+    ]
+    proc = ServerProcess(argv)
+    deadline = time.monotonic() + 60.0 if deadline is None else deadline
+    while True:
+        try:
+            call(f"http://{host}:{port}/workers", "GET", None, 2.0)
+            return proc
+        except EngineError:
+            if not proc.alive() or time.monotonic() > deadline:
+                proc.stop()
+                raise EngineError(
+                    f"sglang-router on port {port} did not start:\n{proc.tail()}"
+                ) from None
+            time.sleep(0.1)
+
+
+def launch_routers(host: str, port: int, python: str = "") -> tuple[ServerProcess, ...]:
+    """A regular router on ``port`` and a PD router on ``port + 1`` (metrics on +10, +11)."""
     deadline = time.monotonic() + 60.0
-    for i, p in enumerate(procs):
-        while True:
-            try:
-                call(f"http://{host}:{port + i}/workers", "GET", None, 2.0)
-                break
-            except EngineError:
-                if not p.alive() or time.monotonic() > deadline:
-                    for q in procs:
-                        q.stop()
-                    raise EngineError(
-                        f"sglang-router on port {port + i} did not start:\n{p.tail()}"
-                    ) from None
-                time.sleep(0.1)
-    return tuple(procs)
+    regular = launch_router(host, port, python, deadline=deadline)
+    try:
+        return regular, launch_router(host, port + 1, python, pd=True, deadline=deadline)
+    except EngineError:
+        regular.stop()
+        raise
 
 
 def link_from_config(
@@ -310,6 +319,7 @@ __all__ = [
     "SGLangRouterLink",
     "WorkerEndpoint",
     "endpoints_of",
+    "launch_router",
     "launch_routers",
     "link_from_config",
 ]
