@@ -460,6 +460,9 @@ class GatewayConfig:
     """Largest request body accepted, in bytes."""
     max_streams: int = 256
     """Requests served at once; more are refused with 429."""
+    request_timeout_s: float = 120.0
+    """How long a request waits for a worker able to serve it (its worker died, none can start,
+    the pool is empty) before it fails with 503 and ``Retry-After``."""
 
 
 @dataclass(frozen=True)

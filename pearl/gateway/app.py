@@ -19,6 +19,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -68,7 +69,12 @@ def error_body(
 
 
 def _error_response(e: GatewayError) -> JSONResponse:
-    return JSONResponse(error_body(e.message, e.status, e.kind, e.param), status_code=e.status)
+    headers = None
+    if e.retry_after_s is not None:
+        headers = {"Retry-After": str(max(1, math.ceil(e.retry_after_s)))}
+    return JSONResponse(
+        error_body(e.message, e.status, e.kind, e.param), status_code=e.status, headers=headers
+    )
 
 
 async def _send_error(send: Send, status: int, message: str, code: str | None = None) -> None:

@@ -27,14 +27,16 @@ from typing import Any, Protocol
 class GatewayError(Exception):
     """A request the gateway answers with an error body: ``status`` is its HTTP status,
     ``kind`` OpenAI's error type (``invalid_request_error``, ``authentication_error``, ...),
-    ``param`` the request field at fault, if one is."""
+    ``param`` the request field at fault, if one is. A transient refusal (503, 429) names
+    ``retry_after_s``, sent as the ``Retry-After`` header."""
 
     def __init__(
         self, message: str, status: int = 400, kind: str = "invalid_request_error",
-        param: str | None = None,
+        param: str | None = None, retry_after_s: float | None = None,
     ) -> None:  # fmt: skip
         super().__init__(message)
         self.message, self.status, self.kind, self.param = message, status, kind, param
+        self.retry_after_s = retry_after_s
 
 
 @dataclass(frozen=True)
