@@ -353,7 +353,7 @@ class _ViewCollector:
             "Predicted makespan of colocation on the routable workers (eq. 1)",
             float(T_coloc(p, n)) if p is not None and n else None,
         )
-        if d is not None and measured:
+        if d is not None and d.predicted_makespan_s is not None and measured:
             yield _gauge(
                 "pearl_makespan_prediction_ratio",
                 "Predicted / measured makespan of the last batch",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from typing import Any
 
 from pearl import config
@@ -90,21 +91,17 @@ def run(args: argparse.Namespace) -> int:
                 "profile": to_plain(profile),
             }
         )
-        if gate is not None:  # no workers at all makes T_ded, T_full inf: JSON null
-            g = {k: _finite(v) if isinstance(v, float) else v for k, v in to_plain(gate).items()}
-            out["gate"] = {**g, "R": R, "B": profile.B}
+        if gate is not None:  # a figure with no prediction is None already: JSON null
+            out["gate"] = {**to_plain(gate), "R": R, "B": profile.B}
         print(json.dumps(out, indent=2))
         return 0
     print(_text(cfg, args, d, profile, gate, R, n_ded, n_ov, idle))
     return 0
 
 
-def _finite(x: float) -> float | None:
-    return x if x != float("inf") else None
-
-
-def _seconds(x: float) -> str:
-    return "-" if x == float("inf") else f"{x:.1f}"
+def _seconds(x: float | None) -> str:
+    """``12.3``; ``-`` where there is no prediction (None, or an empty pool's inf)."""
+    return "-" if x is None or not math.isfinite(x) else f"{x:.1f}"
 
 
 def _text(

@@ -242,11 +242,13 @@ def render(s: dict[str, Any]) -> str:
         )
     d = s.get("decision")
     if d:
-        line = f"decision: {d['target']} predicted {d['predicted_makespan_s']:.1f}s ({d['reason']})"
+        pred = d.get("predicted_makespan_s")
+        predicted = "no prediction" if pred is None else f"predicted {pred:.1f}s"
+        line = f"decision: {d['target']} {predicted} ({d['reason']})"
         if d.get("current") is False:
             line = (
                 f"decision (for {d['workers']} workers, before the budget changed to "
-                f"{b.get('workers')}): {d['target']} predicted {d['predicted_makespan_s']:.1f}s"
+                f"{b.get('workers')}): {d['target']} {predicted}"
             )
         lines.append(line)
     for t in s.get("transitions", []):

@@ -11,16 +11,18 @@ workers (wrong size, an empty role, violated constraints) is replaced by the bes
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, overload
-
-import numpy as np
 
 from pearl.core.makespan import EXCLUDED_BY, NO_WORKERS, Sweep, sweep
 from pearl.core.profile import WorkloadProfile
 from pearl.core.schema import Value
 from pearl.core.state import Mode, Target
+
+NO_PREDICTION = "no rollout worker in the budget: no makespan to predict"
+"""Why a decision for an empty pool has no predicted makespan (a normal state, not an error)."""
 
 
 class DecisionParams(Protocol):
@@ -55,7 +57,7 @@ class Alternative(Value, frozen=True):
             "N_P": self.N_P,
             "N_D": self.N_D,
             "N_C": self.N_C,
-            "predicted_makespan_s": _json_float(self.predicted_makespan_s),
+            "predicted_makespan_s": finite_or_none(self.predicted_makespan_s),
             "feasible": self.feasible,
             "excluded_by": self.excluded_by,
         }
@@ -133,7 +135,7 @@ class Decision:
             "N_P": t.N_P,
             "N_D": t.N_D,
             "N_C": t.N_C,
-            "predicted_makespan_s": _json_float(self.predicted_makespan_s),
+            "predicted_makespan_s": finite_or_none(self.predicted_makespan_s),
             "reason": self.reason,
             "forced": self.forced,
             "alternatives": [a.to_json() for a in self.alternatives],
@@ -165,8 +167,10 @@ def keeping_roles(d: Decision, current: Target) -> Decision:
     return Decision(best.target, best.predicted_makespan_s, d.alternatives, reason, d.forced)
 
 
-def _json_float(x: float) -> float | None:
-    return x if np.isfinite(x) else None
+def finite_or_none(x: float) -> float | None:
+    """``x`` where it is a prediction (finite), None where there is none (an empty pool's inf,
+    or NaN): what leaves the core, never ``inf`` (JSON has none; it would read back as null)."""
+    return float(x) if math.isfinite(x) else None
 
 
 def _predicted(s: Sweep, t: Target) -> tuple[float, str | None]:
@@ -227,7 +231,7 @@ def decide(
     s = sweep(profile, N, cfg.prefill_max_utilization)
     alts = Alternatives(s)
     if N == 0:
-        return Decision(_coloc(0), float("inf"), alts, "no workers")
+        return Decision(_coloc(0), float("inf"), alts, NO_PREDICTION)
     best, t_best = _best(s)
     if current is None:
         return Decision(best, t_best, alts, "best")
@@ -302,6 +306,8 @@ __all__ = [
     "Alternatives",
     "Decision",
     "DecisionParams",
+    "NO_PREDICTION",
     "best_makespan",
     "decide",
+    "finite_or_none",
 ]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 
 from pearl.core.borrow import Verdict
-from pearl.core.decision import DecisionParams, best_makespan
+from pearl.core.decision import DecisionParams, best_makespan, finite_or_none
 from pearl.core.profile import WorkloadProfile
 from pearl.core.schema import Value
 
@@ -32,10 +32,14 @@ WINDOW_FRACTION = 0.5  # activation may use at most this share of the training-i
 
 
 class GateResult(Value, frozen=True):
+    """The gate's verdict and the figures behind it. A figure with no prediction is None, never
+    ``inf``: T_ded without dedicated workers, T_full without any worker, and then the benefit
+    (borrowing is the only capacity); ``reason`` says which."""
+
     enabled: bool
-    benefit_s: float  # (R / B) (T_ded - T_full)
-    T_ded: float
-    T_full: float
+    benefit_s: float | None  # (R / B) (T_ded - T_full); None: unbounded (no dedicated worker)
+    T_ded: float | None  # None: no dedicated worker
+    T_full: float | None  # None: no worker at all
     T_toggle: float
     T_window: float = 0.0  # measured training-idle window (0: not measured yet)
     window_left_s: float | None = None  # until the next batch is expected complete (None: unknown)
@@ -71,8 +75,12 @@ def borrow_gate(
     nothing = N_overlap == 0 or R == 0 or math.isnan(saving)
     benefit = 0.0 if nothing else R / profile.B * saving
     T_toggle, W = profile.T_toggle, profile.T_window
+    if math.isfinite(benefit):
+        gain = f"benefit {benefit:.3g} s"
+    else:  # T_ded = inf: without the borrowed workers nothing serves the R trajectories
+        gain = "benefit unbounded (no dedicated rollout worker: T_ded has no prediction)"
     if benefit <= T_toggle:
-        enabled, reason = False, f"benefit {benefit:.3g} s <= T_toggle {T_toggle:.3g} s (eq. 7)"
+        enabled, reason = False, f"{gain} <= T_toggle {T_toggle:.3g} s (eq. 7)"
     elif W > 0 and T_toggle > WINDOW_FRACTION * W:
         enabled = False
         reason = (
@@ -86,12 +94,12 @@ def borrow_gate(
             f"T_toggle {T_toggle:.3g} s > {WINDOW_FRACTION:g} x it, lent workers would barely serve"
         )
     else:
-        enabled, reason = True, f"benefit {benefit:.3g} s > T_toggle {T_toggle:.3g} s (eq. 7)"
+        enabled, reason = True, f"{gain} > T_toggle {T_toggle:.3g} s (eq. 7)"
     return GateResult(
         enabled=enabled,
-        benefit_s=benefit,
-        T_ded=T_ded,
-        T_full=T_full,
+        benefit_s=finite_or_none(benefit),
+        T_ded=finite_or_none(T_ded),
+        T_full=finite_or_none(T_full),
         T_toggle=T_toggle,
         T_window=W,
         window_left_s=window_left_s,

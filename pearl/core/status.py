@@ -77,7 +77,7 @@ class DecisionStatus(View, frozen=True):
     """The decision behind the latest plan, and whether it is for the budget now."""
 
     target: str
-    predicted_makespan_s: float
+    predicted_makespan_s: float | None  # None: no prediction (an empty pool); ``reason`` says why
     reason: str
     workers: int  # the budget it was made for
     current: bool  # False while it is an earlier budget's (e.g. during a return)

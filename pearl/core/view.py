@@ -19,6 +19,7 @@ import msgspec
 
 from pearl.core.borrow import BorrowCycle
 from pearl.core.controller import ControllerState
+from pearl.core.decision import finite_or_none
 from pearl.core.gate import GateResult
 from pearl.core.profile import WorkloadProfile
 from pearl.core.schema import Value, to_plain
@@ -38,7 +39,7 @@ class DecisionView(Value, frozen=True):
     """What ``pearl status`` shows of the decision behind the latest plan."""
 
     target: Target
-    predicted_makespan_s: float
+    predicted_makespan_s: float | None  # None: no prediction (an empty pool); ``reason`` says why
     reason: str
 
 
@@ -97,7 +98,9 @@ def cluster_view(
         profile=s.profile,
         aborting=s.aborting,
         training_may_proceed=proceeded,
-        decision=None if d is None else DecisionView(d.target, d.predicted_makespan_s, d.reason),
+        decision=None
+        if d is None
+        else DecisionView(d.target, finite_or_none(d.predicted_makespan_s), d.reason),
         measured_makespan_s=s.last_makespan_s,
         gate=s.last_gate,
         cycle=s.cycle,

@@ -159,3 +159,12 @@ def test_json_is_strict_even_without_workers(capsys: pytest.CaptureFixture[str])
         assert code == 0
         j = json.loads(out, parse_constant=no_constants)
         assert j["predicted_makespan_s"] is None or j["N_C"] + j["N_P"] > 0
+
+
+def test_no_dedicated_gpus_shows_no_prediction(capsys: pytest.CaptureFixture[str]) -> None:
+    """T_ded has no prediction without dedicated workers: '-' in text, null in JSON."""
+    j = run_json(capsys, "--gpus", "0", "--overlap-gpus", "16")
+    g = j["gate"]
+    assert g["T_ded"] is None and g["benefit_s"] is None and g["T_full"] > 0 and g["enabled"]
+    code, out, _ = run(capsys, "--gpus", "0", "--overlap-gpus", "16")
+    assert code == 0 and "(T_ded - s - T_full" in out and "= - s vs T_toggle" in out, out

@@ -57,3 +57,16 @@ def test_status_names_stranded_gpus_and_a_decision_for_another_budget() -> None:
     s["budget"] = {**s["budget"], "stranded_gpus": []}
     lines = render(s).splitlines()
     assert lines[2] == "decision: 3C predicted 94.6s (budget 2 -> 4)"
+
+
+def test_status_of_an_empty_pool_shows_no_prediction_and_why() -> None:
+    reason = "no rollout worker in the budget: no makespan to predict"
+    s: dict[str, Any] = {
+        "seq": 40, "mode": "colocated", "N_P": 0, "N_D": 0, "N_C": 0, "phase": "training",
+        "training_step": 1, "weights_version": 0, "tp": 1, "workers": [],
+        "budget": {"dedicated_gpus": 0, "training_gpus": 2, "lent": False, "workers": 0,
+                   "stranded_gpus": []},
+        "decision": {"target": "0C", "predicted_makespan_s": None, "reason": reason,
+                     "workers": 0, "current": True},
+    }  # fmt: skip
+    assert f"decision: 0C no prediction ({reason})" in render(s).splitlines()

@@ -43,17 +43,21 @@ class Harness:
     output the table is validated and must equal the fold of every record so far."""
 
     def __init__(
-        self, borrow: Borrow = Borrow.NEVER, records: list[Any] | None = None, pd: PD = PD.ADAPTIVE
+        self,
+        borrow: Borrow = Borrow.NEVER,
+        records: list[Any] | None = None,
+        pd: PD = PD.ADAPTIVE,
+        cfg: config.Config = CFG,
     ) -> None:
-        self.ctl = Controller(Policy(CFG.decision, pd=pd, borrow=borrow))
-        c = CFG.cluster
+        self.ctl = Controller(Policy(cfg.decision, pd=pd, borrow=borrow))
+        c = cfg.cluster
         init = ev.ClusterInit(c.tp, c.training_gpus, c.reserved_gpus, c.preemptible_gpus)
         self.records: list[Any] = list(records or [init])
         table = replay(self.records)
         self.now = 0.0
         self.pending: list[Any] = []
         self.sent: list[Any] = []
-        out = self.ctl.recover(table, prior_profile(CFG), self.now)
+        out = self.ctl.recover(table, prior_profile(cfg), self.now)
         self.s: ControllerState = out.state
         self._take(out)
 

@@ -57,8 +57,17 @@ def test_nothing_to_borrow_means_no_benefit() -> None:
 
 
 def test_no_dedicated_workers_makes_borrowing_worth_it() -> None:
+    """T_ded and the benefit have no prediction: None, never inf (JSON has none)."""
     g = gate(R=64, T_toggle=1e6, N_ded=0)
-    assert g.enabled and g.T_ded == math.inf and g.T_full == pytest.approx(94.0)
+    assert g.enabled and g.T_ded is None and g.T_full == pytest.approx(94.0)
+    assert g.benefit_s is None and "no dedicated rollout worker" in g.reason
+
+
+def test_no_workers_at_all_has_no_prediction_and_no_benefit() -> None:
+    g = gate(R=64, T_toggle=0.0, N_ded=0, N_overlap=0)
+    assert not g.enabled and (g.T_ded, g.T_full, g.benefit_s) == (None, None, 0.0)
+    idle = gate(R=0, T_toggle=0.0, N_ded=0)
+    assert not idle.enabled and idle.T_ded is None and idle.benefit_s == 0.0
 
 
 def test_measured_toggle_costs_close_the_gate() -> None:
