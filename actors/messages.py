@@ -71,6 +71,8 @@ class GenerateDone(WireStruct, tag="generate-done", frozen=True):
     result: GenerateResult | None = None
     error: str = ""
     retryable: bool = False  # e.g. the KV never arrived: route the request again
+    refused: bool = False  # the server refused the request itself (4xx): final, never retried
+    retry_after_s: float = 0.0  # > 0: no worker served it in its time; try again after this
 
 
 @MESSAGES.add
@@ -122,6 +124,7 @@ class Route(WireStruct, tag="route", frozen=True):
 
     request: GenerateRequest
     reply_to: str
+    wait_s: float = 0.0  # how long it may wait for a worker, retries included (0: the Router's)
 
 
 @MESSAGES.add

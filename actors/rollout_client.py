@@ -4,7 +4,21 @@
 :class:`Completion`. A turn aborted off a leaving worker (reclaimed, under a notice, lent back
 at Training Begin) comes back with the tokens it had generated: the client sends the rest again,
 as prompt + prefix, to wherever the Router routes it now, and the caller sees one completion.
-An error the Router gave up on is tried again up to ``retries`` times before the future fails.
+
+A request has one clock over all its attempts: ``wait_s`` from :meth:`generate`, the time it may
+wait for a worker (each Route carries what is left of it, so the Router's own waiting for a worker
+spends the same time). A turn that came back aborted with no tokens (its server died or failed
+before the first one) resumes like any other, after a back-off that doubles per such turn in a
+row, so a server that aborts everything at once is never retried in a tight loop. The future
+fails with:
+
+- :class:`~pearl.core.errors.RequestRefused` at once when the server refused the request itself
+  (a 4xx): never retried;
+- :class:`~pearl.core.errors.NoWorker` (with ``retry_after_s``) when no worker served it within
+  ``wait_s``;
+- EngineError when an error the Router gave up on came back more than ``retries`` times (each
+  retry after a back-off).
+
 ``on_attempt`` hears each attempt that answered (its worker, tokens and version) as it ends, before
 the next is sent: a streaming caller sees the completion grow across migrations. ``cancel(rid)``
 aborts a request wherever it runs; its future then settles with what it had generated.
@@ -16,6 +30,7 @@ answers arrive on the Router's thread and only settle futures or resubmit.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -26,6 +41,8 @@ import msgspec
 from actors import names
 from actors.base import DEFAULT_ASK_S, Directory
 from actors.messages import AbortRequest, GenerateDone, Route
+from actors.router import RETRY_AFTER_S, WAIT_S, backoff_s
+from pearl.core.errors import NoWorker, RequestRefused
 from pearl.engines.base import EngineError, FinishReason, GenerateRequest, GenerateResult
 
 
@@ -71,13 +88,31 @@ class _Call:
     out: Completion
     on_attempt: Callable[[Attempt], None] | None = None
     cancelled: bool = False
+    deadline: float = float("inf")  # the client's clock: past it, no more waiting for a worker
+    stalls: int = 0  # attempts in a row that ended with nothing (no tokens, or an error)
+
+
+def _later(delay_s: float, fn: Callable[[], None]) -> None:
+    timer = threading.Timer(delay_s, fn)
+    timer.daemon = True
+    timer.start()
 
 
 class RolloutClient:
-    """A registered Ref that routes requests and resumes aborted ones (see the module)."""
+    """A registered Ref that routes requests and resumes aborted ones (see the module).
+    ``clock`` and ``later(delay_s, fn)`` (run ``fn`` after a delay) are injectable."""
 
-    def __init__(self, directory: Directory, name: str = names.ROLLOUT_CLIENT, retries: int = 3):
+    def __init__(
+        self,
+        directory: Directory,
+        name: str = names.ROLLOUT_CLIENT,
+        retries: int = 3,
+        wait_s: float = WAIT_S,
+        clock: Callable[[], float] = time.monotonic,
+        later: Callable[[float, Callable[[], None]], None] = _later,
+    ):
         self.name, self.directory, self.retries = name, directory, retries
+        self.wait_s, self.clock, self.later = wait_s, clock, later
         self._lock = threading.Lock()
         self._calls: dict[str, _Call] = {}
         self.migrated = 0  # resumptions, all requests
@@ -90,11 +125,13 @@ class RolloutClient:
         """Route ``request``; ``on_attempt`` (called on the Router's thread) hears each attempt
         that answered, in order, before the future settles."""
         fut: Future[Completion] = Future()
+        call = _Call(request, fut, Completion(request.rid), on_attempt)
+        call.deadline = self.clock() + self.wait_s
         with self._lock:
             if request.rid in self._calls:
                 raise EngineError(f"request {request.rid} is already in flight")
-            self._calls[request.rid] = _Call(request, fut, Completion(request.rid), on_attempt)
-        self._send(request)
+            self._calls[request.rid] = call
+        self._send(call, request)
         return fut
 
     def cancel(self, rid: str) -> None:
@@ -120,8 +157,33 @@ class RolloutClient:
         self.tell(msg)
         return None
 
-    def _send(self, request: GenerateRequest) -> None:
-        self.directory.tell(names.ROUTER, Route(request, self.name))
+    def _send(self, call: _Call, request: GenerateRequest) -> None:
+        left = call.deadline - self.clock()
+        if left <= 0:
+            why = call.out.errors[-1] if call.out.errors else "its attempts ended with nothing"
+            self._settle(
+                call,
+                NoWorker(
+                    f"{request.rid}: no worker served it within {self.wait_s:g} s ({why})",
+                    RETRY_AFTER_S,
+                ),
+            )
+            return
+        self.directory.tell(names.ROUTER, Route(request, self.name, wait_s=left))
+
+    def _resend(self, call: _Call) -> None:
+        """Send what is left of ``call`` again: at once after its first empty ending, else
+        after a back-off that doubles per ending in a row (none once tokens come)."""
+        delay = backoff_s(call.stalls)
+        if delay <= 0:
+            self._send(call, self._rest(call))
+            return
+
+        def again() -> None:
+            if not call.future.done():
+                self._send(call, self._rest(call))
+
+        self.later(delay, again)
 
     def _done(self, msg: GenerateDone) -> None:
         with self._lock:
@@ -131,10 +193,15 @@ class RolloutClient:
         out, req = call.out, call.request
         if msg.result is None:
             out.errors.append(msg.error)
-            if call.cancelled or len(out.errors) > self.retries:
+            if msg.refused:
+                self._settle(call, RequestRefused(f"{msg.rid}: {msg.error}"))
+            elif msg.retry_after_s > 0:
+                self._settle(call, NoWorker(f"{msg.rid}: {msg.error}", msg.retry_after_s))
+            elif call.cancelled or len(out.errors) > self.retries:
                 self._settle(call, EngineError(f"{msg.rid}: {msg.error}"))
             else:
-                self._send(self._rest(call))
+                call.stalls += 1
+                self._resend(call)
             return
         r: GenerateResult = msg.result
         recomputed = 0
@@ -161,7 +228,8 @@ class RolloutClient:
             out.resumed += 1
             with self._lock:
                 self.migrated += 1
-            self._send(self._rest(call))
+            call.stalls = 0 if r.output_ids else call.stalls + 1
+            self._resend(call)
             return
         self._settle(call, None)
 

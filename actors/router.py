@@ -21,8 +21,14 @@ A critical turn goes to the least-loaded worker unless its trajectory's worker i
 loaded (a decode iteration's cost grows with its batch; the move's re-prefill is paid within the
 turn).
 
-A request with nowhere to go waits until workers are routable again; a retryable failure
-(the KV never arrived, the worker was leaving) is routed again; an aborted request comes back with
+Retries have a clock, not a count. A request may wait for a worker up to its ``wait_s`` (the
+Route's, else the Router's: ``gateway.request_timeout_s``) from the moment it was routed, retries
+included; a request with nowhere to go waits until workers are routable again, and a retryable
+failure (the KV never arrived, the worker was leaving, its server is being relaunched, its host
+died) is routed again after a back-off that doubles per attempt (none for the first: a gone worker
+is replaced at once) up to ``MAX_BACKOFF_S``, so nothing retries in a tight loop. Past its time a
+request fails with ``retry_after_s`` set (the gateway's 503 with ``Retry-After``). A refusal of the
+request itself (``refused``: the server's 4xx) is final at once. An aborted request comes back with
 its generated prefix to whoever asked, who resubmits it.
 
 A worker host that dies gives no answer and no prefix. The RoleSupervisor tells ``WorkerGone``
@@ -49,6 +55,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,7 +70,10 @@ from pearl.engines.base import GenerateRequest
 
 log = logging.getLogger(__name__)
 
-MAX_ATTEMPTS = 5
+WAIT_S = 120.0  # how long a request may wait for a worker when neither it nor the daemon says
+FIRST_BACKOFF_S = 0.25  # the wait before a request's second retry; doubled per attempt ...
+MAX_BACKOFF_S = 4.0  # ... up to this
+RETRY_AFTER_S = 5.0  # what a request that found no worker in its time is told to wait
 AFFINITY_SLACK = 2  # requests a trajectory's worker may have beyond the least-loaded one
 AFFINITY_RATIO = 1.5  # ... and times as many (off the critical path) before a turn leaves it
 HOMES = 65_536  # trajectories whose last worker is remembered (least recently routed forgotten)
@@ -106,6 +116,9 @@ class Pending:
     prefilled: bool = False  # the prefill half of this attempt answered: its KV has left
     sent_at: float = 0.0  # wall clock when this attempt was dispatched
     migrating: bool = False  # this attempt was aborted off a leaving worker
+    deadline: float = float("inf")  # Router clock: past it, the request fails (no worker came)
+    not_before: float = 0.0  # Router clock: a retry waits for its back-off until then
+    why: str = ""  # why it was last routed again (said when it runs out of time)
 
     def wire(self, rid: str) -> str:
         """The engine rid of the current attempt."""
@@ -119,13 +132,29 @@ class View:
     decode: list[int] = field(default_factory=list)
 
 
+def backoff_s(attempt: int) -> float:
+    """How long retry ``attempt`` (1 = the first) waits before it is routed: 0, then
+    ``FIRST_BACKOFF_S`` doubled per attempt up to ``MAX_BACKOFF_S``."""
+    if attempt <= 1:
+        return 0.0
+    return min(MAX_BACKOFF_S, FIRST_BACKOFF_S * 2.0 ** min(attempt - 2, 16))
+
+
 class Router(PearlActor):
     name = names.ROUTER
 
-    def __init__(self, directory: Directory, link: Any = None) -> None:
+    def __init__(
+        self,
+        directory: Directory,
+        link: Any = None,
+        wait_s: float = WAIT_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         super().__init__()
         self.directory = directory
         self.link = link  # an SGLangRouterLink, or None: PEARL dispatches to workers itself
+        self.wait_s, self.clock = wait_s, clock
+        self.expired = 0  # requests that found no worker in their time
         self.view = View()
         self.kv: dict[int, str] = {}
         self.load: dict[int, int] = {}
@@ -183,7 +212,8 @@ class Router(PearlActor):
                 msg.reply_to, GenerateDone(-1, rid, None, f"request {rid} is already in flight")
             )
             return
-        self.pending[rid] = Pending(msg, original=msg.request)
+        wait = msg.wait_s if msg.wait_s > 0 else self.wait_s
+        self.pending[rid] = Pending(msg, original=msg.request, deadline=self.clock() + wait)
         self._dispatch(rid)
 
     def _pick(self, pool: list[int], trajectory: str = "", critical: bool = False) -> int:
@@ -273,9 +303,17 @@ class Router(PearlActor):
         self._flush()
 
     def _flush(self) -> None:
+        now = self.clock()
         for _ in range(len(self.waiting)):
             rid = self.waiting.popleft()
-            if rid in self.pending:
+            p = self.pending.get(rid)
+            if p is None or p.workers:
+                continue
+            if now >= p.deadline:
+                self._expire(rid, p)
+            elif now < p.not_before:
+                self.waiting.append(rid)  # still backing off
+            else:
                 self._dispatch(rid)
         if self.leaving:
             self._migrate()
@@ -314,9 +352,9 @@ class Router(PearlActor):
             if msg.worker == p.workers[0] and msg.result is not None:
                 p.prefilled = True  # the prefill side: its KV went to the decode worker
             return
-        if msg.error and msg.retryable and p.attempt + 1 < MAX_ATTEMPTS:
-            # Routed again at the next flush (a tick, or a logged change): a worker that just
-            # vanished gets a moment to be restarted or replaced instead of eating the retries.
+        if msg.error and msg.retryable and not msg.refused:
+            # Routed again at the next flush (a tick, or a logged change) once its back-off is
+            # over: a worker that just vanished gets a moment to be restarted or replaced.
             self._again(rid, p, msg.error)
             return
         self._finish(rid, p, msg)
@@ -335,18 +373,25 @@ class Router(PearlActor):
             for w in p.workers:  # the surviving half of a PD pair: its answer is not wanted
                 if w != msg.worker:
                     self.directory.tell(names.worker_name(w), AbortRequest(wire))
-            if p.attempt + 1 >= MAX_ATTEMPTS:
-                self._finish(rid, p, GenerateDone(-1, rid, None, f"{why}; gave up"))
-            else:
-                self._again(rid, p, why)
+            self._again(rid, p, why)
         self._flush()
 
     def _again(self, rid: str, p: Pending, why: str) -> None:
         p.attempt += 1
         p.workers = ()
+        p.not_before, p.why = self.clock() + backoff_s(p.attempt), why
         self.wires[p.wire(rid)] = rid
         log.info("routing %s again (attempt %d): %s", rid, p.attempt + 1, why)
         self.waiting.append(rid)
+
+    def _expire(self, rid: str, p: Pending) -> None:
+        """No worker served it in its time: fail it, transient (try again later)."""
+        self.expired += 1
+        wait = p.route.wait_s if p.route.wait_s > 0 else self.wait_s
+        last = f" (last: {p.why})" if p.why else " (no worker was routable)"
+        why = f"no worker served {rid} within {wait:g} s{last}"
+        log.warning("%s", why)
+        self._finish(rid, p, GenerateDone(-1, rid, None, why, retry_after_s=RETRY_AFTER_S))
 
     def _finish(self, rid: str, p: Pending, msg: GenerateDone) -> None:
         del self.pending[rid]
@@ -383,6 +428,7 @@ class Router(PearlActor):
             "load": dict(self.load),
             "migrated": self.migrated,
             "affine": self.affine,
+            "expired": self.expired,
         }
 
     handles = {

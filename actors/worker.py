@@ -27,7 +27,7 @@ from actors.messages import (
     RestoreWorker,
 )
 from pearl.core import commands as cmd
-from pearl.core.errors import PearlError
+from pearl.core.errors import PearlError, RequestRefused
 from pearl.core.state import Role
 from pearl.engines.base import Engine, GenerateResult, KVTimeout
 from pearl.metrics import HostMetrics
@@ -199,6 +199,9 @@ class WorkerActor(PearlActor):
             return
         try:
             fut = self.engine.generate(msg.request)
+        except RequestRefused as e:  # the request's own fault: final
+            self._done(rid, None, str(e), refused=True)
+            return
         except PearlError as e:
             self._done(rid, None, str(e), retryable=True)
             return
@@ -209,13 +212,22 @@ class WorkerActor(PearlActor):
             self._done(rid, fut.result(), "")
         except KVTimeout as e:
             self._done(rid, None, str(e), retryable=True)
+        except RequestRefused as e:  # the server refused it (4xx): final, never retried
+            self._done(rid, None, str(e), refused=True)
         except Exception as e:  # the router decides; the engine keeps serving
             self._done(rid, None, str(e), retryable=False)
 
     def _done(
-        self, rid: str, result: GenerateResult | None, error: str, retryable: bool = False
+        self,
+        rid: str,
+        result: GenerateResult | None,
+        error: str,
+        retryable: bool = False,
+        refused: bool = False,
     ) -> None:
-        self.directory.tell(names.ROUTER, GenerateDone(self.worker, rid, result, error, retryable))
+        self.directory.tell(
+            names.ROUTER, GenerateDone(self.worker, rid, result, error, retryable, refused)
+        )
 
     def on_abort(self, msg: AbortRequest) -> None:
         if self.engine is not None:

@@ -479,7 +479,10 @@ class Daemon:
             names.SUPERVISOR: supervisor,
             names.REBUILDER: lambda: base.start(d, InterScaleRebuilder, d),
             names.TOGGLE: lambda: base.start(d, IntraScaleToggleManager, d),
-            names.ROUTER: lambda: base.start(d, Router, d, link_from_config(cfg.engine)),
+            # Every request may wait for a worker as long as the gateway's (the pipeline's too).
+            names.ROUTER: lambda: base.start(
+                d, Router, d, link_from_config(cfg.engine), cfg.gateway.request_timeout_s
+            ),
             names.TRACKER: lambda: base.start(
                 d,
                 RuntimeTracker,

@@ -72,3 +72,17 @@ class EngineError(PearlError):
 
 class KVTimeout(EngineError):
     """A decode worker never received the KV cache of a request; the router should retry."""
+
+
+class RequestRefused(EngineError):
+    """The server refused the request itself (an HTTP 4xx, a prompt it cannot serve): final for
+    that request, never retried; the gateway answers it with 400 and the server's reason."""
+
+
+class NoWorker(EngineError):
+    """No worker served the request within its time (its worker died and none came back, none
+    can start, the pool is empty): transient, try again after ``retry_after_s``."""
+
+    def __init__(self, message: str, retry_after_s: float = 5.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s

@@ -38,7 +38,7 @@ from actors.messages import StateChanged
 from actors.rollout_client import Attempt, Completion, RolloutClient
 from pearl.core import events as ev
 from pearl.core.bounds import check_event
-from pearl.core.errors import PearlError
+from pearl.core.errors import NoWorker, PearlError, RequestRefused
 from pearl.core.state import TrainingPhase
 from pearl.core.status import status_plain
 from pearl.engines.base import FinishReason, GenerateRequest, SamplingParams
@@ -109,7 +109,7 @@ class PoolBackend:
         self.chat_template = chat_template
         self.model = served_model(cfg)
         self.max_context = int(cfg.workload.max_trajectory_tokens)
-        self.client = RolloutClient(directory, name)
+        self.client = RolloutClient(directory, name, wait_s=float(cfg.gateway.request_timeout_s))
         self.sessions = SessionBook(sessions_per_step, session_idle_s)
         self._lock = threading.Lock()  # guards the session book (Router thread + event loop)
         self._boundary_step: int | None = None  # the training step whose begin ended sessions
@@ -215,6 +215,13 @@ class PoolBackend:
                         return
                     continue
                 error = item.exception()
+                if isinstance(error, RequestRefused):  # the request's fault: the server's reason
+                    raise GatewayError(str(error), 400, "invalid_request_error")
+                if isinstance(error, NoWorker):
+                    raise GatewayError(
+                        f"no worker could serve request {rid}: {error}; try again later",
+                        503, "server_error", retry_after_s=error.retry_after_s,
+                    )  # fmt: skip
                 if error is not None:
                     raise GatewayError(
                         f"the pool gave up on request {rid}: {error}", 503, "server_error"

@@ -11,6 +11,7 @@ from actors import names
 from actors.base import Directory
 from actors.messages import AbortRequest, GenerateDone, Route
 from actors.rollout_client import RolloutClient
+from pearl.core.errors import NoWorker, RequestRefused
 from pearl.engines.base import EngineError, FinishReason, GenerateRequest, GenerateResult
 from pearl.engines.base import SamplingParams as S
 
@@ -18,13 +19,15 @@ from pearl.engines.base import SamplingParams as S
 class ScriptedRouter:
     """Answers each Route with the next of ``script``: ("abort", k, version) generates k tokens
     then aborts, ("done", version) generates the rest, ("error",) fails the attempt, ("hold",)
-    leaves it running."""
+    leaves it running, ("refused",) refuses it as the request's fault (a server's 4xx),
+    ("expired",) says no worker served it in its time."""
 
     name = names.ROUTER
 
     def __init__(self, d: Directory, script: list[tuple[Any, ...]]) -> None:
         self.d, self.script, self.seen = d, list(script), []
         self.aborted: list[str] = []
+        self.routes: list[Route] = []
 
     def tell(self, msg: Route | AbortRequest) -> None:
         if isinstance(msg, AbortRequest):
@@ -32,11 +35,20 @@ class ScriptedRouter:
             return
         req = msg.request
         self.seen.append(req)
+        self.routes.append(msg)
         step = self.script.pop(0)
         if step[0] == "hold":  # still running
             return
         if step[0] == "error":
             self.d.tell(msg.reply_to, GenerateDone(1, req.rid, None, "worker 1 is gone"))
+            return
+        if step[0] == "refused":
+            why = "the vLLM server refused the request (400): Token id 600 is out of vocabulary"
+            self.d.tell(msg.reply_to, GenerateDone(1, req.rid, None, why, refused=True))
+            return
+        if step[0] == "expired":
+            why = "no worker served it within 9 s"
+            self.d.tell(msg.reply_to, GenerateDone(-1, req.rid, None, why, retry_after_s=7.0))
             return
         n = step[1] if step[0] == "abort" else req.sampling.max_new_tokens
         start = len(req.input_ids)
@@ -56,11 +68,65 @@ class ScriptedRouter:
         self.tell(msg)
 
 
-def client_with(script: list[tuple[Any, ...]]) -> tuple[RolloutClient, ScriptedRouter]:
+def client_with(
+    script: list[tuple[Any, ...]], **kwargs: Any
+) -> tuple[RolloutClient, ScriptedRouter]:
     d = Directory()
     router = ScriptedRouter(d, script)
     d.register(router)  # type: ignore[arg-type]
-    return RolloutClient(d, retries=1), router
+    return RolloutClient(d, retries=1, **kwargs), router
+
+
+class Time:
+    """A clock and a ``later`` that waits by moving the clock (no real waiting)."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+        self.delays: list[float] = []
+
+    def clock(self) -> float:
+        return self.t
+
+    def later(self, delay_s: float, fn: Any) -> None:
+        self.delays.append(delay_s)
+        self.t += delay_s
+        fn()
+
+
+def test_a_refused_request_is_tried_once_and_fails_as_refused() -> None:
+    client, router = client_with([("refused",), ("done", 1)])
+    fut = client.generate(GenerateRequest("r", (600,), S(4)))
+    with pytest.raises(RequestRefused, match="out of vocabulary"):
+        fut.result(5)
+    assert len(router.seen) == 1 and client.failed == 1
+
+
+def test_no_worker_in_time_fails_at_once_with_retry_after() -> None:
+    client, router = client_with([("expired",), ("done", 1)])
+    fut = client.generate(GenerateRequest("r", (1,), S(4)))
+    with pytest.raises(NoWorker) as e:
+        fut.result(5)
+    assert e.value.retry_after_s == 7.0 and len(router.seen) == 1
+
+
+def test_empty_endings_back_off_and_share_one_clock_then_fail_with_no_worker() -> None:
+    """A server that aborts every attempt before its first token (it died, it fails): resumed
+    after a back-off that doubles, each Route told the time left, never past ``wait_s``."""
+    t = Time()
+    client, router = client_with([("abort", 0, 1)] * 20, wait_s=3.0, clock=t.clock, later=t.later)
+    fut = client.generate(GenerateRequest("r", (1,), S(4)))
+    with pytest.raises(NoWorker, match="within 3 s"):
+        fut.result(5)
+    assert t.delays == [0.25, 0.5, 1.0, 2.0]  # the first resume at once
+    assert [m.wait_s for m in router.routes] == [3.0, 3.0, 2.75, 2.25, 1.25]
+
+
+def test_tokens_reset_the_back_off() -> None:
+    t = Time()
+    script = [("abort", 0, 1), ("abort", 0, 1), ("abort", 2, 1), ("abort", 0, 1), ("done", 1)]
+    client, _ = client_with(script, clock=t.clock, later=t.later)
+    out = client.generate(GenerateRequest("r", (1,), S(4))).result(5)
+    assert len(out.output_ids) == 4 and t.delays == [0.25]
 
 
 def test_an_aborted_turn_resumes_with_its_prefix_and_the_caller_sees_one_completion() -> None:

@@ -15,7 +15,7 @@ import pytest
 from actors import names
 from actors.base import Directory, LocalRef, PearlActor, start
 from actors.messages import AbortRequest, Generate, GenerateDone, Route, StateChanged
-from actors.router import MAX_ATTEMPTS, Flush, KvAddress, Router, WorkerGone
+from actors.router import FIRST_BACKOFF_S, MAX_BACKOFF_S, Flush, KvAddress, Router, WorkerGone
 from pearl.core.state import Activity, Role, Worker, Zone
 from pearl.core.view import ClusterView, TableSnapshot
 from pearl.engines.base import FinishReason, GenerateRequest, GenerateResult
@@ -71,12 +71,27 @@ class Sink(PearlActor):
     handles = {GenerateDone: on_done, Results: results}
 
 
+class Clock:
+    """The Router's clock, moved by the test."""
+
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
 @pytest.fixture
-def cluster() -> Iterator[tuple[Directory, list[Any], list[int]]]:
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def cluster(clock: Clock) -> Iterator[tuple[Directory, list[Any], list[int]]]:
     d = Directory()
     log: list[Any] = []
     fail: list[int] = []
-    start(d, Router, d)
+    start(d, Router, d, None, 30.0, clock)
     start(d, Sink)
     for wid in (1, 2, 3):
         d.register(LocalRef(names.worker_name(wid), FakeWorker.start(d, wid, log, fail)))
@@ -257,19 +272,97 @@ def test_a_prefill_host_that_dies_after_shipping_leaves_the_decode_alone(cluster
     assert results(d, 1)[0].result is not None
 
 
-def test_a_request_whose_hosts_keep_dying_gives_up(cluster: Any) -> None:
+def test_a_request_whose_hosts_keep_dying_backs_off_then_fails_in_its_time(
+    cluster: Any, clock: Clock
+) -> None:
+    """Retries have a clock, not a count: each waits twice as long as the one before (the
+    first none), and the request fails, transient, once its ``wait_s`` is spent."""
     d, log, _ = cluster
     holding(d, 0, log, every=True)
     view(d, [(0, "colocated", "active")])
-    d.tell(names.ROUTER, Route(GenerateRequest("r", (5,)), "sink"))
-    for _ in range(MAX_ATTEMPTS):
-        settle(d, names.ROUTER, names.worker_name(0))
+    d.tell(names.ROUTER, Route(GenerateRequest("r", (5,)), "sink", wait_s=20.0))
+    settle(d, names.ROUTER, names.worker_name(0))
+
+    def dies_and_comes_back() -> None:
         d.tell(names.ROUTER, WorkerGone(0, 1, "exited"))
         d.tell(names.ROUTER, KvAddress(0, "inproc://kv-0"))  # restarted: it says hello again
         d.tell(names.ROUTER, Flush())
+        settle(d, names.ROUTER, names.worker_name(0))
+
+    def sent() -> int:
+        return len(sent_to(log, 0))
+
+    dies_and_comes_back()
+    assert sent() == 2  # the first retry goes at once
+    gap = FIRST_BACKOFF_S
+    while clock.t + gap < 100.0 + 20.0:
+        dies_and_comes_back()
+        n = sent()
+        clock.t += gap * 0.9
+        d.tell(names.ROUTER, Flush())
+        settle(d, names.ROUTER, names.worker_name(0))
+        assert sent() == n  # still backing off: no tight loop
+        clock.t += gap * 0.1
+        d.tell(names.ROUTER, Flush())
+        settle(d, names.ROUTER, names.worker_name(0))
+        assert sent() == n + 1
+        gap = min(2 * gap, MAX_BACKOFF_S)
+    assert [q.rid for q in sent_to(log, 0)][:3] == ["r", "r~1", "r~2"]
+    assert not d.get("sink").ask(Results())  # not given up on while it has time
+    d.tell(names.ROUTER, WorkerGone(0, 1, "exited"))
+    clock.t = 100.0 + 20.0
+    d.tell(names.ROUTER, Flush())
     done = results(d, 1)
-    assert done[0].result is None and "gave up" in done[0].error
-    assert [q.rid for q in sent_to(log, 0)] == ["r", "r~1", "r~2", "r~3", "r~4"]
+    assert done[0].result is None and done[0].retry_after_s > 0
+    assert "within 20 s" in done[0].error and "worker 0 is gone" in done[0].error
+
+
+def test_a_request_with_no_worker_fails_in_its_time_not_before(cluster: Any, clock: Clock) -> None:
+    d, log, _ = cluster
+    view(d, [(1, "colocated", "transitioning")])
+    d.tell(names.ROUTER, Route(GenerateRequest("r", (5,)), "sink"))  # the Router's 30 s
+    settle(d, names.ROUTER)
+    clock.t = 100.0 + 29.9
+    d.tell(names.ROUTER, Flush())
+    settle(d, names.ROUTER)
+    assert not d.get("sink").ask(Results()) and log == []
+    clock.t = 100.0 + 30.0
+    d.tell(names.ROUTER, Flush())
+    done = results(d, 1)
+    assert done[0].retry_after_s > 0 and "no worker was routable" in done[0].error
+
+
+class RefusingWorker(PearlActor):
+    """Refuses every request as the request's own fault (a server's 4xx)."""
+
+    def __init__(self, directory: Directory, wid: int, log: list[Any]) -> None:
+        super().__init__()
+        self.directory, self.wid, self.log = directory, wid, log
+        self.name = names.worker_name(wid)  # type: ignore[misc]
+
+    def on_generate(self, msg: Generate) -> None:
+        self.log.append((self.wid, msg.request))
+        why = "the vLLM server refused the request (400): Token id 600 is out of vocabulary"
+        done = GenerateDone(self.wid, msg.request.rid, None, why, retryable=True, refused=True)
+        self.directory.tell(names.ROUTER, done)
+
+    handles = {Generate: on_generate}
+
+
+def test_a_refusal_is_final_at_once(cluster: Any, clock: Clock) -> None:
+    d, log, _ = cluster
+    d.register(LocalRef(names.worker_name(0), RefusingWorker.start(d, 0, log)))
+    d.tell(names.ROUTER, KvAddress(0, "inproc://kv-0"))
+    view(d, [(0, "colocated", "active")])
+    d.tell(names.ROUTER, Route(GenerateRequest("r", (600,)), "sink"))
+    done = results(d, 1)
+    assert done[0].refused and "out of vocabulary" in done[0].error
+    for _ in range(3):
+        clock.t += MAX_BACKOFF_S
+        d.tell(names.ROUTER, Flush())
+    settle(d, names.ROUTER, names.worker_name(0))
+    assert len(sent_to(log, 0)) == 1
+    assert d.get(names.ROUTER).ref.proxy().stats().get()["pending"] == 0
 
 
 def test_a_turn_goes_back_to_its_trajectorys_worker_unless_that_one_is_much_busier() -> None:

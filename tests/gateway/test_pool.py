@@ -106,6 +106,24 @@ def test_the_pool_giving_up_fails_the_request_and_its_turn_is_measured() -> None
     assert len(tracker.steps) == 1 and tracker.steps[0].trajectories[0].turns == 1
 
 
+def test_a_refusal_is_a_400_with_the_servers_reason_tried_once() -> None:
+    backend, router, _, _ = scripted([("refused",), ("done", 1)])
+    with pytest.raises(GatewayError) as e:
+        asyncio.run(collect(backend, "r1", (600, 5), 4, ""))
+    assert e.value.status == 400 and e.value.kind == "invalid_request_error"
+    assert "Token id 600 is out of vocabulary" in e.value.message and len(router.seen) == 1
+
+
+def test_no_worker_in_time_is_a_503_with_retry_after() -> None:
+    backend, router, _, _ = scripted([("expired",), ("done", 1)])
+    with pytest.raises(GatewayError) as e:
+        asyncio.run(collect(backend, "r1", (1, 2), 4, ""))
+    assert e.value.status == 503 and e.value.retry_after_s == 7.0 and len(router.seen) == 1
+    # the Router is told the gateway's time: its waiting spends the request's one clock
+    wait = backend.cfg.gateway.request_timeout_s
+    assert 0 <= wait - router.routes[0].wait_s < 5.0
+
+
 def test_a_stream_closed_early_aborts_the_request_in_the_pool() -> None:
     backend, router, _, _ = scripted([("abort", 2, 1), ("hold",)])
 

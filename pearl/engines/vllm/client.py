@@ -4,9 +4,13 @@ Standard library only, as for SGLang (``http.client``, one connection per call).
 streams ``/v1/completions`` with token ids in and out (``return_token_ids``), so the tokens and
 their logprobs are known as they come: :class:`Completion` is one such request, and
 :meth:`Completion.cancel` closes its connection, which vLLM takes as an abort of the request
-(the tokens read so far are kept by the caller). The development endpoints (``/pause``,
-``/resume``, ``/sleep``, ``/wake_up``, ``/collective_rpc``, ``/reset_prefix_cache``,
-``/update_weight_version``) need the server started with ``VLLM_SERVER_DEV_MODE=1``.
+(the tokens read so far are kept by the caller). A refusal of the request itself, whether the
+answer's status is 4xx or a 4xx error comes as a chunk of the stream (vLLM checks token ids and
+stop ids after it has answered 200), raises :class:`RequestRefused` with the server's reason:
+final for that request. Anything else that ends a stream early raises a plain EngineError. The
+development endpoints (``/pause``, ``/resume``, ``/sleep``, ``/wake_up``, ``/collective_rpc``,
+``/reset_prefix_cache``, ``/update_weight_version``) need the server started with
+``VLLM_SERVER_DEV_MODE=1``.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from pearl.core.errors import RequestRefused
 from pearl.engines.base import EngineError
 from pearl.engines.web import call, parse_metrics
 
@@ -66,10 +71,7 @@ class Completion:
                 )
             resp = self._conn.getresponse()
             if resp.status != 200:
-                raise EngineError(
-                    f"POST /v1/completions answered {resp.status}: "
-                    f"{resp.read().decode(errors='replace')[:300]}"
-                )
+                raise refusal(resp.status, resp.read().decode(errors="replace"))
             for chunk in _events(resp):
                 self._take(chunk)
         except (OSError, http.client.HTTPException) as e:
@@ -81,6 +83,10 @@ class Completion:
 
     def _take(self, chunk: dict[str, Any]) -> None:
         out = self.out
+        if "error" in chunk:  # the server failed the request after its 200
+            error = chunk["error"]
+            code = error.get("code") if isinstance(error, dict) else None
+            raise refusal(code if isinstance(code, int) else 500, json.dumps(error))
         usage = chunk.get("usage") or {}
         if usage:
             out.prompt_tokens = int(usage.get("prompt_tokens") or out.prompt_tokens)
@@ -104,6 +110,20 @@ class Completion:
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
+
+
+def refusal(status: int, text: str) -> EngineError:
+    """The error of a failed completion: :class:`RequestRefused` for a 4xx (the request's own
+    fault, with the server's message), a plain EngineError otherwise."""
+    reason = text.strip()
+    with contextlib.suppress(ValueError, AttributeError, TypeError):
+        body = json.loads(text)
+        body = body.get("error", body) if isinstance(body, dict) else body
+        reason = str(body.get("message") or reason)
+    reason = reason[:500]
+    if 400 <= status < 500:
+        return RequestRefused(f"the vLLM server refused the request ({status}): {reason}")
+    return EngineError(f"POST /v1/completions answered {status}: {reason}")
 
 
 def _events(resp: http.client.HTTPResponse) -> Iterator[dict[str, Any]]:
@@ -192,4 +212,4 @@ class VLLMClient:
         return None if body is None else body.get("weight_version")
 
 
-__all__ = ["Completion", "Stream", "VLLMClient"]
+__all__ = ["Completion", "Stream", "VLLMClient", "refusal"]

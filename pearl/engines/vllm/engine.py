@@ -8,7 +8,9 @@
   sampled token ids and their logprobs as they come;
 - ``abort`` closes the request's stream: vLLM aborts a request whose client left, and the
   result keeps the tokens read so far (``FinishReason.ABORT``), so the turn resumes elsewhere
-  with its prefix. A server that dies mid-request also yields its prefix;
+  with its prefix. A server that dies or fails mid-request also yields its prefix (perhaps
+  empty): the request is not at fault, and resumes on the relaunched server or elsewhere. A
+  request the server refuses (4xx) fails with :class:`RequestRefused`: final, never retried;
 - ``release_memory`` aborts what is in flight (prefixes kept), then puts the server to sleep
   (CUDA, ``--enable-sleep-mode``: device memory freed, weights kept in host memory) or pauses
   it (CPUs, where vLLM has no sleep mode: the process stays, nothing is scheduled);
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pearl.core.errors import RequestRefused
 from pearl.core.state import Role
 from pearl.engines.base import (
     EngineBase,
@@ -206,11 +209,13 @@ class VLLMEngine(EngineBase):
                 completion.cancel()
             try:
                 out = completion.run()
-            except EngineError:
-                if not call.completion or not completion.out.token_ids:
-                    raise
-                out = completion.out  # the server died mid-request: its prefix lives on
-                log.warning("vLLM server lost %s after %d tokens", req.rid, len(out.token_ids))
+            except RequestRefused:
+                raise
+            except EngineError as e:  # the server died or failed: its prefix lives on
+                out = completion.out
+                log.warning(
+                    "vLLM server lost %s after %d tokens: %s", req.rid, len(out.token_ids), e
+                )
                 call.aborted = True
             n = len(out.token_ids)
             if call.aborted or out.finish_reason is None:
