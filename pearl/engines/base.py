@@ -14,6 +14,7 @@ continues decoding, and its result is the request's result.
 from __future__ import annotations
 
 import enum
+import math
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -21,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol
 
-from pearl.core.errors import EngineError, KVTimeout
+from pearl.core.errors import EngineError, KVTimeout, RequestRefused
 from pearl.core.schema import Value
 from pearl.core.state import Role
 from pearl.engines.lifecycle import EngineState, Lifecycle
@@ -180,25 +181,69 @@ class Engine(ABC):
         """Stats collected since the last call (and forget them)."""
 
 
-def check_request(req: GenerateRequest, max_seq_len: int = 0) -> None:
-    """Reject a malformed request before it is queued (clear message, nothing changed).
-    ``max_seq_len`` is the context limit; 0 where the server checks it itself."""
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1  # the seed range vLLM and the sim engine take
+
+
+def _wire_text(value: str, what: str, rid: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise RequestRefused(
+            f"request {rid[:80]!r}: {what} is not valid text ({e.reason} at {e.start}); "
+            "send UTF-8 without lone surrogates"
+        ) from None
+
+
+def _check_ids(ids: Sequence[int], what: str, rid: str, vocab_size: int) -> None:
+    """Every id of ``ids`` in [0, vocab_size) (in [0, 2**63) where the vocabulary is unknown)."""
+    if not ids:
+        return
+    limit = vocab_size or INT64_MAX + 1
+    low, high = min(ids), max(ids)
+    if low < 0 or high >= limit:
+        bad = low if low < 0 else high
+        where = f"the vocabulary of {vocab_size} tokens" if vocab_size else "[0, 2**63)"
+        raise RequestRefused(
+            f"request {rid}: {what} holds token id {bad}, outside {where}; "
+            f"give ids in [0, {limit - 1}]"
+        )
+
+
+def check_request(req: GenerateRequest, max_seq_len: int = 0, vocab_size: int = 0) -> None:
+    """Refuse a malformed request before it is queued (clear message, nothing changed):
+    :class:`RequestRefused`, final for that request. ``max_seq_len`` is the context limit and
+    ``vocab_size`` the model's vocabulary; 0 where unknown (the server checks them itself).
+
+    Whatever passes can be encoded on the wire and computed by every engine: text is UTF-8,
+    token ids are in [0, vocab_size), the seed is a signed 64-bit integer (vLLM's and the sim
+    engine's range; torch's is wider), ``max_new_tokens`` is in [1, 2**63), temperature and
+    top_p are finite."""
     sp = req.sampling
+    _wire_text(req.rid, "the rid", req.rid)
     if not req.rid:
-        raise EngineError("request has an empty rid")
+        raise RequestRefused("request has an empty rid")
+    for what, text in (("trajectory", req.trajectory), ("transfer_id", req.transfer_id),
+                       ("kv_peer", req.kv_peer)):  # fmt: skip
+        _wire_text(text, what, req.rid)
     if not req.input_ids:
-        raise EngineError(f"request {req.rid}: input_ids is empty; give at least one token")
+        raise RequestRefused(f"request {req.rid}: input_ids is empty; give at least one token")
+    _check_ids(req.input_ids, "input_ids", req.rid, vocab_size)
+    _check_ids(sp.stop_ids, "stop_ids", req.rid, vocab_size)
     if max_seq_len and len(req.input_ids) >= max_seq_len:
-        raise EngineError(
+        raise RequestRefused(
             f"request {req.rid}: prompt of {len(req.input_ids)} tokens leaves no "
             f"room under the context limit of {max_seq_len}"
         )
-    if sp.max_new_tokens < 1:
-        raise EngineError(
-            f"request {req.rid}: max_new_tokens must be >= 1, got {sp.max_new_tokens}"
+    if not 1 <= sp.max_new_tokens <= INT64_MAX:
+        raise RequestRefused(
+            f"request {req.rid}: max_new_tokens must be in [1, 2**63), got {sp.max_new_tokens}"
         )
-    if sp.temperature < 0 or not 0 < sp.top_p <= 1:
-        raise EngineError(
+    if sp.seed is not None and not INT64_MIN <= sp.seed <= INT64_MAX:
+        raise RequestRefused(
+            f"request {req.rid}: seed {sp.seed} is outside [-2**63, 2**63); give a 64-bit seed"
+        )
+    if not (math.isfinite(sp.temperature) and sp.temperature >= 0 and 0 < sp.top_p <= 1):
+        raise RequestRefused(
             f"request {req.rid}: need temperature >= 0 and 0 < top_p <= 1, got "
             f"{sp.temperature}, {sp.top_p}"
         )
@@ -249,6 +294,7 @@ class EngineBase(Drainable, Engine):
 
     kind: str
     roles: tuple[Role, ...] = SERVING_ROLES  # the roles this engine can serve
+    vocab_size: int = 0  # token ids it can compute are below this; 0: unknown (its server checks)
     kv_channel: KVChannel | None
     _role: Role
     _version: int
@@ -296,7 +342,8 @@ class EngineBase(Drainable, Engine):
 
     def _admit(self, request: GenerateRequest, max_seq_len: int = 0) -> None:
         """Under ``_cv``: raise unless this engine takes ``request`` now (serving, not in flight
-        already, well formed, with the hand-off fields its role needs)."""
+        already, well formed for this model (:func:`check_request`: RequestRefused, final), with
+        the hand-off fields its role needs)."""
         rid = request.rid
         self._need_serving("generate")
         why = self._life.refusal()
@@ -304,7 +351,7 @@ class EngineBase(Drainable, Engine):
             raise EngineError(f"{why}; route {rid} elsewhere")
         if rid in self._requests():
             raise EngineError(f"request {rid} is already in flight on this engine")
-        check_request(request, max_seq_len)
+        check_request(request, max_seq_len, self.vocab_size)
         if self._role is Role.PREFILL and not (request.transfer_id and request.kv_peer):
             raise EngineError(
                 f"prefill engine: request {rid} needs transfer_id and "
@@ -331,6 +378,7 @@ __all__ = [
     "KVChannel",
     "KVTimeout",
     "KVTransferStat",
+    "RequestRefused",
     "SamplingParams",
     "check_request",
 ]

@@ -6,7 +6,9 @@ admits queued sequences while KV pages last, and hands one batch of :class:`Segm
 token per running sequence, then chunked prefill up to the token budget) to the backend's
 ``_forward``. Backends (the torch model, the sim cost model) only compute: K/V into pages and one
 sampled token per finished segment. Everything that changes engine state runs on that thread, so
-the public methods are thread-safe by construction.
+the public methods are thread-safe by construction. One request's fault fails that request alone:
+a failed step is run again sequence by sequence, and a sequence that fails alone fails its request
+while the others go on.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from pearl.engines.blocks import KVBlocks
 from pearl.engines.handoff import KVHandoff
 from pearl.engines.lifecycle import EngineState, Lifecycle
 from pearl.engines.scheduler import Scheduler
-from pearl.engines.sequence import Phase, Seq
+from pearl.engines.sequence import Phase, Segment, Seq
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -294,17 +296,18 @@ class ServingEngine(EngineBase, Backend):
             self._finish(sched.out_of_memory.pop(), FinishReason.LENGTH)
         if not segments:
             return
-        decoding = [g.seq for g in segments if g.seq.phase is Phase.DECODE]
-        decode = len(decoding)
-        prefill = sum(g.end - g.start for g in segments if g.seq.phase is not Phase.DECODE)
         t0 = self._now()
         try:
             samples = self._forward(segments)
-        except Exception as e:  # fail this batch, keep serving
-            log.exception("%s engine: forward failed", self.kind)
-            for seq in {id(g.seq): g.seq for g in segments}.values():
-                self._fail(seq, EngineError(f"model step failed: {type(e).__name__}: {e}"))
-            return
+        except Exception as e:  # find the sequences at fault; the others go on
+            log.warning("%s engine: a batch of %d failed (%s: %s); isolating the failing "
+                        "sequences", self.kind, len(segments), type(e).__name__, e)  # fmt: skip
+            segments, samples = self._isolate(segments)
+            if not segments:
+                return
+        decoding = [g.seq for g in segments if g.seq.phase is Phase.DECODE]
+        decode = len(decoding)
+        prefill = sum(g.end - g.start for g in segments if g.seq.phase is not Phase.DECODE)
         with self._cv:
             self._iters.append(IterationStat(t0, self._now() - t0, decode, prefill))
         for seq in decoding:
@@ -316,10 +319,32 @@ class ServingEngine(EngineBase, Backend):
             elif (reason := seq.stop_reason(self.max_seq_len)) is not None:
                 self._finish(seq, reason)
 
+    def _isolate(self, segments: list[Segment]) -> tuple[list[Segment], list[tuple[int, float]]]:
+        """After a failed batch: run each sequence's segment alone (its K/V is written again, the
+        same values); one that still fails fails its request alone. Returns the segments that
+        ran and their samples, in order."""
+        kept: list[Segment] = []
+        samples: list[tuple[int, float]] = []
+        for g in segments:
+            try:
+                out = self._forward([g])
+            except Exception as e:
+                log.warning("%s engine: request %s fails its model step: %s: %s",
+                            self.kind, g.seq.rid, type(e).__name__, e)  # fmt: skip
+                self._fail(g.seq, EngineError(f"model step failed: {type(e).__name__}: {e}"))
+                continue
+            kept.append(g)
+            samples.extend(out)
+        return kept, samples
+
     def _accept(self, seq: Seq) -> None:
         if seq.future.done():
             return
-        self._new_sequence(seq)
+        try:
+            self._new_sequence(seq)
+        except Exception as e:  # the request's own fault (a seed its backend refuses)
+            self._fail(seq, EngineError(f"request {seq.rid}: {type(e).__name__}: {e}"))
+            return
         if self._role is Role.DECODE:
             assert self.handoff is not None
             self.handoff.expect(seq)

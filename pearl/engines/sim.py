@@ -95,6 +95,7 @@ class SimEngine(ServingEngine):
         super().__init__(cfg, role, kv_channel)
         self.sim_cfg = cfg
         self.cost = cost or SimCost()
+        self.vocab_size = self.cost.vocab_size
         self._model_t = 0.0  # model-seconds clock
         self._wall0 = time.monotonic()
 

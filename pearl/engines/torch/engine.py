@@ -61,6 +61,7 @@ class TorchEngine(ServingEngine):
         self.device = M.resolve_device(cfg.device)
         self.dtype = M.resolve_dtype(cfg.dtype, self.device)
         self.hf_config, self._source = M.model_of(cfg.model_path, cfg.preset, cfg.seed)
+        self.vocab_size = int(self.hf_config.vocab_size)  # its embedding: ids beyond fail
         self.tokenizer: Tokenizer = load_tokenizer(cfg.tokenizer_path or cfg.model_path or None)
         self.model: Any = None
         self.runner: PagedRunner | None = None
