@@ -345,7 +345,18 @@ def build_app(
                 "model",
             )
 
+    def check_text(req: p.BaseModel) -> None:
+        """Every string of the request is text (no lone surrogate): it can be encoded."""
+        where = p.bad_text(req)
+        if where is not None:
+            raise _refuse(
+                f"{where or 'the body'} is not valid Unicode text (a lone surrogate such as "
+                "\\ud800); send text that encodes as UTF-8",
+                where or None,
+            )
+
     def check_common(req: p._Sampled) -> None:
+        check_text(req)
         check_model(req.model)
         if req.n not in (None, 1):
             raise _refuse("n > 1 is not supported: one choice per request", "n")
@@ -355,9 +366,19 @@ def build_app(
         if req.logit_bias:
             raise _refuse("logit_bias is not supported", "logit_bias")
 
-    def check_ids(ids: Sequence[int], param: str) -> None:
-        if any(i < 0 for i in ids):
-            raise _refuse("token ids must be non-negative", param)
+    def check_ids(ids: Sequence[int], param: str | None) -> None:
+        """Token ids of the served model's vocabulary: in [0, vocab_size)."""
+        if not ids:
+            return
+        vocab = backend.vocab_size
+        low, high = min(ids), max(ids)
+        if low < 0 or high >= vocab:
+            bad = low if low < 0 else high
+            raise _refuse(
+                f"token id {bad} is outside the vocabulary of {backend.model!r}: "
+                f"token ids are 0 to {vocab - 1}",
+                param,
+            )
 
     def job(
         prefix: str,
@@ -372,12 +393,17 @@ def build_app(
         rid: str | None = None,
         eos: bool = True,
         stop: stops_mod.Stops = (),
+        stop_param: str = "stop_token_ids",
+        prompt_param: str | None = None,
     ) -> _Job:
-        """A validated request: the prompt fits, the limit fits beside it, and it stops at
-        ``stop_ids``, (``eos``) the tokenizer's EOS, where it has one, and ``stop`` strings."""
+        """A validated request: the prompt's ids and ``stop_ids`` are the model's, the prompt
+        fits, the limit fits beside it, and it stops at ``stop_ids``, (``eos``) the tokenizer's
+        EOS, where it has one, and ``stop`` strings. ``stop_param`` and ``prompt_param`` name
+        the fields in an error."""
         n, ctx = len(prompt_ids), backend.max_context
         if n == 0:
-            raise _refuse("the prompt is empty", None)
+            raise _refuse("the prompt is empty", prompt_param)
+        check_ids(prompt_ids, prompt_param)
         if n >= ctx:
             raise _refuse(
                 f"the prompt is {n} tokens; the context holds {ctx}, "
@@ -392,7 +418,7 @@ def build_app(
                 f"context of {ctx} tokens (at most {ctx - n})",
                 param,
             )
-        check_ids(stop_ids or [], "stop_token_ids")
+        check_ids(stop_ids or [], stop_param)
         stops = [*([tok.eos_id] if eos and tok.eos_id >= 0 else []), *(stop_ids or [])]
         sampling = Sampling(
             max_new_tokens=max_tokens,
@@ -509,7 +535,9 @@ def build_app(
             req.seed,
             req.stop_token_ids,
             session_of(request, req.user),
+            eos=not req.ignore_eos,
             stop=stops_mod.stops_of(req.stop, "stop"),
+            prompt_param="messages",
         )
         want_ids, want_lp = bool(req.return_token_ids), bool(req.logprobs)
         if req.stream:
@@ -646,7 +674,6 @@ def build_app(
         if isinstance(req.prompt, str):
             prompt_ids = list(tok.encode(req.prompt))
         else:
-            check_ids(req.prompt, "prompt")
             prompt_ids = list(req.prompt)
         j = job(
             "cmpl",
@@ -658,7 +685,9 @@ def build_app(
             req.seed,
             req.stop_token_ids,
             session_of(request, req.user),
+            eos=not req.ignore_eos,
             stop=stops_mod.stops_of(req.stop, "stop"),
+            prompt_param="prompt",
         )
         want_ids, want_lp = bool(req.return_token_ids), req.logprobs is not None
         if req.stream:
@@ -738,6 +767,7 @@ def build_app(
     @app.post("/generate", response_model=None)
     async def generate(req: p.GenerateRequest, request: Request) -> Any:
         sp = req.sampling_params
+        check_text(req)
         if (req.text is None) == (req.input_ids is None):
             raise _refuse("give exactly one of text and input_ids", "input_ids")
         if sp.n != 1:
@@ -754,7 +784,6 @@ def build_app(
         if sp.seed is not None and sp.sampling_seed is not None and sp.seed != sp.sampling_seed:
             raise _refuse("seed and sampling_seed differ", "sampling_params.seed")
         if req.input_ids is not None:
-            check_ids(req.input_ids, "input_ids")
             prompt_ids = list(req.input_ids)
         else:
             prompt_ids = list(tok.encode(req.text or ""))
@@ -772,6 +801,8 @@ def build_app(
             rid=req.rid,
             eos=not sp.ignore_eos,
             stop=stops_mod.stops_of(sp.stop, "sampling_params.stop"),
+            stop_param="sampling_params.stop_token_ids",
+            prompt_param="input_ids" if req.input_ids is not None else "text",
         )
         t0 = time.perf_counter()
 

@@ -11,6 +11,8 @@ Rules every backend keeps:
   migrations happened underneath (a turn moved off a leaving worker continues with its prefix).
 - A request fails with :class:`GatewayError` only when the pool gave up on it; elasticity alone
   never fails a request.
+- Every request it gets passed the gateway's checks: token ids (prompt and stop ids) are in
+  [0, ``vocab_size``), the seed is a signed 64-bit integer, text is valid Unicode.
 - ``session`` names a conversation (``X-Session-ID``, else the request's ``user``, else ""):
   its turns go to the worker that holds its prefix, and the backend measures them as one
   trajectory (turns, prompt and generated tokens, the gap between a response and the next
@@ -84,6 +86,7 @@ class Tokenizer(Protocol):
 class Backend(Protocol):
     model: str  # the one model id /v1/models lists and requests must name
     max_context: int  # prompt + completion tokens a request may span
+    vocab_size: int  # the served model's vocabulary: every token id is in [0, vocab_size)
     tokenizer: Tokenizer
     chat_template: str | None  # a Jinja chat template (Hugging Face's), or None: ChatML
 

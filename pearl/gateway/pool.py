@@ -7,8 +7,8 @@ events to the same handlers as the ZeroMQ API.
   migration. A delta's ``recomputed_tokens`` and ``migrations`` count what happened since the
   previous delta, so their sums are the request's totals. The session is the request's
   ``trajectory``: the Router's affinity keeps a session's turns on the worker holding its prefix.
-  Generation stops at the tokenizer's eos as well as the request's stop ids. A stream closed
-  before its end aborts the request in the pool.
+  Generation stops at the request's stop ids (the gateway adds the tokenizer's eos unless the
+  request ignores it). A stream closed before its end aborts the request in the pool.
 - Sessions are measured as trajectories (:mod:`pearl.gateway.sessions`); each rollout step they
   make goes to the Runtime Tracker, as the Pipeline Scheduler's do.
 - ``status`` is the Orchestrator's status (``pearl status --json``); ``event`` builds the record
@@ -79,6 +79,42 @@ def served_model(cfg: Any) -> str:
     return Path(str(cfg.engine.preset)).name or str(cfg.engine.preset)
 
 
+def served_vocab(cfg: Any, tokenizer: Any) -> int:
+    """The vocabulary of the model the workers serve, which every token id of a request must be
+    below: torch, the preset's or its model directory's; sim, ``engine.sim_vocab`` else the sim's
+    own; vLLM and SGLang, their model directory's ``config.json``. Where none says, the
+    tokenizer's, else 2**63 (what a worker host can be sent)."""
+    e = cfg.engine
+    kind = str(getattr(e.kind, "value", e.kind))
+    directories = {
+        "torch": str(e.preset) if "/" in str(e.preset) else "",
+        "vllm": e.vllm_model_path,
+        "sglang": e.sglang_model_path,
+    }
+    directory = str(directories.get(kind, ""))
+    if kind == "sim":
+        from pearl.engines.sim import SimCost
+
+        return int(e.sim_vocab) or SimCost.vocab_size
+    if kind == "torch" and not directory:
+        from pearl.engines.torch.model import PRESETS
+
+        if str(e.preset) in PRESETS:
+            return int(PRESETS[str(e.preset)]["vocab_size"])
+    if directory:
+        try:
+            raw = json.loads((Path(directory) / "config.json").read_text())
+        except (OSError, ValueError):
+            raw = {}
+        if isinstance(raw, dict):
+            text = raw.get("text_config")
+            for where in (raw, text if isinstance(text, dict) else {}):
+                if isinstance(where.get("vocab_size"), int) and where["vocab_size"] > 0:
+                    return int(where["vocab_size"])
+    vocab = getattr(tokenizer, "vocab_size", 0)
+    return int(vocab) if isinstance(vocab, int) and vocab > 0 else 1 << 63
+
+
 def finish_of(reason: FinishReason | None) -> str:
     return "stop" if reason is FinishReason.STOP else "length"
 
@@ -109,6 +145,7 @@ class PoolBackend:
         self.chat_template = chat_template
         self.model = served_model(cfg)
         self.max_context = int(cfg.workload.max_trajectory_tokens)
+        self.vocab_size = served_vocab(cfg, tokenizer)
         self.client = RolloutClient(directory, name, wait_s=float(cfg.gateway.request_timeout_s))
         self.sessions = SessionBook(sessions_per_step, session_idle_s)
         self._lock = threading.Lock()  # guards the session book (Router thread + event loop)
@@ -150,14 +187,11 @@ class PoolBackend:
             with contextlib.suppress(RuntimeError):  # a closed loop: nobody listens any more
                 loop.call_soon_threadsafe(queue.put_nowait, item)
 
-        stops = tuple(sampling.stop_ids)
-        if self.tokenizer.eos_id >= 0 and self.tokenizer.eos_id not in stops:
-            stops += (self.tokenizer.eos_id,)
         params = SamplingParams(
             max_new_tokens=sampling.max_new_tokens,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
-            stop_ids=stops,
+            stop_ids=tuple(sampling.stop_ids),
             seed=sampling.seed,
         )
         request = GenerateRequest(rid, tuple(prompt_ids), params, trajectory=session)
@@ -291,4 +325,4 @@ class PoolBackend:
         return int(getattr(ack, "seq", 0))
 
 
-__all__ = ["PoolBackend", "load_chat_template", "model_dir", "served_model"]
+__all__ = ["PoolBackend", "load_chat_template", "model_dir", "served_model", "served_vocab"]

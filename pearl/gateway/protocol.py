@@ -3,24 +3,62 @@ SGLang's native ``/generate``, and PEARL's extensions.
 
 Requests forbid unknown fields, so a parameter the gateway does not implement is refused by name
 rather than silently ignored. Fields that are accepted but change nothing (``store``,
-``metadata``, ``parallel_tool_calls``) are listed explicitly. Extension fields (vLLM's
-``return_token_ids``, ``token_ids``, ``prompt_token_ids``; PEARL's ``weight_version`` and
-``weight_versions``) are documented in docs/gateway.md.
+``metadata``, ``parallel_tool_calls``) are listed explicitly. Numbers are finite, and a seed is a
+signed 64-bit integer (vLLM's range), so whatever passes can be encoded for a worker host. Text
+with a lone surrogate (JSON ``"\\ud800"``) is found by :func:`bad_text`; the routes refuse it,
+naming the field. Extension fields (vLLM's ``return_token_ids``, ``token_ids``,
+``prompt_token_ids``, ``ignore_eos``; PEARL's ``weight_version`` and ``weight_versions``) are
+documented in docs/gateway.md.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+Seed = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]  # what vLLM, torch and the sim engine take
+MAX_RID = 256  # characters of a client's request id
+
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+
+def _is_text(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def bad_text(value: Any, path: str = "") -> str | None:
+    """Where the first string in ``value`` that is not valid Unicode text (a lone surrogate: it
+    cannot be encoded as UTF-8) is: its path (``messages.0.content``; a bad key: the path of its
+    mapping, "" at the top), or None when every string is text."""
+    if isinstance(value, BaseModel):
+        value = value.model_dump()
+    if isinstance(value, str):
+        return None if _is_text(value) else path
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if isinstance(k, str) and not _is_text(k):
+                return path
+            found = bad_text(v, f"{path}.{k}" if path else str(k))
+            if found is not None:
+                return found
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            found = bad_text(v, f"{path}.{i}" if path else str(i))
+            if found is not None:
+                return found
+    return None
 
 
 # --- requests -----------------------------------------------------------------------------------
@@ -76,7 +114,7 @@ class _Sampled(_Strict):
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    seed: int | None = None
+    seed: Seed | None = None
     n: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None  # vLLM's extension
@@ -85,6 +123,7 @@ class _Sampled(_Strict):
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     return_token_ids: bool | None = None  # vLLM's extension
+    ignore_eos: bool | None = None  # vLLM's extension: EOS does not end the response
     # Accepted and ignored: they change nothing in what is generated.
     store: bool | None = None
     metadata: dict[str, Any] | None = None
@@ -117,8 +156,8 @@ class GenerateSamplingParams(_Strict):
     temperature: float = Field(default=1.0, ge=0.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = -1
-    seed: int | None = None
-    sampling_seed: int | None = None  # SGLang's name for the seed
+    seed: Seed | None = None
+    sampling_seed: Seed | None = None  # SGLang's name for the seed
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
@@ -134,7 +173,7 @@ class GenerateRequest(_Strict):
     text: str | None = None
     input_ids: list[int] | None = None
     sampling_params: GenerateSamplingParams = Field(default_factory=GenerateSamplingParams)
-    rid: str | None = None
+    rid: str | None = Field(default=None, max_length=MAX_RID)
     stream: bool = False
     return_logprob: bool = False
     logprob_start_len: int = -1

@@ -54,6 +54,7 @@ class ScriptedBackend:
     reply_to: Callable[[str], str] | None = None  # the prompt's text -> the reply, when set
     model: str = "scripted-model"
     max_context: int = 4096
+    vocab_size: int = 512  # bytes, EOS, and spare ids (a stop id of 300 is in)
     chat_template: str | None = None
     chunk: int = 4
     versions: tuple[int, int] = (7, 8)

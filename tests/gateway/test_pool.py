@@ -90,9 +90,10 @@ def test_a_stream_flows_across_a_migration_one_delta_per_attempt() -> None:
     ]  # fmt: skip
     assert [(d.migrations, d.recomputed_tokens) for d in deltas] == [(0, 0), (1, 5 - 2)]
     assert all(len(d.logprobs) == len(d.token_ids) for d in deltas)
-    # the session is the trajectory (the Router's affinity); eos stops it too
+    # the session is the trajectory (the Router's affinity); the stop ids are the request's
+    # alone (the gateway adds eos unless the request ignores it)
     assert {r.trajectory for r in router.seen} == {"chat-1"}
-    assert backend.tokenizer.eos_id in router.seen[0].sampling.stop_ids
+    assert router.seen[0].sampling.stop_ids == ()
     assert router.seen[1].input_ids == (100, 101, 2, 3, 4)
     assert tracker.steps == []  # the session is still open: its next turn may come
 

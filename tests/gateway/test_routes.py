@@ -297,7 +297,7 @@ def test_malformed_json_and_too_long_prompts_get_400(
     r = client.post("/v1/completions", json={"model": MODEL, "prompt": [1], "logprobs": 2})
     assert_error(r, 400, "logprobs=0", "logprobs")
     r = client.post("/v1/completions", json={"model": MODEL, "prompt": [-1]})
-    assert_error(r, 400, "non-negative", "prompt")
+    assert_error(r, 400, "token id -1 is outside the vocabulary", "prompt")
     r = client.post("/generate", json={"text": "a", "input_ids": [1]})
     assert_error(r, 400, "exactly one of text and input_ids")
     r = client.post("/generate", json={"input_ids": [1], "sampling_params": {"min_p": 0.1}})
@@ -402,7 +402,7 @@ def test_a_tokenizer_without_eos_stops_only_where_asked(backend: ScriptedBackend
         chat(client, stop_token_ids=[7])
         r = client.post("/v1/completions", json={"model": MODEL, "prompt": [1],
                                                  "stop_token_ids": [-3]})  # fmt: skip
-        assert_error(r, 400, "non-negative", "stop_token_ids")
+        assert_error(r, 400, "token id -3 is outside the vocabulary", "stop_token_ids")
     assert backend.calls[0].sampling.stop_ids == (7,)
 
 
@@ -475,3 +475,105 @@ def test_a_stream_holds_back_what_may_become_a_stop_string(backend: ScriptedBack
                                             "stop": ["then more!"]})  # fmt: skip
         chunks = [e for e in sse(r.text) if e != "[DONE]" and e["choices"]]
         assert "".join(e["choices"][0]["text"] for e in chunks) == "abc END, then more"
+
+
+BIG = 2**64  # what msgpack cannot carry to a worker host
+CMPL = {"model": MODEL, "prompt": [1, 2]}
+GEN: dict = {"input_ids": [1, 2]}
+
+
+def raw_json(client: TestClient, path: str, body: dict):
+    """POST ``body`` as JSON the way Python writes it: ASCII, lone surrogates as ``\\ud800``
+    escapes, NaN and Infinity as bare words."""
+    return client.post(path, content=json.dumps(body).encode(),
+                       headers={"content-type": "application/json"})  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "words", "param"),
+    [
+        ("/v1/completions", {**CMPL, "prompt": [600, 5]}, "token id 600 is outside the vocabulary",
+         "prompt"),
+        ("/v1/completions", {**CMPL, "prompt": [5, BIG]}, f"token id {BIG}", "prompt"),
+        ("/v1/completions", {**CMPL, "stop_token_ids": [BIG]}, f"token id {BIG}",
+         "stop_token_ids"),
+        ("/v1/completions", {**CMPL, "seed": BIG}, "invalid seed", "seed"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": HI, "seed": -(2**63) - 1},
+         "invalid seed", "seed"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": HI, "stop_token_ids": [512]},
+         "token ids are 0 to 511", "stop_token_ids"),
+        ("/generate", {"input_ids": [BIG]}, f"token id {BIG}", "input_ids"),
+        ("/generate", {"input_ids": [9707, 11]}, "token id 9707", "input_ids"),
+        ("/generate", {**GEN, "sampling_params": {"seed": BIG}}, "invalid sampling_params.seed",
+         "sampling_params.seed"),
+        ("/generate", {**GEN, "sampling_params": {"sampling_seed": BIG}}, "invalid",
+         "sampling_params.sampling_seed"),
+        ("/generate", {**GEN, "sampling_params": {"stop_token_ids": [1, BIG]}}, f"token id {BIG}",
+         "sampling_params.stop_token_ids"),
+        ("/generate", {**GEN, "rid": "r" * 257}, "invalid rid", "rid"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": HI, "temperature": float("nan")},
+         "invalid temperature", "temperature"),
+        ("/generate", {**GEN, "sampling_params": {"temperature": float("inf")}},
+         "invalid sampling_params.temperature", "sampling_params.temperature"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user",
+         "content": "a\ud800"}]}, "not valid Unicode text", "messages.0.content"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": [
+         {"type": "text", "text": "\udfff"}]}]}, "lone surrogate", "messages.0.content.0.text"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi",
+         "reasoning_content": "\ud800"}]}, "not valid", "messages.0.reasoning_content"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": HI, "user": "\ud800"},
+         "not valid", "user"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": HI, "stop": ["\ud800"]},
+         "not valid", "stop.0"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": HI,
+         "chat_template_kwargs": {"x\ud800": 1}}, "not valid", "chat_template_kwargs"),
+        ("/v1/completions", {**CMPL, "prompt": "\ud800"}, "not valid", "prompt"),
+        ("/generate", {"text": "hi\ud800"}, "not valid", "text"),
+        ("/generate", {**GEN, "rid": "\ud800"}, "invalid rid", "rid"),
+    ],
+)  # fmt: skip
+def test_a_request_a_worker_could_not_take_gets_400_naming_it_and_reaches_no_backend(
+    client: TestClient, backend: ScriptedBackend, path: str, body: dict, words: str, param: str
+) -> None:
+    """Token ids beyond the model's vocabulary, integers beyond what a worker host is sent (the
+    seed: 64 bits), numbers that are not finite and text that is not text: each a 400 that names
+    its field, before anything reaches the backend (once, such a request killed pearld)."""
+    err = assert_error(raw_json(client, path, body), 400, words, param)
+    assert err["type"] == "invalid_request_error"
+    assert backend.calls == []
+    assert chat(client)["choices"][0]["message"]["content"] == "Hello, world!"  # still serving
+
+
+def test_the_edges_of_the_ranges_are_served(client: TestClient, backend: ScriptedBackend) -> None:
+    for path, body in [
+        ("/v1/completions", {**CMPL, "prompt": [0, 511], "seed": 2**63 - 1,
+                             "stop_token_ids": [511]}),
+        ("/v1/chat/completions", {"model": MODEL, "messages": HI, "seed": -(2**63)}),
+        ("/generate", {"input_ids": [511], "rid": "r" * 256, "sampling_params": {
+            "sampling_seed": 0, "stop_token_ids": [0]}}),
+    ]:  # fmt: skip
+        assert client.post(path, json=body).status_code == 200, body
+    assert [c.sampling.seed for c in backend.calls] == [2**63 - 1, -(2**63), 0]
+
+
+def test_a_parameter_named_with_a_lone_surrogate_is_a_400(
+    client: TestClient,
+) -> None:
+    r = raw_json(client, "/v1/chat/completions", {"model": MODEL, "messages": HI, "a\ud800": 1})
+    assert_error(r, 400, "should be a valid string")  # pydantic refuses such a key itself
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_ignore_eos_leaves_eos_out_of_the_stop_ids(
+    client: TestClient, backend: ScriptedBackend, path: str
+) -> None:
+    """vLLM's ``ignore_eos``: EOS does not end the response; the request's own stop ids do."""
+    body = {"model": MODEL, "max_tokens": 40, "stop_token_ids": [300],
+            **({"messages": HI} if "chat" in path else {"prompt": "Hi"})}  # fmt: skip
+    r = client.post(path, json={**body, "ignore_eos": True, "return_token_ids": True})
+    assert r.status_code == 200, r.text
+    assert backend.calls[0].sampling.stop_ids == (300,)
+    assert r.json()["choices"][0]["token_ids"] == TOK.encode("Hello, world!")  # no EOS added
+    client.post(path, json=body)
+    client.post(path, json={**body, "ignore_eos": False})
+    assert [c.sampling.stop_ids for c in backend.calls[1:]] == [(EOS, 300), (EOS, 300)]
