@@ -30,7 +30,7 @@ import pykka
 
 from pearl.core.errors import PearlError
 from pearl.core.schema import to_wire
-from transports.codec import lookup
+from transports.codec import Unencodable, lookup
 from transports.protocol import Call, Result
 from transports.rpc import Client
 
@@ -107,7 +107,8 @@ class RemoteRef:
 class CourierRef(RemoteRef):
     """A remote actor whose tells leave from a background thread, in order, so that the sending
     actor never blocks on a slow or dead peer. A tell that cannot be delivered is handed to
-    ``on_error(name, msg, error)``."""
+    ``on_error(name, msg, error)``; one that cannot be encoded is the message's fault, not the
+    peer's: it is logged and dropped, and the peer stays reachable."""
 
     def __init__(
         self, name: str, client: Client, on_error: Callable[[str, Any, PearlError], None]
@@ -128,6 +129,8 @@ class CourierRef(RemoteRef):
                 continue  # the peer is being forgotten: drop what is left
             try:
                 RemoteRef.tell(self, msg)
+            except Unencodable as e:
+                log.error("cannot send %s to %s, dropped: %s", type(msg).__name__, self.name, e)
             except PearlError as e:
                 if not self._closed.is_set():
                     self.on_error(self.name, msg, e)

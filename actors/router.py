@@ -28,8 +28,10 @@ failure (the KV never arrived, the worker was leaving, its server is being relau
 died) is routed again after a back-off that doubles per attempt (none for the first: a gone worker
 is replaced at once) up to ``MAX_BACKOFF_S``, so nothing retries in a tight loop. Past its time a
 request fails with ``retry_after_s`` set (the gateway's 503 with ``Retry-After``). A refusal of the
-request itself (``refused``: the server's 4xx) is final at once. An aborted request comes back with
-its generated prefix to whoever asked, who resubmits it.
+request itself (``refused``: the server's 4xx) is final at once, and so is a request that no
+engine takes or that cannot be encoded for a worker host (``check_request``: an id or a seed
+beyond 64 bits, text that is not UTF-8), refused before it reaches any. An aborted request comes
+back with its generated prefix to whoever asked, who resubmits it.
 
 A worker host that dies gives no answer and no prefix. The RoleSupervisor tells ``WorkerGone``
 and every request that ran there is routed again at once, from the start of its turn (the Router
@@ -65,8 +67,9 @@ from actors import names
 from actors.base import Directory, PearlActor
 from actors.messages import AbortRequest, Generate, GenerateDone, Route, StateChanged
 from pearl.core import notice
+from pearl.core.errors import RequestRefused
 from pearl.core.state import Zone
-from pearl.engines.base import GenerateRequest
+from pearl.engines.base import GenerateRequest, check_request
 
 log = logging.getLogger(__name__)
 
@@ -211,6 +214,11 @@ class Router(PearlActor):
             self._reply(
                 msg.reply_to, GenerateDone(-1, rid, None, f"request {rid} is already in flight")
             )
+            return
+        try:  # one that cannot be encoded for a worker host, or that no engine takes, fails here
+            check_request(msg.request)
+        except RequestRefused as e:
+            self._reply(msg.reply_to, GenerateDone(-1, rid, None, str(e), refused=True))
             return
         wait = msg.wait_s if msg.wait_s > 0 else self.wait_s
         self.pending[rid] = Pending(msg, original=msg.request, deadline=self.clock() + wait)

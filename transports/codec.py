@@ -36,6 +36,11 @@ _BODY_KEY = msgpack.packb("body")
 _ENCODE = msgspec.msgpack.Encoder().encode
 
 
+class Unencodable(ProtocolError):
+    """A message that cannot be encoded (an int beyond 64 bits, a str that is not UTF-8): the
+    message's own fault, never the peer's; nothing was sent."""
+
+
 class BadMessage(ProtocolError):
     """A message the protocol does not allow; ``code`` names the reason for the error reply."""
 
@@ -133,7 +138,7 @@ class Codec:
             # The envelope is one map: the five header fields, then "body" packed once above.
             env = _MAP6 + head[1:] + _BODY_KEY + body
         except (TypeError, ValueError, OverflowError) as e:
-            raise ProtocolError(f"cannot encode {kind!r}: {e}") from None
+            raise Unencodable(f"cannot encode {kind!r}: {e}") from None
         out = [env, *frames]
         self._check_sizes(out, outgoing=True)
         return out
@@ -227,6 +232,7 @@ __all__ = [
     "BadMessage",
     "Codec",
     "Envelope",
+    "Unencodable",
     "lookup",
     "nbytes",
     "registries_overlap",

@@ -18,7 +18,7 @@ from actors.messages import AbortRequest, Generate, GenerateDone, Route, StateCh
 from actors.router import FIRST_BACKOFF_S, MAX_BACKOFF_S, Flush, KvAddress, Router, WorkerGone
 from pearl.core.state import Activity, Role, Worker, Zone
 from pearl.core.view import ClusterView, TableSnapshot
-from pearl.engines.base import FinishReason, GenerateRequest, GenerateResult
+from pearl.engines.base import FinishReason, GenerateRequest, GenerateResult, SamplingParams
 from pearl.testing.actors import barrier
 from pearl.testing.wait import wait_until
 
@@ -408,3 +408,26 @@ def test_lent_workers_take_the_critical_path_and_only_it() -> None:
     assert r._pick(pool, "a", critical=True) == 2  # home one request busier: it moves
     assert r._pick(pool, "c") == 2  # (ties: lowest id) and never 3
     assert r._pick([3], "d") == 3  # nothing but lent workers: they serve everything
+
+
+def test_a_request_no_worker_host_could_be_sent_is_refused_at_once(cluster: Any) -> None:
+    """An id or a seed beyond 64 bits cannot be encoded for a worker host: the Router refuses it
+    (final, never retried) and no worker hears of it; the next request is served."""
+    d, log, _ = cluster
+    view(d, [(1, "colocated", "active")])
+    poisons = [
+        GenerateRequest("ids", (5, 2**64)),
+        GenerateRequest("seed", (5,), SamplingParams(seed=2**64)),
+        GenerateRequest("stop", (5,), SamplingParams(stop_ids=(-1,))),
+        GenerateRequest("\ud800", (5,)),
+    ]
+    for r in poisons:
+        d.tell(names.ROUTER, Route(r, "sink"))
+    done = results(d, len(poisons))
+    assert [(m.rid, m.result, m.refused, m.retryable) for m in done] == [
+        (r.rid, None, True, False) for r in poisons
+    ]
+    assert "token id 18446744073709551616" in done[0].error and "seed" in done[1].error
+    d.tell(names.ROUTER, Route(GenerateRequest("ok", (5, 6)), "sink"))
+    assert results(d, len(poisons) + 1)[-1].result is not None
+    assert [req.rid for _, req in log] == ["ok"]
