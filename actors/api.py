@@ -15,7 +15,9 @@ import logging
 import os
 import re
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -55,6 +57,7 @@ log = logging.getLogger(__name__)
 
 EVENT_TIMEOUT_S = 30.0
 VIEW_WAIT_S = 5.0
+REBIND_S = 5.0  # a restarted API waits this long for ZeroMQ to release its predecessor's port
 
 
 def pub_address(endpoint: str) -> str:
@@ -67,7 +70,12 @@ def pub_address(endpoint: str) -> str:
 
 
 class BindFailed(PearlError):
-    """pearld cannot listen on its endpoint (in use, malformed, not permitted)."""
+    """pearld cannot listen on its endpoint (in use, malformed, not permitted); ``in_use``: the
+    address is taken (it may be released in a moment)."""
+
+    def __init__(self, message: str, in_use: bool = False) -> None:
+        super().__init__(message)
+        self.in_use = in_use
 
 
 def check_endpoint(endpoint: str) -> None:
@@ -97,7 +105,8 @@ def bind_failed(endpoint: str, address: str, e: zmq.ZMQError) -> BindFailed:
             what += f" (its change stream, {address})"
         return BindFailed(
             f"{what}: the address is already in use (another pearld or program listens there); "
-            "stop it or pass another --endpoint"
+            "stop it or pass another --endpoint",
+            in_use=True,
         )
     if e.errno in (errno.EACCES, errno.EPERM):
         return BindFailed(f"{what}: {why}; pass an --endpoint this user may bind")
@@ -113,9 +122,14 @@ def bind_failed(endpoint: str, address: str, e: zmq.ZMQError) -> BindFailed:
 class ApiSockets:
     """The API's ROUTER and PUB sockets, bound and not yet served: pearld binds them before it
     writes anything, so that an address it cannot listen on fails the start with the state
-    directory untouched. Requests wait in ZeroMQ's queue until an :class:`ApiEndpoint` serves."""
+    directory untouched. Requests wait in ZeroMQ's queue until an :class:`ApiEndpoint` serves.
+
+    :meth:`close` is idempotent and may be called from any thread: the endpoint closes them when it
+    stops or fails, and pearld before it binds the address again for a restarted endpoint."""
 
     def __init__(self, endpoint: str, keys: ServerKeys | None, board: Liveboard) -> None:
+        self._lock = threading.Lock()
+        self.closed = False
         pub = pub_address(endpoint)
         self.publisher: Publisher | None = None
         try:
@@ -135,10 +149,42 @@ class ApiSockets:
                 raise bind_failed(endpoint, pub or endpoint, e) from None
             raise
 
+    @classmethod
+    def bind(
+        cls, endpoint: str, keys: ServerKeys | None, board: Liveboard, wait_s: float = 0.0
+    ) -> ApiSockets:
+        """Bind, retrying for up to ``wait_s`` while the address is in use: ZeroMQ releases a
+        closed socket's port asynchronously (a few ms), so a restarted endpoint may find the
+        address of the one it replaces still taken for a moment."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                return cls(endpoint, keys, board)
+            except BindFailed as e:
+                if not e.in_use or time.monotonic() >= deadline:
+                    raise
+            time.sleep(0.01)
+
     def close(self) -> None:
-        self.server.close()
-        if self.publisher is not None:
-            self.publisher.close()
+        """Stop serving and release both addresses (the publisher's even if the server's
+        thread would not stop)."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            try:
+                self.server.close()
+            finally:
+                if self.publisher is not None:
+                    self.publisher.close()
+
+
+@dataclass
+class Memo:
+    """What an API endpoint leaves its successor: the latest view, so that a restarted endpoint
+    answers ``status`` at once instead of after the next logged change."""
+
+    last: StateChanged | None = None
 
 
 class ApiEndpoint(PearlActor):
@@ -155,6 +201,7 @@ class ApiEndpoint(PearlActor):
         weights: Callable[[int, bytes], str] | None = None,
         observer: Observer | None = None,  # told every message answered (pearld's metrics)
         bound: ApiSockets | None = None,  # bound by pearld before it started (None: bind here)
+        memo: Memo | None = None,  # the latest view, kept across restarts
     ) -> None:
         super().__init__()
         self.batches, self.weights = batches, weights
@@ -168,9 +215,13 @@ class ApiEndpoint(PearlActor):
         self._view_seq = threading.Condition()
         self.server: Server | None = None
         self.publisher: Publisher | None = None
+        self.memo = memo or Memo()
         # Bound here (unless pearld bound first), on the starting thread, not in on_start: a
         # failed bind is raised to the daemon as a BindFailed it can report in one line.
-        self._serve(bound or ApiSockets(endpoint, keys, board))
+        self.sockets = bound or ApiSockets(endpoint, keys, board)
+        self._serve(self.sockets)
+        if self.memo.last is not None:
+            self.state_changed(self.memo.last)
 
     def _serve(self, bound: ApiSockets) -> None:
         self.publisher, self.server = bound.publisher, bound.server
@@ -236,8 +287,21 @@ class ApiEndpoint(PearlActor):
         return Result(self.weights(env.msg.version, bytes(env.frames[0])))
 
     def state_changed(self, msg: StateChanged) -> None:
-        # The edge: the typed view becomes the ``pearl status`` object here, once a change.
-        self.last = msg
+        """The edge: the typed view becomes the ``pearl status`` object here, once a change. A
+        view that cannot be rendered is a bug: logged, and the previous status is kept (the
+        API must not go down with it: clients, hosts and events all come through here)."""
+        if msg.seq < self.seq:
+            return  # an older view than the one shown (a predecessor's, handed over)
+        try:
+            self._render(msg)
+        except Exception:
+            log.exception(
+                "cannot render the status of seq %d; still serving seq %d", msg.seq, self.seq
+            )
+            return
+        self.last = self.memo.last = msg
+
+    def _render(self, msg: StateChanged) -> None:
         metrics = self.board.metrics()
         nodes = self.board.nodes()  # on Ray: the node each worker's host runs on
         status = msgspec.structs.replace(
@@ -262,10 +326,15 @@ class ApiEndpoint(PearlActor):
             self.state_changed(self.last)
 
     def on_stop(self) -> None:
-        if self.server is not None:
-            self.server.close()
-        if self.publisher is not None:
-            self.publisher.close()
+        self.sockets.close()
+
+    def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
+        super().on_failure(exception_type, exception_value, traceback)
+        # Free the address for the endpoint that replaces this one (pykka calls no on_stop).
+        try:
+            self.sockets.close()
+        except Exception as e:
+            log.error("api sockets not released: %s", e)
 
     handles = {StateChanged: state_changed, HostsChanged: hosts_changed}
 
@@ -274,6 +343,7 @@ __all__ = [
     "ApiEndpoint",
     "ApiSockets",
     "BindFailed",
+    "Memo",
     "bind_failed",
     "check_endpoint",
     "pub_address",

@@ -186,6 +186,9 @@ class Daemon:
         self._ticker: threading.Thread | None = None
         self.event_log: FileLog | None = None
         self._api_sockets: Any = None  # actors.api.ApiSockets, bound until the API actor serves
+        self._api_live: Any = None  # the ApiSockets the running API actor serves on
+        self._api_memo: Any = None  # actors.api.Memo: the latest view, across API restarts
+        self.failure = ""  # why pearld gave up on an actor (one line), when failed is set
         self.directory: Any = None
         self.launcher: Any = None
         self._ray: Any = None  # a RayLauncher joined at start, until the launcher part takes it
@@ -410,7 +413,7 @@ class Daemon:
     def _factories(self, recovered: Any) -> dict[str, Any]:
         """How to (re)start each actor, in dependency order."""
         from actors import base
-        from actors.api import ApiEndpoint
+        from actors.api import REBIND_S, ApiEndpoint, ApiSockets, Memo
         from actors.control import DecisionEngine, ElasticScheduler, RuntimeTracker
         from actors.executors import InterScaleRebuilder, IntraScaleToggleManager
         from actors.messages import StateChanged
@@ -422,6 +425,7 @@ class Daemon:
 
         d, cfg = self.directory, self.cfg
         initial = StateChanged(cluster_view(recovered.state, boot_id=self.boot_id))
+        self._api_memo = Memo()
         board = self.board
 
         def supervisor() -> Any:
@@ -442,6 +446,11 @@ class Daemon:
         def api() -> Any:
             take = self.pipeline.take if self.pipeline is not None else None
             bound, self._api_sockets = self._api_sockets, None  # at start; a restart binds anew
+            if bound is None:  # a restart: free the address the failed endpoint held, rebind
+                if self._api_live is not None:
+                    self._api_live.close()
+                bound = ApiSockets.bind(self.endpoint, self.keys, board, REBIND_S)
+            self._api_live = bound
             ref = base.start(
                 d,
                 ApiEndpoint,
@@ -454,6 +463,7 @@ class Daemon:
                 self.store_weights,
                 self.metrics.api_request if self.metrics is not None else None,
                 bound,
+                self._api_memo,
             )
             self.address = ref.ref.proxy().address.get()
             return ref
@@ -534,9 +544,11 @@ class Daemon:
 
     def _restart_dead(self) -> None:
         """Supervise the actors: one that died (its failure is logged by the actor) is started
-        again from its factory; five restarts of one actor within 5 minutes stop pearld."""
+        again from its factory. An actor that cannot be restarted, or fails a fifth time within
+        5 minutes, stops pearld: one critical line says which and why, :attr:`failed` is set,
+        and nothing is restarted after it (pearld exits 1, it never loops)."""
         for r in list(self.refs):
-            if self._stop.is_set():
+            if self._stop.is_set() or self.failed.is_set():
                 return
             if r.ref.is_alive() or r.name not in self.factories:
                 continue
@@ -544,12 +556,10 @@ class Daemon:
             now = time.monotonic()
             recent = [t for t in self._restarts.get(name, []) if now - t < 300.0]
             if len(recent) >= 5:
-                log.critical(
-                    "actor %s keeps failing (%d restarts in 5 min); shutting down",
-                    name,
-                    len(recent),
+                self._give_up(
+                    f"actor {name} keeps failing ({len(recent)} restarts in 5 min); shutting "
+                    "down: its failures above say why"
                 )
-                self.failed.set()
                 return
             self._restarts[name] = [*recent, now]
             log.warning("restarting actor %s (restart %d in 5 min)", name, len(recent) + 1)
@@ -558,9 +568,13 @@ class Daemon:
             try:
                 self.refs.append(self.factories[name]())
             except Exception as e:
-                log.critical("actor %s could not be restarted: %s", name, e)
-                self.failed.set()
+                self._give_up(f"actor {name} could not be restarted: {e}; shutting down")
                 return
+
+    def _give_up(self, why: str) -> None:
+        self.failure = why
+        log.critical("%s", why)
+        self.failed.set()
 
     def _tick(self) -> None:
         from actors.messages import Supervise
