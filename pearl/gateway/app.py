@@ -63,9 +63,17 @@ def error_body(
     code: str | None = None,
 ) -> dict[str, Any]:
     kind = kind or _ERROR_TYPES.get(status, "server_error" if status >= 500 else "api_error")
+    # An error may quote the client's input, lone surrogates included: they must not make the
+    # error itself unencodable.
+    message, param = _text(message), None if param is None else _text(param)
     return p.ErrorResponse(
         error=p.ErrorBody(message=message, type=kind, param=param, code=code)
     ).model_dump()
+
+
+def _text(s: str) -> str:
+    """``s`` as text that UTF-8 can encode (a lone surrogate becomes "?")."""
+    return s.encode("utf-8", "replace").decode("utf-8") if not s.isascii() else s
 
 
 def _error_response(e: GatewayError) -> JSONResponse:

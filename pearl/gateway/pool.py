@@ -43,6 +43,7 @@ from pearl.core.state import TrainingPhase
 from pearl.core.status import status_plain
 from pearl.engines.base import FinishReason, GenerateRequest, SamplingParams
 from pearl.gateway.backend import Delta, GatewayError, Sampling, Tokenizer
+from pearl.gateway.protocol import bad_text
 from pearl.gateway.sessions import SessionBook
 
 ASK_S = 30.0  # an event or a status answered by pearld's actors
@@ -305,6 +306,13 @@ class PoolBackend:
             )
         if not isinstance(body, dict):
             raise GatewayError(f"{kind}: the body must be a JSON object of its fields")
+        where = bad_text(body)
+        if where is not None:
+            raise GatewayError(
+                f"{kind}: {where or 'a key of the body'} is not valid Unicode text "
+                "(a lone surrogate such as \\ud800)",
+                param=where or None,
+            )
         fields = {k: v for k, v in body.items() if k != "kind"}
         if body.get("kind", kind) != kind:
             raise GatewayError(
