@@ -16,7 +16,8 @@ from pearl.engines.base import (
     SamplingParams,
     check_request,
 )
-from pearl.engines.sequence import Seq
+from pearl.engines.sequence import Segment, Seq
+from pearl.engines.sim import SimEngine
 
 from .helpers import Engines, prompt_of, run
 
@@ -63,20 +64,28 @@ def test_ids_beyond_the_vocabulary_are_refused_at_admission(engines: Engines) ->
 
 
 def test_a_poison_sequence_among_30_fails_alone_and_the_batch_goes_on(
-    engines: Engines,
+    engines: Engines, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A prompt id beyond the embedding reaches the model (the admission check is off here):
     its step raises IndexError; the 30 requests batched with it finish as they would alone."""
-    if engines.kind != "torch":
-        pytest.skip("the sim engine computes no embedding: no id makes its step fail")
+    if engines.kind == "sim":  # no embedding: its step fails as the torch model's does
+        forward = SimEngine._forward
+
+        def embedding(self: SimEngine, segments: list[Segment]) -> list[tuple[int, float]]:
+            if any(t >= self.cost.vocab_size for g in segments for t in g.seq.tokens):
+                raise IndexError("index out of range in self")
+            return forward(self, segments)
+
+        monkeypatch.setattr(SimEngine, "_forward", embedding)
     reqs = [req(f"ok{i}", prompt_of(8 + i, i), max_new_tokens=6) for i in range(30)]
     alone = engines.make()
     want = {r.rid: run(alone, r.input_ids, rid=r.rid, max_new_tokens=6).output_ids for r in reqs}
     e = engines.make()
+    vocab = e.vocab_size  # type: ignore[attr-defined]
     e.vocab_size = 0  # type: ignore[attr-defined]  # let the poison through to the model
     e.pause_generation()  # type: ignore[attr-defined]  # so that all 31 share the first step
     futs = [e.generate(r) for r in reqs[:15]]
-    poison = e.generate(req("poison", (600, 5), max_new_tokens=6))
+    poison = e.generate(req("poison", (vocab + 88, 5), max_new_tokens=6))
     futs += [e.generate(r) for r in reqs[15:]]
     e.continue_generation()  # type: ignore[attr-defined]
     with pytest.raises(Exception, match="model step failed: IndexError"):
