@@ -9,7 +9,9 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import math
 import os
+import stat
 import tomllib
 import types
 import typing
@@ -465,6 +467,104 @@ class GatewayConfig:
     the pool is empty) before it fails with 503 and ``Retry-After``."""
 
 
+MAX_FILE_BYTES = 64 << 10
+"""Largest file a config names (an API key) that PEARL reads."""
+MAX_CONFIG_BYTES = 1 << 20
+"""Largest config file PEARL reads."""
+MAX_SECONDS = 365 * 86400.0
+"""Longest duration a ``*_s`` key may give: a year (a longer wait overflows the clocks' APIs)."""
+
+POSITIVE: dict[str, tuple[str, ...]] = {
+    "cluster": ("tp",),
+    "workload": ("batch", "group_size", "max_trajectory_tokens"),
+    "daemon": (
+        "heartbeat_s",
+        "tick_s",
+        "snapshot_every",
+        "restart_backoff_s",
+        "reconcile_grace_s",
+        "worker_orphan_s",
+    ),
+    "engine": (
+        "time_scale",
+        "threads",
+        "kv_budget_mb",
+        "vllm_max_model_len",
+        "sglang_startup_timeout_s",
+        "vllm_startup_timeout_s",
+    ),
+    "ray": ("poll_s",),
+    "rl": ("tasks", "max_new_tokens"),
+    "gateway": ("max_body_bytes", "max_streams", "request_timeout_s"),
+}
+"""Keys that must be > 0 (counts of things that must exist, periods, timeouts)."""
+
+NON_NEGATIVE: dict[str, tuple[str, ...]] = {
+    "workload": (
+        "staleness",
+        "turns",
+        "new_tokens_per_turn",
+        "generated_tokens_per_turn",
+        "env_s",
+        "theta",
+        "turn_overhead_s",
+    ),
+    "decision": ("mode_switch_threshold", "ratio_change_threshold"),
+    "gate": ("toggle_cost_s",),
+    "daemon": ("restart_budget",),
+    "engine": ("seed", "sim_vocab", "sim_start_s", "vllm_kv_cache_mb"),
+    "rl": ("seed", "max_turns", "temperature"),
+    "demo": ("eval_every", "trace_s"),
+}
+"""Keys that must be >= 0 (0 has a meaning: none, off, the default). Every float key of every
+section must also be finite, and every ``*_s`` key at most :data:`MAX_SECONDS`."""
+
+_FIX = "set a number (a TOML float such as 0.5, or an int)"
+
+
+def _range_problem(name: str, value: Any, default: Any, sign: str) -> str | None:
+    """Why ``value`` of key ``name`` is out of range, or None; ``sign``: ">", ">=" or ""."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if not math.isfinite(value):
+        return f"{name} must be a finite number, got {value!r}; {_FIX} (default {default!r})"
+    if sign == ">" and value <= 0 or sign == ">=" and value < 0:
+        least = ">= 1" if sign == ">" and isinstance(value, int) else f"{sign} 0"
+        return f"{name} must be {least}, got {value!r}; set it to e.g. its default, {default!r}"
+    if name.endswith("_s") and value > MAX_SECONDS:
+        return (
+            f"{name} must be at most {MAX_SECONDS:.0f} s (a year), got {value!r}; "
+            f"set a shorter duration (default {default!r})"
+        )
+    return None
+
+
+def read_small_file(path: str | Path, where: str, limit: int = MAX_FILE_BYTES) -> str:
+    """The text of the regular file ``path``, at most ``limit`` bytes. A device (``/dev/zero``),
+    a FIFO or a directory is refused before it is read (it could block the start forever, or
+    never end), and so is a larger file: one :class:`ConfigError` line naming ``where``."""
+    shown = f"{where} = {str(path)!r}"
+    try:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; reads of a regular file ignore it.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise ConfigError(f"{shown}: cannot read it ({e.strerror or e})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ConfigError(f"{shown}: not a regular file (a device, FIFO or directory); name a file")
+    with os.fdopen(fd, "rb") as f:
+        try:
+            data = f.read(limit + 1)
+        except OSError as e:
+            raise ConfigError(f"{shown}: cannot read it ({e.strerror or e})") from None
+    if len(data) > limit:
+        raise ConfigError(f"{shown}: larger than {limit} bytes; name the right file")
+    try:
+        return data.decode()
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{shown}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
 @dataclass(frozen=True)
 class Config:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
@@ -480,9 +580,8 @@ class Config:
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
 
     def validate(self) -> Config:
+        self._check_ranges()
         c = self.cluster
-        if c.tp < 1:
-            raise ConfigError(f"cluster.tp must be >= 1, got {c.tp}")
         pools = {
             "training_gpus": c.training_gpus,
             "reserved_gpus": c.reserved_gpus,
@@ -499,8 +598,6 @@ class Config:
             raise ConfigError(
                 f"cluster.initial_preemptible {sorted(extra)} are not preemptible GPUs"
             )
-        if self.workload.batch < 1:
-            raise ConfigError("workload.batch must be >= 1")
         if not 0.0 < c.mem_fraction <= 1.0:
             raise ConfigError(f"cluster.mem_fraction must be in (0, 1], got {c.mem_fraction}")
         d = self.decision
@@ -518,36 +615,37 @@ class Config:
             check_exposure(self.daemon.metrics, self.daemon.metrics_public)
         self._check_nodes()
         self._check_gateway()
-        if self.ray.poll_s <= 0:
-            raise ConfigError("ray.poll_s must be > 0")
         if self.engine.colocated_only and self.daemon.pd is PD.DISAGGREGATED:
             raise ConfigError(
                 "engine.kind = 'vllm' serves colocated only (no prefill-decode hand-off through "
                 "a vLLM KV connector on this platform, docs/vllm.md); set daemon.pd = "
                 "'colocated' or 'adaptive'"
             )
-        for name in (
-            "heartbeat_s",
-            "tick_s",
-            "restart_backoff_s",
-            "reconcile_grace_s",
-            "worker_orphan_s",
-        ):
-            if getattr(self.daemon, name) <= 0:
-                raise ConfigError(f"daemon.{name} must be > 0")
-        if self.engine.time_scale <= 0:
-            raise ConfigError("engine.time_scale must be > 0")
         if self.engine.device_share is not None:
             self._check_devices()
         parse_budget(self.demo.budget, len(c.preemptible_gpus))
-        if self.demo.eval_every < 0:
-            raise ConfigError(f"demo.eval_every must be >= 0, got {self.demo.eval_every}")
         return self
+
+    def _check_ranges(self) -> None:
+        """Every number of every section is finite; :data:`POSITIVE` keys are > 0,
+        :data:`NON_NEGATIVE` ones >= 0, durations at most :data:`MAX_SECONDS`."""
+        for sf in dataclasses.fields(self):
+            section = getattr(self, sf.name)
+            for f in dataclasses.fields(section):
+                if f.name in POSITIVE.get(sf.name, ()):
+                    sign = ">"
+                elif f.name in NON_NEGATIVE.get(sf.name, ()):
+                    sign = ">="
+                else:
+                    sign = ""
+                default = f.default if f.default is not dataclasses.MISSING else None
+                value = getattr(section, f.name)
+                why = _range_problem(f"{sf.name}.{f.name}", value, default, sign)
+                if why is not None:
+                    raise ConfigError(why)
 
     def _check_gateway(self) -> None:
         g = self.gateway
-        if g.max_body_bytes < 1 or g.max_streams < 1:
-            raise ConfigError("gateway.max_body_bytes and gateway.max_streams must be >= 1")
         if not g.listen:
             return
         parse_address(g.listen, "gateway.listen")
@@ -662,6 +760,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             return value
     elif tp is float:
         if isinstance(value, int | float) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                raise ConfigError(f"{where}: expected a finite number, got {value!r}; {_FIX}")
             return float(value)
     elif tp is str:
         if isinstance(value, str):
@@ -735,10 +835,10 @@ def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] 
     if path is not None:
         p = Path(path)
         source = str(p)
+        if not p.exists():
+            raise ConfigError(f"config file {p} does not exist")
         try:
-            data = tomllib.loads(p.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"config file {p} does not exist") from None
+            data = tomllib.loads(read_small_file(p, "--config", MAX_CONFIG_BYTES))
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{p}: not valid TOML: {e}") from None
     origins: dict[tuple[str, str], str] = {}  # a typo in --set is not the file's
@@ -776,6 +876,7 @@ __all__ = [
     "from_mapping",
     "load",
     "parse_budget",
+    "read_small_file",
     "parse_gpus",
     "parse_override",
 ]

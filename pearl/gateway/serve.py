@@ -14,9 +14,9 @@ import logging
 import socket
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
+from pearl.config import read_small_file
 from pearl.core.address import parse_address
 from pearl.core.errors import ConfigError, PearlError
 
@@ -59,12 +59,8 @@ def read_api_key(path: str) -> str | None:
     """The API key in ``path`` (surrounding whitespace stripped); None when no file is set."""
     if not path:
         return None
-    try:
-        key = Path(path).read_text().strip()
-    except OSError as e:
-        raise ConfigError(
-            f"gateway.api_key_file = {path!r}: cannot read it ({e.strerror or e})"
-        ) from None
+    # Bounded: a device (/dev/zero) or a FIFO would block pearld's start forever.
+    key = read_small_file(path, "gateway.api_key_file").strip()
     if not key:
         raise ConfigError(f"gateway.api_key_file = {path!r} is empty: write the API key in it")
     return key

@@ -186,3 +186,23 @@ def test_a_corrupted_log_is_one_line_and_leaves_the_lock_free(tmp_path: Path) ->
     line = the_problem(err)
     assert seg.name in line and "backup" in line, line  # where, and what to do
     DirLock(d.state / "log").release()  # nobody holds it
+
+
+@pytest.mark.parametrize(
+    ("override", "words"),
+    [
+        ("gateway.api_key_file=/dev/zero", "'/dev/zero': not a regular file"),
+        ("daemon.tick_s=nan", "daemon.tick_s: expected a finite number, got nan"),
+        ("daemon.tick_s=inf", "daemon.tick_s: expected a finite number, got inf"),
+        ("daemon.snapshot_every=-5", "daemon.snapshot_every must be >= 1, got -5"),
+    ],
+)
+def test_a_value_out_of_range_is_one_line_before_anything_starts(
+    tmp_path: Path, override: str, words: str
+) -> None:
+    """Issue 41: /dev/zero as the API key blocked the start forever; nan and inf were taken."""
+    d = Pearld(tmp_path, ["gateway.listen=127.0.0.1:0", override])
+    rc, took, err = run_failing(d.command(f"ipc://{tmp_path}/api.sock"))
+    assert rc == 1 and took <= EXIT_S, (rc, took, err)
+    assert words in the_problem(err)
+    assert not (d.state / "log").exists()  # refused before anything was written
