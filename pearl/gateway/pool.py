@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import threading
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import Future
@@ -37,8 +38,8 @@ from actors.base import Directory
 from actors.messages import StateChanged
 from actors.rollout_client import Attempt, Completion, RolloutClient
 from pearl.core import events as ev
-from pearl.core.bounds import check_event
-from pearl.core.errors import NoWorker, PearlError, RequestRefused
+from pearl.core.bounds import event_fault
+from pearl.core.errors import LogWriteFailed, NoWorker, PearlError, RequestRefused
 from pearl.core.state import TrainingPhase
 from pearl.core.status import status_plain
 from pearl.engines.base import FinishReason, GenerateRequest, SamplingParams
@@ -82,26 +83,23 @@ def served_model(cfg: Any) -> str:
 
 def served_vocab(cfg: Any, tokenizer: Any) -> int:
     """The vocabulary of the model the workers serve, which every token id of a request must be
-    below: torch, the preset's or its model directory's; sim, ``engine.sim_vocab`` else the sim's
-    own; vLLM and SGLang, their model directory's ``config.json``. Where none says, the
-    tokenizer's, else 2**63 (what a worker host can be sent)."""
+    below: sim, ``engine.sim_vocab`` else the sim's own; vLLM and SGLang, their model directory's
+    ``config.json``; without one (and torch), the preset's, or its directory's. Where none says,
+    the tokenizer's, else 2**63 (what a worker host can be sent)."""
     e = cfg.engine
     kind = str(getattr(e.kind, "value", e.kind))
-    directories = {
-        "torch": str(e.preset) if "/" in str(e.preset) else "",
-        "vllm": e.vllm_model_path,
-        "sglang": e.sglang_model_path,
-    }
-    directory = str(directories.get(kind, ""))
     if kind == "sim":
         from pearl.engines.sim import SimCost
 
         return int(e.sim_vocab) or SimCost.vocab_size
-    if kind == "torch" and not directory:
+    preset = str(e.preset)
+    servers = {"vllm": e.vllm_model_path, "sglang": e.sglang_model_path}
+    directory = str(servers.get(kind) or (preset if "/" in preset else ""))
+    if not directory:
         from pearl.engines.torch.model import PRESETS
 
-        if str(e.preset) in PRESETS:
-            return int(PRESETS[str(e.preset)]["vocab_size"])
+        if preset in PRESETS:
+            return int(PRESETS[preset]["vocab_size"])
     if directory:
         try:
             raw = json.loads((Path(directory) / "config.json").read_text())
@@ -320,14 +318,22 @@ class PoolBackend:
             )
         try:
             record = msgspec.convert(fields, cls)
-            check_event(record)
-        except (msgspec.ValidationError, PearlError) as e:
-            raise GatewayError(f"{kind}: {e}") from None
+        except msgspec.ValidationError as e:
+            at = re.search(r"at `\$\.(\w+)", str(e))  # msgspec names the field: `$.gpus[0]`
+            raise GatewayError(f"{kind}: {e}", param=at[1] if at else None) from None
+        fault = event_fault(record)  # out of bounds, or a GPU event naming no GPU: 400 too
+        if fault is not None:
+            raise GatewayError(f"{kind}: {fault[1]}; nothing was logged", param=fault[0])
         return record
 
     def _event(self, record: ev.ElasticEvent) -> int:
         try:
             ack = self.directory.get(names.SCHEDULER).ask(record, ASK_S)
+        except LogWriteFailed as e:
+            # The disk refused the record (full, I/O error): nothing was logged, and the same
+            # event is accepted once the disk takes writes again; pearld retries it every tick.
+            retry = max(1.0, self.cfg.daemon.tick_s)
+            raise GatewayError(str(e), 503, "server_error", retry_after_s=retry) from None
         except PearlError as e:
             raise GatewayError(str(e), 409, "invalid_request_error") from None
         return int(getattr(ack, "seq", 0))
