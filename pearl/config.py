@@ -11,6 +11,7 @@ import difflib
 import enum
 import math
 import os
+import re
 import stat
 import tomllib
 import types
@@ -26,6 +27,10 @@ from pearl.core.errors import ConfigError, InsecureBind
 from pearl.core.policy import PD, Borrow
 
 GpuList = tuple[int, ...]
+
+# One item of a GPU list string: an id or a range, ASCII digits only (Python's int() also takes
+# "٣" and "1_000").
+_GPU_ITEM = re.compile(r"([0-9]+)(?:\s*-\s*([0-9]+))?", re.ASCII)
 
 
 class EngineKind(enum.StrEnum):
@@ -78,19 +83,30 @@ def parse_gpus(value: Any, where: str = "gpus") -> GpuList:
     if isinstance(value, str):
         spans: list[tuple[int, int]] = []
         count = 0
-        for part in filter(None, (p.strip() for p in value.split(","))):
-            lo, sep, hi = part.partition("-")
+        parts = [p.strip() for p in value.split(",")]
+        if parts == [""]:
+            parts = []  # "" and "  ": no GPU
+        for part in parts:
             shown = part if len(part) <= 40 else part[:37] + "..."
-            try:
-                a = int(lo)
-                b = int(hi) if sep else a
-            except ValueError:
+            if not part:
                 raise ConfigError(
-                    f"{where}: {shown!r} is not a GPU id or range like 0-15"
+                    f"{where}: {value!r} has an empty item between commas; "
+                    "write ids and ranges like 0-3,8"
+                )
+            m = _GPU_ITEM.fullmatch(part)
+            try:
+                if m is None:
+                    raise ValueError(part)
+                a = int(m[1])
+                b = int(m[2]) if m[2] is not None else a
+            except ValueError:  # not one, or more digits than int() converts
+                raise ConfigError(
+                    f"{where}: {shown!r} is not a GPU id or range like 0-15 "
+                    "(ASCII digits 0-9, no signs or underscores)"
                 ) from None
             if b < a:
                 raise ConfigError(f"{where}: range {shown!r} runs backwards")
-            if a < 0 or b > MAX_GPU_ID:
+            if b > MAX_GPU_ID:
                 raise ConfigError(f"{where}: {shown!r} is out of range: GPU ids are 0-{MAX_GPU_ID}")
             count += b - a + 1
             if count > MAX_GPUS:

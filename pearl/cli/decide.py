@@ -15,6 +15,7 @@ import math
 from typing import Any
 
 from pearl import config
+from pearl.cli.args import integer
 from pearl.core.decision import Decision, decide
 from pearl.core.errors import ConfigError
 from pearl.core.gate import GateResult, borrow_gate
@@ -31,19 +32,19 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--config", metavar="FILE", help="TOML config (default: built-in defaults)")
     p.add_argument(
-        "--gpus", type=int, required=True, metavar="N", help="dedicated rollout GPUs available"
+        "--gpus", type=integer, required=True, metavar="N", help="dedicated rollout GPUs available"
     )
     p.add_argument(
         "--overlap-gpus",
-        type=int,
+        type=integer,
         default=0,
         metavar="M",
         help="training GPUs borrowed for rollout (default 0)",
     )
-    p.add_argument("--batch", type=int, metavar="B", help="trajectories per rollout step")
+    p.add_argument("--batch", type=integer, metavar="B", help="trajectories per rollout step")
     p.add_argument(
         "--remaining",
-        type=int,
+        type=integer,
         metavar="R",
         help="unfinished trajectories for the borrowing gate (default: B)",
     )

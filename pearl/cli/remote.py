@@ -17,6 +17,7 @@ import sys
 import time
 from typing import Any
 
+from pearl.cli.args import integer
 from pearl.config import DEFAULT_ENDPOINT, format_gpus, parse_gpus
 from pearl.core import events as ev
 from pearl.core.errors import PearlError
@@ -88,11 +89,15 @@ def register(subparsers: Any) -> None:
                     help="when the GPUs are taken, from now: 30s, 2m (at most 1h)",
                 )
         else:
-            k.add_argument("--step", type=int, help="training step (default: the next / current)")
+            k.add_argument(
+                "--step", type=integer, help="training step (default: the next / current)"
+            )
         if kind == "training-begin":
             _training_begin(k)
         if kind == "training-finished":
-            k.add_argument("--weights-version", type=int, help="the weights this step published")
+            k.add_argument(
+                "--weights-version", type=integer, help="the weights this step published"
+            )
         k.set_defaults(handler=cmd_event)
     s = subparsers.add_parser("status", help="the table, mode and ratio, budget, transitions")
     _common(s)

@@ -66,25 +66,40 @@ def deadline_problem(deadline: Any) -> str | None:
     return None
 
 
-def event_problem(record: Any) -> str | None:
-    """Why an elastic event or ``weights-published`` holds a number out of bounds, or None."""
+def event_fault(record: Any) -> tuple[str, str] | None:
+    """``(field, why)`` when an elastic event or ``weights-published`` holds a number out of
+    bounds, or a GPU event names no GPU; None when it is within bounds."""
     if isinstance(
         record, ev.GpusAdded | ev.GpusReclaimed | ev.GpusReclaiming | ev.GpusReclaimCancelled
     ):
         why = gpu_ids_problem(record.gpus)
-        if why is None and isinstance(record, ev.GpusReclaiming):
+        if why is None and not len(record.gpus):
+            why = f"{record.KIND} names no GPU: give at least one GPU id"
+        if why is not None:
+            return "gpus", why
+        if isinstance(record, ev.GpusReclaiming):
             why = deadline_problem(record.deadline)
-        return why
-    if isinstance(record, ev.TrainingBegin):
-        return step_problem(record.step)
-    if isinstance(record, ev.TrainingFinished):
+            return None if why is None else ("deadline", why)
+        return None
+    if isinstance(record, ev.TrainingBegin | ev.TrainingFinished):
         why = step_problem(record.step)
-        if why is None and record.weights_version is not None:
+        if why is not None:
+            return "step", why
+        if isinstance(record, ev.TrainingFinished) and record.weights_version is not None:
             why = version_problem(record.weights_version)
-        return why
+            return None if why is None else ("weights_version", why)
+        return None
     if isinstance(record, ev.WeightsPublished):
-        return version_problem(record.version)
+        why = version_problem(record.version)
+        return None if why is None else ("version", why)
     return None
+
+
+def event_problem(record: Any) -> str | None:
+    """Why an elastic event or ``weights-published`` is out of bounds (:func:`event_fault`), or
+    None."""
+    fault = event_fault(record)
+    return None if fault is None else fault[1]
 
 
 def check_event(record: Any) -> None:
@@ -125,6 +140,7 @@ __all__ = [
     "check_fits",
     "check_share",
     "deadline_problem",
+    "event_fault",
     "event_problem",
     "gpu_ids_problem",
     "step_problem",

@@ -15,6 +15,7 @@ from pearl.core.bounds import (
     MAX_STEP,
     MAX_VERSION,
     check_event,
+    event_fault,
     event_problem,
 )
 from pearl.core.errors import SchemaError
@@ -22,7 +23,6 @@ from pearl.core.errors import SchemaError
 FINE = [
     ev.GpusAdded((0, MAX_GPU_ID)),
     ev.GpusAdded(tuple(range(MAX_GPUS))),
-    ev.GpusReclaimed(()),
     ev.GpusReclaiming((8,), 1.8e9),
     ev.GpusReclaimCancelled((8,)),
     ev.TrainingBegin(1),
@@ -52,6 +52,9 @@ REFUSED: list[tuple[Any, str]] = [
     (ev.GpusReclaiming((8,), -1.0), "deadline -1.0 is out of range"),
     (ev.GpusReclaiming((8,), MAX_DEADLINE * 2), "is out of range: a Unix time in seconds"),
     (ev.TrainingBegin(True), "training step True is not an int"),
+    (ev.GpusReclaimed(()), "gpus-reclaimed names no GPU: give at least one GPU id"),
+    (ev.GpusAdded(()), "gpus-added names no GPU"),
+    (ev.GpusReclaimCancelled(()), "gpus-reclaim-cancelled names no GPU"),
 ]
 
 
@@ -67,3 +70,19 @@ def test_a_number_out_of_bounds_is_one_line_with_the_range(record: Any, words: s
         check_event(record)
     msg = str(e.value)
     assert words in msg and msg.endswith("nothing was logged") and "\n" not in msg, msg
+
+
+@pytest.mark.parametrize(
+    ("record", "field"),
+    [
+        (ev.GpusAdded(()), "gpus"),
+        (ev.GpusReclaiming((8,), -1.0), "deadline"),
+        (ev.TrainingFinished(0), "step"),
+        (ev.TrainingFinished(3, -1), "weights_version"),
+        (ev.WeightsPublished(-5), "version"),
+    ],
+    ids=lambda x: str(x)[:40],
+)
+def test_the_fault_names_its_field(record: Any, field: str) -> None:
+    fault = event_fault(record)
+    assert fault is not None and fault[0] == field and fault[1] == event_problem(record)
