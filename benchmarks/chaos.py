@@ -1,6 +1,9 @@
 """Chaos run: random elastic events and training cycles against pearld while its worker hosts are
 SIGKILLed and SIGSTOPped, pearld itself is SIGKILLed, its log disk fills (or fails its syncs) for
-a few seconds, and its metrics port is flooded with idle connections (issues 21 and 35).
+a few seconds, and its metrics port is flooded with idle connections (issues 21 and 35). Agents
+chat through pearld's gateway all along, while it is sent poison requests, held by slow clients
+and left by clients that hang up (issue 41; :mod:`gateway_faults`). A killed vLLM server is not
+among the faults (the run uses sim engines): tests/engines/vllm covers it.
 
 A Python client (``pearl.connect``) plays the world's gpus-added / gpus-reclaimed of the
 preemptible range (sometimes a reclaim and the re-grant of the same GPUs at once), each a fact
@@ -22,8 +25,10 @@ versions, missing from the log after a pearld kill, after its restart or at the 
 it served while 1,000 idle ones were held; ``metrics_flood_threads_max``: pearld's thread count
 then, less before, which worker churn also moves);
 ``replay_equal`` (``pearl status --json`` == ``pearl log replay DIR --until SEQ --json`` at the
-end). Targets (10 minutes): 0 lost, restarts, facts refused, failed-but-durable; status ==
-replay; 0 false deaths; at most +64 threads under a flood.
+end); ``requests_failed`` (the agents' chat requests that failed although pearld was up
+throughout: ``requests_excused`` crossed a pearld kill), ``poison_not_4xx`` and the slow clients'
+figures. Targets (10 minutes): 0 lost, restarts, facts refused, failed-but-durable, requests
+failed, poison not refused; status == replay; 0 false deaths; at most +64 threads under a flood.
 
     .venv/bin/python benchmarks/chaos.py [--minutes 10] [--seed 1] [--json FILE] [--keep DIR]
 """
@@ -41,6 +46,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import gateway_faults as gw  # noqa: E402
 import live_pearld as live  # noqa: E402
 from faults import Fault, Injector, Limits  # noqa: E402
 from live_pearld import (  # noqa: E402
@@ -68,6 +74,10 @@ NEAR_S = {
     "pearld-exit": 15.0,
     "disk-full": 5.0,  # a training-begin refused meanwhile is retried after the window
     "metrics-flood": 5.0,
+    # The gateway's faults run from this process: opening 1,500 connections costs it CPU.
+    "poison": 1.0,
+    "slow-clients": 5.0,
+    "abandon": 1.0,
 }
 MAX_PRESENT = 8  # preemptible GPUs present at most: bounds the hosts on a small machine
 QUIET_TAIL_S = 10.0  # no new fault this close to the end
@@ -266,9 +276,17 @@ def hosts_vs_table(d: Pearld, s: dict[str, Any]) -> dict[str, Any]:
 def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     rng = random.Random(args.seed)
     port = live.free_port()
+    gateway_port = live.free_port()
+    (tmp / "gateway.key").write_text(gw.KEY)
+    gateway = [
+        f"gateway.listen=127.0.0.1:{gateway_port}",
+        f"gateway.api_key_file={tmp / 'gateway.key'}",
+        f"gateway.model={gw.MODEL}",
+    ]
+    url = f"http://127.0.0.1:{gateway_port}"
     d = Pearld(
         tmp,
-        [f"daemon.metrics=127.0.0.1:{port}", *args.set],
+        [f"daemon.metrics=127.0.0.1:{port}", *gateway, *args.set],
         port=live.free_port(),
         metrics_port=port,
         env={DISK_ENV: str(tmp / "disk-full")},  # the injector's disk-full windows
@@ -284,6 +302,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     }
     inj: Injector | None = None
     t: Trainer | None = None
+    agents: gw.Agents | None = None
     try:
         print(f"pearld up in {d.start():.1f}s at {d.endpoint} (state {d.state})", flush=True)
         t = Trainer(d.endpoint)
@@ -296,6 +315,9 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             max_kill_pearld=max(1, int(0.8 * m)),
             max_disk_full=max(1, int(2 * m)),
             max_metrics_flood=max(1, int(0.6 * m)),
+            max_poison=max(1, int(2 * m)),
+            max_slow_clients=max(1, int(0.8 * m)),
+            max_abandon=max(1, int(1.5 * m)),
         )
         trainer = t
         inj = Injector(
@@ -305,7 +327,10 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             lambda: play.published,
             end - QUIET_TAIL_S,
             lim,
+            gateway_url=url,
         )
+        agents = gw.Agents(url, args.agents, random.Random(rng.random()))
+        agents.start()
         inj.start()
         last = 0.0
         while time.monotonic() < end:
@@ -322,6 +347,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                     flush=True,
                 )
         inj.stop()
+        agents.stop()
         print("quiet: SIGCONT sent, settling", flush=True)
         if not d.running():
             d.start()
@@ -330,6 +356,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         out["unsettled"] = {} if settled else unsettled
         time.sleep(3.0)  # hosts being retired finish exiting
         out.update(report(d, t, play, inj, t0, settled))
+        out.update(gateway_report(agents, inj))
         # SIGTERM stops pearld "and its worker hosts": also the ones it adopted after a restart?
         out["pearld_exit_code"] = d.stop()
         poll(lambda: not d.hosts(), 10.0, 0.2)
@@ -337,6 +364,8 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     finally:
         if inj is not None:
             inj.stop()
+        if agents is not None:
+            agents.stop()
         if t is not None:
             t.close()
         d.cleanup()
@@ -366,7 +395,8 @@ def report(
         if r["ok"]:
             (faulted if kinds_near else clean).append(took)
     verify = pearl_cli("log", "verify", str(d.state))  # non-zero on any damage
-    kinds = ("kill-host", "stop-host", "kill-pearld", "pearld-exit", "disk-full", "metrics-flood")
+    kinds = ("kill-host", "stop-host", "kill-pearld", "pearld-exit", "disk-full", "metrics-flood",
+             "poison", "slow-clients", "abandon")  # fmt: skip
     granted = set(s["gpus"]["present"]) | set(s["gpus"].get("regranted", []))
     return {
         "cycles": play.cycles,
@@ -424,9 +454,39 @@ def report(
     }
 
 
+def gateway_report(agents: gw.Agents, inj: Injector) -> dict[str, Any]:
+    """The agents' requests and the gateway faults: a failed request is excused only when its
+    life crossed a window in which pearld was down on purpose (killed, then restarted)."""
+    down = [(f.t, f.end) for f in inj.faults if f.kind in ("kill-pearld", "pearld-exit")]
+    calls = agents.snapshot()
+    failed = [c for c in calls if not c.ok]
+    unexcused = [c for c in failed if not gw.excused(c, down)]
+    return {
+        "requests": len(calls),
+        "requests_ok": sum(c.ok for c in calls),
+        "requests_retried": sum(c.retries > 0 for c in calls),
+        "requests_excused": len(failed) - len(unexcused),
+        "requests_failed": len(unexcused),
+        "requests_failed_detail": [
+            {
+                "session": c.session,
+                "status": c.status,
+                "error": c.error,
+                "for_s": round(c.t1 - c.t0, 2),
+            }
+            for c in unexcused[:20]
+        ],
+        "poison_sent": inj.poison_sent,
+        "poison_not_4xx": inj.poison_answers[:20],
+        "slow_clients": inj.slow,
+        "abandoned": inj.abandoned,
+    }
+
+
 def main() -> int:
     ap = live.parser(__doc__ or "")
     ap.add_argument("--minutes", type=float, default=10.0)
+    ap.add_argument("--agents", type=int, default=4, help="chat sessions through the gateway")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # cleans up like Ctrl-C
     out = live.in_state_dir(args, "pearl-chaos-", run)
@@ -439,7 +499,10 @@ def main() -> int:
         f"facts refused {out['facts_refused']}; reported failed but durable "
         f"{out['reported_failed_but_durable']}; metrics flood "
         f"{out['metrics_flood_connections_max']} served (+{out['metrics_flood_threads_max']} "
-        f"threads); status == replay {out['replay_equal']}"
+        f"threads); status == replay {out['replay_equal']}; gateway requests "
+        f"{out['requests_ok']}/{out['requests']} ok, {out['requests_failed']} failed "
+        f"({out['requests_excused']} excused by a pearld kill), poison not 4xx "
+        f"{len(out['poison_not_4xx'])} of {out['poison_sent']}, abandoned {out['abandoned']}"
     )
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")

@@ -1,7 +1,9 @@
 """The chaos run's fault injector: SIGKILL and SIGSTOP (then SIGCONT) of worker hosts, SIGKILL of
 pearld (then a restart on the same state dir), disk-full windows (pearld's log disk full or failing
 its syncs for a few seconds, through the ``PEARL_DISK_FAULT`` flag file), and floods of idle
-connections to the metrics port, each at random moments, bounded in count.
+connections to the metrics port, each at random moments, bounded in count. With a gateway, also
+the faults of an outside HTTP client (:mod:`gateway_faults`): poison requests, slow clients that
+send half a request and stop, and requests abandoned by their clients.
 
 Every fault is recorded with its start and end (SIGCONT, pearld answering again), so that the
 run can tell the deaths and slow returns it caused from the ones it did not. After each pearld
@@ -12,6 +14,8 @@ daemon acknowledged must be in it.
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import random
 import signal
 import socket
@@ -22,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import gateway_faults as gw
 from live_pearld import Host, Pearld, lost_events
 
 from pearl.core.state import validate
@@ -31,7 +36,7 @@ from pearl.log.failpoints import DISK_ENV
 @dataclass
 class Fault:
     # kill-host | stop-host | kill-pearld | pearld-exit (pearld stopped on its own) | disk-full |
-    # metrics-flood
+    # metrics-flood | poison | slow-clients | abandon
     kind: str
     t: float  # time.monotonic() at the fault
     wall: float  # time.time() at the fault (pearld's log has wall-clock stamps)
@@ -67,6 +72,15 @@ class Limits:
     metrics_flood_s: float = 40.0
     max_metrics_flood: int = 6
     flood_connections: int = 1000
+    poison_s: float = 15.0
+    max_poison: int = 8
+    slow_clients_s: float = 30.0
+    max_slow_clients: int = 4
+    slow_connections: int = 1500
+    slow_hold_s: float = 3.0
+    abandon_s: float = 20.0
+    max_abandon: int = 6
+    abandoned: int = 16  # requests hung up on per fault
     stop_for_s: tuple[float, float] = (0.5, 6.0)  # SIGSTOP lengths: some under 3 heartbeats
     down_for_s: tuple[float, float] = (0.0, 1.5)  # pearld stays dead this long
     per_worker: int = 2  # faults per worker per pearld lifetime (under the restart budget)
@@ -83,8 +97,14 @@ class Injector(threading.Thread):
         published: Callable[[], set[int]],  # weight versions uploaded and acknowledged
         until: float,
         limits: Limits | None = None,
+        gateway_url: str = "",
     ) -> None:
         super().__init__(name="chaos-faults", daemon=True)
+        self.gateway_url = gateway_url
+        self.poison_answers: list[str] = []  # poison requests not answered with a 4xx
+        self.poison_sent = 0
+        self.slow: list[dict[str, Any]] = []  # each slow-clients fault's figures
+        self.abandoned = 0
         self.d, self.rng, self.acked, self.published = d, rng, acked, published
         self.until, self.limits = until, limits or Limits()
         self.faults: list[Fault] = []
@@ -111,6 +131,9 @@ class Injector(threading.Thread):
             "kill-pearld": now + rng.uniform(0.25, 0.6) * min(span, lim.kill_pearld_s),
             "disk-full": now + rng.uniform(0.1, 0.2) * min(span, lim.disk_full_s),
             "metrics-flood": now + rng.uniform(0.6, 0.7) * min(span, lim.metrics_flood_s),
+            "poison": now + rng.uniform(0.05, 0.15) * min(span, lim.poison_s),
+            "slow-clients": now + rng.uniform(0.3, 0.45) * min(span, lim.slow_clients_s),
+            "abandon": now + rng.uniform(0.15, 0.3) * min(span, lim.abandon_s),
         }
 
     def count(self, kind: str) -> int:
@@ -124,6 +147,9 @@ class Injector(threading.Thread):
             "kill-pearld": lim.max_kill_pearld,
             "disk-full": lim.max_disk_full if self.disk_flag else 0,
             "metrics-flood": lim.max_metrics_flood if self.d.metrics_port else 0,
+            "poison": lim.max_poison if self.gateway_url else 0,
+            "slow-clients": lim.max_slow_clients if self.gateway_url else 0,
+            "abandon": lim.max_abandon if self.gateway_url else 0,
         }
         means = {
             "kill-host": lim.kill_host_s,
@@ -131,6 +157,9 @@ class Injector(threading.Thread):
             "kill-pearld": lim.kill_pearld_s,
             "disk-full": lim.disk_full_s,
             "metrics-flood": lim.metrics_flood_s,
+            "poison": lim.poison_s,
+            "slow-clients": lim.slow_clients_s,
+            "abandon": lim.abandon_s,
         }
         while not self.halt.is_set():
             try:
@@ -244,6 +273,57 @@ class Injector(threading.Thread):
             f"+{self.flood_threads[-1]} threads"
         )
 
+    # -- the gateway (an outside client's faults) ---------------------------------------------
+
+    def _gateway_up(self) -> bool:
+        return bool(self.gateway_url) and self.d.running() and not self.down.is_set()
+
+    def poison(self) -> None:
+        """Requests that once crashed pearld or a host, or failed their neighbours: each must
+        get a 4xx while everything else goes on."""
+        if not self._gateway_up():
+            return
+        f = Fault("poison", time.monotonic(), time.time())
+        self.faults.append(f)
+        sent, bad = gw.poison(self.gateway_url, self.rng)
+        self.poison_sent += sent
+        if self._gateway_up():  # a pearld killed meanwhile answers nothing: not poison's doing
+            self.poison_answers += bad
+        f.end = time.monotonic()
+        f.detail = f"{sent} sent, {len(bad)} not a 4xx"
+
+    def slow_clients(self) -> None:
+        """Half-sent requests held open: pearld's API and the gateway's agents go on."""
+        if not self._gateway_up():
+            return
+        f = Fault("slow-clients", time.monotonic(), time.time())
+        self.faults.append(f)
+        port = int(self.gateway_url.rsplit(":", 1)[1].split("/", 1)[0])
+
+        def probe() -> bool:
+            try:
+                return bool(self.d.status())
+            except Exception:
+                return False
+
+        lim = self.limits
+        out = gw.slow_clients(port, lim.slow_connections, lim.slow_hold_s, self.halt, probe)
+        out["fds"] = fds(self.d.proc.pid) if self.d.proc is not None else 0
+        self.slow.append(out)
+        f.end = time.monotonic()
+        f.detail = json.dumps(out)
+
+    def abandon(self) -> None:
+        """Long requests whose clients hang up at once."""
+        if not self._gateway_up():
+            return
+        f = Fault("abandon", time.monotonic(), time.time())
+        self.faults.append(f)
+        n = gw.abandon(self.gateway_url, self.limits.abandoned)
+        self.abandoned += n
+        f.end = time.monotonic()
+        f.detail = f"{n} requests hung up on"
+
     def _threads(self, pid: int) -> int:
         """pearld's thread count, the median of five looks 0.1 s apart: its other threads
         (a courier per worker host) come and go meanwhile."""
@@ -322,6 +402,14 @@ def threads(pid: int) -> int:
     return 0
 
 
+def fds(pid: int) -> int:
+    """The open file descriptors of ``pid`` (0 when it is gone)."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return 0
+
+
 def scrape(port: int) -> int | None:
     """One Prometheus scrape of the metrics port: the connections pearld says it serves (its
     ``pearl_metrics_connections``, one thread each), None when it did not answer."""
@@ -338,4 +426,4 @@ def scrape(port: int) -> int | None:
     return None
 
 
-__all__ = ["Fault", "Injector", "Limits", "scrape", "threads"]
+__all__ = ["Fault", "Injector", "Limits", "fds", "scrape", "threads"]

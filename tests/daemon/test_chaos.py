@@ -3,7 +3,9 @@ cycles against a real pearld while worker hosts are SIGKILLed and SIGSTOPped, pe
 SIGKILLed and restarted, its log disk fills for a few seconds and its metrics port is flooded.
 Nothing acknowledged is lost, nothing refused is logged, no fact of the world is refused, no
 actor crashes, status equals the replay of the log, and borrowed GPUs come back within the
-paper's bound."""
+paper's bound. Agents chat through pearld's gateway meanwhile, and it is sent poison requests,
+held by slow clients and left by clients that hang up: no agent's request fails but for a pearld
+kill."""
 
 from __future__ import annotations
 
@@ -82,3 +84,11 @@ def test_chaos_one_minute(tmp_path: Path) -> None:
     assert r["return_timeouts"] == 0, r["return_log"]
     assert r["return_max_s"] <= RETURN_MAX_S, [x for x in r["return_log"] if not x["near"]]
     assert not r["tables_invalid"], r["tables_invalid"]
+    # Agents chat through the gateway all along: poison, slow clients and abandoned requests
+    # fail none of theirs; only a pearld killed on purpose excuses a failure.
+    assert r["faults"]["poison"] >= 1 and r["faults"]["slow-clients"] >= 1, r["fault_log"]
+    assert r["faults"]["abandon"] >= 1, r["fault_log"]
+    assert r["requests_ok"] > 0, r["requests_failed_detail"]
+    assert r["requests_failed"] == 0, r["requests_failed_detail"]
+    assert not r["poison_not_4xx"], r["poison_not_4xx"]
+    assert all(x["probe_ok"] for x in r["slow_clients"]), r["slow_clients"]
