@@ -581,11 +581,15 @@ class Daemon:
         from actors.router import Flush
         from pearl.core.commands import Tick
 
-        while not self._stop.wait(self.cfg.daemon.tick_s):
-            self._restart_dead()
-            self.directory.tell(names.ORCHESTRATOR, Tick())
-            self.directory.tell(names.ROUTER, Flush())
-            self.directory.tell(names.SUPERVISOR, Supervise())
+        try:
+            while not self._stop.wait(self.cfg.daemon.tick_s):
+                self._restart_dead()
+                self.directory.tell(names.ORCHESTRATOR, Tick())
+                self.directory.tell(names.ROUTER, Flush())
+                self.directory.tell(names.SUPERVISOR, Supervise())
+        except Exception as e:  # unsupervised, deadlines unchecked: pearld must not run on
+            log.debug("ticker failed", exc_info=e)
+            self._give_up(f"the ticker failed: {type(e).__name__}: {e}; shutting down")
 
     def stop(self, failed: bool = False) -> None:
         """Stop what started, in reverse: the ticker, the actors (the orchestrator first), the

@@ -88,3 +88,19 @@ def test_an_api_that_cannot_be_restarted_stops_pearld_in_one_line(
     for _ in range(3):  # the supervision pass that would come next restarts nothing
         daemon._restart_dead()
     assert binds == [daemon.endpoint] and daemon.directory.find(names.API) is None
+
+
+def test_a_ticker_that_fails_stops_pearld_in_one_line(
+    daemon: Daemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without its ticker pearld would run unsupervised, its deadlines unchecked (issue 41:
+    ``daemon.tick_s = inf`` killed the thread silently; the config refuses it now)."""
+
+    def broken(self: Daemon) -> None:
+        raise OverflowError("timeout value is too large")
+
+    monkeypatch.setattr(Daemon, "_restart_dead", broken)
+    wait_until(daemon.failed.is_set, 10, "pearld to give up when its ticker fails")
+    assert daemon.failure == (
+        "the ticker failed: OverflowError: timeout value is too large; shutting down"
+    )
