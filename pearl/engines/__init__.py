@@ -1,8 +1,10 @@
-"""Inference engines behind one contract (:mod:`pearl.engines.base`): torch, sglang, sim.
+"""Inference engines behind one contract (:mod:`pearl.engines.base`): torch, sim, sglang, vllm.
 
-``pearl.engines.torch.TorchEngine`` (imports torch and transformers, so not re-exported here) and
-:class:`SimEngine` take the same ``role`` and ``kv_channel`` keywords plus their own options; a
-worker host builds one from its config with :func:`pearl.engines.factory.build_engine`.
+Two families: in-process engines run their own serving loop (``torch``, ``sim``); server engines
+launch and drive a third-party server per worker over HTTP (``sglang``, ``vllm``).
+``pearl.engines.torch.TorchEngine`` (imports torch and transformers), ``SGLangEngine`` and
+``VLLMEngine`` are not re-exported here; a worker host builds its engine from its config with
+:func:`pearl.engines.factory.build_engine`.
 """
 
 from __future__ import annotations

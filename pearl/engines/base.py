@@ -1,4 +1,4 @@
-"""The one contract every inference engine implements (torch, sglang, sim).
+"""The one contract every inference engine implements (torch, sim, sglang, vllm).
 
 A worker host owns exactly one engine. The engine runs its own scheduling loop (continuous
 batching) and hands results back through ``concurrent.futures.Future`` objects, so the WorkerActor
