@@ -239,6 +239,7 @@ class Daemon:
         from actors.api import check_endpoint
         from transports.auth import DaemonKeys, HostKeys, check_bind
 
+        check_engine(self.cfg)  # before anything is bound
         check_endpoint(self.endpoint)
         if self.cfg.daemon.keys_dir:  # the API's keys; the local worker hosts read the same DIR
             self.keys = DaemonKeys.load(self.cfg.daemon.keys_dir).api
@@ -629,6 +630,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--log-level", default="INFO")
     return p
+
+
+def check_engine(cfg: config_mod.Config) -> None:
+    """ConfigError, in one line, when the configured engine cannot start on any worker: a
+    server engine with no model path; and, with local worker hosts, a vLLM model directory or
+    interpreter that is not there (pearld would otherwise relaunch hosts that never serve)."""
+    e = cfg.engine
+    if e.kind is config_mod.EngineKind.VLLM:
+        from pearl.engines.vllm.launch import preflight
+
+        preflight(e, local=cfg.daemon.launcher is not config_mod.Launcher.RAY)
+    elif e.kind is config_mod.EngineKind.SGLANG:
+        from pearl.engines.sglang.launch import spec_from_config
+
+        spec_from_config(e, cfg.cluster.tp, 0)
 
 
 def startup_error(e: Exception) -> str:

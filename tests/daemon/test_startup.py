@@ -206,3 +206,42 @@ def test_a_value_out_of_range_is_one_line_before_anything_starts(
     assert rc == 1 and took <= EXIT_S, (rc, took, err)
     assert words in the_problem(err)
     assert not (d.state / "log").exists()  # refused before anything was written
+
+
+VLLM_CONFIG = ROOT / "configs" / "local-vllm.toml"
+
+
+@pytest.mark.parametrize(
+    "case, words",
+    [
+        ("no-model", "engine.kind = 'vllm' needs engine.vllm_model_path"),
+        ("not-a-model", "is not a model directory (no config.json there)"),
+        ("no-interpreter", "engine.vllm_python = '/nonexistent/bin/python' cannot be run"),
+        ("no-vllm", "cannot import vllm"),
+    ],
+)
+def test_an_engine_that_cannot_start_anywhere_is_one_line_and_binds_nothing(
+    tmp_path: Path, case: str, words: str
+) -> None:
+    """Issue 41: such a config exited 0 and relaunched worker hosts every 30 s forever."""
+    import sys
+
+    model = tmp_path / "model"
+    model.mkdir()
+    if case != "not-a-model":
+        (model / "config.json").write_text("{}")
+    sets = {
+        "no-model": ["engine.vllm_model_path="],
+        "not-a-model": [f"engine.vllm_model_path={model}"],
+        "no-interpreter": [
+            f"engine.vllm_model_path={model}",
+            "engine.vllm_python=/nonexistent/bin/python",
+        ],
+        "no-vllm": [f"engine.vllm_model_path={model}", f"engine.vllm_python={sys.executable}"],
+    }[case]
+    d = Pearld(tmp_path, ["gateway.listen=127.0.0.1:0", *sets], config=VLLM_CONFIG)
+    sock = tmp_path / "api.sock"
+    rc, took, err = run_failing(d.command(f"ipc://{sock}"))
+    assert rc == 1 and took <= EXIT_S, (rc, took, err)
+    assert words in the_problem(err)
+    assert not sock.exists() and not (d.state / "log").exists()  # nothing bound or written

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,6 +143,41 @@ def spec_from_config(cfg: Any, tp: int, first_gpu: int) -> VLLMSpec:
     )
 
 
+PROBE = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('vllm') else 3)"
+
+
+def preflight(cfg: Any, local: bool = True) -> None:
+    """Refuse, with one ConfigError line, an ``[engine]`` (an EngineConfig) whose vLLM servers
+    cannot start anywhere: no model path; and, when the servers run on this machine
+    (``local``), a model path that is not a model directory, or an interpreter that is missing
+    or cannot import vllm. pearld runs it before it binds anything."""
+    spec_from_config(cfg, 1, 0)  # no model path
+    if not local:
+        return
+    model = Path(cfg.vllm_model_path)
+    if not (model / "config.json").is_file():
+        raise ConfigError(
+            f"engine.vllm_model_path = {str(model)!r} is not a model directory (no "
+            "config.json there); give the Hugging Face model directory the servers load"
+        )
+    python = cfg.vllm_python or default_python()
+    try:
+        probe = subprocess.run(
+            [python, "-c", PROBE], capture_output=True, timeout=60, check=False
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ConfigError(
+            f"engine.vllm_python = {python!r} cannot be run ({type(e).__name__}: {e}); give "
+            "an interpreter with vLLM installed (`make test` creates .venv-vllm)"
+        ) from None
+    if probe.returncode != 0:
+        where = "engine.vllm_python" if cfg.vllm_python else "the default interpreter"
+        raise ConfigError(
+            f"{where} {python!r} cannot import vllm; install vLLM there or set "
+            f"engine.vllm_python (`make test` creates {DEFAULT_VENV})"
+        )
+
+
 def spread(slot: int) -> str:
     """The core of a worker's slot: slots take this process's cores in turn."""
     cores = sorted(os.sched_getaffinity(0))
@@ -158,6 +194,7 @@ __all__ = [
     "default_python",
     "launch_command",
     "launch_env",
+    "preflight",
     "spec_from_config",
     "spread",
 ]
