@@ -30,6 +30,7 @@ from actors import worker_files
 from actors.messages import WorkerHello
 from pearl.config import EngineConfig, EngineKind
 from pearl.core.errors import PearlError
+from pearl.engines.process import LOG_DIR_ENV
 
 log = logging.getLogger("pearl.launcher")
 
@@ -255,6 +256,8 @@ class LocalProcessLauncher:
         env = dict(os.environ)
         if spec.engine.kind is not EngineKind.SIM:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in spec.gpus)
+        if self.log_dir is not None:  # the logs of the servers the host runs: beside its own
+            env[LOG_DIR_ENV] = str((self.log_dir / "servers").absolute())
         args = host_args(spec)
         if spec.keys_dir:  # the host loads its CURVE keys (DIR/worker.key_secret, DIR/server.key)
             args += ["--keys-dir", str(Path(spec.keys_dir).absolute())]

@@ -2,8 +2,15 @@
 
 :class:`ServerProcess` starts an argv, keeps its output in a log file, and stops it by pid
 (SIGTERM, then SIGKILL); on Linux the server also dies with its worker host (PDEATHSIG), so a
-crashed host never leaves a server holding its GPUs and port. :class:`Watchdog` notices a death
-and relaunches through the engine, within a restart budget.
+crashed host never leaves a server holding its GPUs and port.
+
+A server's log is bounded: past ``max_log_bytes`` it is copied to ``LOG.1`` and cut back to
+empty (the server appends, so it writes on at the new end). A log the caller did not name lives
+in ``$PEARL_SERVER_LOGS`` (the launcher points it into the state directory) or the temporary
+directory, is named after the worker host's pid, and is removed when the server is stopped; logs
+of hosts that are gone are removed when the next server of that kind starts there.
+
+:class:`Watchdog` notices a death and relaunches through the engine, within a restart budget.
 """
 
 from __future__ import annotations
@@ -13,7 +20,9 @@ import ctypes
 import logging
 import os
 import queue
+import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -68,6 +77,32 @@ class _Spawner:
 
 
 _SPAWNER = _Spawner()
+LOG_DIR_ENV = "PEARL_SERVER_LOGS"  # where servers' own logs go (the launcher sets it)
+MAX_LOG_BYTES = 64 << 20
+BOUND_EVERY_S = 2.0
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def prune_logs(folder: Path, prefix: str) -> int:
+    """Remove the logs (and their ``.1``) of ``prefix`` servers whose worker host is gone."""
+    removed = 0
+    pattern = re.compile(rf"pearl-{re.escape(prefix)}-(\d+)-.*\.log(\.1)?$")
+    for f in folder.glob(f"pearl-{prefix}-*.log*"):
+        m = pattern.match(f.name)
+        if m is not None and not _pid_alive(int(m.group(1))):
+            with contextlib.suppress(OSError):
+                f.unlink()
+                removed += 1
+    return removed
 
 
 class ServerProcess:
@@ -80,15 +115,27 @@ class ServerProcess:
         env: dict[str, str] | None = None,
         prefix: str = "server",
         group: bool = False,
+        max_log_bytes: int = MAX_LOG_BYTES,
     ) -> None:
         self.argv = argv
         # group: the server runs in a process group of its own, and stopping it stops the group
         # (vLLM's engine core and workers are its children: killed alone, it would orphan them).
         self.group = group
-        fd, default = tempfile.mkstemp(prefix=f"pearl-{prefix}-", suffix=".log")
-        os.close(fd)
-        self.log_path = Path(log_path or default)
+        self.own_log = not log_path  # named here: removed at stop()
+        if log_path:
+            self.log_path = Path(log_path)
+        else:
+            folder = Path(os.environ.get(LOG_DIR_ENV) or tempfile.gettempdir())
+            folder.mkdir(parents=True, exist_ok=True)
+            prune_logs(folder, prefix)
+            fd, name = tempfile.mkstemp(
+                prefix=f"pearl-{prefix}-{os.getpid()}-", suffix=".log", dir=folder
+            )
+            os.close(fd)
+            self.log_path = Path(name)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.max_log_bytes = max_log_bytes
+        self._stopped = threading.Event()
         preexec = _die_with_parent if sys.platform.startswith("linux") else None
         try:
             self.proc = _SPAWNER.run(
@@ -105,6 +152,24 @@ class ServerProcess:
             self._log.close()
             raise EngineError(f"cannot start {shlex.join(argv)}: {e}") from None
         self.pid = self.proc.pid
+        threading.Thread(target=self._bound, name=f"{prefix}-log", daemon=True).start()
+
+    def _bound(self) -> None:
+        while not self._stopped.wait(BOUND_EVERY_S):
+            self.bound_log()
+
+    def bound_log(self) -> bool:
+        """Past ``max_log_bytes``, copy the log to ``LOG.1`` and cut it back to empty; whether
+        it did."""
+        try:
+            if self.log_path.stat().st_size <= self.max_log_bytes:
+                return False
+            shutil.copyfile(self.log_path, self.log_path.with_name(self.log_path.name + ".1"))
+            os.truncate(self.log_path, 0)
+        except OSError as e:  # tried again at the next look
+            log.debug("cannot bound %s: %s", self.log_path, e)
+            return False
+        return True
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -135,8 +200,13 @@ class ServerProcess:
                 self.proc.wait(10)
         if self.group:
             self._signal(signal.SIGKILL)  # children the server left behind
+        self._stopped.set()
         if not self._log.closed:
             self._log.close()
+        if self.own_log:
+            for path in (self.log_path, self.log_path.with_name(self.log_path.name + ".1")):
+                with contextlib.suppress(OSError):
+                    path.unlink()
 
 
 class Watchdog:
@@ -188,4 +258,4 @@ class Watchdog:
                     log.error("relaunch failed: %s", e)
 
 
-__all__ = ["ServerProcess", "Watchdog", "first_gpu"]
+__all__ = ["LOG_DIR_ENV", "ServerProcess", "Watchdog", "first_gpu", "prune_logs"]

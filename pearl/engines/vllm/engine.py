@@ -130,6 +130,8 @@ class VLLMEngine(EngineBase):
     def _launch(self) -> None:
         if not self.cfg.url:
             if self.server is not None:
+                if not self.server.alive():  # its log goes with it: say how it ended
+                    log.error("the vLLM server exited; its last lines:\n%s", self.server.tail())
                 self.server.stop()  # a dead server's engine core and workers go with it
             self.server = ServerProcess(
                 launch_command(self.spec),
