@@ -138,9 +138,9 @@ def build_pipeline(cfg: config_mod.Config) -> Any:
     """The Pipeline Scheduler the config asks for (``[rl] env``), or None."""
     if not cfg.rl.env:
         return None
-    from pearl.engines.torch.tokenizer import load_tokenizer
     from pearl.rl.pipeline import Pipeline, PipelineConfig
     from pearl.rl.prompt import PromptBuilder
+    from pearl.tokenizer import load_tokenizer
 
     w, rl = cfg.workload, cfg.rl
     model_dir = cfg.engine.preset if "/" in cfg.engine.preset else None

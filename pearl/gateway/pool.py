@@ -134,7 +134,7 @@ class PoolBackend:
         name: str = "gateway-client",
     ) -> None:
         if tokenizer is None:
-            from pearl.engines.torch.tokenizer import load_tokenizer
+            from pearl.tokenizer import load_tokenizer
 
             where = model_dir(cfg)
             tokenizer = cast(Tokenizer, load_tokenizer(where))

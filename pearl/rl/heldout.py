@@ -39,8 +39,8 @@ class HeldOutEval:
     def evaluate(self, weights: Any, version: int) -> dict[str, Any]:
         """Accuracy of ``weights`` (a state dict; None: the starting weights) on the tasks."""
         from pearl.engines.torch import TorchEngine
-        from pearl.engines.torch.tokenizer import load_tokenizer
         from pearl.rl.prompt import PromptBuilder
+        from pearl.tokenizer import load_tokenizer
 
         t0 = time.monotonic()
         if self._engine is None:

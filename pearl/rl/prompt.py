@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from pearl.rl.trajectory import Trajectory
 
 if TYPE_CHECKING:  # a Protocol: importing the torch engine package would load torch
-    from pearl.engines.torch.tokenizer import Tokenizer
+    from pearl.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)

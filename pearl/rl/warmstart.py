@@ -293,8 +293,8 @@ def ensure(
         return WarmStart(path, True, time.monotonic() - t0, json.loads(meta_file.read_text()))
     import torch
 
-    from pearl.engines.torch.tokenizer import ByteTokenizer
     from pearl.rl.prompt import PromptBuilder
+    from pearl.tokenizer import ByteTokenizer
 
     bar = Progress(cfg.max_steps + cfg.cooldown_steps, show)
     bar.note(

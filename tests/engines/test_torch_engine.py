@@ -9,8 +9,9 @@ import torch
 from transformers import Qwen3ForCausalLM
 
 from pearl.engines.base import EngineError, GenerateRequest, SamplingParams
-from pearl.engines.torch import PRESETS, ByteTokenizer, TorchEngine, load_tokenizer
+from pearl.engines.torch import PRESETS, TorchEngine
 from pearl.engines.torch import model as M
+from pearl.tokenizer import ByteTokenizer, load_tokenizer
 
 from .helpers import prompt_of, run
 

@@ -74,10 +74,10 @@ def alone(cfg: Any, trajectories: list[Any]) -> dict[str, Any]:
     from pearl.engines.base import SamplingParams
     from pearl.engines.torch import TorchEngine
     from pearl.engines.torch.engine import TorchEngineConfig
-    from pearl.engines.torch.tokenizer import load_tokenizer
     from pearl.rl.env import make_env, make_tasks
     from pearl.rl.prompt import PromptBuilder
     from pearl.rl.rollout import engine_generate, run_trajectory
+    from pearl.tokenizer import load_tokenizer
 
     tasks = {t.id: t for t in make_tasks(cfg.rl.env, n=cfg.rl.tasks, seed=cfg.rl.seed)}
     builder = PromptBuilder(load_tokenizer(None), max_len=cfg.workload.max_trajectory_tokens)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pearl.engines.torch import ByteTokenizer
 from pearl.rl import PromptBuilder, Trajectory, Turn
 from pearl.rl.pipeline import Pipeline, PipelineConfig, _Group
+from pearl.tokenizer import ByteTokenizer
 
 
 def group(gid: str, version: int, size: int = 2) -> _Group:

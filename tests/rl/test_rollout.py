@@ -108,7 +108,7 @@ def test_an_aborted_generation_resumes_from_its_prefix() -> None:
             return GenerateResult("a", (65, 66, 67), (-1.0,) * 3, FinishReason.ABORT, 4, len(ids))
         return GenerateResult("b", (68, 69), (-2.0,) * 2, FinishReason.LENGTH, 5, len(ids))
 
-    from pearl.engines.torch import ByteTokenizer
+    from pearl.tokenizer import ByteTokenizer
 
     env = Recorder(turns=1)
     b = PromptBuilder(ByteTokenizer(), max_len=512)

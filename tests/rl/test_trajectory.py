@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from pearl.core.errors import SchemaError
 from pearl.core.schema import from_plain, to_plain
 from pearl.engines.base import FinishReason, GenerateResult
-from pearl.engines.torch import ByteTokenizer
 from pearl.rl import Batch, ChatTemplate, PromptBuilder, Trajectory, Turn
+from pearl.tokenizer import ByteTokenizer
 
 
 def result(

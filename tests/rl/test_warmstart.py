@@ -16,7 +16,6 @@ import pytest
 
 from pearl.engines.base import SamplingParams
 from pearl.engines.torch import TorchEngine
-from pearl.engines.torch.tokenizer import ByteTokenizer
 from pearl.rl import Batch, GRPOTrainer, make_env, make_tasks, run_trajectory
 from pearl.rl.heldout import HeldOutEval
 from pearl.rl.prompt import PromptBuilder
@@ -30,6 +29,7 @@ from pearl.rl.warmstart import (
     ensure,
     held_out_tasks,
 )
+from pearl.tokenizer import ByteTokenizer
 
 ENV = "tool_use_counts"
 # A smaller task set than the demo's (64 RL tasks, 32 held out, 200 demonstrations).

@@ -24,8 +24,8 @@ from pearl.engines.serving import ServingConfig, ServingEngine
 from pearl.engines.torch import model as M
 from pearl.engines.torch.runner import PagedRunner
 from pearl.engines.torch.sampling import generator_for, sample
-from pearl.engines.torch.tokenizer import Tokenizer, load_tokenizer
 from pearl.engines.torch.wire import from_frames, to_frames
+from pearl.tokenizer import Tokenizer, load_tokenizer
 
 
 @dataclass(frozen=True)

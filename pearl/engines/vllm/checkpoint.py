@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pearl.engines.torch.tokenizer import ByteTokenizer
+from pearl.tokenizer import ByteTokenizer
 
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
 

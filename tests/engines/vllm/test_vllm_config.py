@@ -65,8 +65,8 @@ def test_a_missing_model_path_is_one_line() -> None:
 def test_the_byte_tokenizer_for_vllm_has_the_torch_engines_ids(tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
-    from pearl.engines.torch.tokenizer import ByteTokenizer
     from pearl.engines.vllm.checkpoint import byte_tokenizer
+    from pearl.tokenizer import ByteTokenizer
 
     path = byte_tokenizer(tmp_path / "tok", 512)
     hf, ours = AutoTokenizer.from_pretrained(str(path)), ByteTokenizer()
