@@ -2,6 +2,9 @@
 
 ``pearld --config FILE [--state-dir DIR] [--set section.key=value ...] [--endpoint ADDR]``
 
+The API listens on ``--endpoint``, else ``PEARL_ENDPOINT`` (where ``pearl`` looks for it), else
+the config's ``daemon.endpoint``.
+
 Start-up: bind the API's sockets (an address pearld cannot listen on fails the start before
 anything is written; requests wait until the API serves), open (or create) the event log in the
 state directory (a second pearld on the same directory is refused), replay it (latest snapshot +
@@ -622,7 +625,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECTION.KEY=VALUE",
         help="override one config value (repeatable)",
     )
-    p.add_argument("--endpoint", help="where the API listens (default: daemon.endpoint)")
+    p.add_argument(
+        "--endpoint",
+        default=os.environ.get("PEARL_ENDPOINT") or None,  # as `pearl` finds it
+        help="where the API listens (default: $PEARL_ENDPOINT, else the config's "
+        "daemon.endpoint)",
+    )
     p.add_argument(
         "--keep-workers",
         action="store_true",
