@@ -1,4 +1,4 @@
-"""Regenerate every number in docs/simulator.md (about 10 minutes on 2 cores).
+"""Regenerate every number in docs/results/simulator.md (about 10 minutes on 2 cores).
 
     .venv/bin/python docs/sim/reproduce.py [--workers 2] [--seeds 5] [--out docs/sim]
 

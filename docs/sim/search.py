@@ -1,5 +1,7 @@
 """The random search behind pearl.sim.scenario.CALIBRATED (docs/simulator.md, "Calibration").
 
+What it reached: docs/results/simulator.md.
+
     .venv/bin/python docs/sim/search.py SEED N OUT.jsonl
 
 Each point runs every §3 static experiment at time_scale 1 (2 seeds x 2 batches) and scores

@@ -59,7 +59,8 @@ def T_coloc(p: WorkloadProfile, N: Count) -> Count:
     "when trajectories leave decode for environment interactions, prefill consumes the freed GPU
     capacity"), under which the environment overlaps the other trajectories' work and only the
     slowest trajectory's own turns wait for it; a sum counts it twice once the work fills the
-    workers (docs/pd.md, "Environment time", compares the two against the simulator)."""
+    workers (docs/pd.md, "Environment time"; docs/results/pd.md compares the two against the
+    simulator)."""
     per_worker, own, rest = _coloc_turn(p, N)
     work = p.S * (per_worker * own + rest)
     return np.maximum(work, T_path_coloc(p, N)) + p.T_start
@@ -95,7 +96,7 @@ def T_decode(p: WorkloadProfile, N_D: Count) -> Count:
 def T_prefill(p: WorkloadProfile, N_P: Count, N_D: Count) -> Count:
     """Eq. 3: prefill-path makespan, S max(B dP / N_P t_prefill, B dL K / BW x share).
 
-    Two departures from the paper's sum, both measured (docs/pd.md):
+    Two departures from the paper's sum, both measured (docs/results/pd.md):
 
     - the pool computes and transfers at once (SGLang's prefill server moves a request's KV from
       its in-flight queue while the next batch runs), so the path is bound by the larger term;

@@ -12,7 +12,7 @@ k active slots give k times the throughput of one, as k accelerators would.
 A step's CPU time is not only its work: after an idle the caches are cold, and a step that runs
 at the same moment as another slot's on a shared core (a hyperthread sibling, the shared cache)
 takes longer, so one slot's tokens/s moves from one second to the next where a device of fixed
-throughput's does not (docs/demo-bench.md has the figures). So a step that names its work
+throughput's does not (docs/results/demo.md has the figures). So a step that names its work
 (``step(work=key)``; the torch engine passes its batch and context) feeds an estimate of the
 host's current inflation: once a key has run ``WARM_RUNS`` times, each run's CPU time is divided
 by the median of its last ``typical_window`` runs (the work's typical cost), and that ratio is

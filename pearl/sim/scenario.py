@@ -59,7 +59,8 @@ class Calibration:
     training: TrainingParams
 
 
-# Calibrated against §3 (docs/simulator.md has the search and every reached value). The shape
+# Calibrated against §3 (docs/simulator.md has the search, docs/results/simulator.md every reached
+# value). The shape
 # (workload, engine knobs) comes from the ratios at time_scale 1; time_scale then puts the 16-GPU
 # rollout at 5.7 x the paper's 163.8 s training step: 5.7 * 163.8 / 25.03 s = 37.30; training
 # runs 1.446M tokens in 163.8 s on 8 GPUs (1103 tokens per GPU-second). Issue 17 re-searched

@@ -64,8 +64,8 @@ def test_nothing_borrowed_gains_nothing_and_costlier_handoffs_gain_less() -> Non
 
 
 def test_the_paper_s1_and_s3_gains_are_below_what_its_own_scaling_implies() -> None:
-    """The finding docs/simulator.md reports: §6.2's Qwen3-8B S1 (+5.9%) and S3 (+10.6%), which
-    include adaptive PD as well, lie below the least gain §3.1 and Table 3 allow."""
+    """The finding docs/results/simulator.md reports: §6.2's Qwen3-8B S1 (+5.9%) and S3 (+10.6%),
+    which include adaptive PD as well, lie below the least gain §3.1 and Table 3 allow."""
     for seg, paper in (("S1", 0.059), ("S3", 0.106)):
         least, _ = segment_range(seg)
         assert least.gain > paper + 0.05
