@@ -312,6 +312,7 @@ class ApiEndpoint(PearlActor):
             # those of `pearl log replay --json`.
             worker_metrics={str(w): metrics[w] for w in sorted(metrics)},
             worker_nodes={str(w): nodes[w] for w in sorted(nodes)},
+            worker_faults={str(w): why for w, why in sorted(self.board.faults().items())},
         )
         view = status_plain(status)
         with self._view_seq:

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -328,6 +329,13 @@ class LocalProcessLauncher:
     def handle_of(self, hello: WorkerHello) -> Handle:
         return hello.pid
 
+    def last_error(self, worker: int, incarnation: int) -> str:
+        """The last error the host of ``worker``/``incarnation`` logged since it was last
+        launched (why it could not start its engine, say); "" when none or no log is kept."""
+        if self.log_dir is None:
+            return ""
+        return last_error(worker_files.log_path(self.log_dir, worker, incarnation))
+
     def adopt(self, pid: Handle) -> None:
         """A host that said hello after a pearld restart: not our child, but ours to stop."""
         if isinstance(pid, int) and pid and pid not in self._children and pid not in self._forked:
@@ -396,6 +404,35 @@ class LocalProcessLauncher:
         if self._forks is not None:
             self._forks.close()
             self._forks = None
+
+
+_LEVEL = re.compile(r"^\S+ \S+ \S+ (ERROR|CRITICAL) (.*)$")
+TAIL_BYTES = 64 << 10
+
+
+def last_error(path: Path) -> str:
+    """The last ERROR or CRITICAL line a host wrote to its log ``path`` since its last launch
+    (the launch writes its command line first), its message only; else the last line of a
+    traceback; "" when neither."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - TAIL_BYTES))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    lines = text.splitlines()
+    for k in range(len(lines) - 1, -1, -1):
+        if lines[k].startswith("python -m "):
+            lines = lines[k + 1 :]
+            break
+    for line in reversed(lines):
+        m = _LEVEL.match(line)
+        if m is not None:
+            return m.group(2)[:500]
+    if any(x.startswith("Traceback") for x in lines):
+        tail = [x for x in lines if x.strip()]
+        return tail[-1][:500] if tail else ""
+    return ""
 
 
 def _started(pid: int) -> str | None:

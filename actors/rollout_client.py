@@ -196,7 +196,7 @@ class RolloutClient:
             if msg.refused:
                 self._settle(call, RequestRefused(f"{msg.rid}: {msg.error}"))
             elif msg.retry_after_s > 0:
-                self._settle(call, NoWorker(f"{msg.rid}: {msg.error}", msg.retry_after_s))
+                self._settle(call, NoWorker(msg.error, msg.retry_after_s))  # names the rid
             elif call.cancelled or len(out.errors) > self.retries:
                 self._settle(call, EngineError(f"{msg.rid}: {msg.error}"))
             else:

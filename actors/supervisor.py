@@ -79,6 +79,7 @@ class Liveboard:
         self._known: dict[int, int] = {}  # worker -> incarnation
         self._metrics: dict[int, str] = {}  # worker -> HOST:PORT of its GET /metrics
         self._nodes: dict[int, str] = {}  # worker -> Ray node id of its host
+        self._faults: dict[int, str] = {}  # worker -> why its host last died or could not start
         self._lock = threading.Lock()
         self.deaths: Counter[Death] = Counter()  # hosts declared dead, by category
         self.spared_busy = 0  # times a silent host was found computing, not dead
@@ -101,6 +102,20 @@ class Liveboard:
             self._metrics.pop(worker, None)
             self._nodes.pop(worker, None)
             self._live.forget(str(worker))
+
+    def fault(self, worker: int, why: str) -> None:
+        """Why ``worker``'s host last died or could not start (shown by ``pearl status``)."""
+        with self._lock:
+            self._faults[worker] = why
+
+    def clear_fault(self, worker: int) -> bool:
+        """``worker`` serves (or left the table): forget its fault; whether it had one."""
+        with self._lock:
+            return self._faults.pop(worker, None) is not None
+
+    def faults(self) -> dict[int, str]:
+        with self._lock:
+            return dict(self._faults)
 
     def metrics(self) -> dict[int, str]:
         """Registered hosts that serve metrics: worker -> HOST:PORT."""
@@ -492,6 +507,9 @@ class RoleSupervisor(PearlActor):
     def state_changed(self, msg: StateChanged) -> None:
         rows = {w.id: w for w in msg.view.rollout}
         self.expected = rows
+        serving = {w.id for w in msg.view.routable}
+        if any([self.board.clear_fault(w) for w in self.board.faults() if w in serving]):
+            self.directory.tell(names.API, HostsChanged())  # status: the fault is over
         self.weights_version = msg.view.weights_version
         for wid, h in list(self.hosts.items()):
             row = rows.get(wid)
@@ -561,6 +579,9 @@ class RoleSupervisor(PearlActor):
         return now - h.busy_since < BUSY_GRACE * LIVENESS * self.cfg.daemon.heartbeat_s
 
     def _crashed(self, h: Host, death: Death, detail: str = "") -> None:
+        if not detail and death in (Death.EXITED, Death.NO_HELLO):
+            last_error = getattr(self.launcher, "last_error", None)  # what the host said last
+            detail = last_error(h.worker, h.incarnation) if last_error is not None else ""
         why = f"{death} ({detail})" if detail else str(death)
         log.warning("worker host %s (%s) %s", h.worker, h.handle, why)
         self.board.declared(death)
@@ -577,14 +598,19 @@ class RoleSupervisor(PearlActor):
         if h.restarts >= d.restart_budget:
             self.board.ended("lost")
             self.hosts.pop(h.worker, None)
-            self.directory.tell(
-                names.ORCHESTRATOR,
-                cmd.WorkerLost(h.worker, f"{why}; gave up after {h.restarts} restarts"),
-            )
+            lost = f"{why}; gave up after {h.restarts} restarts"
+            self.board.fault(h.worker, lost)
+            self.directory.tell(names.API, HostsChanged())
+            self.directory.tell(names.ORCHESTRATOR, cmd.WorkerLost(h.worker, lost))
             return
-        h.restart_at = time.monotonic() + d.restart_backoff_s * 2**h.restarts
+        backoff = d.restart_backoff_s * 2**h.restarts
+        h.restart_at = time.monotonic() + backoff
         h.restarts += 1
         self.board.ended("restarted")
+        self.board.fault(
+            h.worker, f"{why}; restart {h.restarts} of {d.restart_budget} in {backoff:g} s"
+        )
+        self.directory.tell(names.API, HostsChanged())
 
     def _targets(self) -> None:
         """Keep ``targets.json`` listing pearld and every registered host that serves metrics,

@@ -146,8 +146,9 @@ class WorkerActor(PearlActor):
                 self.engine.release_memory()  # type: ignore[union-attr]
                 self.released = True
             self.directory.tell(names.ORCHESTRATOR, cmd.WorkerUp(self.worker, self.incarnation))
-        except PearlError as e:
-            log.error("%s could not be restored: %s", self.name, e)
+        except PearlError as e:  # as a start in the background: its supervisor restarts it
+            log.error("%s could not be restored: %s; the host exits", self.name, e)
+            self.on_exit()
 
     def on_activate(self, c: cmd.ActivateWorker) -> None:
         self._step(c, lambda: self._bring_up(c.role, c.weights_version))

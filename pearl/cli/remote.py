@@ -268,6 +268,8 @@ def render(s: dict[str, Any]) -> str:
         if len(gpus) > 14:
             gpus = f"{w['gpus'][0]}-{w['gpus'][-1]}"
         lines.append(f"{w['id']:>4} {gpus:<14} {w['role']:<10} {w['activity']:<13} {w['zone']}")
+    for wid, why in (s.get("worker_faults") or {}).items():  # why a host died or cannot start
+        lines.append(f"worker {wid}: {why}")
     return "\n".join(lines)
 
 

@@ -138,6 +138,8 @@ class ClusterStatus(View, frozen=True):
     pub_endpoint: str = ""
     worker_metrics: dict[str, str] = {}  # worker id -> where its host serves its metrics
     worker_nodes: dict[str, str] = {}  # worker id -> the Ray node its host runs on
+    # worker id -> why its host last died or could not start (cleared once it serves)
+    worker_faults: dict[str, str] = {}
 
 
 def status_plain(s: ClusterStatus) -> dict[str, Any]:

@@ -252,7 +252,7 @@ class PoolBackend:
                     raise GatewayError(str(error), 400, "invalid_request_error")
                 if isinstance(error, NoWorker):
                     raise GatewayError(
-                        f"no worker could serve request {rid}: {error}; try again later",
+                        f"{error}; try again later",
                         503, "server_error", retry_after_s=error.retry_after_s,
                     )  # fmt: skip
                 if error is not None:

@@ -14,11 +14,12 @@ import pytest
 from actors import names
 from actors.base import Directory, PearlActor, start
 from actors.launcher import LaunchError, LocalProcessLauncher, WorkerSpec
-from actors.messages import Supervise
+from actors.messages import StateChanged, Supervise
 from actors.supervisor import Host, Liveboard, RoleSupervisor, Spawn
 from pearl.config import load
 from pearl.core import commands as cmd
-from pearl.core.state import Role, Zone
+from pearl.core.state import Activity, Role, Worker, Zone
+from pearl.core.view import ClusterView, TableSnapshot
 from tests.actors.test_heart import DummyRef, FakeLauncher, Now, Recorder
 
 CFG = load(
@@ -99,6 +100,63 @@ def test_a_host_that_cannot_be_launched_is_retried_then_lost(
     lost = [m for m in got if isinstance(m, cmd.WorkerLost)]
     assert lost == [cmd.WorkerLost(3, "could not be launched; gave up after 2 restarts")]
     assert sup.board.report()["could not be launched"] == 3
+
+
+class SayingLauncher(CountingLauncher):
+    """Its hosts log why they could not start their engine."""
+
+    def last_error(self, worker: int, incarnation: int) -> str:
+        return f"worker/{worker} could not start: unknown model preset 'nonexistent'"
+
+
+def test_a_host_that_cannot_start_says_why_in_status_and_log_and_is_retried_with_back_off(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 41: the reason was only in workers/*.log, and the worker stayed transitioning."""
+    launcher, clock = SayingLauncher(), [1000.0]
+    sup, got = supervisor(launcher, clock, monkeypatch)
+    api: list[Any] = []
+    sup.directory.register(Recorder(names.API, api))  # type: ignore[arg-type]
+    sup.hosts[3] = Host(3, 12, (6, 7), handle=101, ref=DummyRef())  # type: ignore[arg-type]
+    why = "exited (worker/3 could not start: unknown model preset 'nonexistent')"
+    with caplog.at_level(logging.WARNING, "actors.supervisor"):
+        for k in range(CFG.daemon.restart_budget + 1):
+            launcher.killed.append(sup.hosts[3].handle)
+            sup.supervise(Supervise())
+            if k < CFG.daemon.restart_budget:
+                wait = 2.0**k
+                assert sup.board.faults() == {3: f"{why}; restart {k + 1} of 2 in {wait:g} s"}
+                clock[0] += wait
+                sup.supervise(Supervise())  # relaunched after its back-off
+    assert [m.reason for m in got if isinstance(m, cmd.WorkerDown)] == [why] * 3
+    assert sup.board.faults() == {3: f"{why}; gave up after 2 restarts"}
+    assert why in caplog.text and api  # the log says why; the status is rendered again
+    # It serves again (a later incarnation on these GPUs): the fault is over.
+    row = Worker(3, (6, 7), Role.COLOCATED, Activity.ACTIVE, Zone.DEDICATED, 13)
+    sup.state_changed(StateChanged(ClusterView(TableSnapshot(seq=9, workers=(row,)))))
+    assert sup.board.faults() == {}
+
+
+def test_a_hosts_last_error_is_the_one_since_its_last_launch(tmp_path: Path) -> None:
+    from actors.launcher import last_error
+
+    log = tmp_path / "worker-1-2.log"
+    log.write_text(
+        "python -m actors.worker_host --worker 1\n"
+        "2026-12-05 22:12:30,464 worker-1 ERROR worker/1 could not start: no preset 'x'\n"
+        "python -m actors.worker_host --worker 1\n"
+        "2026-12-05 22:12:31,001 worker-1 INFO serving\n"
+    )
+    assert last_error(log) == ""  # the error was the previous launch's
+    with log.open("a") as f:
+        f.write("2026-12-05 22:12:32,155 worker-1 ERROR worker/1 could not be restored: boom\n")
+        f.write("2026-12-05 22:12:32,156 worker-1 INFO bye\n")
+    assert last_error(log) == "worker/1 could not be restored: boom"
+    with log.open("a") as f:
+        f.write("python -m actors.worker_host --worker 1\nTraceback (most recent call last):\n")
+        f.write("  File \"x.py\", line 1\nModuleNotFoundError: No module named 'torch'\n")
+    assert last_error(log) == "ModuleNotFoundError: No module named 'torch'"
+    assert last_error(tmp_path / "missing.log") == ""
 
 
 def test_the_local_launcher_says_which_host_could_not_start(tmp_path: Path) -> None:

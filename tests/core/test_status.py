@@ -13,7 +13,7 @@ from tests.core.test_view import STATUS_KEYS, borrowing
 from transports.codec import Codec
 from transports.protocol import Status
 
-API_KEYS = ["endpoint", "pub_endpoint", "worker_metrics", "worker_nodes"]
+API_KEYS = ["endpoint", "pub_endpoint", "worker_metrics", "worker_nodes", "worker_faults"]
 
 
 def test_the_typed_status_encodes_to_the_documented_object() -> None:
