@@ -11,7 +11,8 @@ Rules:
 - Token-exact: ``token_ids`` are every generated id, the stop token included; text leaves out a
   final stop token. Weight versions come as ``[[first token index, version], ...]``.
 - Stop strings end a response where its text first holds one (:mod:`pearl.gateway.stops`).
-- The session is the ``X-Session-ID`` header, else the request's ``user``, else "".
+- The session is the ``X-Session-ID`` header, else the request's ``user``, else "": at most
+  256 bytes (400 beyond).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from pearl.gateway import chat as chat_mod
 from pearl.gateway import protocol as p
 from pearl.gateway import stops as stops_mod
 from pearl.gateway.backend import Backend, Delta, GatewayError, Sampling
+from pearl.gateway.sessions import session_problem
 
 log = logging.getLogger("pearl.gateway")
 
@@ -438,7 +440,12 @@ def build_app(
         return _Job(rid or f"{prefix}-{uuid.uuid4().hex}", prompt_ids, sampling, session, stop)
 
     def session_of(request: Request, user: str | None) -> str:
-        return request.headers.get(SESSION_HEADER) or user or ""
+        header = request.headers.get(SESSION_HEADER)
+        session = header or user or ""
+        problem = session_problem(session)
+        if problem is not None:
+            raise _refuse(problem, "X-Session-ID" if header else "user")
+        return session
 
     async def deltas(j: _Job) -> AsyncIterator[Delta]:
         """The backend's deltas up to the one that finishes; the backend's generator is

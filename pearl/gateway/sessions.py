@@ -12,6 +12,14 @@ A session ends when no request of it ran for ``idle_s``, or at a trainer step bo
 Every ``per_step`` ended sessions, and at each boundary that ended any, make one rollout step:
 :meth:`SessionBook.take_step` hands its :class:`RolloutStep`, the pipeline's message.
 
+A session id is at most :data:`MAX_SESSION_BYTES` bytes of UTF-8 (the gateway refuses a longer
+one before it reaches the book). An ended session leaves the open sessions at once; only the
+last :data:`RECENT` ended ones are kept, for inspection.
+
+Every call costs O(1) amortised, however many sessions are open: idle sessions are kept in the
+order their last request ended (the clock never goes back), so expiry pops them from the front.
+Only :meth:`SessionBook.boundary` walks the idle sessions, once per trainer step.
+
 The clock is the caller's (``time.monotonic`` unless a test passes one); the book is not
 thread-safe on its own: its owner holds one lock around it.
 """
@@ -19,7 +27,7 @@ thread-safe on its own: its owner holds one lock around it.
 from __future__ import annotations
 
 import itertools
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -27,6 +35,15 @@ from actors.messages import RolloutStep
 from pearl.core.profile import TrajectoryStats
 
 RECENT = 256  # ended sessions kept for inspection (status, tests)
+MAX_SESSION_BYTES = 256
+
+
+def session_problem(session: str) -> str | None:
+    """Why ``session`` cannot name a session (too long), or None."""
+    size = len(session.encode("utf-8", "surrogatepass"))
+    if size > MAX_SESSION_BYTES:
+        return f"a session id is at most {MAX_SESSION_BYTES} bytes (UTF-8); this one has {size}"
+    return None
 
 
 @dataclass
@@ -83,6 +100,8 @@ class SessionBook:
         self._anonymous = itertools.count(1)
         self._due = False  # a boundary asked for a step
         self.recent: deque[Session] = deque(maxlen=RECENT)  # the latest ended sessions
+        # Open sessions with no request running, in the order their last request ended.
+        self._idle: OrderedDict[str, None] = OrderedDict()
 
     def begin(self, session: str, prompt_tokens: int) -> str:
         """A request of ``session`` starts with a prompt of ``prompt_tokens``: its key."""
@@ -94,6 +113,7 @@ class SessionBook:
             s = self.open[key] = Session(key, now)
         elif s.last_end is not None and not s.running:
             s.env_s += max(0.0, now - s.last_end)
+            self._idle.pop(key, None)
         s.turns += 1
         # A prompt that extends the previous context adds the difference; any other starts anew.
         grew = s.context <= prompt_tokens
@@ -131,19 +151,25 @@ class SessionBook:
         s.context = prompt_tokens + generated
         if key.startswith("~"):
             self._close(key)
+        elif not s.running:
+            self._idle.pop(key, None)
+            self._idle[key] = None  # the latest to end: the back of the line
 
     def boundary(self) -> None:
         """A trainer step boundary: idle sessions end, and a step is due if any ended."""
-        for key in [k for k, s in self.open.items() if not s.running]:
-            self._close(key)
+        while self._idle:
+            self._close(next(iter(self._idle)))
         self._due = True
 
     def expire(self, now: float | None = None) -> None:
-        """Sessions idle for ``idle_s`` end."""
+        """Sessions idle for ``idle_s`` end (the front of the idle line, oldest first)."""
         now = self.clock() if now is None else now
-        for key, s in list(self.open.items()):
-            if not s.running and s.last_end is not None and now - s.last_end >= self.idle_s:
-                self._close(key)
+        while self._idle:
+            key = next(iter(self._idle))
+            last = self.open[key].last_end
+            if last is not None and now - last < self.idle_s:
+                return
+            self._close(key)
 
     def take_step(self) -> RolloutStep | None:
         """The next rollout step, when ``per_step`` sessions ended or a boundary asked for one."""
@@ -166,9 +192,10 @@ class SessionBook:
 
     def _close(self, key: str) -> None:
         s = self.open.pop(key)
+        self._idle.pop(key, None)
         if s.turns and s.last_end is not None:
             self.ended.append(s)
             self.recent.append(s)
 
 
-__all__ = ["Session", "SessionBook"]
+__all__ = ["MAX_SESSION_BYTES", "Session", "SessionBook", "session_problem"]
