@@ -477,10 +477,24 @@ class GatewayConfig:
     max_body_bytes: int = 1 << 20
     """Largest request body accepted, in bytes."""
     max_streams: int = 256
-    """Requests served at once; more are refused with 429."""
+    """Generation requests (chat, completions, ``/generate``), streamed or not, served at once;
+    more are refused with 429 and ``Retry-After``."""
     request_timeout_s: float = 120.0
     """How long a request waits for a worker able to serve it (its worker died, none can start,
     the pool is empty) before it fails with 503 and ``Retry-After``."""
+    max_connections: int = 1024
+    """Open HTTP connections at once, never more than a quarter of the open-file limit (pearld
+    raises its soft limit to the hard one at start); one more is answered 429 and closed."""
+    header_timeout_s: float = 10.0
+    """A request's head (request line and headers) must arrive within this, counted from the
+    connection's open or the previous response's end; else 408 and the connection closes."""
+    body_timeout_s: float = 30.0
+    """A request's body must arrive within this once its head did; else 408 and the connection
+    closes."""
+    allowed_origins: tuple[str, ...] = ()
+    """Browser origins (``scheme://host[:port]``) allowed to call the gateway, with CORS answers;
+    a request with any other ``Origin`` header is refused with 403. A TOML list, or a
+    comma-separated string on the command line."""
 
 
 MAX_FILE_BYTES = 64 << 10
@@ -511,7 +525,14 @@ POSITIVE: dict[str, tuple[str, ...]] = {
     ),
     "ray": ("poll_s",),
     "rl": ("tasks", "max_new_tokens"),
-    "gateway": ("max_body_bytes", "max_streams", "request_timeout_s"),
+    "gateway": (
+        "max_body_bytes",
+        "max_streams",
+        "request_timeout_s",
+        "max_connections",
+        "header_timeout_s",
+        "body_timeout_s",
+    ),
 }
 """Keys that must be > 0 (counts of things that must exist, periods, timeouts)."""
 
@@ -662,6 +683,12 @@ class Config:
 
     def _check_gateway(self) -> None:
         g = self.gateway
+        for origin in g.allowed_origins:
+            if not re.fullmatch(r"https?://[^/\s?#@]+", origin.strip().rstrip("/")):
+                raise ConfigError(
+                    f"gateway.allowed_origins: {origin!r} is not an origin; expected "
+                    'scheme://host[:port], e.g. "http://localhost:3000"'
+                )
         if not g.listen:
             return
         parse_address(g.listen, "gateway.listen")
@@ -768,6 +795,11 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
             raise ConfigError(f"{where}: expected an array of tables ([[...]])")
         return tuple(_table(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
+    if typing.get_origin(tp) is tuple and args == (str, Ellipsis):  # a list of strings
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, list | tuple) or not all(isinstance(v, str) for v in items):
+            raise ConfigError(f"{where}: expected a list of strings, got {value!r}")
+        return tuple(v.strip() for v in items if v.strip())
     if tp is bool:
         if isinstance(value, bool):
             return value

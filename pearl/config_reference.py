@@ -71,6 +71,8 @@ def type_text(tp: Any) -> str:
         return f"{type_text(inner)}, optional"
     if typing.get_origin(tp) is tuple and dataclasses.is_dataclass(typing.get_args(tp)[0]):
         return "array of tables"
+    if typing.get_origin(tp) is tuple and typing.get_args(tp) == (str, Ellipsis):
+        return "list of strings"
     names = {bool: "bool", int: "int", float: "float", str: "string"}
     return names[tp]
 

@@ -394,9 +394,17 @@ class Daemon:
             api_key=self._gateway_key,
             max_body_bytes=g.max_body_bytes,
             max_streams=g.max_streams,
+            body_timeout_s=g.body_timeout_s,
+            allowed_origins=g.allowed_origins,
         )
         sock, self._gateway_sock = self._gateway_sock, None
-        self.gateway = GatewayServer(app, g.listen, sock).start()
+        self.gateway = GatewayServer(
+            app,
+            g.listen,
+            sock,
+            max_connections=g.max_connections,
+            header_timeout_s=g.header_timeout_s,
+        ).start()
 
     def _stop_gateway(self, failed: bool) -> None:
         if self.gateway is not None:
@@ -680,6 +688,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, lambda *_: done.set())
     try:
         cfg = config_mod.load(args.config, args.set)
+        if cfg.gateway.listen:  # its connections are capped at a quarter of the limit
+            from pearl.gateway.serve import raise_fd_limit
+
+            raise_fd_limit()
         daemon = Daemon(cfg, Path(args.state_dir), args.endpoint, args.keep_workers)
         daemon.start()  # on failure it has stopped what it started and released the lock
     except Exception as e:

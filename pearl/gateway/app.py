@@ -4,9 +4,10 @@ and PEARL's control routes, over one :class:`~pearl.gateway.backend.Backend`.
 Rules:
 - Every answer that is not a success is an OpenAI error body
   (``{"error": {"message", "type", "param", "code"}}``): 400 for bad input (malformed JSON,
-  unknown model, unsupported parameters, named), 401 without the API key, 413 for a body over
-  the bound, 429 over the stream bound, a :class:`GatewayError`'s own status, 500 for anything
-  unexpected. No error stops the app; an error after a stream began is its last event.
+  unknown model, unsupported parameters, named), the :class:`~pearl.gateway.guard.Guard`'s
+  refusals (401, 403, 408, 413, 415, 421, 429) before any route runs, a
+  :class:`GatewayError`'s own status, 500 for anything unexpected. No error stops the app; an
+  error after a stream began is its last event.
 - The API key, when set, guards every route; the comparison takes constant time.
 - Token-exact: ``token_ids`` are every generated id, the stop token included; text leaves out a
   final stop token. Weight versions come as ``[[first token index, version], ...]``.
@@ -17,28 +18,27 @@ Rules:
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pearl.core import events as ev
 from pearl.gateway import chat as chat_mod
 from pearl.gateway import protocol as p
 from pearl.gateway import stops as stops_mod
 from pearl.gateway.backend import Backend, Delta, GatewayError, Sampling
+from pearl.gateway.guard import Guard, origin_of
 from pearl.gateway.sessions import session_problem
 
 log = logging.getLogger("pearl.gateway")
@@ -52,7 +52,10 @@ _ERROR_TYPES = {
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
+    421: "invalid_request_error",
     429: "rate_limit_error",
 }
 
@@ -85,84 +88,6 @@ def _error_response(e: GatewayError) -> JSONResponse:
     return JSONResponse(
         error_body(e.message, e.status, e.kind, e.param), status_code=e.status, headers=headers
     )
-
-
-async def _send_error(send: Send, status: int, message: str, code: str | None = None) -> None:
-    payload = json.dumps(error_body(message, status, code=code)).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(payload))]
-    if status == 401:
-        headers.append((b"www-authenticate", b"Bearer"))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": payload})
-
-
-class Guard:
-    """ASGI middleware, outermost of the app's own: the API key, the body bound, and the last
-    line against an unexpected exception (a 500 body if nothing was sent yet; logged)."""
-
-    def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int) -> None:
-        self.app, self.max_body = app, max_body_bytes
-        self.expected = None if api_key is None else api_key.encode()
-
-    def authorized(self, header: bytes) -> bool:
-        """``Bearer KEY`` (the scheme in any case), compared in constant time."""
-        assert self.expected is not None
-        scheme, _, token = header.strip().partition(b" ")
-        ok = hmac.compare_digest(token.strip(), self.expected)
-        return ok and scheme.lower() == b"bearer"
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope["headers"])
-        if self.expected is not None and not self.authorized(headers.get(b"authorization", b"")):
-            await _send_error(
-                send,
-                401,
-                "missing or wrong API key (Authorization: Bearer KEY)",
-                code="invalid_api_key",
-            )
-            return
-        too_big = f"request body over {self.max_body} bytes"
-        length = headers.get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_body:
-            await _send_error(send, 413, too_big)
-            return
-        chunks, total, more = [], 0, True
-        while more:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                return
-            chunk = msg.get("body", b"")
-            total += len(chunk)
-            if total > self.max_body:
-                await _send_error(send, 413, too_big)
-                return
-            chunks.append(chunk)
-            more = msg.get("more_body", False)
-        body, replayed, started = b"".join(chunks), False, False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        async def tracked(msg: Message) -> None:
-            nonlocal started
-            started = started or msg["type"] == "http.response.start"
-            await send(msg)
-
-        try:
-            await self.app(scope, replay, tracked)
-        except ClientDisconnect:
-            log.debug("gateway: the client left %s %s", scope["method"], scope["path"])
-        except Exception as e:
-            log.exception("gateway: unexpected error on %s %s", scope["method"], scope["path"])
-            if not started:
-                await _send_error(send, 500, f"internal error: {type(e).__name__}: {e}")
 
 
 @dataclass
@@ -251,46 +176,15 @@ def _sse(obj: Any) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
-class _Streams:
-    """Counts open streams against the bound; a slot is released exactly once."""
+class _EventStream(StreamingResponse):
+    """A server-sent-events response."""
 
-    def __init__(self, limit: int) -> None:
-        self.limit, self.open = limit, 0
-
-    def acquire(self) -> Callable[[], None]:
-        if self.open >= self.limit:
-            raise GatewayError(
-                f"too many concurrent streams (limit {self.limit}); retry later",
-                429,
-                "rate_limit_error",
-            )
-        self.open += 1
-        done = False
-
-        def release() -> None:
-            nonlocal done
-            if not done:
-                done, self.open = True, self.open - 1
-
-        return release
-
-
-class _SlotStream(StreamingResponse):
-    """A server-sent-events response that frees its stream slot however it ends."""
-
-    def __init__(self, body: AsyncIterator[str], release: Callable[[], None]) -> None:
+    def __init__(self, body: AsyncIterator[str]) -> None:
         super().__init__(
             body,
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
-        self._release = release
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._release()
 
 
 def _refuse(message: str, param: str | None) -> GatewayError:
@@ -322,12 +216,30 @@ def build_app(
     *,
     api_key: str | None = None,
     max_body_bytes: int = 1 << 20,
-    max_streams: int = 64,
+    max_streams: int = 256,
+    body_timeout_s: float = 30.0,
+    allowed_origins: Sequence[str] = (),
 ) -> FastAPI:
-    """The gateway over ``backend``; ``api_key`` None serves without authentication."""
+    """The gateway over ``backend``; ``api_key`` None serves without authentication. At most
+    ``max_streams`` generation requests, streamed or not, run at once; the other bounds and
+    checks are the :class:`~pearl.gateway.guard.Guard`'s. Pages from ``allowed_origins`` get
+    CORS answers (preflights included)."""
     app = FastAPI(title="PEARL gateway", docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes)
-    streams = _Streams(max_streams)
+    app.add_middleware(
+        Guard,
+        api_key=api_key,
+        max_body_bytes=max_body_bytes,
+        max_requests=max_streams,
+        body_timeout_s=body_timeout_s,
+        allowed_origins=allowed_origins,
+    )
+    if allowed_origins:  # outside the guard: a preflight carries no API key
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=[origin_of(o) for o in allowed_origins],
+            allow_methods=["GET", "POST"],
+            allow_headers=["authorization", "content-type", SESSION_HEADER],
+        )
     created = int(time.time())
     tok = backend.tokenizer
 
@@ -556,10 +468,9 @@ def build_app(
         )
         want_ids, want_lp = bool(req.return_token_ids), bool(req.logprobs)
         if req.stream:
-            release = streams.acquire()
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return _SlotStream(
-                chat_stream(j, req.model, want_ids, want_lp, use_tools, include_usage), release
+            return _EventStream(
+                chat_stream(j, req.model, want_ids, want_lp, use_tools, include_usage)
             )
         acc = await collect(j)
         out = stops_mod.cut(tok.decode(j.text_ids(acc.ids, True, acc.finish)), j.stop)
@@ -706,11 +617,8 @@ def build_app(
         )
         want_ids, want_lp = bool(req.return_token_ids), req.logprobs is not None
         if req.stream:
-            release = streams.acquire()
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return _SlotStream(
-                completion_stream(j, req.model, want_ids, want_lp, include_usage), release
-            )
+            return _EventStream(completion_stream(j, req.model, want_ids, want_lp, include_usage))
         acc = await collect(j)
         text = stops_mod.cut(tok.decode(j.text_ids(acc.ids, True, acc.finish)), j.stop)
         resp = p.CompletionResponse(
@@ -860,7 +768,6 @@ def build_app(
             )
 
         if req.stream:
-            release = streams.acquire()
 
             async def events() -> AsyncIterator[str]:
                 acc = _Acc()
@@ -872,7 +779,7 @@ def build_app(
                     yield stream_error(e)
                 yield "data: [DONE]\n\n"
 
-            return _SlotStream(events(), release)
+            return _EventStream(events())
         return JSONResponse(body(await collect(j), True).model_dump(mode="json"))
 
     @app.get("/pearl/v1/status")

@@ -4,13 +4,29 @@ with its own event loop, so that HTTP never runs on an actor's thread.
 :class:`GatewayServer` binds its socket on the caller's thread before anything serves: an address
 in use (or malformed, or not permitted) fails the start with one line naming it. ``stop`` asks
 uvicorn to finish (open streams are closed) and joins its thread.
+
+Connections are bounded before any request is read (:class:`BoundedH11`, uvicorn's h11
+protocol):
+- at most ``max_connections`` are open at once, never more than a quarter of the process's
+  open-file limit. One more is answered 429 with ``Retry-After`` and closed at once, without
+  reading it. Connections are accepted at most ``cap / 2`` at a time, and a refused one holds
+  its descriptor for a few turns of the event loop, so the gateway's descriptors stay below
+  two thirds of the limit: the rest is pearld's own (ZeroMQ, worker hosts, the event log);
+- a request's head (request line and headers, at most ``MAX_HEAD_BYTES``) must arrive within
+  ``header_timeout_s`` of the connection's open or of the previous response's end: else 408 and
+  the connection closes (silently when no byte of a next request came: an idle keep-alive
+  connection). The body's own deadline is the app's (:class:`pearl.gateway.app.Guard`).
+
+pearld raises its soft open-file limit to the hard one at start (:func:`raise_fd_limit`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import logging
+import resource
 import socket
 import threading
 import time
@@ -24,6 +40,117 @@ log = logging.getLogger("pearl.gateway")
 
 START_S = 10.0  # uvicorn's start-up (the app's lifespan) on its thread
 STOP_S = 10.0
+MAX_HEAD_BYTES = 64 << 10  # a request line and headers (h11's bound on an incomplete event)
+KEEP_ALIVE_S = 5  # seconds: an idle connection between requests is closed after this
+
+
+def fd_limit() -> int:
+    """The process's soft limit on open files."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def raise_fd_limit() -> int:
+    """Raise the soft open-file limit to the hard one (pearld at start); the soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (ValueError, OSError) as e:  # e.g. above the kernel's nr_open
+            log.warning("cannot raise the open-file limit from %d to %d: %s", soft, want, e)
+    return fd_limit()
+
+
+def connection_cap(max_connections: int) -> int:
+    """``max_connections``, but never more than a quarter of the open-file limit (at least 1)."""
+    return max(1, min(max_connections, fd_limit() // 4))
+
+
+def _raw_response(status: int, reason: str, message: str, extra: str = "") -> bytes:
+    """A whole HTTP/1.1 response that closes the connection, with OpenAI's error body."""
+    kind = "rate_limit_error" if status == 429 else "invalid_request_error"
+    body = json.dumps(
+        {"error": {"message": message, "type": kind, "param": None, "code": None}}
+    ).encode()
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n{extra}connection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+def bounded_protocol(max_connections: int, header_timeout_s: float) -> type[Any]:
+    """uvicorn's h11 protocol with these bounds (see the module); one class per server."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    full = _raw_response(
+        429,
+        "Too Many Requests",
+        f"too many open connections (limit {max_connections}); retry later",
+        "retry-after: 1\r\n",
+    )
+    late = _raw_response(
+        408, "Request Timeout", f"the request head did not arrive within {header_timeout_s:g} s"
+    )
+
+    class BoundedH11(H11Protocol):
+        """One connection; refused at once beyond the cap, closed when a head is late."""
+
+        refused = False
+        head_timer: asyncio.TimerHandle | None = None
+        head_bytes = 0  # bytes received since the head timer was armed
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            if len(self.connections) >= max_connections:
+                self.refused = True
+                transport.write(full)
+                transport.close()
+                return
+            super().connection_made(transport)
+            self.arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self.refused:
+                return
+            self.disarm()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            self.head_bytes += len(data)
+            super().data_received(data)
+
+        def handle_events(self) -> None:
+            before = self.cycle
+            super().handle_events()
+            if self.cycle is not before:  # a request's head is complete
+                self.disarm()
+
+        def on_response_complete(self) -> None:
+            before = self.cycle
+            super().on_response_complete()
+            if self.cycle is before and not self.transport.is_closing():
+                self.arm()  # the next request's head is due
+
+        def arm(self) -> None:
+            self.disarm()
+            self.head_bytes = 0
+            self.head_timer = self.loop.call_later(header_timeout_s, self.head_late)
+
+        def disarm(self) -> None:
+            if self.head_timer is not None:
+                self.head_timer.cancel()
+                self.head_timer = None
+
+        def head_late(self) -> None:
+            self.head_timer = None
+            if self.transport.is_closing():
+                return
+            if self.head_bytes:  # part of a request came: say why it is closed
+                self.transport.write(late)
+            self.transport.close()
+
+    return BoundedH11
 
 
 class GatewayBindFailed(PearlError):
@@ -69,19 +196,44 @@ def read_api_key(path: str) -> str | None:
 class GatewayServer:
     """One ASGI app served by uvicorn on its own thread and event loop (see the module)."""
 
-    def __init__(self, app: Any, listen: str, sock: socket.socket | None = None) -> None:
+    def __init__(
+        self,
+        app: Any,
+        listen: str,
+        sock: socket.socket | None = None,
+        *,
+        max_connections: int = 1024,
+        header_timeout_s: float = 10.0,
+    ) -> None:
         """``sock``: bound already by :func:`bind` (pearld binds before it writes anything);
-        the server owns it from here on."""
+        the server owns it from here on. The bounds are the module's."""
         import uvicorn
 
         self.listen = listen
         self._sock = sock if sock is not None else bind(listen)
         host, port = self._sock.getsockname()[:2]
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="auto")
+        self.max_connections = connection_cap(max_connections)
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=False,
+            lifespan="auto",
+            http=bounded_protocol(self.max_connections, header_timeout_s),
+            timeout_keep_alive=KEEP_ALIVE_S,
+            h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+            # Connections accepted in one go (and the listen queue): beyond the cap each holds
+            # a descriptor until it is refused (see the module).
+            backlog=max(16, min(2048, self.max_connections // 2)),
+        )
         self._server = uvicorn.Server(config)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="gateway", daemon=True)
+
+    @property
+    def open_connections(self) -> int:
+        """HTTP connections open now (those refused over the cap not counted)."""
+        return len(self._server.server_state.connections)
 
     def start(self) -> GatewayServer:
         """Serve; returns once uvicorn is up (raises, in one line, when it is not)."""
@@ -121,4 +273,12 @@ class GatewayServer:
         self._sock.close()
 
 
-__all__ = ["GatewayBindFailed", "GatewayServer", "bind", "read_api_key"]
+__all__ = [
+    "GatewayBindFailed",
+    "GatewayServer",
+    "bind",
+    "bounded_protocol",
+    "connection_cap",
+    "raise_fd_limit",
+    "read_api_key",
+]

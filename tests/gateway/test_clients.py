@@ -135,7 +135,7 @@ def test_openai_errors_are_typed(base_url: str, backend: ScriptedBackend) -> Non
         assert r.choices[0].message.content == "Hello, world!"
 
 
-def test_streams_beyond_the_bound_get_429_and_slots_come_back() -> None:
+def test_requests_beyond_the_bound_get_429_streamed_or_not_and_slots_come_back() -> None:
     gate = threading.Event()
     backend = ScriptedBackend(gate=gate)
     body = {"model": MODEL, "messages": HI, "stream": True}
@@ -149,10 +149,12 @@ def test_streams_beyond_the_bound_get_429_and_slots_come_back() -> None:
             r = http.post("/v1/chat/completions", json=body)
             assert r.status_code == 429 and "limit 1" in r.json()["error"]["message"]
             assert r.json()["error"]["type"] == "rate_limit_error"
-            # A request that does not stream is not bounded by streams.
-            backend.gate = None
-            r = http.post("/v1/chat/completions", json={**body, "stream": False})
-            assert r.status_code == 200
+            assert r.headers["retry-after"] == "1"
+            # A request that does not stream is bounded the same way.
+            r = http.post("/v1/completions", json={"model": MODEL, "prompt": "hi"})
+            assert r.status_code == 429 and r.headers["retry-after"] == "1"
+            assert http.get("/v1/models").status_code == 200  # only generation is counted
+            assert len(backend.calls) == 1
         wait_until(lambda: backend.calls[0].rid in backend.closed, 10, "the left stream to close")
         gate.set()
         r = http.post("/v1/chat/completions", json=body)

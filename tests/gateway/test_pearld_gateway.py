@@ -36,6 +36,9 @@ def test_an_embedded_runtime_serves_chat_completions_over_the_pool(tmp_path: Pat
             "gateway.listen=127.0.0.1:0",
             f"gateway.api_key_file={key}",
             "gateway.model=pearl-sim",
+            "gateway.max_connections=64",
+            "gateway.header_timeout_s=5",
+            "gateway.allowed_origins=http://localhost:3000",
         ),
     )
     rt.start()
@@ -51,6 +54,11 @@ def test_an_embedded_runtime_serves_chat_completions_over_the_pool(tmp_path: Pat
             every=0.1,
         )
         assert httpx.get(f"{url}/models", timeout=10).status_code == 401  # no key
+        assert rt.daemon.gateway.max_connections == 64  # the config's bounds reach the server
+        auth = {"Authorization": "Bearer sk-test"}
+        for origin, status in [("http://localhost:3000", 200), ("http://evil.example", 403)]:
+            r = httpx.get(f"{url}/models", headers={**auth, "Origin": origin}, timeout=10)
+            assert r.status_code == status
         client = openai.OpenAI(base_url=url, api_key="sk-test", max_retries=0, timeout=30)
         assert [m.id for m in client.models.list().data] == ["pearl-sim"]
         out = client.chat.completions.create(

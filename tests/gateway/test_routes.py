@@ -230,14 +230,15 @@ def test_status_and_events_map_to_the_backend(client: TestClient, backend: Scrip
         r = client.post(f"/pearl/v1/events/{kind}", json={"gpus": [0, 1]})
         assert r.status_code == 200 and r.json()["kind"] == kind
     assert backend.events == [(k, {"gpus": [0, 1]}) for k in EVENT_KINDS]
-    assert client.post("/pearl/v1/events/training-begin").status_code == 200
+    as_json = {"Content-Type": "application/json"}  # control routes take JSON only
+    assert client.post("/pearl/v1/events/training-begin", headers=as_json).status_code == 200
     assert backend.events[-1] == ("training-begin", {})
 
     r = client.post("/pearl/v1/events/reboot", json={})
     assert r.status_code == 404 and "gpus-added" in r.json()["error"]["message"]
     r = client.post("/pearl/v1/events/gpus-added", json=[1])
     assert r.status_code == 400 and "JSON object" in r.json()["error"]["message"]
-    r = client.post("/pearl/v1/events/gpus-added", content=b"{nope")
+    r = client.post("/pearl/v1/events/gpus-added", content=b"{nope", headers=as_json)
     assert r.status_code == 400 and "malformed JSON" in r.json()["error"]["message"]
     r = client.post("/pearl/v1/events/gpus-reclaimed", json={"refuse": "unknown gpu"})
     assert r.status_code == 409 and "unknown gpu" in r.json()["error"]["message"]
