@@ -245,3 +245,51 @@ def test_an_engine_that_cannot_start_anywhere_is_one_line_and_binds_nothing(
     assert rc == 1 and took <= EXIT_S, (rc, took, err)
     assert words in the_problem(err)
     assert not sock.exists() and not (d.state / "log").exists()  # nothing bound or written
+
+
+def test_a_worker_that_cannot_start_is_in_status_and_a_request_gets_503_in_time(
+    tmp_path: Path,
+) -> None:
+    """Issue 41: with a preset no worker can load, the worker stayed transitioning with its
+    reason only in workers/*.log, and a gateway request hung for 300 s and more."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    d = Pearld(
+        tmp_path,
+        [
+            "engine.preset=nonexistent",
+            "rl.env=",
+            f"gateway.listen=127.0.0.1:{port}",
+            "gateway.request_timeout_s=3",
+            "daemon.restart_backoff_s=0.2",
+        ],
+        config=ROOT / "configs" / "local-cpu.toml",
+    )
+    try:
+        d.start()
+
+        def said_why() -> bool:
+            faults = d.status().get("worker_faults") or {}
+            return any("unknown model preset 'nonexistent'" in why for why in faults.values())
+
+        wait_until(said_why, 60, "pearl status to say why the worker cannot start")
+        body = {"model": "nonexistent", "prompt": [5, 6], "max_tokens": 4}
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/completions",
+            json.dumps(body).encode(),
+            {"Content-Type": "application/json"},
+        )
+        t0 = time.monotonic()
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=30)
+        took = time.monotonic() - t0
+        assert e.value.code == 503 and float(e.value.headers["Retry-After"]) > 0
+        assert 2.5 < took < 3.0 + 2.0, took  # its request_timeout_s, and a tick or so
+        assert "within 3 s" in json.loads(e.value.read())["error"]["message"]
+    finally:
+        d.cleanup()
