@@ -74,7 +74,7 @@ def event_fault(record: Any) -> tuple[str, str] | None:
     ):
         why = gpu_ids_problem(record.gpus)
         if why is None and not len(record.gpus):
-            why = f"{record.KIND} names no GPU: give at least one GPU id"
+            why = "no GPU id given: name at least one GPU"
         if why is not None:
             return "gpus", why
         if isinstance(record, ev.GpusReclaiming):

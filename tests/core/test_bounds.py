@@ -52,9 +52,9 @@ REFUSED: list[tuple[Any, str]] = [
     (ev.GpusReclaiming((8,), -1.0), "deadline -1.0 is out of range"),
     (ev.GpusReclaiming((8,), MAX_DEADLINE * 2), "is out of range: a Unix time in seconds"),
     (ev.TrainingBegin(True), "training step True is not an int"),
-    (ev.GpusReclaimed(()), "gpus-reclaimed names no GPU: give at least one GPU id"),
-    (ev.GpusAdded(()), "gpus-added names no GPU"),
-    (ev.GpusReclaimCancelled(()), "gpus-reclaim-cancelled names no GPU"),
+    (ev.GpusReclaimed(()), "no GPU id given: name at least one GPU"),
+    (ev.GpusAdded(()), "no GPU id given"),
+    (ev.GpusReclaimCancelled(()), "no GPU id given"),
 ]
 
 
