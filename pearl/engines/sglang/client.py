@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from pearl.core.errors import RequestRefused
 from pearl.engines.base import EngineError
 from pearl.engines.sglang import protocol as P
 from pearl.engines.web import HTTPError, call, request
@@ -104,7 +105,15 @@ class SGLangClient:
     # -- requests ------------------------------------------------------------------------------
 
     def generate(self, body: dict[str, Any], timeout_s: float = 3600.0) -> dict[str, Any]:
-        out = self.post("/generate", body, timeout_s)
+        """One ``/generate``; a 4xx is :class:`RequestRefused` (the request's own fault, final)."""
+        try:
+            out = self.post("/generate", body, timeout_s)
+        except HTTPError as e:
+            if 400 <= e.status < 500:
+                raise RequestRefused(
+                    f"the SGLang server refused the request ({e.status}): {str(e.body)[:300]}"
+                ) from None
+            raise
         if not isinstance(out, dict):
             raise EngineError(f"{self.base}/generate answered {str(out)[:200]!r}, not JSON")
         if "error" in out and "output_ids" not in out:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pearl.core.errors import RequestRefused
 from pearl.core.state import Role
 from pearl.engines.base import (
     EngineBase,
@@ -205,7 +206,18 @@ class SGLangEngine(EngineBase):
             if call.aborted:
                 resolve(call.future, aborted_result(req.rid, self._version))
                 return
-            out = self.client.generate(P.generate_body(req, boot), self.cfg.request_timeout_s)
+            try:
+                out = self.client.generate(P.generate_body(req, boot), self.cfg.request_timeout_s)
+            except RequestRefused:
+                raise
+            except EngineError as e:
+                if role is not Role.COLOCATED:
+                    raise
+                # The server died or failed, not the request: it resumes (empty prefix) on the
+                # relaunched server or elsewhere, within the request's time.
+                log.warning("SGLang server lost %s: %s", req.rid, e)
+                resolve(call.future, aborted_result(req.rid, self._version, len(req.input_ids)))
+                return
             result = P.result_of(req.rid, out, role, self._version)
             if (
                 role is Role.DECODE
