@@ -4,13 +4,14 @@ Its view of the workers changes only when the Orchestrator publishes a logged ch
 goes to a colocated worker, or, under disaggregation, to a prefill and a decode worker together
 with a fresh transfer id (SGLang's shape); the decode worker's answer is the result.
 
-The colocated (or prefill) worker is chosen cache-aware, as SGLang's router does: a turn goes back
-to the worker that served its trajectory's previous turn — that worker holds the trajectory's
-prefix resident (prefix caching across turns, §2), so only the turn's new tokens are prefilled —
-unless that worker has more than ``AFFINITY_SLACK`` requests more than the least-loaded one and
-more than ``AFFINITY_RATIO`` times as many (a worker just added or activated starts empty), in
-which case the least-loaded worker takes it: every hop re-prefills the whole context, and a
-worker a little busier than another still serves the turn sooner than a re-prefill would.
+The colocated (or prefill) worker is chosen cache-aware (:func:`pearl.core.routing.choose_worker`,
+a pure function), as SGLang's router does: a turn goes back to the worker that served its
+trajectory's previous turn — that worker holds the trajectory's prefix resident (prefix caching
+across turns, §2), so only the turn's new tokens are prefilled — unless that worker has more
+than ``AFFINITY_SLACK`` requests more than the least-loaded one and more than ``AFFINITY_RATIO``
+times as many (a worker just added or activated starts empty), in which case the
+least-loaded worker takes it: every hop re-prefills the whole context, and a worker a little
+busier than another still serves the turn sooner than a re-prefill would.
 
 Workers on the trainer's GPUs (lent for a training-idle window, zone ``overlap``) serve the
 rollout's critical path: the turns of the groups the next batch still needs, the ones the trainer
@@ -68,6 +69,7 @@ from actors.base import Directory, PearlActor
 from actors.messages import AbortRequest, Generate, GenerateDone, Route, StateChanged
 from pearl.core import notice
 from pearl.core.errors import RequestRefused
+from pearl.core.routing import choose_worker
 from pearl.core.state import Zone
 from pearl.engines.base import GenerateRequest, check_request
 
@@ -77,8 +79,6 @@ WAIT_S = 120.0  # how long a request may wait for a worker when neither it nor t
 FIRST_BACKOFF_S = 0.25  # the wait before a request's second retry; doubled per attempt ...
 MAX_BACKOFF_S = 4.0  # ... up to this
 RETRY_AFTER_S = 5.0  # what a request that found no worker in its time is told to wait
-AFFINITY_SLACK = 2  # requests a trajectory's worker may have beyond the least-loaded one
-AFFINITY_RATIO = 1.5  # ... and times as many (off the critical path) before a turn leaves it
 HOMES = 65_536  # trajectories whose last worker is remembered (least recently routed forgotten)
 LINK = -1  # the "worker" a request runs on when the real sglang-router dispatches it
 
@@ -225,39 +225,18 @@ class Router(PearlActor):
         self._dispatch(rid)
 
     def _pick(self, pool: list[int], trajectory: str = "", critical: bool = False) -> int:
-        """The least-loaded worker of ``pool``, or, when ``trajectory`` names one whose last turn
-        ran on a worker of ``pool`` that is within ``AFFINITY_SLACK`` of it (0 for a turn on the
-        critical path: a lighter batch pays its re-prefill within the turn), that worker. A turn
-        off the critical path goes to a lent worker only if the pool has nothing else."""
-        if not critical:
-            pool = [w for w in pool if w not in self.lent] or pool
-        least = min(pool, key=lambda w: (self.load.get(w, 0), w))
+        """The worker of ``pool`` that :func:`~pearl.core.routing.choose_worker` picks for a turn
+        of ``trajectory`` (none: the least loaded), remembered as the trajectory's home."""
+        home = self.homes.get(trajectory) if trajectory else None
+        choice = choose_worker(pool, self.load, home=home, lent=self.lent, critical=critical)
         if not trajectory:
-            return least
-        home = self.homes.get(trajectory)
-        slack = 0 if critical else AFFINITY_SLACK
-        if (
-            home is not None
-            and home != least
-            and home in pool
-            and not self._overloaded(home, least, slack)
-        ):
-            self.affine += 1  # back home over a less loaded worker
-            least = home
-        self.homes[trajectory] = least
+            return choice.worker
+        self.affine += choice.affine  # back home over a less loaded worker
+        self.homes[trajectory] = choice.worker
         self.homes.move_to_end(trajectory)
         if len(self.homes) > HOMES:
             self.homes.popitem(last=False)
-        return least
-
-    def _overloaded(self, home: int, least: int, slack: int) -> bool:
-        """Whether a trajectory leaves its worker for the least-loaded one: only when its worker
-        has more than ``slack`` requests beyond it and, off the critical path, more than
-        ``AFFINITY_RATIO`` times as many (the rule of SGLang's and vLLM's cache-aware routers)."""
-        h, low = self.load.get(home, 0), self.load.get(least, 0)
-        if h <= low + slack:
-            return False
-        return slack == 0 or h > AFFINITY_RATIO * low
+        return choice.worker
 
     def _dispatch(self, rid: str) -> None:
         p = self.pending[rid]

@@ -6,7 +6,7 @@ ignored)."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 import pykka
@@ -16,6 +16,7 @@ from actors import names
 from actors.base import Directory, LocalRef, PearlActor, start
 from actors.messages import AbortRequest, Generate, GenerateDone, Route, StateChanged
 from actors.router import FIRST_BACKOFF_S, MAX_BACKOFF_S, Flush, KvAddress, Router, WorkerGone
+from pearl.core.routing import AFFINITY_SLACK, Choice, choose_worker, leaves_home
 from pearl.core.state import Activity, Role, Worker, Zone
 from pearl.core.view import ClusterView, TableSnapshot
 from pearl.engines.base import FinishReason, GenerateRequest, GenerateResult, SamplingParams
@@ -367,28 +368,45 @@ def test_a_refusal_is_final_at_once(cluster: Any, clock: Clock) -> None:
 
 def test_a_turn_goes_back_to_its_trajectorys_worker_unless_that_one_is_much_busier() -> None:
     """Cache-aware routing: the worker that ran a trajectory's last turn holds its prefix."""
-    from actors.router import AFFINITY_SLACK
-
-    r = Router(Directory())
     pool = [1, 2, 3]
-    assert r._pick(pool, "t") == 1  # first turn: the least loaded (lowest id on ties)
-    r.load = {1: AFFINITY_SLACK, 2: 0, 3: 0}
-    assert r._pick(pool, "t") == 1 and r.affine == 1  # within the slack: back home
-    assert r._pick(pool, "u") == 2  # another trajectory: least loaded
-    r.load = {1: AFFINITY_SLACK + 1, 2: 1, 3: 0}
-    assert r._pick(pool, "t") == 3  # home too busy: the least loaded takes it and is home now
-    r.load = {1: 0, 2: 0, 3: 1}
-    assert r._pick(pool, "t") == 3
-    assert r._pick([1, 2], "t") == 1  # home not routable (removed, lent back, dead)
-    assert r._pick(pool, "") == 1  # no trajectory: least loaded
-    assert r.stats()["affine"] == 2
+
+    def pick(load: dict[int, int], home: int | None = None, critical: bool = False) -> Choice:
+        return choose_worker(pool, load, home=home, critical=critical)
+
+    assert pick({}) == Choice(1)  # first turn: the least loaded (lowest id on ties)
+    assert pick({1: AFFINITY_SLACK}, home=1) == Choice(1, affine=True)  # within the slack: home
+    assert pick({1: AFFINITY_SLACK}) == Choice(2)  # another trajectory: least loaded
+    assert pick({1: AFFINITY_SLACK + 1, 2: 1}, home=1) == Choice(3)  # home too busy: it moves
+    assert pick({3: 1}, home=3) == Choice(3, affine=True)
+    assert choose_worker([1, 2], {3: 1}, home=3) == Choice(1)  # home not routable (removed, dead)
     # Beyond the slack but not AFFINITY_RATIO times as busy: it stays (SGLang's and vLLM's rule)
-    r.load = {1: 9, 2: 6, 3: 6}  # "t" is home on 1: 9 > 6 + slack, not > 1.5 x 6
-    assert r._pick(pool, "t") == 1
-    r.load = {1: 9, 2: 6, 3: 5}
-    assert r._pick(pool, "t") == 3  # 9 > 5 + slack and > 1.5 x 5: it moves
-    r.load = {3: 1, 1: 0, 2: 0}
-    assert r._pick(pool, "t", critical=True) == 1  # critical: no slack, no ratio
+    assert pick({1: 9, 2: 6, 3: 6}, home=1) == Choice(1, affine=True)  # 9 > 6 + 2, not > 1.5 x 6
+    assert pick({1: 9, 2: 6, 3: 5}, home=1) == Choice(3)  # 9 > 5 + slack and > 1.5 x 5: it moves
+    assert pick({3: 1}, home=3, critical=True) == Choice(1)  # critical: no slack, no ratio
+    assert not leaves_home(AFFINITY_SLACK, 0) and leaves_home(AFFINITY_SLACK + 1, 0)
+    assert leaves_home(1, 0, critical=True) and not leaves_home(1, 1, critical=True)
+    with pytest.raises(ValueError):
+        choose_worker([], {})
+
+
+def test_the_router_remembers_each_trajectorys_worker_and_counts_the_turns_sent_home() -> None:
+    """The Router asks choose_worker and keeps what it answers as the trajectory's home: the
+    worker a turn moved to is home for the next turn."""
+    r = Router(Directory())
+    r.state_changed(changed([1, 2, 3]))
+    assert turn(r, "t") == 1  # first turn: the least loaded (lowest id on ties)
+    r.load = {1: AFFINITY_SLACK, 2: 0, 3: 0}
+    assert turn(r, "t") == 1  # within the slack: back home
+    assert r.stats()["affine"] == 1
+    assert turn(r, "u") == 2  # another trajectory: least loaded
+    r.load = {1: AFFINITY_SLACK + 1, 2: 1, 3: 0}
+    assert turn(r, "t") == 3  # home too busy: the least loaded takes it and is home now
+    r.load = {1: 0, 2: 0, 3: 1}
+    assert turn(r, "t") == 3
+    r.state_changed(changed([1, 2]))  # its home is no longer routable (removed, lent back)
+    assert turn(r, "t") == 1
+    assert turn(r, "") == 2  # no trajectory: least loaded, nothing remembered
+    assert r.stats()["affine"] == 2
 
 
 def test_lent_workers_take_the_critical_path_and_only_it() -> None:
@@ -396,18 +414,47 @@ def test_lent_workers_take_the_critical_path_and_only_it() -> None:
     batch after it stays on the dedicated workers (it has a training step to finish in, and a
     lent worker is taken back when training begins). A critical turn leaves its trajectory's
     worker for any less loaded one (a lighter batch pays the re-prefill within the turn)."""
+    pool, lent = [1, 2, 3], {3}
+
+    def pick(load: dict[int, int], home: int | None = None, critical: bool = False) -> int:
+        return choose_worker(pool, load, home=home, lent=lent, critical=critical).worker
+
+    assert pick({1: 2, 2: 3, 3: 0}) == 1  # off the critical path: not the lent worker, though idle
+    assert pick({1: 2, 2: 3, 3: 0}, critical=True) == 3  # on it: the least loaded, lent or not
+    assert pick({1: 1, 2: 1, 3: 1}, home=1, critical=True) == 1  # home, no busier than the least
+    assert pick({1: 2, 2: 1, 3: 1}, home=1, critical=True) == 2  # home one request busier: moves
+    assert pick({1: 2, 2: 1, 3: 1}) == 2  # (ties: lowest id) and never 3
+    assert choose_worker([3], {}, lent=lent).worker == 3  # only lent workers: they serve all
+    # The Router takes the lent workers from the zones the Orchestrator publishes.
     r = Router(Directory())
-    pool = [1, 2, 3]
-    r.lent = {3}
+    r.state_changed(changed([1, 2, 3], lent=lent))
     r.load = {1: 2, 2: 3, 3: 0}
-    assert r._pick(pool, "a") == 1  # off the critical path: not the lent worker, though idle
-    assert r._pick(pool, "b", critical=True) == 3  # on it: the least loaded, lent or not
-    r.load = {1: 1, 2: 1, 3: 1}
-    assert r._pick(pool, "a", critical=True) == 1  # home, and no busier than the least
-    r.load = {1: 2, 2: 1, 3: 1}
-    assert r._pick(pool, "a", critical=True) == 2  # home one request busier: it moves
-    assert r._pick(pool, "c") == 2  # (ties: lowest id) and never 3
-    assert r._pick([3], "d") == 3  # nothing but lent workers: they serve everything
+    assert turn(r, "a") == 1 and turn(r, "b", critical=True) == 3
+
+
+def changed(routable: list[int], lent: Collection[int] = ()) -> StateChanged:
+    """The Orchestrator's news: ``routable`` colocated workers, ``lent`` of them on the trainer's
+    GPUs."""
+    workers = tuple(
+        Worker(
+            w,
+            (w,),
+            Role.COLOCATED,
+            Activity.ACTIVE,
+            Zone.OVERLAP if w in lent else Zone.DEDICATED,
+            1,
+        )
+        for w in routable
+    )
+    return StateChanged(ClusterView(TableSnapshot(seq=1, workers=workers)))
+
+
+def turn(r: Router, trajectory: str, critical: bool = False) -> int:
+    """Route a turn of ``trajectory`` through the Router's handler: the worker it was sent to."""
+    rid = f"turn-{len(r.pending)}"
+    r.route(Route(GenerateRequest(rid, (5,), trajectory=trajectory, critical=critical), "sink"))
+    (worker,) = r.pending[rid].workers
+    return worker
 
 
 def test_a_request_no_worker_host_could_be_sent_is_refused_at_once(cluster: Any) -> None:
