@@ -189,7 +189,7 @@ class Recorder:
     gens: list[Gen] = field(default_factory=list)
 
     def attach(self, pipeline: Any) -> None:
-        inner = pipeline._generate
+        inner = pipeline.generate_fn
         assert inner is not None, "the pipeline actor attaches generate at start()"
 
         async def generate(ids: tuple[int, ...], sampling: Any, trajectory_id: str) -> Any:
@@ -208,7 +208,7 @@ class Recorder:
             )
             return r
 
-        pipeline._generate = generate
+        pipeline.attach(generate)
 
 
 def router_stats(rt: Any) -> dict[str, Any]:

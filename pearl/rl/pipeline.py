@@ -21,29 +21,26 @@ environment (f, so theta = (1 - f) / f).
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
 import itertools
 import logging
 import math
-import statistics
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pearl.core.profile import TrajectoryStats
 from pearl.engines.base import FinishReason, GenerateResult, SamplingParams
 from pearl.rl.env import Task, make_env, make_tasks
+from pearl.rl.progress import Sample, Workers, batch_occupancy, next_batch_eta
 from pearl.rl.prompt import PromptBuilder
 from pearl.rl.rollout import GenerateFn, run_trajectory
 from pearl.rl.trajectory import Batch, Trajectory
 
 log = logging.getLogger(__name__)
-
-Workers = tuple[int, int, int]  # rollout workers by role: colocated, prefill, decode
 
 
 @dataclass(frozen=True)
@@ -141,9 +138,8 @@ class Pipeline:
         self._running = 0  # trajectories in flight
         self._generating = 0  # of which waiting on a generation
         self._samples: list[float] = []
-        # (time, trajectories in flight, active workers by role, of which lent), ten a second,
-        # for B_flight and the workers a batch ran with
-        self._flight: deque[tuple[float, int, Workers, Workers]] = deque(maxlen=36_000)
+        # Ten a second, for B_flight and the workers a batch ran with.
+        self._flight: deque[Sample] = deque(maxlen=36_000)
         self._running_groups: dict[str, float] = {}  # group id -> when it started
         # Seconds from start to finish of the latest groups (the next batch's ETA uses them).
         self._group_s: deque[float] = deque(maxlen=4 * cfg.groups_per_batch)
@@ -195,29 +191,16 @@ class Pipeline:
             return sum(len(g.trajectories) for g in self._ready)
 
     def next_batch_eta_s(self) -> float | None:
-        """Seconds until the next batch is expected complete: 0 when enough groups are ready;
-        None when it cannot be foreseen.
-
-        A running group that has run e seconds is expected to need the median of L - e over
-        the latest finished groups' latencies L > e; the batch is complete when the
-        (G - ready)-th running group finishes. A group that has run longer than every group
-        seen (a straggler, or one slowed by a worker leaving) has no such bound, and neither
-        does the batch if it needs that group. The borrowing gate uses it to see a training-idle
-        window that is about to close: a borrow begun then would be cut short before it serves.
-        """
+        """Seconds until the next batch is expected complete (:func:`~pearl.rl.progress.
+        next_batch_eta` on the running groups and the latest latencies): 0 when enough groups
+        are ready; None when it cannot be foreseen. The borrowing gate uses it to see a
+        training-idle window that is about to close: a borrow begun then would be cut short
+        before it serves."""
         with self._cv:
             missing = self.cfg.groups_per_batch - len(self._ready)
-            if missing <= 0:
-                return 0.0
-            if not self._group_s:
-                return None
-            seen = sorted(self._group_s)
             now = self.clock()
             ran = [now - t for t in self._running_groups.values()]
-        if len(ran) < missing:
-            return None  # groups not started yet: nothing to go by
-        eta = sorted(_expected_left(seen, e) for e in ran)[missing - 1]
-        return None if eta == math.inf else eta
+            return next_batch_eta(missing, ran, self._group_s)
 
     def is_critical(self, trajectory_id: str) -> bool:
         """Whether the trajectory is on the rollout's critical path: its group is one of the
@@ -312,17 +295,10 @@ class Pipeline:
         samples, self._samples = tuple(self._samples), []
         dropped, self._dropped = self._dropped, 0
         t0, t1 = min(g.started for g in groups), max(g.finished for g in groups)
-        flight = [x for x in self._flight if t0 <= x[0] <= t1] or [
-            (t1, self._running, self._workers, self._lent)  # shorter than one sample period
-        ]
-        in_flight = sum(x[1] for x in flight) / len(flight)
-        # Lent workers serve only the critical path (the Router): this batch, from the moment
-        # the one before it was handed out.
-        critical = self._handed_at
-        workers = {
-            role: sum(x[2][i] - (x[3][i] if x[0] < critical else 0) for x in flight) / len(flight)
-            for i, role in enumerate(("colocated", "prefill", "decode"))
-        }
+        now = Sample(t1, self._running, self._workers, self._lent)
+        # Lent workers count from the moment the batch before was handed out (the Router gives
+        # them the critical path alone).
+        in_flight, workers = batch_occupancy(self._flight, t0, t1, self._handed_at, now)
         spread = max(g.started for g in groups) - t0
         return StepReport(batch.step, stats, t1 - t0, samples, dropped, in_flight, workers, spread)
 
@@ -363,33 +339,47 @@ class Pipeline:
 
     async def _group(self, task: Task) -> None:
         gid = f"g{next(self._ids)}"
-        started = self.clock()
-        with self._cv:
-            self.counts["started"] += 1
-            self._running_groups[gid] = started
+        self.group_started(gid)
         try:
             results = await asyncio.gather(
                 *(self._trajectory(task, gid, k) for k in range(self.cfg.group_size)),
                 return_exceptions=True,
             )
-        finally:
+        except BaseException:
             with self._cv:
-                self._running_groups.pop(gid, None)
+                self._running_groups.pop(gid, None)  # cancelled: the pipeline is stopping
+            raise
         trajectories = [r for r in results if isinstance(r, Trajectory)]
-        failed = [r for r in results if not isinstance(r, Trajectory)]
-        if failed:  # GRPO needs the whole group: a failed member drops it (it is re-generated)
-            with self._cv:
+        failed = [r for r in results if isinstance(r, BaseException)]
+        self.group_finished(gid, trajectories, failed)
+
+    def group_started(self, gid: str) -> None:
+        """Group ``gid`` starts now (its trajectories run next): it is running, and on the critical
+        path while the next batch needs it (:meth:`is_critical`)."""
+        with self._cv:
+            self.counts["started"] += 1
+            self._running_groups[gid] = self.clock()
+
+    def group_finished(
+        self, gid: str, trajectories: Sequence[Trajectory], failed: Sequence[BaseException] = ()
+    ) -> None:
+        """Group ``gid`` (started by :meth:`group_started`) ended now. Whole, it waits in the pool
+        until :meth:`take` hands it out; GRPO needs the whole group, so a failed member drops it
+        (it is re-generated)."""
+        with self._cv:
+            started = self._running_groups.pop(gid)
+            if failed:
                 for k in range(self.cfg.group_size):
                     self._measured.pop(f"{gid}.{k}", None)
-            self.failed += len(failed)
-            self.counts["failed"] += 1
+                self.failed += len(failed)
+                self.counts["failed"] += 1
+            else:
+                finished = self.clock()
+                self._ready.append(_Group(gid, list(trajectories), started, finished))
+                self._group_s.append(finished - started)
+                self._cv.notify_all()
+        if failed:
             log.warning("group %s dropped: %s", gid, failed[0])
-            return
-        with self._cv:
-            finished = self.clock()
-            self._ready.append(_Group(gid, trajectories, started, finished))
-            self._group_s.append(finished - started)
-            self._cv.notify_all()
 
     async def _trajectory(self, task: Task, gid: str, k: int) -> Trajectory:
         env = make_env(self.cfg.env, **self.cfg.env_kwargs)
@@ -406,7 +396,7 @@ class Pipeline:
             traj = await run_trajectory(
                 env,
                 task,
-                self._counted,
+                self.generate,
                 self.builder,
                 trajectory_id=f"{gid}.{k}",
                 group_id=gid,
@@ -425,9 +415,17 @@ class Pipeline:
         """Connect generation (and the per-batch report) once their owner exists."""
         self._generate, self.on_batch = generate, on_batch or self.on_batch
 
-    async def _counted(
+    @property
+    def generate_fn(self) -> GenerateFn | None:
+        """The generate function attached (:meth:`attach`; in pearld, the Router's), if any."""
+        return self._generate
+
+    async def generate(
         self, ids: tuple[int, ...], sampling: SamplingParams, trajectory_id: str
     ) -> GenerateResult:
+        """One turn of ``trajectory_id`` through the attached generate function, measured: the
+        prompt tokens really prefilled, the decode batch it ran in, and a resumption after an
+        abort (a migration). Every trajectory the pipeline runs generates through it."""
         assert self._generate is not None, "attach() a generate function before run()"
         self._generating += 1
         try:
@@ -448,16 +446,20 @@ class Pipeline:
         return result
 
     async def _sample(self, stop: asyncio.Event) -> None:
-        """Ten times a second: the fraction of running trajectories waiting on generation (f),
-        and the trajectories in flight with the workers serving them (B_flight, N)."""
         while not stop.is_set():
             await asyncio.sleep(0.1)
-            with self._cv:
-                self._flight.append((self.clock(), self._running, self._workers, self._lent))
-                if self._running:
-                    self._samples.append(self._generating / self._running)
-                    if len(self._samples) > 10_000:
-                        del self._samples[: len(self._samples) // 2]
+            self.sample()
+
+    def sample(self) -> None:
+        """Look now (:meth:`run` does, ten times a second): the trajectories in flight with the
+        workers serving them (B_flight, N; :meth:`set_workers`), and the fraction of running
+        trajectories waiting on generation (f)."""
+        with self._cv:
+            self._flight.append(Sample(self.clock(), self._running, self._workers, self._lent))
+            if self._running:
+                self._samples.append(self._generating / self._running)
+                if len(self._samples) > 10_000:
+                    del self._samples[: len(self._samples) // 2]
 
 
 @dataclass
@@ -475,13 +477,6 @@ class _Measured:
     def seen_batch(self) -> float | None:
         """The mean batch of its decode iterations."""
         return self.decode_batch_sum / self.decode_steps if self.decode_steps > 0 else None
-
-
-def _expected_left(latencies: list[float], elapsed: float) -> float:
-    """The median time left of a group that has run ``elapsed`` s, over the (sorted) latencies
-    of groups seen finish that took longer; inf (no bound) if none did."""
-    longer = latencies[bisect.bisect_right(latencies, elapsed) :]
-    return statistics.median(longer) - elapsed if longer else math.inf
 
 
 __all__ = ["Pipeline", "PipelineConfig", "PipelineStats", "StepReport"]

@@ -89,7 +89,8 @@ def test_a_host_killed_mid_rollout_loses_no_trajectory(
 
     # How long one turn takes here (Route -> answer), measured on the live pipeline.
     turns: list[float] = []
-    generate = pipeline._generate
+    generate = pipeline.generate_fn
+    assert generate is not None, "the pipeline actor attaches generate at start()"
 
     async def timed(*args: Any) -> Any:
         t0 = time.monotonic()
@@ -97,7 +98,7 @@ def test_a_host_killed_mid_rollout_loses_no_trajectory(
         turns.append(time.monotonic() - t0)
         return out
 
-    pipeline._generate = timed
+    pipeline.attach(timed)
     ids: set[str] = set()
     gaps = []
     last = time.monotonic()

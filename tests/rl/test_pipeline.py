@@ -1,24 +1,57 @@
-"""The staleness bound holds for every group handed out, in whatever order groups finish."""
+"""The staleness bound holds for every group handed out, in whatever order groups finish; a
+batch reports what it ran with; the next batch's ETA and the critical path follow the groups.
+
+Groups are driven through the Pipeline's own lifecycle calls (``group_started``,
+``group_finished``, ``sample``) on a clock the test moves; the arithmetic over its records is
+checked on the pure functions of :mod:`pearl.rl.progress`."""
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
+
+from pearl.engines.base import FinishReason, GenerateResult, SamplingParams
 from pearl.rl import PromptBuilder, Trajectory, Turn
-from pearl.rl.pipeline import Pipeline, PipelineConfig, _Group
+from pearl.rl.pipeline import Pipeline, PipelineConfig
+from pearl.rl.progress import Sample, batch_occupancy, next_batch_eta
 from pearl.tokenizer import ByteTokenizer
 
 
-def group(gid: str, version: int, size: int = 2) -> _Group:
-    trajs = [
+class Clock:
+    """The pipeline's clock, moved by the test."""
+
+    def __init__(self, t: float = 0.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def trajectories(gid: str, version: int, size: int = 2) -> list[Trajectory]:
+    return [
         Trajectory(f"{gid}.{k}", gid, "task", (Turn((1,), (2,), (-1.0,), version, "stop"),), 1.0)
         for k in range(size)
     ]
-    return _Group(gid, trajs, 0.0, 1.0)
+
+
+def pipeline(batch: int = 4, staleness: int = 1, clock: Clock | None = None) -> Pipeline:
+    cfg = PipelineConfig(batch=batch, group_size=2, staleness=staleness)
+    builder = PromptBuilder(ByteTokenizer())  # type: ignore[arg-type]
+    return Pipeline(cfg, builder) if clock is None else Pipeline(cfg, builder, clock=clock)
+
+
+def finish(p: Pipeline, *groups: tuple[str, int]) -> None:
+    """Groups (id, weights version) that start and finish at once, in this order."""
+    for gid, version in groups:
+        p.group_started(gid)
+        p.group_finished(gid, trajectories(gid, version))
 
 
 def test_a_stale_group_behind_a_fresh_one_is_dropped_not_handed_out() -> None:
-    p = Pipeline(PipelineConfig(batch=4, group_size=2, staleness=1), PromptBuilder(ByteTokenizer()))  # type: ignore[arg-type]
+    p = pipeline()
     # g2 started on v0 and finished after g1 (on v2): they land out of version order.
-    p._ready.extend([group("g1", 2), group("g2", 0), group("g3", 2)])
+    finish(p, ("g1", 2), ("g2", 0), ("g3", 2))
     p.set_version(2)
     batch = p.take(timeout_s=0.01)
     assert batch is not None
@@ -26,14 +59,22 @@ def test_a_stale_group_behind_a_fresh_one_is_dropped_not_handed_out() -> None:
     assert batch.min_version >= 2 - 1
     assert p.counts["stale"] == 1
     assert p.take(timeout_s=0.01) is None  # g2 is gone, not waiting to be handed out later
+    assert p.counts == {"started": 3, "delivered": 2, "stale": 1, "failed": 0}
+
+
+def test_a_group_with_a_failed_member_is_dropped_and_counted() -> None:
+    p = pipeline()
+    p.group_started("g1")
+    assert p.is_critical("g1.0")
+    p.group_finished("g1", trajectories("g1", 0)[:1], [RuntimeError("boom")])
+    assert not p.is_critical("g1.0")  # not running any more
+    assert p.counts["failed"] == 1 and p.failed == 1
+    assert p.ready_trajectories == 0
 
 
 def test_a_batch_reports_its_concurrency_workers_and_prefilled_tokens() -> None:
-    import asyncio
-
-    from pearl.engines.base import FinishReason, GenerateResult, SamplingParams
-
-    p = Pipeline(PipelineConfig(batch=4, group_size=2, staleness=1), PromptBuilder(ByteTokenizer()))  # type: ignore[arg-type]
+    now = Clock()
+    p = pipeline(clock=now)
 
     async def generate(ids: tuple[int, ...], sp: SamplingParams, tid: str) -> GenerateResult:
         # The worker reused 60 of the 100 prompt tokens from the trajectory's resident prefix,
@@ -41,50 +82,81 @@ def test_a_batch_reports_its_concurrency_workers_and_prefilled_tokens() -> None:
         return GenerateResult(f"r-{tid}", (2,), (-1.0,), FinishReason.STOP, 0, 100, 60, 3, 12)
 
     p.attach(generate)
+    assert p.generate_fn is generate
     for tid in ("g1.0", "g1.0", "g1.1", "g2.0", "g2.1"):
-        asyncio.run(p._counted((1,) * 100, SamplingParams(), tid))
-    p._ready.extend([group("g1", 0), group("g2", 0)])  # both ran from t = 0 to t = 1
+        asyncio.run(p.generate((1,) * 100, SamplingParams(), tid))
+    p.group_started("g1")
+    p.group_started("g2")  # both run from t = 0 to t = 1
     # Samples inside the span count; the one after it (another batch's) does not.
-    p._flight.extend(
-        [
-            (0.2, 6, (3, 0, 0), (0, 0, 0)),
-            (0.8, 10, (2, 0, 0), (0, 0, 0)),
-            (5.0, 99, (1, 0, 0), (0, 0, 0)),
-        ]
-    )
+    for t, colocated in ((0.2, 3), (0.8, 2)):
+        now.t = t
+        p.set_workers(colocated, 0, 0)
+        p.sample()
+    now.t = 1.0
+    p.group_finished("g1", trajectories("g1", 0))
+    p.group_finished("g2", trajectories("g2", 0))
+    now.t = 5.0
+    p.set_workers(1, 0, 0)
+    p.sample()
     assert p.take(timeout_s=0.01) is not None
     report = p.reports[-1]
-    assert report.in_flight == 8.0
+    assert report.makespan_s == 1.0
+    assert report.in_flight == 0.0  # no trajectory ran in this pipeline
     assert report.workers == {"colocated": 2.5, "prefill": 0.0, "decode": 0.0}
     assert [t.prefilled_tokens for t in report.trajectories] == [80, 40, 40, 40]
     assert [t.seen_batch for t in report.trajectories] == [4.0, 4.0, 4.0, 4.0]
 
 
+def test_a_batch_occupancy_is_the_mean_over_the_samples_in_its_span() -> None:
+    samples = [
+        Sample(0.2, 6, (3, 0, 0), (0, 0, 0)),
+        Sample(0.8, 10, (2, 0, 0), (0, 0, 0)),
+        Sample(5.0, 99, (1, 0, 0), (0, 0, 0)),  # another batch's
+    ]
+    now = Sample(1.0, 7, (4, 1, 1), (0, 0, 0))
+    in_flight, workers = batch_occupancy(samples, 0.0, 1.0, -float("inf"), now)
+    assert in_flight == 8.0
+    assert workers == {"colocated": 2.5, "prefill": 0.0, "decode": 0.0}
+    # A span shorter than one sample period: the pipeline as it is now.
+    in_flight, workers = batch_occupancy(samples, 0.3, 0.7, -float("inf"), now)
+    assert in_flight == 7.0 and workers == {"colocated": 4.0, "prefill": 1.0, "decode": 1.0}
+    # Lent workers count only from when the batch became the one waited for.
+    lent = [Sample(0.2, 4, (3, 0, 0), (2, 0, 0)), Sample(0.8, 4, (3, 0, 0), (2, 0, 0))]
+    assert batch_occupancy(lent, 0.0, 1.0, 0.5, now)[1]["colocated"] == 2.0  # (1 + 3) / 2
+
+
 def test_lent_workers_count_for_a_batch_only_once_it_is_the_one_waited_for() -> None:
     """The Router gives lent workers the critical path alone: a batch started while the one
     before was still running had them only after that one was handed out."""
-    now = [0.0]
-    p = Pipeline(
-        PipelineConfig(batch=2, group_size=2, staleness=1),
-        PromptBuilder(ByteTokenizer()),
-        clock=lambda: now[0],
-    )
-    # 3 colocated workers throughout, of which 2 lent (before and after batch 1's hand-out).
-    p._flight.extend([(0.2, 4, (3, 0, 0), (2, 0, 0)), (0.8, 4, (3, 0, 0), (2, 0, 0))])
-    p._ready.append(group("g1", 0))  # batch 1 ran from t = 0 to t = 1: waited for throughout
-    now[0] = 0.5
-    assert p.take(timeout_s=0.01) is not None
+    now = Clock()
+    p = pipeline(batch=2, clock=now)  # one group a batch
+    p.set_workers(3, 0, 0, lent=(2, 0, 0))  # 3 colocated workers throughout, of which 2 lent
+    p.group_started("g1")
+    p.group_started("g2")  # both from t = 0
+    now.t = 0.2
+    p.sample()
+    now.t = 0.5
+    p.group_finished("g1", trajectories("g1", 0))
+    assert p.take(timeout_s=0.01) is not None  # batch 1 was waited for throughout
     assert p.reports[-1].workers["colocated"] == 3.0
-    p._ready.append(group("g2", 0))  # batch 2 ran from t = 0 too: lent workers from t = 0.5
-    assert p.take(timeout_s=0.01) is not None
+    now.t = 0.8
+    p.sample()
+    now.t = 1.0
+    p.group_finished("g2", trajectories("g2", 0))
+    assert p.take(timeout_s=0.01) is not None  # batch 2: lent workers from t = 0.5
     assert p.reports[-1].workers == {"colocated": 2.0, "prefill": 0.0, "decode": 0.0}  # (1 + 3) / 2
 
 
 def test_a_batch_reports_how_far_apart_its_groups_started() -> None:
-    p = Pipeline(PipelineConfig(batch=4, group_size=2, staleness=1), PromptBuilder(ByteTokenizer()))  # type: ignore[arg-type]
-    late = group("g2", 0)
-    late.started, late.finished = 0.4, 1.5  # started when capacity freed, 0.4 s after g1
-    p._ready.extend([group("g1", 0), late])
+    now = Clock()
+    p = pipeline(clock=now)
+    p.group_started("g1")
+    now.t = 0.4
+    p.group_started("g2")  # started when capacity freed, 0.4 s after g1
+    now.t = 1.0
+    p.group_finished("g1", trajectories("g1", 0))
+    now.t = 1.5
+    p.group_finished("g2", trajectories("g2", 0))
     assert p.take(timeout_s=0.01) is not None
     report = p.reports[-1]
     assert report.makespan_s == 1.5 and report.start_spread_s == 0.4
@@ -93,9 +165,9 @@ def test_a_batch_reports_how_far_apart_its_groups_started() -> None:
 def test_no_group_starts_that_would_be_too_stale_when_its_batch_is_taken() -> None:
     # Batches of 2 groups, staleness 1: two batches ahead while rollout runs alone, one while the
     # trainer trains on a batch (a group started then is taken two versions later and dropped).
-    p = Pipeline(PipelineConfig(batch=4, group_size=2, staleness=1), PromptBuilder(ByteTokenizer()))  # type: ignore[arg-type]
+    p = pipeline()
     assert p.admission_target() == 4
-    p._ready.extend([group("g1", 0), group("g2", 0)])
+    finish(p, ("g1", 0), ("g2", 0))
     assert p.take(timeout_s=0.01) is not None  # training step 1 begins
     assert p.admission_target() == 2
     p.set_version(0)  # not a new version: still training
@@ -103,8 +175,8 @@ def test_no_group_starts_that_would_be_too_stale_when_its_batch_is_taken() -> No
     p.set_version(1)  # step 1's weights are published
     assert p.admission_target() == 4
     # On-policy (staleness 0) keeps one batch in flight: never none, or nothing would be taken.
-    q = Pipeline(PipelineConfig(batch=4, group_size=2, staleness=0), PromptBuilder(ByteTokenizer()))  # type: ignore[arg-type]
-    q._ready.extend([group("g1", 0), group("g2", 0)])
+    q = pipeline(staleness=0)
+    finish(q, ("g1", 0), ("g2", 0))
     assert q.take(timeout_s=0.01) is not None
     assert q.admission_target() == 2
 
@@ -112,54 +184,61 @@ def test_no_group_starts_that_would_be_too_stale_when_its_batch_is_taken() -> No
 def test_the_next_batch_eta_follows_the_running_groups_and_the_latencies_seen() -> None:
     """The borrowing gate's view of how long a training-idle window has left (issue 13: a
     borrow approved in a window that closed 13-35 ms later was cut short before it lent)."""
-    now = [10.0]
-    p = Pipeline(
-        PipelineConfig(batch=4, group_size=2, staleness=1),
-        PromptBuilder(ByteTokenizer()),  # type: ignore[arg-type]
-        clock=lambda: now[0],
-    )
-    p._running_groups.update({"g1": 9.0, "g2": 8.0})
-    assert p.next_batch_eta_s() is None  # no group has finished: no latency to go by
-    p._group_s.extend([2.0, 3.0, 4.0])
-    # g1 ran 1 s: every latency seen is longer, median 3 s, so 2 s left; g2 ran 2 s: of 3 and 4,
-    # median 3.5, so 1.5 s left. Both are needed: the batch is due when the later one is.
-    assert p.next_batch_eta_s() == 2.0
-    p._ready.append(group("g0", 0))  # one group ready: the first to finish completes the batch
-    assert p.next_batch_eta_s() == 1.5
-    now[0] = 12.5  # g1 ran 3.5 s: only the 4 s group took longer, so 0.5 s left
-    assert p.next_batch_eta_s() == 0.5  # g2 (4.5 s, longer than any seen) is not needed
-    p._ready.clear()
-    assert p.next_batch_eta_s() is None  # both are: g2's end cannot be foreseen
-    p._ready.extend([group("g0", 0), group("g3", 0)])
+    # Two groups running, for 1 s and 2 s; a batch needs two groups.
+    assert next_batch_eta(2, [1.0, 2.0], []) is None  # no group has finished: nothing to go by
+    seen = [4.0, 2.0, 3.0]  # (in any order)
+    # The 1 s one: every latency seen is longer, median 3 s, so 2 s left; the 2 s one: of 3 and
+    # 4, median 3.5, so 1.5 s left. Both are needed: the batch is due when the later one is.
+    assert next_batch_eta(2, [1.0, 2.0], seen) == 2.0
+    assert next_batch_eta(1, [1.0, 2.0], seen) == 1.5  # one ready: the first to finish will do
+    # 2.5 s later, the 3.5 s one has only the 4 s group longer: 0.5 s left ...
+    assert next_batch_eta(1, [3.5, 4.5], seen) == 0.5  # the 4.5 s one (no bound) is not needed
+    assert next_batch_eta(2, [3.5, 4.5], seen) is None  # ... both are: its end cannot be foreseen
+    assert next_batch_eta(0, [3.5, 4.5], seen) == 0.0  # complete
+    assert next_batch_eta(2, [1.0], seen) is None  # a group the batch needs has not started
+
+
+def test_the_pipelines_eta_counts_its_ready_running_and_finished_groups() -> None:
+    now = Clock()
+    p = pipeline(clock=now)  # two groups a batch
+    p.group_started("a")
+    assert p.next_batch_eta_s() is None  # no latency seen yet
+    now.t = 3.0
+    p.group_started("b")
+    now.t = 4.0
+    p.group_finished("a", trajectories("a", 0))  # took 4 s; one group more is needed
+    assert p.next_batch_eta_s() == 3.0  # b ran 1 s of the 4 s seen
+    now.t = 5.0
+    p.group_started("c")
+    assert p.next_batch_eta_s() == 2.0  # b's 2 s left, before c's 4 s
+    now.t = 6.0
+    p.group_finished("b", trajectories("b", 0))
     assert p.next_batch_eta_s() == 0.0  # complete
-    p._ready.clear()
-    now[0] = 10.0
-    p._running_groups.pop("g2")
-    assert p.next_batch_eta_s() is None  # a group the batch needs has not started
+    assert p.take(timeout_s=0.01) is not None
+    assert p.next_batch_eta_s() is None  # the next batch needs a group not started yet
 
 
 def test_the_critical_path_is_the_oldest_running_groups_the_next_batch_still_needs() -> None:
-    p = Pipeline(PipelineConfig(batch=4, group_size=2, staleness=1), PromptBuilder(ByteTokenizer()))  # type: ignore[arg-type]
-    p._running_groups.update({"g1": 1.0, "g2": 2.0, "g3": 3.0, "g4": 4.0})  # in start order
+    p = pipeline()
+    for g in ("g1", "g2", "g3", "g4"):
+        p.group_started(g)  # in start order
     # The batch needs 2 groups: g1 and g2 are its; g3 and g4 (the batch after) are not.
     assert [p.is_critical(f"{g}.1") for g in ("g1", "g2", "g3", "g4")] == [1, 1, 0, 0]
-    p._ready.append(group("g3", 0))  # g3 finished first: the batch needs one group more
-    del p._running_groups["g3"]
+    p.group_finished("g3", trajectories("g3", 0))  # g3 finished first: one group more is needed
     assert [p.is_critical(f"{g}.0") for g in ("g1", "g2", "g4")] == [1, 0, 0]
-    p._ready.append(group("g2", 0))  # complete: nothing is waited for
+    p.group_finished("g2", trajectories("g2", 0))  # complete: nothing is waited for
     assert not p.is_critical("g1.0")
     assert not p.is_critical("g9.0")  # not running
+    with pytest.raises(KeyError):
+        p.group_finished("g9", trajectories("g9", 0))  # never started
 
 
 def test_a_running_pipeline_times_each_trajectory_and_reports_the_batch_it_decoded_in() -> None:
     """What the Runtime Tracker's kappa is made of: each trajectory's start-to-end seconds and
     the mean batch of its decode iterations, as the engines said."""
-    import asyncio
     import threading
 
-    from pearl.engines.base import FinishReason, GenerateResult, SamplingParams
-
-    p = Pipeline(PipelineConfig(batch=4, group_size=2, staleness=1), PromptBuilder(ByteTokenizer()))  # type: ignore[arg-type]
+    p = pipeline()
 
     async def generate(ids: tuple[int, ...], sp: SamplingParams, tid: str) -> GenerateResult:
         await asyncio.sleep(0.01)
