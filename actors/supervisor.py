@@ -507,7 +507,7 @@ class RoleSupervisor(PearlActor):
     def state_changed(self, msg: StateChanged) -> None:
         rows = {w.id: w for w in msg.view.rollout}
         self.expected = rows
-        serving = {w.id for w in msg.view.routable}
+        serving = {w.id for w in rows.values() if w.activity is Activity.ACTIVE}
         if any([self.board.clear_fault(w) for w in self.board.faults() if w in serving]):
             self.directory.tell(names.API, HostsChanged())  # status: the fault is over
         self.weights_version = msg.view.weights_version

@@ -103,12 +103,13 @@ def test_targets_follow_hellos_roles_crashes_and_removals(made: Any) -> None:
 
     launcher.killed.append(sup.hosts[1].handle)  # the host exits
     sup.supervise(Supervise())
-    assert targets() == [PEARLD] and told() == 2
+    # told twice: its host went, and status shows why (worker_faults)
+    assert targets() == [PEARLD] and told() == 3 and 1 in sup.board.faults()
     sup.hello(hello(1, 503, "127.0.0.1:41003"))  # its restart says hello
-    assert targets() == [PEARLD, worker(1, "prefill", 41003)] and told() == 3
+    assert targets() == [PEARLD, worker(1, "prefill", 41003)] and told() == 4
 
     sup.state_changed(rows(w2=Role.PREFILL))  # a plan removed worker 1
-    assert targets() == [PEARLD] and told() == 4
+    assert targets() == [PEARLD] and told() == 5
     assert 503 in launcher.killed
 
 
