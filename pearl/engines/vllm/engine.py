@@ -27,6 +27,7 @@ on this platform (see docs/vllm.md).
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -147,7 +148,8 @@ class VLLMEngine(EngineBase):
             tail = self.server.tail() if self.server is not None else ""
             if self.server is not None:
                 self.server.stop()
-            raise EngineError(f"{e}\n{tail}") from None
+            cause = cause_of(tail)  # on the first line: what status and the log show
+            raise EngineError(f"{e}{': ' + cause if cause else ''}\n{tail}") from None
         self._metrics.reset(self._scrape())
 
     def _relaunch(self) -> None:
@@ -336,6 +338,19 @@ class VLLMEngine(EngineBase):
         check_role(role)
 
 
+_CAUSE = re.compile(r"\b[A-Za-z_.]*(Error|Exception)\b: .+")
+
+
+def cause_of(tail: str) -> str:
+    """The last ``SomethingError: message`` line of a server's output (why it exited: a port
+    taken, no model at the path, an architecture vLLM does not know), or ""."""
+    for line in reversed(tail.splitlines()):
+        m = _CAUSE.search(line)
+        if m is not None:
+            return m.group(0)[:300]
+    return ""
+
+
 def check_role(role: Role) -> None:
     if role is not Role.COLOCATED:
         raise EngineError(
@@ -381,4 +396,4 @@ def _snapshot(source: Any) -> str:
     return str(path.resolve())
 
 
-__all__ = ["METRICS", "VLLMEngine", "VLLMEngineConfig", "body", "check_role"]
+__all__ = ["METRICS", "VLLMEngine", "VLLMEngineConfig", "body", "cause_of", "check_role"]

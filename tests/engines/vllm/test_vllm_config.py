@@ -77,3 +77,24 @@ def test_the_byte_tokenizer_for_vllm_has_the_torch_engines_ids(tmp_path: Path) -
     assert hf.convert_ids_to_tokens(511) == "<|extra_511|>"
     with pytest.raises(ValueError, match=">= 259 ids"):
         byte_tokenizer(tmp_path / "small", 100)
+
+
+def test_why_a_server_exited_is_named_on_the_first_line() -> None:
+    """The first line is what `pearl status` and pearld's log show of a worker that cannot
+    start: a port taken, no model at the path (the last lines of vLLM 0.32's output)."""
+    from pearl.engines.vllm.engine import cause_of
+
+    taken = (
+        '  File ".../vllm/entrypoints/launchers/launcher.py", line 348, in create_server_socket\n'
+        "    sock.bind(addr)\n"
+        "OSError: [Errno 98] Address already in use\n"
+    )
+    assert cause_of(taken) == "OSError: [Errno 98] Address already in use"
+    missing = (
+        '    raise OSError(f"{e}") from e\n'
+        "(APIServer pid=7) OSError: Repo id must be in the form 'repo_name' or "
+        "'namespace/repo_name': '/tmp/nomodel'.\n"
+        "\n"
+    )
+    assert cause_of(missing).startswith("OSError: Repo id must be in the form")
+    assert cause_of("INFO starting\nINFO still starting\n") == ""
