@@ -25,6 +25,7 @@ from pearl.core.borrow import Verdict
 from pearl.core.errors import PearlError
 from pearl.core.profile import WorkloadProfile
 from pearl.core.status import BorrowCycleStatus, ClusterStatus
+from pearl.demo.live import Counts, counts, live_line, starting_workers
 from pearl.runtime import Runtime, RuntimeStats
 
 if TYPE_CHECKING:
@@ -166,19 +167,6 @@ def returned_line(step: int, cycle: BorrowCycleStatus | None, waited_s: float) -
 
 
 @dataclass(frozen=True)
-class Counts:
-    """Active rollout workers by role, in the overlap zone, and available by kind."""
-
-    prefill: int
-    decode: int
-    colocated: int
-    overlap: int  # borrowed from training
-    workers: int
-    reserved: int  # on reserved GPUs
-    preemptible: int  # on preemptible GPUs (the trace's)
-
-
-@dataclass(frozen=True)
 class Sample:
     """One live-view sample: seconds since the job started, the workers then, the phase."""
 
@@ -213,22 +201,6 @@ class Timeline:
     def last_event(self) -> str:
         with self.lock:
             return self.events[-1][1] if self.events else ""
-
-
-def counts(status: ClusterStatus) -> Counts:
-    """The active rollout workers of ``status``, counted."""
-    reserved = set(status.gpus.reserved)
-    active = [w for w in status.workers if w.role != "training" and w.activity == "active"]
-    dedicated = [w for w in active if w.zone != "overlap"]
-    return Counts(
-        prefill=sum(w.role == "prefill" for w in active),
-        decode=sum(w.role == "decode" for w in active),
-        colocated=sum(w.role == "colocated" for w in active),
-        overlap=len(active) - len(dedicated),
-        workers=len(active),
-        reserved=sum(set(w.gpus) <= reserved for w in dedicated),
-        preemptible=sum(not set(w.gpus) <= reserved for w in dedicated),
-    )
 
 
 class Preemptible:
@@ -313,6 +285,8 @@ class LiveView(threading.Thread):
         self.halt = threading.Event()
         self.tty = sys.stdout.isatty()
         self.quiet = quiet
+        self.engine = rt.cfg.engine.kind.value
+        self.starting_since: float | None = None  # when the line first saw workers starting
 
     def run(self) -> None:
         n = 0
@@ -325,15 +299,17 @@ class LiveView(threading.Thread):
             t = time.monotonic() - self.timeline.t0
             with self.timeline.lock:
                 self.timeline.samples.append(Sample.of(t, c, s.phase))
-            ratio = f"{s.N_C}C" if s.mode == "colocated" else f"{s.N_P}P{s.N_D}D"
-            acc = self.state.get("accuracy")
-            line = (
-                f"[{t:6.1f}s] step {self.state.get('step', 0):>3}  {s.mode:<13} {ratio:<5} "
-                f"P{c.prefill} D{c.decode} C{c.colocated} (overlap {c.overlap})  "
-                f"{self.state.get('throughput', 0.0):7.0f} tok/s  {s.phase:<8} "
-                f"reward {self.state.get('reward', 0.0):.2f}"
-                + (f" held-out {acc:.2f}" if acc is not None else "")
-                + f"  {self.timeline.last_event()[:40]}"
+            if not starting_workers(s):
+                self.starting_since = None
+            elif self.starting_since is None:
+                self.starting_since = t
+            line = live_line(
+                s,
+                t=t,
+                state=self.state,
+                event=self.timeline.last_event(),
+                engine=self.engine,
+                starting_s=t - (self.starting_since or t),
             )
             n += 1
             if self.quiet:
