@@ -122,6 +122,7 @@ class Pending:
     deadline: float = float("inf")  # Router clock: past it, the request fails (no worker came)
     not_before: float = 0.0  # Router clock: a retry waits for its back-off until then
     why: str = ""  # why it was last routed again (said when it runs out of time)
+    avoid: set[int] = field(default_factory=set)  # workers that turned it away (relaunching)
 
     def wire(self, rid: str) -> str:
         """The engine rid of the current attempt."""
@@ -247,7 +248,7 @@ class Router(PearlActor):
             self._dispatch_link(rid, p, req)
             return
         colocated, prefill, decode = (
-            [w for w in pool if w not in self.gone]
+            self._usable(pool, p)
             for pool in (self.view.colocated, self.view.prefill, self.view.decode)
         )
         if colocated:
@@ -264,6 +265,11 @@ class Router(PearlActor):
         else:
             p.workers = ()
             self.waiting.append(rid)
+
+    def _usable(self, pool: list[int], p: Pending) -> list[int]:
+        """The live workers of ``pool``, those that turned ``p`` away only if no other is."""
+        live = [w for w in pool if w not in self.gone]
+        return [w for w in live if w not in p.avoid] or live
 
     def _dispatch_link(self, rid: str, p: Pending, req: GenerateRequest) -> None:
         if not self.link.routable():
@@ -341,7 +347,10 @@ class Router(PearlActor):
             return
         if msg.error and msg.retryable and not msg.refused:
             # Routed again at the next flush (a tick, or a logged change) once its back-off is
-            # over: a worker that just vanished gets a moment to be restarted or replaced.
+            # over, to another worker if one can take it: a worker that just vanished (its
+            # server relaunching) gets a moment to come back instead of eating the retries.
+            if msg.worker >= 0:
+                p.avoid.add(msg.worker)
             self._again(rid, p, msg.error)
             return
         self._finish(rid, p, msg)

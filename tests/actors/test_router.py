@@ -164,6 +164,20 @@ def test_a_retryable_failure_is_routed_again(cluster: Any) -> None:
     assert len(ids) == 2 and ids[0] != ids[1]  # a fresh transfer for the retry
 
 
+def test_a_worker_that_turned_a_request_away_is_avoided_while_another_can_take_it(
+    cluster: Any,
+) -> None:
+    """A worker whose server is relaunched refuses, retryably: the retry goes elsewhere."""
+    d, log, fail = cluster
+    view(d, [(1, "colocated", "active"), (2, "colocated", "active")])
+    fail.append(1)
+    d.tell(names.ROUTER, Route(GenerateRequest("r", (5,)), "sink"))
+    settle(d, names.ROUTER, names.worker_name(1), names.ROUTER)
+    d.tell(names.ROUTER, Flush())
+    assert results(d, 1)[0].worker == 2
+    assert [(w, q.rid) for w, q in log] == [(1, "r"), (2, "r~1")]
+
+
 def test_abort_reaches_the_worker(cluster: Any) -> None:
     d, log, _ = cluster
     view(d, [(3, "colocated", "transitioning")])
