@@ -29,6 +29,9 @@ answers arrive on the Router's thread and only settle futures or resubmit.
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -44,6 +47,8 @@ from actors.messages import AbortRequest, GenerateDone, Route
 from actors.router import RETRY_AFTER_S, WAIT_S, backoff_s
 from pearl.core.errors import NoWorker, RequestRefused
 from pearl.engines.base import EngineError, FinishReason, GenerateRequest, GenerateResult
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -92,10 +97,37 @@ class _Call:
     stalls: int = 0  # attempts in a row that ended with nothing (no tokens, or an error)
 
 
-def _later(delay_s: float, fn: Callable[[], None]) -> None:
-    timer = threading.Timer(delay_s, fn)
-    timer.daemon = True
-    timer.start()
+class Later:
+    """Runs callables after a delay, in due order, on one daemon thread (not one per call: a
+    pool of hundreds of requests backing off at once starts no thread each)."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._due: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def __call__(self, delay_s: float, fn: Callable[[], None]) -> None:
+        with self._cv:
+            heapq.heappush(self._due, (time.monotonic() + delay_s, next(self._seq), fn))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="resend", daemon=True)
+                self._thread.start()
+            self._cv.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._due or self._due[0][0] > time.monotonic():
+                    self._cv.wait(self._due[0][0] - time.monotonic() if self._due else None)
+                _, _, fn = heapq.heappop(self._due)
+            try:
+                fn()
+            except Exception:  # one resend's failure is not the others'
+                log.exception("a delayed resend failed")
+
+
+_later = Later()
 
 
 class RolloutClient:

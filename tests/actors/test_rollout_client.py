@@ -181,3 +181,28 @@ def test_a_cancelled_request_is_aborted_in_the_pool_and_not_resumed() -> None:
     out = fut.result(5)  # settled with what it had: no resumption was sent
     assert out.output_ids == [7, 8] and out.finish_reason is FinishReason.ABORT
     assert len(router.seen) == 1 and client.migrated == 0
+
+
+def test_later_runs_what_is_due_in_order_on_one_thread() -> None:
+    import threading
+
+    from actors.rollout_client import Later
+
+    later, ran, done = Later(), [], threading.Event()
+    threads = set()
+
+    def note(k: int) -> Any:
+        def fn() -> None:
+            ran.append(k)
+            threads.add(threading.current_thread().name)
+            if len(ran) == 3:
+                done.set()
+
+        return fn
+
+    with later._cv:  # reentrant: nothing runs before all three are in
+        later(0.2, note(3))
+        later(0.0, note(1))
+        later(0.1, note(2))
+    assert done.wait(5)
+    assert ran == [1, 2, 3] and threads == {"resend"}
