@@ -90,6 +90,8 @@ class WorkerActor(PearlActor):
     def _bring_up(self, role: Role, version: int) -> None:
         if self.engine is None:
             self.engine = self.make_engine(role)
+            if hasattr(self.engine, "on_gone"):  # a server engine whose watchdog may give up
+                self.engine.on_gone = self._server_gone
             self.engine.start()
             self.released = False
         elif self.released:
@@ -138,6 +140,12 @@ class WorkerActor(PearlActor):
             self.on_exit()
             return
         self.directory.tell(names.ORCHESTRATOR, cmd.WorkerUp(self.worker, self.incarnation))
+
+    def _server_gone(self, why: str) -> None:
+        """The engine's server cannot be kept up (watchdog thread): the host ends, so that its
+        supervisor restarts it with a back-off, says why in ``pearl status``, or gives up."""
+        log.error("%s: %s; the host exits", self.name, why)
+        self.on_exit()
 
     def on_restore(self, c: RestoreWorker) -> None:
         try:

@@ -28,6 +28,7 @@ import logging
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,6 +96,8 @@ class SGLangEngine(EngineBase):
         self._pending: tuple[int, Any] | None = None
         self._life = Lifecycle(self.kind)
         self._watchdog: Watchdog | None = None
+        # Told why once the watchdog gives up on the server (the worker host then exits).
+        self.on_gone: Callable[[str], None] | None = None
         self._pool = ThreadPoolExecutor(config.max_concurrency, thread_name_prefix="sglang-req")
         self._metrics = MetricsDelta()
 
@@ -139,6 +142,9 @@ class SGLangEngine(EngineBase):
     def _give_up(self, reason: str) -> None:
         with self._cv:
             self._life.server_to(Server.GONE, f"{reason}; see {self._log_path()}")
+        log.error("the SGLang server is gone: %s; see %s", reason, self._log_path())
+        if self.on_gone is not None:  # its host ends: its supervisor restarts it, or gives up
+            self.on_gone(f"the SGLang server is gone: {reason}")
 
     def _log_path(self) -> str:
         return str(self.server.log_path) if self.server is not None else "its log"

@@ -30,6 +30,7 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,6 +108,8 @@ class VLLMEngine(EngineBase):
         self._pending: tuple[int, str] | None = None  # published while released
         self._life = Lifecycle(self.kind)
         self._watchdog: Watchdog | None = None
+        # Told why once the watchdog gives up on the server (the worker host then exits).
+        self.on_gone: Callable[[str], None] | None = None
         self._pool = ThreadPoolExecutor(config.max_concurrency, thread_name_prefix="vllm-req")
         self._metrics = MetricsDelta(METRICS)
 
@@ -172,6 +175,9 @@ class VLLMEngine(EngineBase):
         with self._cv:
             where = self.server.log_path if self.server is not None else "its log"
             self._life.server_to(Server.GONE, f"{reason}; see {where}")
+        log.error("the vLLM server is gone: %s; see %s", reason, where)
+        if self.on_gone is not None:  # its host ends: its supervisor restarts it, or gives up
+            self.on_gone(f"the vLLM server is gone: {reason}")
 
     def stop(self) -> None:
         """Abort what is in flight (the prefixes kept), then stop the server."""
