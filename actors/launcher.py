@@ -253,6 +253,16 @@ class LocalProcessLauncher:
         """The pids of the hosts this launcher started that it still tracks."""
         return [*self._children, *self._forked]
 
+    def subprocesses(self) -> dict[int, list[str]]:
+        """Of :meth:`launched`, the hosts started as subprocesses of this process (not forked):
+        pid -> the command line it was started with."""
+        return {pid: _argv(p.args) for pid, p in self._children.items()}
+
+    @property
+    def fork_server(self) -> ForkServer | None:
+        """The fork server hosts are forked from; None without one, or once it failed."""
+        return self._forks
+
     def launch(self, spec: WorkerSpec) -> Handle:
         env = dict(os.environ)
         if spec.engine.kind is not EngineKind.SIM:
@@ -433,6 +443,11 @@ def last_error(path: Path) -> str:
         tail = [x for x in lines if x.strip()]
         return tail[-1][:500] if tail else ""
     return ""
+
+
+def _argv(args: Any) -> list[str]:
+    """A Popen's command line as strings (it was given a list: :func:`host_args`)."""
+    return [str(a) for a in args] if isinstance(args, (list, tuple)) else [str(args)]
 
 
 def _started(pid: int) -> str | None:

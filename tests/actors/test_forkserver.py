@@ -125,7 +125,7 @@ def test_the_launcher_forks_hosts_tracks_and_stops_them_by_pid(tmp_path: Path) -
     try:
         a = launcher.launch(spec(tmp_path, 1))
         b = launcher.launch(spec(tmp_path, 2))
-        assert launcher.launched() == [a, b] and not launcher._children  # forked, not Popen'd
+        assert launcher.launched() == [a, b] and not launcher.subprocesses()  # forked
         assert launcher.alive(a) and launcher.alive(b)
         assert launcher.cpu_s(a) is not None  # running or sleeping, read from /proc
         launcher.kill(a)
@@ -141,12 +141,13 @@ def test_the_launcher_forks_hosts_tracks_and_stops_them_by_pid(tmp_path: Path) -
 def test_a_launcher_whose_server_died_starts_subprocesses(tmp_path: Path) -> None:
     launcher = LocalProcessLauncher(tmp_path / "workers", ("actors.worker_host",))
     try:
-        assert launcher._forks is not None
-        launcher._forks.proc.kill()
+        server = launcher.fork_server
+        assert server is not None
+        server.proc.kill()
         pid = launcher.launch(spec(tmp_path, 1))
-        assert launcher._forks is None and pid in launcher._children
+        assert launcher.fork_server is None and list(launcher.subprocesses()) == [pid]
         assert launcher.alive(pid)
-        assert "actors.worker_host" in launcher._children[pid].args
+        assert "actors.worker_host" in launcher.subprocesses()[pid]
     finally:
         launcher.reap_all(timeout_s=1.0)
         launcher.close()

@@ -178,7 +178,7 @@ def test_the_local_launcher_says_which_host_could_not_start(tmp_path: Path) -> N
     launcher = LocalProcessLauncher(blocker)
     with pytest.raises(LaunchError, match="worker host 3 .incarnation 12. could not be started"):
         launcher.launch(spec)
-    assert launcher._children == {}
+    assert launcher.subprocesses() == {} and launcher.launched() == []
     with pytest.raises(LaunchError):
         launcher.launch(replace(spec, worker=4))
 
