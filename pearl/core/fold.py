@@ -65,6 +65,11 @@ def apply_to(builder: TableBuilder, record: ev.Record, seq: int | None = None) -
     builder.seq = expected
 
 
+def rule_kinds() -> frozenset[type]:
+    """The record types fold has a rule for (each kind of :data:`pearl.core.events.Record`)."""
+    return frozenset(_HANDLERS)
+
+
 def fold_into(
     builder: TableBuilder,
     pairs: Iterable[tuple[int, Any]],  # Any: the hot loop narrows by ``type(r) is``
@@ -129,4 +134,4 @@ def replay(records: Iterable[ev.Record]) -> ClusterState:
     return apply_all(ClusterState(), records, first_seq=1)
 
 
-__all__ = ["apply", "apply_all", "apply_to", "fold_into", "replay"]
+__all__ = ["apply", "apply_all", "apply_to", "fold_into", "rule_kinds", "replay"]

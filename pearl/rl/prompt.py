@@ -11,12 +11,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from pearl.rl.trajectory import Trajectory
 
 if TYPE_CHECKING:  # a Protocol: importing the torch engine package would load torch
     from pearl.tokenizer import Tokenizer
+
+
+class ChatFrame(NamedTuple):
+    """The token runs a :class:`PromptBuilder` puts around messages, for its tokenizer."""
+
+    user_pre: tuple[int, ...]  # before a user message's text
+    user_post: tuple[int, ...]  # after it (opens the assistant's turn)
+    close: tuple[int, ...]  # closes an assistant turn that did not stop by itself
+    elision: tuple[int, ...]  # marks where a long observation was cut
 
 
 @dataclass(frozen=True)
@@ -47,10 +56,12 @@ class PromptBuilder:
         self.min_new_tokens = min_new_tokens
         self.add_bos = add_bos
         pre, _, post = self.t.user_fmt.partition("{text}")
-        self._user_pre = tuple(tokenizer.encode(pre))
-        self._user_post = tuple(tokenizer.encode(post))
-        self._close = tuple(tokenizer.encode(self.t.assistant_end))
-        self._elision = tuple(tokenizer.encode(self.t.elision))
+        self.frame = ChatFrame(
+            user_pre=tuple(tokenizer.encode(pre)),
+            user_post=tuple(tokenizer.encode(post)),
+            close=tuple(tokenizer.encode(self.t.assistant_end)),
+            elision=tuple(tokenizer.encode(self.t.elision)),
+        )
 
     @property
     def stop_ids(self) -> tuple[int, ...]:
@@ -76,7 +87,7 @@ class PromptBuilder:
         ended = (
             last is not None and last.output_ids[-1:] != () and last.output_ids[-1] in self.stop_ids
         )
-        head = () if ended else self._close
+        head = () if ended else self.frame.close
         room = self.max_len - trajectory.n_tokens - self.min_new_tokens
         return self._user(head, observation, room)
 
@@ -99,24 +110,25 @@ class PromptBuilder:
             if role == "system":
                 ids += self.tok.encode(self.t.system_fmt.format(text=text))
             elif role == "user":
-                ids += [*self._user_pre, *self.tok.encode(text), *self._user_post]
+                ids += [*self.frame.user_pre, *self.tok.encode(text), *self.frame.user_post]
             elif role == "assistant":
                 ids += self.tok.encode(text)
-                ids += self._close
+                ids += self.frame.close
             else:
                 raise ValueError(f"unknown role {role!r}; use system, user or assistant")
         return tuple(ids)
 
     def _user(self, head: tuple[int, ...], text: str, room: int) -> tuple[int, ...] | None:
         """head + the user turn of ``text``, cut in the middle to fit ``room`` (None: no room)."""
-        fixed = len(head) + len(self._user_pre) + len(self._user_post)
+        f = self.frame
+        fixed = len(head) + len(f.user_pre) + len(f.user_post)
         body = tuple(self.tok.encode(text))
         if fixed + len(body) > room:
-            keep = room - fixed - len(self._elision)
+            keep = room - fixed - len(f.elision)
             if keep < 2:
                 return None
-            body = body[: keep - keep // 2] + self._elision + body[len(body) - keep // 2 :]
-        return (*head, *self._user_pre, *body, *self._user_post)
+            body = body[: keep - keep // 2] + f.elision + body[len(body) - keep // 2 :]
+        return (*head, *f.user_pre, *body, *f.user_post)
 
 
-__all__ = ["ChatTemplate", "PromptBuilder"]
+__all__ = ["ChatFrame", "ChatTemplate", "PromptBuilder"]

@@ -259,7 +259,7 @@ def test_json_view_lists_workers_first() -> None:
 
 
 def test_every_record_kind_has_one_fold_rule() -> None:
-    assert set(fold._HANDLERS) == set(typing.get_args(ev.Record))
+    assert fold.rule_kinds() == set(typing.get_args(ev.Record))
 
 
 def test_the_builder_and_the_snapshot_keep_every_field_and_copy_what_changes() -> None:

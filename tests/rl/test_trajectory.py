@@ -97,7 +97,7 @@ def test_incremental_prompts_equal_the_whole_history_rendered() -> None:
         ("user", "<result>4</result>"),
         ("assistant", "<answer>4</answer>"),
     ]
-    assert t.tokens() + b._close == b.render(history)
+    assert t.tokens() + b.frame.close == b.render(history)
     assert first[0] == tok.bos_id
     assert b.decode(t.turns[1].output_ids) == "<answer>4</answer>"
 
@@ -130,9 +130,9 @@ def test_a_trajectory_never_exceeds_max_len(obs: list[str], gen: list[int], max_
         assert t.n_tokens <= max_len
         new = b.next(t, obs[(k + 1) % len(obs)])
         if new is None:
-            assert max_len - t.n_tokens - 4 < len(b._user_pre) + len(b._user_post) + 2 + len(
-                b._close
-            ) + len(b._elision)
+            f = b.frame
+            fewest = len(f.close) + len(f.user_pre) + 2 + len(f.elision) + len(f.user_post)
+            assert max_len - t.n_tokens - 4 < fewest  # not even two observation tokens fit
             break
 
 

@@ -95,10 +95,13 @@ async def run_tool(mode: str, code: str, limits: SandboxLimits = SandboxLimits()
             proc.pid,
             "timeout",
         )
-    return _result(proc.returncode, out, err, time.monotonic() - t0, proc.pid)
+    return tool_result(proc.returncode, out, err, time.monotonic() - t0, proc.pid)
 
 
-def _result(rc: int | None, out: bytes, err: bytes, seconds: float, pid: int) -> ToolRun:
+def tool_result(rc: int | None, out: bytes, err: bytes, seconds: float, pid: int) -> ToolRun:
+    """What a finished sandbox run comes to: its JSON reply on ``out``, or, killed by a signal
+    (``rc`` < 0; SIGXCPU: its CPU limit) or crashed (no reply: the last line of ``err``), an
+    error the agent reads as its observation."""
     if rc is not None and rc < 0:
         sig = -rc
         if sig == signal.SIGXCPU:
@@ -127,4 +130,4 @@ def _kill(pid: int) -> None:
             kill(pid, signal.SIGKILL)
 
 
-__all__ = ["CHILD", "MODES", "SandboxLimits", "ToolRun", "run_tool"]
+__all__ = ["CHILD", "MODES", "SandboxLimits", "ToolRun", "run_tool", "tool_result"]
