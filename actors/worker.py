@@ -44,6 +44,37 @@ class ReportTelemetry:
     queued: threading.Event | None = None
 
 
+def sync_weights(
+    engine: Engine,
+    version: int,
+    lookup: Callable[[int], tuple[int, Any] | None],
+    name: str = "worker",
+) -> None:
+    """Move ``engine`` to ``version`` or whatever is newest in the store now: a worker joins at
+    any phase of a step. Before the first publish (or while ``version`` is still being written)
+    the store holds less: the newest stored version, or the initial weights (version 0).
+    ``lookup(version)``: the newest stored (version, source) for one asking for ``version``; None
+    while nothing is published. A snapshot pruned between the look-up and the load is looked up
+    once more."""
+    for attempt in (1, 2):
+        if version <= engine.weights_version:
+            return
+        found = lookup(version)
+        stored, source = found if found is not None else (0, None)
+        if stored < version:
+            has = max(stored, engine.weights_version)
+            log.info("%s: weights version %d is not stored yet; at %d", name, version, has)
+        if stored <= engine.weights_version:
+            return
+        try:
+            engine.load_weights(stored, source)
+            return
+        except PearlError:
+            if attempt == 2:  # not a snapshot pruned between the look-up and the load
+                raise
+            version = max(version, stored)
+
+
 class WorkerActor(PearlActor):
     def __init__(
         self,
@@ -87,7 +118,9 @@ class WorkerActor(PearlActor):
                 ),
             )
 
-    def _bring_up(self, role: Role, version: int) -> None:
+    def bring_up(self, role: Role, version: int) -> None:
+        """Start the engine (the first time) or resume a released one, in ``role``, on weights
+        ``version`` or the newest stored (:func:`sync_weights`)."""
         if self.engine is None:
             self.engine = self.make_engine(role)
             if hasattr(self.engine, "on_gone"):  # a server engine whose watchdog may give up
@@ -105,36 +138,17 @@ class WorkerActor(PearlActor):
         self._weights(version)
 
     def _weights(self, version: int) -> None:
-        """Move to ``version`` or whatever is newest in the store now: a worker joins at any phase
-        of a step. Before the first publish (or while ``version`` is still being written) the
-        store holds less: the newest stored version, or the initial weights (version 0)."""
         assert self.engine is not None
-        for attempt in (1, 2):
-            if version <= self.engine.weights_version:
-                return
-            found = self.weights_source(version)
-            stored, source = found if found is not None else (0, None)
-            if stored < version:
-                has = max(stored, self.engine.weights_version)
-                log.info("%s: weights version %d is not stored yet; at %d", self.name, version, has)
-            if stored <= self.engine.weights_version:
-                return
-            try:
-                self.engine.load_weights(stored, source)
-                return
-            except PearlError:
-                if attempt == 2:  # not a snapshot pruned between the look-up and the load
-                    raise
-                version = max(version, stored)
+        sync_weights(self.engine, version, self.weights_source, self.name)
 
     def on_start_worker(self, c: cmd.StartWorker) -> None:
         if not c.background:
-            self._step(c, lambda: self._bring_up(c.role, c.weights_version))
+            self._step(c, lambda: self.bring_up(c.role, c.weights_version))
             return
         # Joining in the background: the plan is over; say when this worker can serve. One that
         # cannot come up ends its host, which its supervisor restarts within the budget.
         try:
-            self._bring_up(c.role, c.weights_version)
+            self.bring_up(c.role, c.weights_version)
         except PearlError as e:
             log.error("%s could not start: %s; the host exits", self.name, e)
             self.on_exit()
@@ -149,7 +163,7 @@ class WorkerActor(PearlActor):
 
     def on_restore(self, c: RestoreWorker) -> None:
         try:
-            self._bring_up(c.role, c.weights_version)
+            self.bring_up(c.role, c.weights_version)
             if not c.active:
                 self.engine.release_memory()  # type: ignore[union-attr]
                 self.released = True
@@ -159,7 +173,7 @@ class WorkerActor(PearlActor):
             self.on_exit()
 
     def on_activate(self, c: cmd.ActivateWorker) -> None:
-        self._step(c, lambda: self._bring_up(c.role, c.weights_version))
+        self._step(c, lambda: self.bring_up(c.role, c.weights_version))
 
     def on_deactivate(self, c: cmd.DeactivateWorker) -> None:
         def body() -> None:
@@ -281,4 +295,4 @@ class WorkerActor(PearlActor):
     }
 
 
-__all__ = ["ReportTelemetry", "WorkerActor"]
+__all__ = ["ReportTelemetry", "WorkerActor", "sync_weights"]

@@ -29,7 +29,7 @@ class ServerEngine:
 def test_a_server_given_up_on_ends_the_worker_host() -> None:
     engine, exited = ServerEngine(), threading.Event()
     worker = WorkerActor(Directory(), 3, 1, lambda role: engine, lambda v: None, exited.set)
-    worker._bring_up(Role.COLOCATED, 0)
+    worker.bring_up(Role.COLOCATED, 0)
     assert engine.on_gone is not None and not exited.is_set()
     engine.on_gone("the vLLM server is gone: the server died 4 times")
     assert exited.is_set()

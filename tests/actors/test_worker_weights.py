@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from actors import names
-from actors.worker import WorkerActor
+from actors.base import Directory
+from actors.messages import LoadWeights
+from actors.worker import WorkerActor, sync_weights
 from pearl.core.errors import EngineError
 from pearl.metrics import HostMetrics
 
@@ -27,12 +27,19 @@ class Engine:
 
 
 def weights(engine: Engine, version: int, store: list[tuple[int, str] | None]) -> None:
-    """``WorkerActor._weights`` with a store that answers ``store`` in turn."""
+    """``sync_weights`` with a store that answers ``store`` in turn."""
     answers = iter(store)
-    actor = SimpleNamespace(
-        name=names.worker_name(1), engine=engine, weights_source=lambda v: next(answers)
+    sync_weights(engine, version, lambda v: next(answers))  # type: ignore[arg-type]
+
+
+def worker(engine: Engine, metrics: HostMetrics | None = None) -> WorkerActor:
+    """A WorkerActor (not started) whose engine is up and released (lent), and whose store
+    holds version 6."""
+    actor = WorkerActor(
+        Directory(), 2, 1, lambda role: engine, lambda v: (6, "v6"), lambda: None, metrics
     )
-    WorkerActor._weights(actor, version)  # type: ignore[arg-type]
+    actor.engine, actor.released = engine, True  # type: ignore[assignment]
+    return actor
 
 
 def test_before_the_first_publish_the_initial_weights_stay() -> None:
@@ -64,15 +71,11 @@ def test_a_pruned_version_gives_the_newest_and_a_race_with_pruning_is_retried() 
 
 def test_a_released_worker_loads_the_newest_when_activated_not_what_it_was_synced_to() -> None:
     e = Engine()
-    synced = SimpleNamespace(version=3)
-    actor = SimpleNamespace(
-        name=names.worker_name(2), engine=e, released=True, weights_source=lambda v: (6, "v6")
-    )
-    actor._weights = lambda v: WorkerActor._weights(actor, v)  # type: ignore[arg-type]
-    WorkerActor.on_load_weights(actor, synced)  # type: ignore[arg-type]
+    actor = worker(e)
+    actor.on_load_weights(LoadWeights(3))
     assert e.loads == []  # v3 will be pruned by the time it is activated
     actor.released = False
-    WorkerActor.on_load_weights(actor, synced)  # type: ignore[arg-type]
+    actor.on_load_weights(LoadWeights(3))
     assert e.loads == [(6, "v6")]
 
 
@@ -97,13 +100,6 @@ def test_an_activated_worker_is_given_the_newest_weights_before_it_resumes() -> 
     from pearl.core.state import Role
 
     e = Released()
-    actor = SimpleNamespace(
-        name=names.worker_name(2),
-        engine=e,
-        released=True,
-        weights_source=lambda v: (6, "v6"),
-        metrics=HostMetrics(2, 1, "sim"),
-    )
-    actor._weights = lambda v: WorkerActor._weights(actor, v)  # type: ignore[arg-type]
-    WorkerActor._bring_up(actor, Role.COLOCATED, 5)  # type: ignore[arg-type]
+    actor = worker(e, HostMetrics(2, 1, "sim"))
+    actor.bring_up(Role.COLOCATED, 5)
     assert e.calls == ["load 6", "resume"] and not actor.released
