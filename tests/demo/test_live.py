@@ -3,34 +3,85 @@ SGLang) servers are starting, how many, and for how long so far."""
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import pytest
 
-from pearl import config
-from pearl.core import events as ev
-from pearl.core.controller import Controller
-from pearl.core.fold import replay
-from pearl.core.policy import Policy
-from pearl.core.profile import prior_profile
-from pearl.core.status import status_of, status_plain
-from pearl.core.view import cluster_status, cluster_view
+from pearl.core.status import status_of
 from pearl.demo.live import live_line, starting_workers
 
 STATE = {"step": 0, "throughput": 0.0, "reward": 0.0}
 
 
-@pytest.fixture(scope="module")
+def worker(i: int, role: str, gpus: list[int], zone: str, activity: str) -> dict[str, Any]:
+    return {
+        "id": i,
+        "gpus": gpus,
+        "role": role,
+        "activity": activity,
+        "zone": zone,
+        "incarnation": 1,
+    }
+
+
+def step(op: str, w: int, role: str | None = None, gpus: tuple[int, ...] = ()) -> dict[str, Any]:
+    zone = "overlap" if op == "add" else None
+    return {"op": op, "worker": w, "role": role, "gpus": list(gpus), "zone": zone}
+
+
+@pytest.fixture
 def first_status() -> dict[str, Any]:
-    """The status of a fresh cluster right after pearld starts (the controller's first plans, as
-    a client reads them): one dedicated worker starts in the background, a borrow lends the
-    training worker's GPUs to two more."""
-    cfg = config.load("configs/local-cpu.toml")
-    c = cfg.cluster
-    init = ev.ClusterInit(c.tp, c.training_gpus, c.reserved_gpus, c.preemptible_gpus)
-    out = Controller(Policy(cfg.decision)).recover(replay([init]), prior_profile(cfg), 0.0)
-    return status_plain(cluster_status(cluster_view(out.state)))
+    """``pearl status --json`` of a fresh local-cpu cluster right after pearld starts (as the
+    controller's first plans leave it): worker 1 starts in the background on a dedicated GPU,
+    and a borrow lends the training worker's GPUs to two more (its add steps wait for the lend).
+    """
+    return {
+        "seq": 5,
+        "workers": [
+            worker(0, "training", [0, 1], "overlap", "transitioning"),
+            worker(1, "colocated", [2], "dedicated", "transitioning"),
+        ],
+        "mode": "colocated",
+        "N_P": 0,
+        "N_D": 0,
+        "N_C": 0,
+        "tp": 1,
+        "gpus": {"training": [0, 1], "reserved": [2], "present": [], "reclaiming": []},
+        "phase": "idle",
+        "training_step": 0,
+        "weights_version": 0,
+        "plan": {
+            "plan": 2,
+            "cause": "expand",
+            "target": {"mode": "colocated", "N_P": 0, "N_D": 0, "N_C": 3},
+            "steps": [
+                step("lend", 0),
+                step("add", 2, "colocated", (0,)),
+                step("add", 3, "colocated", (1,)),
+            ],
+            "done": [],
+        },
+        "budget": {
+            "dedicated_gpus": 1,
+            "training_gpus": 2,
+            "lent": False,
+            "workers": 3,
+            "stranded_gpus": [],
+        },
+        "transitions": [
+            {"plan": 2, "cause": "expand", "target": "3C", "steps": 3, "done": 0, "aborting": None}
+        ],
+        "training_may_proceed": 0,
+        "profile": None,
+        "decision": None,
+        "measured_makespan_s": None,
+        "gate": None,
+        "borrow": {"current": None, "last": None},
+        "failed": [],
+        "quarantined_gpus": [],
+        "boot_id": "0123456789abcdef",
+        "controller_recoveries": 0,
+    }
 
 
 def line(mapping: dict[str, Any], engine: str = "vllm", starting_s: float = 0.0) -> str:
@@ -56,7 +107,7 @@ def test_the_line_says_how_many_vllm_servers_are_starting_and_for_how_long(
 def test_every_rollout_worker_coming_up_counts_and_nothing_else_does(
     first_status: dict[str, Any],
 ) -> None:
-    m = copy.deepcopy(first_status)
+    m = first_status
     [trainer] = [w for w in m["workers"] if w["role"] == "training"]
     # The borrow's two workers are now starting too (the plan's add steps, not done).
     for step in m["plan"]["steps"]:
@@ -78,7 +129,7 @@ def test_every_rollout_worker_coming_up_counts_and_nothing_else_does(
 def test_once_the_servers_serve_the_line_shows_the_last_event_again(
     first_status: dict[str, Any],
 ) -> None:
-    m = copy.deepcopy(first_status)
+    m = first_status
     for w in m["workers"]:
         w["activity"] = "active"
     m["plan"], m["transitions"] = None, []
