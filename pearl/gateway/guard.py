@@ -32,6 +32,8 @@ from collections.abc import Iterable
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from pearl.gateway.errors import error_body
+
 log = logging.getLogger("pearl.gateway")
 
 GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/generate"})
@@ -47,8 +49,6 @@ async def send_error(
     code: str | None = None,
     headers: Iterable[tuple[bytes, bytes]] = (),
 ) -> None:
-    from pearl.gateway.app import error_body  # the gateway's one error body (app imports us)
-
     payload = json.dumps(error_body(message, status, code=code)).encode()
     head = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(payload))]
     if status == 401:

@@ -1,0 +1,143 @@
+"""A response as the backend's deltas arrive: its tokens (:class:`Acc`) and its text.
+
+:func:`deltas` is the backend's stream for a :class:`~pearl.gateway.jobs.Job`, cut at its first
+stop string; :func:`texts` is the one streaming loop chat and completions share: each delta with
+the text it adds (detokenized incrementally, a final stop token left out, a stop string held
+back until it is settled and then cut). Token-exact: ``Acc.ids`` are every generated id, the
+stop token included; weight versions are ``[(first token index, version), ...]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field, replace
+
+from pearl.gateway import protocol as p
+from pearl.gateway import stops as stops_mod
+from pearl.gateway.backend import Delta, GatewayError, Tokenizer
+from pearl.gateway.context import Context
+from pearl.gateway.jobs import Job
+
+
+@dataclass(frozen=True, kw_only=True)
+class Extras:
+    """What a response carries beyond its text, as the request asked."""
+
+    token_ids: bool = False  # the prompt's and the response's token ids
+    logprobs: bool = False  # the sampled tokens' logprobs
+    usage: bool = False  # a stream ends with a usage chunk (stream_options.include_usage)
+
+
+@dataclass
+class Acc:
+    """A response's tokens as its deltas arrive."""
+
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[tuple[int, int]] = field(default_factory=list)
+    last_version: int = 0
+    finish: str | None = None
+    recomputed: int = 0
+    migrations: int = 0
+
+    def add(self, d: Delta) -> None:
+        if len(d.logprobs) != len(d.token_ids):
+            raise GatewayError(
+                "the backend sent a delta whose logprobs do not match its tokens",
+                500,
+                "server_error",
+            )
+        if d.token_ids and (not self.versions or self.versions[-1][1] != d.weight_version):
+            self.versions.append((len(self.ids), d.weight_version))
+        self.ids.extend(d.token_ids)
+        self.logprobs.extend(d.logprobs)
+        self.last_version = d.weight_version
+        self.finish = d.finish_reason
+        self.recomputed += d.recomputed_tokens
+        self.migrations += d.migrations
+
+    def usage(self, prompt_tokens: int) -> p.Usage:
+        n = len(self.ids)
+        return p.Usage(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=n,
+            total_tokens=prompt_tokens + n,
+            recomputed_tokens=self.recomputed,
+            migrations=self.migrations,
+        )
+
+    def versions_out(self) -> list[tuple[int, int]]:
+        return self.versions or [(0, self.last_version)]
+
+
+class Detok:
+    """Incremental detokenizer: the text that ids add as they arrive. It decodes a window (the
+    ids since the last emission but one) and holds back an incomplete character (a trailing
+    U+FFFD) until the next ids complete it, so the cost per delta does not grow with the
+    response."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tok = tokenizer
+        self.ids: list[int] = []
+        self.prefix = self.read = 0  # window start; end of the ids already emitted
+
+    def push(self, ids: Sequence[int], final: bool = False) -> str:
+        self.ids.extend(ids)
+        before = self.tok.decode(self.ids[self.prefix : self.read])
+        after = self.tok.decode(self.ids[self.prefix :])
+        if len(after) <= len(before) or (after.endswith("\ufffd") and not final):
+            return ""
+        self.prefix, self.read = self.read, len(self.ids)
+        return str(after[len(before) :])
+
+
+async def deltas(ctx: Context, j: Job) -> AsyncIterator[Delta]:
+    """The backend's deltas up to the one that finishes; the backend's generator is closed
+    however this ends (a client that left, an error)."""
+    it = ctx.backend.generate(j.rid, j.prompt_ids, j.sampling, j.session)
+    seen: list[int] = []
+    try:
+        async for d in it:
+            if j.stop and d.token_ids:
+                k = stops_mod.stop_at(ctx.tok, seen, d.token_ids, j.stop)
+                if k is not None:  # ends here; closing `it` aborts the rest in the pool
+                    ids, lps = d.token_ids[:k], d.logprobs[:k]
+                    d = replace(d, token_ids=ids, logprobs=lps, finish_reason="stop")
+            seen.extend(d.token_ids)
+            yield d
+            if d.finish_reason is not None:
+                return
+    finally:
+        aclose = getattr(it, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    raise GatewayError(
+        "the backend ended the response without a finish reason", 500, "server_error"
+    )
+
+
+async def collect(ctx: Context, j: Job) -> Acc:
+    """The whole response."""
+    acc = Acc()
+    async for d in deltas(ctx, j):
+        acc.add(d)
+    return acc
+
+
+def final_text(ctx: Context, j: Job, acc: Acc) -> str:
+    """The whole response's text: without a final stop token, cut at a stop string."""
+    return stops_mod.cut(ctx.tok.decode(j.text_ids(acc.ids, True, acc.finish)), j.stop)
+
+
+async def texts(ctx: Context, j: Job, acc: Acc) -> AsyncIterator[tuple[Delta, str]]:
+    """Each delta (added to ``acc``) with the text it adds to the response: the streaming loop
+    of chat and completions, which differ only in the chunks they make of it."""
+    detok, stopper = Detok(ctx.tok), stops_mod.StopText(j.stop)
+    async for d in deltas(ctx, j):
+        acc.add(d)
+        final = d.finish_reason is not None
+        text = detok.push(j.text_ids(d.token_ids, final, d.finish_reason), final)
+        yield d, stopper.push(text, final)
+
+
+__all__ = ["Acc", "Detok", "Extras", "collect", "deltas", "final_text", "texts"]

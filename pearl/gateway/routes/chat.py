@@ -1,0 +1,172 @@
+"""OpenAI's ``POST /v1/chat/completions``, streamed or not, with tools.
+
+The messages are rendered with the model's chat template (:mod:`pearl.gateway.chat`); with
+tools, the model's ``<tool_call>`` blocks come back as ``tool_calls`` with the finish reason
+``tool_calls``. A stream sends a role chunk, then the text as it settles (held back from the
+first ``<tool_call>``), then the calls, a finish chunk and, if asked, a usage chunk.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from pearl.gateway import chat as chat_mod
+from pearl.gateway import protocol as p
+from pearl.gateway import stops as stops_mod
+from pearl.gateway.context import Context
+from pearl.gateway.errors import refuse
+from pearl.gateway.jobs import Job, check_common, job, session_of
+from pearl.gateway.output import Acc, Extras, collect, final_text, texts
+from pearl.gateway.sse import EventStream
+
+
+def check(req: p.ChatRequest) -> None:
+    """What chat refuses beyond what all generation refuses."""
+    if req.top_logprobs:
+        raise refuse(
+            "top_logprobs is not supported (only the sampled tokens' logprobs: logprobs=true)",
+            "top_logprobs",
+        )
+    if req.response_format and req.response_format.get("type") != "text":
+        raise refuse("response_format is not supported (only type 'text')", "response_format")
+    if req.tool_choice not in (None, "auto", "none"):
+        raise refuse("tool_choice must be 'auto' or 'none'", "tool_choice")
+    if req.max_tokens is not None and req.max_completion_tokens is not None:
+        raise refuse("give max_tokens or max_completion_tokens, not both", "max_tokens")
+
+
+def prompt_ids(ctx: Context, req: p.ChatRequest) -> list[int]:
+    """The chat rendered with the model's template, as token ids."""
+    messages = chat_mod.message_dicts(req.messages)
+    tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+    extra = dict(req.chat_template_kwargs or {})
+    eos_id = ctx.tok.eos_id
+    extra.setdefault("eos_token", ctx.token_text(eos_id) if eos_id >= 0 else "")
+    text = chat_mod.render(ctx.backend.chat_template, messages, tools, extra)
+    return list(ctx.tok.encode(text))
+
+
+def logprobs(ctx: Context, ids: Sequence[int], lps: Sequence[float]) -> p.ChoiceLogprobs:
+    content = []
+    for i, lp in zip(ids, lps, strict=True):
+        t = ctx.token_text(i)
+        content.append(p.TokenLogprob(token=t, logprob=lp, bytes=list(t.encode())))
+    return p.ChoiceLogprobs(content=content)
+
+
+async def create(ctx: Context, req: p.ChatRequest, request: Request) -> Any:
+    """The response to ``req``: a JSON body, or a stream of chunks."""
+    check_common(ctx, req)
+    check(req)
+    use_tools = bool(req.tools) and req.tool_choice != "none"
+    j = job(
+        ctx,
+        "chatcmpl",
+        prompt_ids(ctx, req),
+        max_tokens=req.max_completion_tokens or req.max_tokens,
+        param="max_completion_tokens" if req.max_completion_tokens else "max_tokens",
+        temperature=req.temperature,
+        top_p=req.top_p,
+        seed=req.seed,
+        stop_ids=req.stop_token_ids,
+        session=session_of(request, req.user),
+        eos=not req.ignore_eos,
+        stop=stops_mod.stops_of(req.stop, "stop"),
+        prompt_param="messages",
+    )
+    want = Extras(
+        token_ids=bool(req.return_token_ids),
+        logprobs=bool(req.logprobs),
+        usage=bool(req.stream_options and req.stream_options.include_usage),
+    )
+    if req.stream:
+        return EventStream(chunks(ctx, j, req.model, want, use_tools))
+    resp = response(ctx, j, req.model, await collect(ctx, j), want, use_tools)
+    return JSONResponse(resp.model_dump(mode="json"))
+
+
+def response(
+    ctx: Context, j: Job, model: str, acc: Acc, want: Extras, use_tools: bool
+) -> p.ChatResponse:
+    """The whole response, its tool calls parsed out of its text when ``use_tools``."""
+    out = final_text(ctx, j, acc)
+    content, calls = chat_mod.parse_tool_calls(out) if use_tools else (out, [])
+    tool_calls = [
+        p.ResponseToolCall(id=c.id, function=p.ResponseFunction(name=c.name, arguments=c.arguments))
+        for c in calls
+    ]
+    return p.ChatResponse(
+        id=j.rid,
+        created=int(time.time()),
+        model=model,
+        usage=acc.usage(len(j.prompt_ids)),
+        prompt_token_ids=j.prompt_ids if want.token_ids else None,
+        choices=[
+            p.ChatChoice(
+                message=p.ResponseMessage(content=content, tool_calls=tool_calls or None),
+                finish_reason="tool_calls" if calls else str(acc.finish),
+                logprobs=logprobs(ctx, acc.ids, acc.logprobs) if want.logprobs else None,
+                token_ids=acc.ids if want.token_ids else None,
+                weight_version=acc.last_version,
+                weight_versions=acc.versions_out(),
+            )
+        ],
+    )
+
+
+async def chunks(
+    ctx: Context, j: Job, model: str, want: Extras, use_tools: bool
+) -> AsyncIterator[p.ChatChunk]:
+    """The stream's chunks: the role, the text as it settles, the tool calls, the finish."""
+    now = int(time.time())
+
+    def chunk(**choice: Any) -> p.ChatChunk:
+        return p.ChatChunk(id=j.rid, created=now, model=model, choices=[p.ChunkChoice(**choice)])
+
+    first = chunk(delta=p.ChunkDelta(role="assistant", content=""))
+    if want.token_ids:
+        first.prompt_token_ids = j.prompt_ids
+    yield first
+    acc, held = Acc(), chat_mod.ToolStream() if use_tools else None
+    async for d, text in texts(ctx, j, acc):
+        if held is not None:
+            text = held.feed(text)
+        if text or want.token_ids or want.logprobs:
+            yield chunk(
+                delta=p.ChunkDelta(content=text),
+                logprobs=logprobs(ctx, d.token_ids, d.logprobs) if want.logprobs else None,
+                token_ids=list(d.token_ids) if want.token_ids else None,
+                weight_version=d.weight_version,
+            )
+    calls: list[chat_mod.ParsedCall] = []
+    if held is not None:
+        rest, calls = held.finish()
+        if rest:
+            yield chunk(delta=p.ChunkDelta(content=rest))
+        for k, c in enumerate(calls):
+            function = p.DeltaFunction(name=c.name, arguments=c.arguments)
+            call = p.DeltaToolCall(index=k, id=c.id, type="function", function=function)
+            yield chunk(delta=p.ChunkDelta(tool_calls=[call]))
+    finish = "tool_calls" if calls else str(acc.finish)
+    yield chunk(delta=p.ChunkDelta(), finish_reason=finish, weight_version=acc.last_version)
+    if want.usage:
+        usage = acc.usage(len(j.prompt_ids))
+        yield p.ChatChunk(id=j.rid, created=now, model=model, choices=[], usage=usage)
+
+
+def router(ctx: Context) -> APIRouter:
+    r = APIRouter()
+
+    @r.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(req: p.ChatRequest, request: Request) -> Any:
+        return await create(ctx, req, request)
+
+    return r
+
+
+__all__ = ["check", "chunks", "create", "logprobs", "prompt_ids", "response", "router"]
