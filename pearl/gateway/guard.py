@@ -12,7 +12,8 @@ pool:
    which a page cannot send without a CORS preflight.
 5. **Requests** (429 + ``Retry-After``): at most ``max_requests`` generation requests
    (:data:`GENERATION_PATHS`), streamed or not, at once. A slot is held from here until the
-   response ends, however it ends.
+   response ends, however it ends (freed as its last message goes out, so a client that has
+   its answer can send the next request at once).
 6. **Body**: over ``max_body_bytes`` (declared or not) is 413; not all there within
    ``body_timeout_s`` is 408. Both close the connection.
 7. The app runs; when the client leaves before its response ended, the app's task is
@@ -27,7 +28,7 @@ import hmac
 import ipaddress
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -159,16 +160,27 @@ class Guard:
                 )
                 return
             self.active += 1
+        held = counted
+
+        def release() -> None:
+            nonlocal held
+            if held:
+                held, self.active = False, self.active - 1
+
         try:
-            await self.serve(scope, receive, send, headers)
+            await self.serve(scope, receive, send, headers, release)
         finally:
-            if counted:
-                self.active -= 1
+            release()
 
     async def serve(
-        self, scope: Scope, receive: Receive, send: Send, headers: dict[bytes, bytes]
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        headers: dict[bytes, bytes],
+        release: Callable[[], None],
     ) -> None:
-        """Checks 6 and 7 of the module."""
+        """Checks 6 and 7 of the module; ``release`` frees the request's slot."""
         too_big = f"request body over {self.max_body} bytes"
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body:
@@ -187,7 +199,7 @@ class Guard:
         if status == "big":
             await send_error(send, 413, too_big, headers=CLOSE)
             return
-        await self.run(scope, b"".join(chunks), receive, send)
+        await self.run(scope, b"".join(chunks), receive, send, release)
 
     async def read_body(self, receive: Receive, chunks: list[bytes]) -> str:
         """The body into ``chunks``: "ok", "big" (over the bound) or "gone" (the client left)."""
@@ -204,8 +216,17 @@ class Guard:
             more = msg.get("more_body", False)
         return "ok"
 
-    async def run(self, scope: Scope, body: bytes, receive: Receive, send: Send) -> None:
-        """The app on ``body``, cancelled when the client leaves before the response ended."""
+    async def run(
+        self,
+        scope: Scope,
+        body: bytes,
+        receive: Receive,
+        send: Send,
+        release: Callable[[], None],
+    ) -> None:
+        """The app on ``body``, cancelled when the client leaves before the response ended.
+        The slot is released before the response's last message is sent: a client that has
+        its whole answer may send the next request at once, while the app is still unwinding."""
         replayed = started = finished = False
 
         async def replay() -> Message:
@@ -220,6 +241,7 @@ class Guard:
             started = started or msg["type"] == "http.response.start"
             if msg["type"] == "http.response.body" and not msg.get("more_body", False):
                 finished = True
+                release()
             await send(msg)
 
         task = asyncio.ensure_future(self.app(scope, replay, tracked))
