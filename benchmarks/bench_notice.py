@@ -17,7 +17,7 @@ router's load on them is printed): otherwise the baseline proves nothing.
   much shorter in real seconds (the pearld deadlines and the notice rules run on the wall clock,
   so a 30 s notice at x0.1 is a 3 s wall-clock notice).
 - ``--engine torch``: ``configs/local-cpu.toml``, tiny Qwen3 on the torch engine, every slot a
-  fixed-capacity virtual device (``engine.device_share``), 3 reserved + 2 preemptible workers,
+  fixed-capacity virtual device (``engine.torch.device_share``), 3 reserved + 2 preemptible workers,
   1 reclaimed; notices in real seconds (``--torch-notices``, default 30 s and 3 s: a notice
   shorter than a turn, so that the early migration is exercised). Generations are long
   (``rl.max_new_tokens=256``) on slow devices, so that turns are in flight on every worker when
@@ -123,7 +123,7 @@ def sim_setup(scale: float, small: bool = False) -> Setup:
             "workload.group_size=4",
             "rl.max_turns=4",
             "rl.max_new_tokens=256",
-            f"engine.time_scale={scale}",
+            f"engine.sim.time_scale={scale}",
         ),
         added=tuple(range(8, 16)),
         reclaimed=(8, 9, 10, 11),
@@ -156,7 +156,7 @@ def torch_setup(notices: tuple[float, ...], share: float) -> Setup:
             "workload.max_trajectory_tokens=1024",
             "rl.max_turns=2",
             "rl.max_new_tokens=256",
-            f"engine.device_share={share}",
+            f"engine.torch.device_share={share}",
         ),
         added=(4, 5),
         reclaimed=(5,),

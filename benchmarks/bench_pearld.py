@@ -65,7 +65,7 @@ def small_sets(workers: int, preemptible: int = 4) -> list[str]:
         f"cluster.reserved_gpus=0-{n - 1}",
         f"cluster.preemptible_gpus={n}-{n + preemptible - 1}",
         "daemon.borrow=never",
-        "engine.time_scale=0.0005",
+        "engine.sim.time_scale=0.0005",
         "daemon.heartbeat_s=0.5",
         "daemon.reconcile_grace_s=600",
     ]

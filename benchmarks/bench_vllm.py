@@ -147,11 +147,11 @@ def main() -> int:
         "cluster.preemptible_gpus=2",
         "cluster.initial_preemptible=2",
         "daemon.borrow=never",
-        f"engine.vllm_model_path={model}",
-        f"engine.vllm_tokenizer={tok}",
-        f"engine.vllm_port={port}",
-        "engine.vllm_max_model_len=2048",
-        "engine.vllm_kv_cache_mb=128",
+        f"engine.vllm.model_path={model}",
+        f"engine.vllm.tokenizer={tok}",
+        f"engine.vllm.port={port}",
+        "engine.vllm.max_model_len=2048",
+        "engine.vllm.kv_cache_mb=128",
     )
     rt = pearl.Runtime.from_config(
         ROOT / "configs" / "local-vllm.toml", state_dir=work / "state", overrides=overrides

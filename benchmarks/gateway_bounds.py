@@ -107,7 +107,7 @@ def start_pearld(tmp: Path, sets: list[str]) -> tuple[Pearld, int]:
     d = Pearld(
         tmp,
         [
-            "engine.time_scale=0.001",
+            "engine.sim.time_scale=0.001",
             "daemon.borrow=never",
             f"gateway.listen=127.0.0.1:{gport}",
             "gateway.model=pearl-sim",

@@ -15,7 +15,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--endpoint", help="a running pearld (default: PEARL in this process)")
-    ap.add_argument("--model", help="the Qwen3 directory the workers serve (engine.preset)")
+    ap.add_argument("--model", help="the Qwen3 directory the workers serve (engine.torch.preset)")
     args = ap.parse_args()
     if args.endpoint:
         rt = pearl.connect(args.endpoint)

@@ -90,7 +90,7 @@ def main() -> int:
             "--endpoint",
             endpoint,
             "--set",
-            "engine.time_scale=0.01",
+            "engine.sim.time_scale=0.01",
         ],
         stdout=subprocess.DEVNULL,
         stderr=open(tmp / "pearld.log", "wb"),  # noqa: SIM115 (the child owns it)

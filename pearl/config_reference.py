@@ -1,5 +1,7 @@
 """The configuration reference, docs/configuration.md, rendered from the schema in pearl.config.
 
+Each table has a section; a nested table (``[engine.vllm]``) has its own, after its parent's.
+
 A key's type and default come from its dataclass field, its description from the docstring
 under the field (a field without one is an error, so a new key cannot go undocumented).
 ``python -m pearl.config_reference`` rewrites the file; ``--check`` exits 1 when it differs, and
@@ -27,13 +29,15 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 HEADER = """\
 # Configuration reference
 
-<!-- Generated from pearl/config.py by `python -m pearl.config_reference`; do not edit. -->
+<!-- Generated from pearl/config/ by `python -m pearl.config_reference`; do not edit. -->
 
 pearld, `pearl` and the embedded `Runtime` read one TOML file (`--config FILE`; the defaults
 below when none is given) and then `--set section.key=value` overrides, whose value is read as a
 TOML literal (a bare word is a string). An unknown section or key, or a value of the wrong type
 or outside its choices, is an error that names where it came from and the closest valid name.
-GPU lists take an array of ids or a range string such as `"0-15"` or `"16-19,24"`.
+GPU lists take an array of ids or a range string such as `"0-15"` or `"16-19,24"`. Each
+engine's keys are in its own table under `[engine]`: `[engine.vllm]` in a file,
+`--set engine.vllm.port=31000` on the command line.
 `configs/` holds ready-made files: the CPU demo, the simulator at paper scale, SGLang, vLLM.
 """
 
@@ -102,8 +106,10 @@ def rows(cls: type, prefix: str) -> list[tuple[str, str, str, str]]:
     for f in dataclasses.fields(cls):
         key = f"{prefix}.{f.name}"
         if f.name not in docs:
-            raise ValueError(f"{key} has no docstring: add one under the field in pearl/config.py")
+            raise ValueError(f"{key} has no docstring: add one under the field in pearl/config/")
         tp = hints[f.name]
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+            continue  # a nested table: a section of its own (tables)
         if f.default is not dataclasses.MISSING:
             default = f.default
         elif f.default_factory is not dataclasses.MISSING:
@@ -121,19 +127,30 @@ def rows(cls: type, prefix: str) -> list[tuple[str, str, str, str]]:
     return out
 
 
+def tables(cls: type, name: str) -> list[tuple[str, type]]:
+    """(name, section) of ``cls`` at ``name`` and of its nested tables, parents first."""
+    out = [(name, cls)]
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+            out += tables(tp, f"{name}.{f.name}")
+    return out
+
+
 def reference() -> str:
     """The whole of docs/configuration.md."""
     parts = [HEADER]
     hints = typing.get_type_hints(C.Config)
     for section in dataclasses.fields(C.Config):
-        cls = hints[section.name]
-        doc = (inspect.getdoc(cls) or "").split("\n\n")
-        summary = "\n\n".join(markdown(p) for p in doc)
-        summary = summary.removeprefix(f"`[{section.name}]`: ")
-        summary = summary[:1].upper() + summary[1:]
-        parts.append(f"\n## [{section.name}]\n\n{summary}\n\n")
-        parts.append("| key | type | default | description |\n|---|---|---|---|\n")
-        parts += [f"| `{k}` | {t} | {d} | {doc} |\n" for k, t, d, doc in rows(cls, section.name)]
+        for name, cls in tables(hints[section.name], section.name):
+            doc = (inspect.getdoc(cls) or "").split("\n\n")
+            summary = "\n\n".join(markdown(p) for p in doc)
+            summary = summary.removeprefix(f"`[{name}]`: ")
+            summary = summary[:1].upper() + summary[1:]
+            parts.append(f"\n## [{name}]\n\n{summary}\n\n")
+            parts.append("| key | type | default | description |\n|---|---|---|---|\n")
+            parts += [f"| `{k}` | {t} | {d} | {doc} |\n" for k, t, d, doc in rows(cls, name)]
     return "".join(parts)
 
 
@@ -157,4 +174,4 @@ if __name__ == "__main__":
     raise SystemExit(main())
 
 
-__all__ = ["field_docs", "main", "reference"]
+__all__ = ["field_docs", "main", "reference", "tables"]

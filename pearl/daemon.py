@@ -146,7 +146,8 @@ def build_pipeline(cfg: config_mod.Config) -> Any:
     from pearl.tokenizer import load_tokenizer
 
     w, rl = cfg.workload, cfg.rl
-    model_dir = cfg.engine.preset if "/" in cfg.engine.preset else None
+    preset = cfg.engine.torch.preset
+    model_dir = preset if "/" in preset else None
     builder = PromptBuilder(load_tokenizer(model_dir), max_len=w.max_trajectory_tokens)
     env_kwargs = {"max_turns": rl.max_turns} if rl.max_turns else {}
     pc = PipelineConfig(
@@ -656,11 +657,11 @@ def check_engine(cfg: config_mod.Config) -> None:
     if e.kind is config_mod.EngineKind.VLLM:
         from pearl.engines.vllm.launch import preflight
 
-        preflight(e, local=cfg.daemon.launcher is not config_mod.Launcher.RAY)
+        preflight(e.vllm, local=cfg.daemon.launcher is not config_mod.Launcher.RAY)
     elif e.kind is config_mod.EngineKind.SGLANG:
         from pearl.engines.sglang.launch import spec_from_config
 
-        spec_from_config(e, cfg.cluster.tp, 0)
+        spec_from_config(e.sglang, cfg.cluster.tp, 0)
 
 
 def startup_error(e: Exception) -> str:

@@ -202,11 +202,10 @@ def _():
 
 @step("real sglang-router: colocated and PD routing")
 def _():
-    from types import SimpleNamespace
-
+    from pearl.config import SGLangConfig
     from pearl.engines.sglang import SGLangClient
     procs = launch_routers("127.0.0.1", PORT + 200)
-    cfg = SimpleNamespace(sglang_host="127.0.0.1", sglang_port=PORT, sglang_bootstrap_port=PORT + 100)
+    cfg = SGLangConfig(host="127.0.0.1", port=PORT, bootstrap_port=PORT + 100)
     link = SGLangRouterLink(f"http://127.0.0.1:{PORT + 200}", f"http://127.0.0.1:{PORT + 201}",
                             cfg, processes=procs)
     try:

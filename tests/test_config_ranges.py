@@ -20,14 +20,15 @@ from pearl.gateway.serve import read_api_key
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "sim-32.toml"
 
 
-def keys(kind: type) -> list[str]:
-    """Every ``section.key`` of the schema whose type is ``kind`` (optional or not)."""
+def keys(kind: type, cls: type = Config, prefix: str = "") -> list[str]:
+    """Every ``section.key`` (``engine.vllm.port`` in a nested table) of the schema whose type
+    is ``kind`` (optional or not)."""
     out = []
-    for sf in dataclasses.fields(Config):
-        section = typing.get_type_hints(Config)[sf.name]
-        for f, tp in typing.get_type_hints(section).items():
-            if tp is kind or set(typing.get_args(tp)) == {kind, type(None)}:
-                out.append(f"{sf.name}.{f}")
+    for f, tp in typing.get_type_hints(cls).items():
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+            out += keys(kind, tp, f"{prefix}{f}.")
+        elif tp is kind or set(typing.get_args(tp)) == {kind, type(None)}:
+            out.append(f"{prefix}{f}")
     return out
 
 
@@ -67,11 +68,17 @@ def test_every_float_key_must_be_finite(key: str, value: str) -> None:
 @pytest.mark.parametrize("key", keys(float))
 def test_a_section_built_in_code_is_checked_too(key: str) -> None:
     """The same rule holds for a Config built without TOML (an embedding trainer's)."""
-    section, name = key.split(".")
-    cfg = config_mod.load(CONFIG)
-    bad = dataclasses.replace(getattr(cfg, section), **{name: float("nan")})
+    *tables, name = key.split(".")
+
+    def spoil(section: object, path: list[str]) -> object:
+        if not path:
+            return dataclasses.replace(section, **{name: float("nan")})  # type: ignore[type-var]
+        inner = spoil(getattr(section, path[0]), path[1:])
+        return dataclasses.replace(section, **{path[0]: inner})  # type: ignore[type-var]
+
+    bad = spoil(config_mod.load(CONFIG), tables)
     with pytest.raises(ConfigError, match=rf"^{key} must be a finite number, got nan"):
-        dataclasses.replace(cfg, **{section: bad}).validate()
+        bad.validate()  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("key", [f"{s}.{k}" for s, ks in POSITIVE.items() for k in ks])

@@ -22,11 +22,15 @@ def test_every_key_has_a_row_with_its_default() -> None:
     text = ref.reference()
     hints = typing.get_type_hints(C.Config)
     for section in dataclasses.fields(C.Config):
-        for f in dataclasses.fields(hints[section.name]):
-            assert f"| `{section.name}.{f.name}` |" in text
+        for name, cls in ref.tables(hints[section.name], section.name):
+            for f, tp in typing.get_type_hints(cls).items():
+                nested = isinstance(tp, type) and dataclasses.is_dataclass(tp)
+                assert (f"## [{name}.{f}]" if nested else f"| `{name}.{f}` |") in text
     assert '| `engine.kind` | `sim` \\| `torch` \\| `sglang` \\| `vllm` | `"sim"` |' in text
     assert '| `cluster.training_gpus` | GPU ids | `"0-15"` |' in text
     assert "| `cluster.nodes[].label` | string |" in text
+    assert '| `engine.vllm.model_path` | string | `""` |' in text
+    assert "| `engine.torch.device_share` | float, optional | unset |" in text
 
 
 def test_a_key_without_a_description_is_an_error() -> None:

@@ -154,7 +154,7 @@ def test_the_report_holds_evals_records_and_both_new_plots(tmp_path: Path) -> No
 
 def test_the_seed_fixes_tasks_sampling_and_weights_and_evals_end_the_run() -> None:
     assert seeded((), None) == ()
-    assert seeded(("a.b=1",), 5) == ("a.b=1", "rl.seed=5", "engine.seed=5")
+    assert seeded(("a.b=1",), 5) == ("a.b=1", "rl.seed=5", "engine.torch.seed=5")
     every4 = Learning(eval_every=4)
     assert [s for s in range(1, 11) if eval_due(every4, s, last=10)] == [4, 8, 10]
     assert not eval_due(None, 4, last=10) and not eval_due(Learning(eval_every=0), 10, last=10)

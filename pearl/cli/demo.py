@@ -23,7 +23,7 @@ def register(subparsers: Any) -> None:
         "--seed",
         type=int,
         help="fixes tasks, sampling and initial weights "
-        "(rl.seed and engine.seed; default: the config's)",
+        "(rl.seed and engine.torch.seed; default: the config's)",
     )
     p.add_argument(
         "--no-warm-start",

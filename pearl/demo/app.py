@@ -29,6 +29,7 @@ from pearl.demo.live import Counts, counts, live_line, starting_workers
 from pearl.runtime import Runtime, RuntimeStats
 
 if TYPE_CHECKING:
+    from pearl.config import Config
     from pearl.rl.pipeline import StepReport
 
 LIVE_S = 1.0  # live view period
@@ -367,7 +368,7 @@ def predict_batch(profile: WorkloadProfile | None, report: StepReport) -> float 
 def virtual_devices(
     config: str | Path | None, overrides: tuple[str, ...] = ()
 ) -> tuple[tuple[str, ...], dict[str, Any]]:
-    """The demo's virtual devices (:mod:`pearl.engines.device`): ``engine.device_share`` as
+    """The demo's virtual devices (:mod:`pearl.engines.device`): ``engine.torch.device_share`` as
     configured, else sized so that all slots together stay within 90% of the cores found. Returns
     the overrides that set it, and what it is (``slots``, ``share``, ``cores``, ``line``)."""
     from pearl import config as config_mod
@@ -377,14 +378,14 @@ def virtual_devices(
     c = cfg.cluster
     slots = len(c.training_gpus) + len(c.reserved_gpus) + len(c.preemptible_gpus)
     cores = available_cores()
-    share = cfg.engine.device_share
+    share = cfg.engine.torch.device_share
     if cfg.engine.kind is not config_mod.EngineKind.TORCH:
         line = f"virtual devices: none (engine.kind = {cfg.engine.kind})"
         return overrides, {"slots": slots, "share": None, "cores": cores, "line": line}
     sized = share is None
     if share is None:
         share = default_share(slots, cores)
-        overrides = (*overrides, f"engine.device_share={share}")
+        overrides = (*overrides, f"engine.torch.device_share={share}")
     line = (
         f"virtual devices: {slots} slots x {share:g} core = {slots * share:.3g} of {cores} cores"
         + (" (sized to this machine)" if sized else "")
@@ -431,7 +432,7 @@ def run(
     records: list[StepRecord] = []
     training: list[tuple[float, float]] = []  # per record: Training Begin -> the step's end
     rt.start()
-    share = cfg.engine.device_share  # the trainer holds all training slots on one thread
+    share = cfg.engine.torch.device_share  # the trainer holds all training slots on one thread
     trainer = GRPOTrainer(
         **learn.model_kwargs(cfg),
         lr=lr,
@@ -594,7 +595,7 @@ def pipeline_counts(stats: RuntimeStats) -> dict[str, int]:
 
 def write_report(
     out: Path,
-    cfg: Any,
+    cfg: Config,
     records: list[StepRecord],
     timeline: Timeline,
     interrupted: bool,
@@ -617,7 +618,7 @@ def write_report(
         "mean_return_s": sum(returns) / len(returns) if returns else 0.0,
         "max_return_s": max(returns, default=0.0),
         "policy": {"pd": cfg.daemon.pd, "borrow": cfg.daemon.borrow},
-        "device_share": cfg.engine.device_share,  # of one core per slot; None: unthrottled
+        "device_share": cfg.engine.torch.device_share,  # of one core per slot; None: unthrottled
         # No fault is injected: every host declared dead for silence was a false alarm.
         "missed_heartbeats": (deaths or {}).get("missed heartbeats", 0),
         "host_deaths": deaths or {},

@@ -11,10 +11,14 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pearl.config import EngineKind
+from pearl.config import Config, EngineKind
 from pearl.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pearl.rl.heldout import BackgroundEval
+    from pearl.rl.warmstart import WarmStartConfig
 
 
 @dataclass(frozen=True)
@@ -36,18 +40,18 @@ class Prepared:
 
 def seeded(overrides: tuple[str, ...], seed: int | None) -> tuple[str, ...]:
     """``--seed N``: the task set and sampling (``rl.seed``) and the initial weights
-    (``engine.seed``); the trace is a fixed segment and needs none."""
+    (``engine.torch.seed``); the trace is a fixed segment and needs none."""
     if seed is None:
         return overrides
-    return (*overrides, f"rl.seed={seed}", f"engine.seed={seed}")
+    return (*overrides, f"rl.seed={seed}", f"engine.torch.seed={seed}")
 
 
-def warm_start_config(cfg: Any, learning: Learning) -> Any:
+def warm_start_config(cfg: Config, learning: Learning) -> WarmStartConfig:
     from pearl.rl.warmstart import WarmStartConfig
 
     return WarmStartConfig(
         env=cfg.rl.env,
-        preset=cfg.engine.preset,
+        preset=cfg.engine.torch.preset,
         seed=cfg.rl.seed,
         train_tasks=cfg.rl.tasks,
         held_out=learning.eval_tasks,
@@ -72,12 +76,12 @@ def prepare(
         overrides = (f"rl.env={learning.env}", *overrides)
     cfg = config_mod.load(config, list(overrides))
     if learning is None or not learning.warm_start:
-        model_dir = cfg.engine.preset if "/" in cfg.engine.preset else ""
+        model_dir = cfg.engine.torch.preset if "/" in cfg.engine.torch.preset else ""
         return Prepared((*overrides, *for_vllm(cfg, model_dir, out)), model_dir)
-    if cfg.engine.kind not in (EngineKind.TORCH, EngineKind.VLLM) or "/" in cfg.engine.preset:
+    if cfg.engine.kind not in (EngineKind.TORCH, EngineKind.VLLM) or "/" in cfg.engine.torch.preset:
         raise ConfigError(
             f"the warm start trains a preset of the torch engine's models; this config has "
-            f"engine.kind = {cfg.engine.kind.value!r}, preset = {cfg.engine.preset!r}. "
+            f"engine.kind = {cfg.engine.kind.value!r}, preset = {cfg.engine.torch.preset!r}. "
             "Pass --no-warm-start"
         )
     if cfg.rl.env != "tool_use_counts":
@@ -108,40 +112,42 @@ def prepare(
             for k in ("steps", "validation", "reached_target", "demo_s", "train_s", "python_demos")
         },
     }
-    model = (f"engine.preset={ws.path}", *for_vllm(cfg, str(ws.path), out))
+    model = (f"engine.torch.preset={ws.path}", *for_vllm(cfg, str(ws.path), out))
     return Prepared((*overrides, *model), str(ws.path), info)
 
 
-def for_vllm(cfg: Any, model_dir: str, out: Path) -> tuple[str, ...]:
+def for_vllm(cfg: Config, model_dir: str, out: Path) -> tuple[str, ...]:
     """vLLM workers serve what the trainer trains: the model directory (or the preset's seeded
     weights, written as one), with the byte tokenizer beside it. Nothing for other engines, or
     when the config names its own vLLM model."""
-    if cfg.engine.kind is not EngineKind.VLLM or cfg.engine.vllm_model_path:
+    if cfg.engine.kind is not EngineKind.VLLM or cfg.engine.vllm.model_path:
         return ()
     from pearl.engines.vllm.checkpoint import byte_tokenizer, preset_dir
 
     root = out.parent / "vllm"
     root.mkdir(parents=True, exist_ok=True)
-    preset = cfg.engine.preset
+    preset = cfg.engine.torch.preset
     if not model_dir:
         model_dir = str(
-            preset_dir(preset, cfg.engine.seed, root / f"{preset}-seed{cfg.engine.seed}")
+            preset_dir(
+                preset, cfg.engine.torch.seed, root / f"{preset}-seed{cfg.engine.torch.seed}"
+            )
         )
-    served = f"engine.vllm_model_path={model_dir}"
+    served = f"engine.vllm.model_path={model_dir}"
     if (Path(model_dir) / "tokenizer.json").is_file():  # its own tokenizer, PEARL's pipeline's too
         return (served,)
     vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
     tok = byte_tokenizer(root / f"byte-tokenizer-{vocab}", vocab)
-    return (served, f"engine.vllm_tokenizer={tok}")
+    return (served, f"engine.vllm.tokenizer={tok}")
 
 
-def model_kwargs(cfg: Any) -> dict[str, Any]:
+def model_kwargs(cfg: Config) -> dict[str, Any]:
     """The GRPOTrainer arguments that build the model the workers serve at version 0."""
-    p = cfg.engine.preset
-    return {"model_path": p} if "/" in p else {"preset": p, "seed": cfg.engine.seed}
+    p = cfg.engine.torch.preset
+    return {"model_path": p} if "/" in p else {"preset": p, "seed": cfg.engine.torch.seed}
 
 
-def start_eval(cfg: Any, prepared: Prepared, learning: Learning | None) -> Any:
+def start_eval(cfg: Config, prepared: Prepared, learning: Learning | None) -> BackgroundEval | None:
     """A started background evaluator with the starting policy (step 0) submitted, or None."""
     if learning is None or learning.eval_every <= 0 or not cfg.rl.env:
         return None
@@ -155,8 +161,8 @@ def start_eval(cfg: Any, prepared: Prepared, learning: Learning | None) -> Any:
             cfg.rl.env,
             tasks,
             model_path=prepared.model_dir,
-            preset=cfg.engine.preset,
-            seed=cfg.engine.seed,
+            preset=cfg.engine.torch.preset,
+            seed=cfg.engine.torch.seed,
             max_len=cfg.workload.max_trajectory_tokens,
             max_new_tokens=cfg.rl.max_new_tokens,
             env_kwargs=env_kwargs,

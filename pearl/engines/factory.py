@@ -4,7 +4,7 @@
 worker costs what the decision engine's priors say); ``torch`` runs a real Qwen3-architecture model
 on CPU or CUDA; ``sglang`` launches and drives one SGLang server per worker (the ``sglang`` extra is
 needed where servers run, not here); ``vllm`` one vLLM server per worker, from the environment
-``engine.vllm_python`` names.
+``engine.vllm.python`` names.
 """
 
 from __future__ import annotations
@@ -42,34 +42,35 @@ def build_engine(
         from pearl.engines.sim import SimEngine
 
         return SimEngine(
-            cost=sim_cost(model, gpu, tp, vocab=cfg.sim_vocab, start_s=cfg.sim_start_s),
+            cost=sim_cost(model, gpu, tp, vocab=cfg.sim.vocab, start_s=cfg.sim.start_s),
             role=role,
             kv_channel=kv_channel,
-            time_scale=cfg.time_scale,
+            time_scale=cfg.sim.time_scale,
         )
     if cfg.kind is EngineKind.TORCH:
         from pearl.engines.torch import TorchEngine
 
-        preset, path = (cfg.preset, "") if "/" not in cfg.preset else ("tiny", cfg.preset)
+        t = cfg.torch
+        preset, path = (t.preset, "") if "/" not in t.preset else ("tiny", t.preset)
         return TorchEngine(
             role=role,
             kv_channel=kv_channel,
             preset=preset,
             model_path=path,
-            device=cfg.device,
-            threads=cfg.threads,
-            seed=cfg.seed,
-            kv_budget_bytes=int(cfg.kv_budget_mb * (1 << 20)),
+            device=t.device,
+            threads=t.threads,
+            seed=t.seed,
+            kv_budget_bytes=int(t.kv_budget_mb * (1 << 20)),
             # a worker of tp slots is tp virtual devices on its one thread
-            device_share=None if cfg.device_share is None else cfg.device_share * tp,
+            device_share=None if t.device_share is None else t.device_share * tp,
         )
     if cfg.kind is EngineKind.SGLANG:  # launches a server process; never imports sglang itself
         from pearl.engines.sglang import SGLangEngine, SGLangEngineConfig
         from pearl.engines.sglang.launch import first_gpu, spec_from_config
 
-        spec = spec_from_config(cfg, tp=tp, first_gpu=first_gpu())
+        spec = spec_from_config(cfg.sglang, tp=tp, first_gpu=first_gpu())
         return SGLangEngine(
-            SGLangEngineConfig(spec, startup_timeout_s=cfg.sglang_startup_timeout_s),
+            SGLangEngineConfig(spec, startup_timeout_s=cfg.sglang.startup_timeout_s),
             role=role,
             kv_channel=kv_channel,
         )
@@ -80,8 +81,8 @@ def build_engine(
 
         return VLLMEngine(
             VLLMEngineConfig(
-                vllm_spec(cfg, tp=tp, first_gpu=first_gpu()),
-                startup_timeout_s=cfg.vllm_startup_timeout_s,
+                vllm_spec(cfg.vllm, tp=tp, first_gpu=first_gpu()),
+                startup_timeout_s=cfg.vllm.startup_timeout_s,
             ),
             role=role,
             kv_channel=kv_channel,

@@ -37,6 +37,7 @@ from actors import names
 from actors.base import Directory
 from actors.messages import StateChanged
 from actors.rollout_client import Attempt, Completion, RolloutClient
+from pearl.config import Config
 from pearl.core import events as ev
 from pearl.core.bounds import event_fault
 from pearl.core.errors import LogWriteFailed, NoWorker, PearlError, RequestRefused
@@ -51,9 +52,9 @@ ASK_S = 30.0  # an event or a status answered by pearld's actors
 EVENTS: dict[str, type[ev.ElasticEvent]] = {t.KIND: t for t in ev.ELASTIC_EVENTS}
 
 
-def model_dir(cfg: Any) -> Path | None:
+def model_dir(cfg: Config) -> Path | None:
     """The engine's model directory, when its preset names one."""
-    preset = str(cfg.engine.preset)
+    preset = str(cfg.engine.torch.preset)
     return Path(preset) if "/" in preset and Path(preset).is_dir() else None
 
 
@@ -74,16 +75,16 @@ def load_chat_template(directory: Path | None) -> str | None:
     return template if isinstance(template, str) else None
 
 
-def served_model(cfg: Any) -> str:
+def served_model(cfg: Config) -> str:
     """The model id the gateway serves: ``gateway.model``, else the engine preset's name."""
     if cfg.gateway.model:
         return str(cfg.gateway.model)
-    return Path(str(cfg.engine.preset)).name or str(cfg.engine.preset)
+    return Path(str(cfg.engine.torch.preset)).name or str(cfg.engine.torch.preset)
 
 
-def served_vocab(cfg: Any, tokenizer: Any) -> int:
+def served_vocab(cfg: Config, tokenizer: Any) -> int:
     """The vocabulary of the model the workers serve, which every token id of a request must be
-    below: sim, ``engine.sim_vocab`` else the sim's own; vLLM and SGLang, their model directory's
+    below: sim, ``engine.sim.vocab`` else the sim's own; vLLM and SGLang, their model directory's
     ``config.json``; without one (and torch), the preset's, or its directory's. Where none says,
     the tokenizer's, else 2**63 (what a worker host can be sent)."""
     e = cfg.engine
@@ -91,9 +92,9 @@ def served_vocab(cfg: Any, tokenizer: Any) -> int:
     if kind == "sim":
         from pearl.engines.sim import SimCost
 
-        return int(e.sim_vocab) or SimCost.vocab_size
-    preset = str(e.preset)
-    servers = {"vllm": e.vllm_model_path, "sglang": e.sglang_model_path}
+        return int(e.sim.vocab) or SimCost.vocab_size
+    preset = str(e.torch.preset)
+    servers = {"vllm": e.vllm.model_path, "sglang": e.sglang.model_path}
     directory = str(servers.get(kind) or (preset if "/" in preset else ""))
     if not directory:
         from pearl.engines.torch.model import PRESETS
@@ -125,7 +126,7 @@ class PoolBackend:
     def __init__(
         self,
         directory: Directory,
-        cfg: Any,
+        cfg: Config,
         tokenizer: Tokenizer | None = None,
         *,
         chat_template: str | None = None,

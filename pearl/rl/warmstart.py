@@ -6,7 +6,7 @@ expert's tool call, the sandbox's real result, the answer) for a few hundred tas
 in the held-out set; the model is trained on the generated tokens of those transcripts (the same
 token layout the rollout produces, :class:`~pearl.rl.prompt.PromptBuilder`) until it reproduces
 ``target`` of a validation set of demonstrations, then saved as a local model directory that the
-torch engine and the trainer load (``engine.preset = <dir>``). The directory is keyed by
+torch engine and the trainer load (``engine.torch.preset = <dir>``). The directory is keyed by
 everything that shapes it (preset, environment, task seeds, demonstrations, optimiser), so the
 second run loads it in a second.
 

@@ -32,8 +32,8 @@ TICK_S = 0.1
 HEARTBEAT_S = 0.5
 OVERRIDES = (
     "engine.kind=sim",
-    "engine.time_scale=0.5",  # a turn takes a few hundred ms: a kill lands mid-turn
-    "engine.sim_start_s=1",
+    "engine.sim.time_scale=0.5",  # a turn takes a few hundred ms: a kill lands mid-turn
+    "engine.sim.start_s=1",
     "cluster.initial_preemptible=3-4",  # three rollout hosts from the start
     "daemon.borrow=never",
     # Colocated: the survivors can serve the victim's turns at once. (Adaptive PD may pick 2P1D

@@ -45,7 +45,7 @@ sys.exit(daemon.main(argv))
     [
         ("configs/sim-32.toml", []),
         # the embedded default on the sim engine: its Pipeline Scheduler builds prompts too
-        ("configs/local-cpu.toml", ["engine.kind=sim", "engine.time_scale=0.001"]),
+        ("configs/local-cpu.toml", ["engine.kind=sim", "engine.sim.time_scale=0.001"]),
     ],
     ids=["sim-32", "local-cpu-sim"],
 )

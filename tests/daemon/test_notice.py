@@ -29,7 +29,7 @@ PIPELINE = [
     "workload.group_size=2",
     "rl.max_turns=3",
     "rl.max_new_tokens=16",
-    "engine.time_scale=0.05",
+    "engine.sim.time_scale=0.05",
 ]
 NOTICED = (8, 9)
 

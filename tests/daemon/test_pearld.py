@@ -313,7 +313,7 @@ def test_beyond_loopback_needs_curve_and_works_with_it(tmp_path: Path) -> None:
         "--set",
         "daemon.borrow=never",
         "--set",
-        "engine.time_scale=0.001",
+        "engine.sim.time_scale=0.001",
         "--set",
         "cluster.training_gpus=0-3",
         "--set",

@@ -214,9 +214,9 @@ VLLM_CONFIG = ROOT / "configs" / "local-vllm.toml"
 @pytest.mark.parametrize(
     "case, words",
     [
-        ("no-model", "engine.kind = 'vllm' needs engine.vllm_model_path"),
+        ("no-model", "engine.kind = 'vllm' needs engine.vllm.model_path"),
         ("not-a-model", "is not a model directory (no config.json there)"),
-        ("no-interpreter", "engine.vllm_python = '/nonexistent/bin/python' cannot be run"),
+        ("no-interpreter", "engine.vllm.python = '/nonexistent/bin/python' cannot be run"),
         ("no-vllm", "cannot import vllm"),
     ],
 )
@@ -231,13 +231,13 @@ def test_an_engine_that_cannot_start_anywhere_is_one_line_and_binds_nothing(
     if case != "not-a-model":
         (model / "config.json").write_text("{}")
     sets = {
-        "no-model": ["engine.vllm_model_path="],
-        "not-a-model": [f"engine.vllm_model_path={model}"],
+        "no-model": ["engine.vllm.model_path="],
+        "not-a-model": [f"engine.vllm.model_path={model}"],
         "no-interpreter": [
-            f"engine.vllm_model_path={model}",
-            "engine.vllm_python=/nonexistent/bin/python",
+            f"engine.vllm.model_path={model}",
+            "engine.vllm.python=/nonexistent/bin/python",
         ],
-        "no-vllm": [f"engine.vllm_model_path={model}", f"engine.vllm_python={sys.executable}"],
+        "no-vllm": [f"engine.vllm.model_path={model}", f"engine.vllm.python={sys.executable}"],
     }[case]
     d = Pearld(tmp_path, ["gateway.listen=127.0.0.1:0", *sets], config=VLLM_CONFIG)
     sock = tmp_path / "api.sock"
@@ -262,7 +262,7 @@ def test_a_worker_that_cannot_start_is_in_status_and_a_request_gets_503_in_time(
     d = Pearld(
         tmp_path,
         [
-            "engine.preset=nonexistent",
+            "engine.torch.preset=nonexistent",
             "rl.env=",
             f"gateway.listen=127.0.0.1:{port}",
             "gateway.request_timeout_s=3",

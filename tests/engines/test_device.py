@@ -161,8 +161,8 @@ def test_real_compute_is_held_at_the_share() -> None:
 
 def test_a_share_outside_0_1_is_a_config_error_naming_it() -> None:
     for bad in ("0", "-0.2", "1.5"):
-        with pytest.raises(ConfigError, match=rf"engine\.device_share = {bad}.*\(0, 1\]"):
-            config.load(ROOT / "configs" / "local-cpu.toml", [f"engine.device_share={bad}"])
+        with pytest.raises(ConfigError, match=rf"engine\.torch\.device_share = {bad}.*\(0, 1\]"):
+            config.load(ROOT / "configs" / "local-cpu.toml", [f"engine.torch.device_share={bad}"])
     with pytest.raises(ConfigError, match=r"device_share = 0.*\(0, 1\]"):
         VirtualDevice(0.0)
 
@@ -176,14 +176,15 @@ def test_shares_that_oversubscribe_the_cores_are_a_config_error(
         match=r"6 slots x 0.4 core = 2.40 cores, more than the 2 "
         r"cores here.*at most 0.333",
     ):
-        config.load(ROOT / "configs" / "local-cpu.toml", ["engine.device_share=0.4"])
-    cfg = config.load(ROOT / "configs" / "local-cpu.toml", ["engine.device_share=0.3"])
-    assert cfg.engine.device_share == 0.3
+        config.load(ROOT / "configs" / "local-cpu.toml", ["engine.torch.device_share=0.4"])
+    cfg = config.load(ROOT / "configs" / "local-cpu.toml", ["engine.torch.device_share=0.3"])
+    assert cfg.engine.torch.device_share == 0.3
     with pytest.raises(ConfigError, match="torch engine"):
-        config.load(ROOT / "configs" / "sim-32.toml", ["engine.device_share=0.01"])
-    with pytest.raises(ConfigError, match="engine.threads = 1"):
+        config.load(ROOT / "configs" / "sim-32.toml", ["engine.torch.device_share=0.01"])
+    with pytest.raises(ConfigError, match="engine.torch.threads = 1"):
         config.load(
-            ROOT / "configs" / "local-cpu.toml", ["engine.device_share=0.2", "engine.threads=2"]
+            ROOT / "configs" / "local-cpu.toml",
+            ["engine.torch.device_share=0.2", "engine.torch.threads=2"],
         )
     check_fits(0.18, 10, 2)
     assert default_share(10, 2) == 0.18 and default_share(6, 2) == 0.3

@@ -28,8 +28,8 @@ def test_an_embedded_runtime_serves_chat_completions_over_the_pool(tmp_path: Pat
         state_dir=tmp_path / "state",
         overrides=(
             "engine.kind=sim",
-            "engine.time_scale=0.05",
-            "engine.sim_start_s=1",
+            "engine.sim.time_scale=0.05",
+            "engine.sim.start_s=1",
             "rl.env=",
             "daemon.borrow=never",
             "daemon.tick_s=0.1",

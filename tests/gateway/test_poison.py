@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from pearl import config as C
 from pearl.gateway.pool import served_vocab
 from pearl.testing.pearld import ROOT, Pearld, free_port
 from pearl.testing.wait import wait_until
@@ -31,9 +32,23 @@ DOCS = ROOT / "docs" / "gateway.md"
 JSON = {"content-type": "application/json"}
 
 
-def engine(**kw: Any) -> Any:
-    base = dict(kind="torch", preset="tiny", sim_vocab=0, vllm_model_path="", sglang_model_path="")
-    return SimpleNamespace(engine=SimpleNamespace(**{**base, **kw}))
+def engine(
+    kind: str = "torch",
+    preset: str = "tiny",
+    sim_vocab: int = 0,
+    vllm_model_path: str = "",
+    sglang_model_path: str = "",
+) -> C.Config:
+    """A Config whose engine is ``kind`` with these keys of its tables."""
+    return C.Config(
+        engine=C.EngineConfig(
+            kind=kind,  # type: ignore[arg-type]
+            torch=C.TorchConfig(preset=preset),
+            sim=C.SimConfig(vocab=sim_vocab),
+            vllm=C.VllmConfig(model_path=vllm_model_path),
+            sglang=C.SGLangConfig(model_path=sglang_model_path),
+        )
+    )
 
 
 def test_the_served_vocabulary_is_the_models(tmp_path: Path) -> None:
@@ -62,7 +77,7 @@ def test_unencodable_ints_are_400s_and_pearld_and_its_hosts_live_on(tmp_path: Pa
     key.write_text("sk-test\n")
     port = free_port()
     d = Pearld(tmp_path, config=ROOT / "configs" / "local-cpu.toml", sets=[
-        "engine.kind=sim", "engine.time_scale=0.05", "engine.sim_start_s=1", "rl.env=",
+        "engine.kind=sim", "engine.sim.time_scale=0.05", "engine.sim.start_s=1", "rl.env=",
         "daemon.borrow=never", "daemon.tick_s=0.1", f"gateway.listen=127.0.0.1:{port}",
         f"gateway.api_key_file={key}", "gateway.model=pearl-sim"])  # fmt: skip
     try:

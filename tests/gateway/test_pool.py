@@ -177,8 +177,8 @@ def test_model_id_and_chat_template_come_from_the_config_and_model_directory(tmp
 
 SETS = (
     "engine.kind=sim",
-    "engine.time_scale=0.5",  # a turn takes a few hundred ms: events land mid-turn
-    "engine.sim_start_s=1",
+    "engine.sim.time_scale=0.5",  # a turn takes a few hundred ms: events land mid-turn
+    "engine.sim.start_s=1",
     "rl.env=",  # gateway-only traffic: no rollout pipeline
     "daemon.borrow=always",  # the training GPUs are lent between steps and come back
     "daemon.pd=colocated",  # a turn's worker is the one that generated it

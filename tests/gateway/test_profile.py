@@ -23,8 +23,8 @@ pytestmark = pytest.mark.slow
 
 SETS = (
     "engine.kind=sim",
-    "engine.time_scale=0.02",
-    "engine.sim_start_s=1",
+    "engine.sim.time_scale=0.02",
+    "engine.sim.start_s=1",
     "rl.env=",  # no rollout pipeline: the gateway's sessions are the only measurements
     "daemon.pd=colocated",
     "daemon.tick_s=0.1",

@@ -45,7 +45,7 @@ SETS = (
     # Long generations on slow devices keep the trajectories generating through both plans (a
     # worker host starts in seconds; 32 trajectories of 48 tokens a turn finish in about three).
     "rl.max_new_tokens=256",
-    "engine.device_share=0.15",
+    "engine.torch.device_share=0.15",
     "rl.temperature=0",  # greedy: a trajectory is a function of its task
 )
 
@@ -81,7 +81,7 @@ def alone(cfg: Any, trajectories: list[Any]) -> dict[str, Any]:
 
     tasks = {t.id: t for t in make_tasks(cfg.rl.env, n=cfg.rl.tasks, seed=cfg.rl.seed)}
     builder = PromptBuilder(load_tokenizer(None), max_len=cfg.workload.max_trajectory_tokens)
-    engine = TorchEngine(TorchEngineConfig(preset="tiny", seed=cfg.engine.seed))
+    engine = TorchEngine(TorchEngineConfig(preset="tiny", seed=cfg.engine.torch.seed))
     engine.start()
     try:
         generate = engine_generate(engine)

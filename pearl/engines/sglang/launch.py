@@ -11,9 +11,8 @@ import shlex
 import sys
 from dataclasses import dataclass, replace
 from importlib import metadata
-from typing import Any
 
-from pearl.config import RoleSwitch
+from pearl.config import RoleSwitch, SGLangConfig
 from pearl.core.errors import ConfigError
 from pearl.core.state import Role
 from pearl.engines.base import EngineError
@@ -66,7 +65,7 @@ def launch_command(spec: ServerSpec) -> list[str]:
     if spec.tp < 1:
         raise EngineError(f"tp must be >= 1, got {spec.tp}")
     if not spec.model_path:
-        raise EngineError("an SGLang server needs a model path (engine.sglang_model_path)")
+        raise EngineError("an SGLang server needs a model path (engine.sglang.model_path)")
     if spec.transfer_backend not in TRANSFER_BACKENDS:
         raise EngineError(
             f"transfer backend {spec.transfer_backend!r} is not one of "
@@ -104,13 +103,13 @@ def launch_command(spec: ServerSpec) -> list[str]:
 
 
 def split_args(text: str) -> tuple[str, ...]:
-    """``engine.sglang_extra_args`` (one shell-quoted string) -> argv items."""
+    """``engine.sglang.extra_args`` (one shell-quoted string) -> argv items."""
     return tuple(shlex.split(text))
 
 
-def worker_ports(cfg: Any, first: int) -> tuple[int, int]:
+def worker_ports(cfg: SGLangConfig, first: int) -> tuple[int, int]:
     """(server port, bootstrap port) of the worker whose first GPU is ``first``."""
-    return cfg.sglang_port + first, cfg.sglang_bootstrap_port + first
+    return cfg.port + first, cfg.bootstrap_port + first
 
 
 def installed_sglang() -> str | None:
@@ -122,7 +121,7 @@ def installed_sglang() -> str | None:
 
 
 def role_switch_wanted(setting: RoleSwitch | str, module: str) -> bool:
-    """``engine.sglang_role_switch``: on, off, or auto (the installed SGLang has it: 0.5.21+;
+    """``engine.sglang.role_switch``: on, off, or auto (the installed SGLang has it: 0.5.21+;
     the facade accepts the flag and decides by its pretended version)."""
     setting = RoleSwitch(setting)
     if setting is not RoleSwitch.AUTO:
@@ -133,26 +132,26 @@ def role_switch_wanted(setting: RoleSwitch | str, module: str) -> bool:
     return version is not None and supports_role_switch(version)
 
 
-def spec_from_config(cfg: Any, tp: int, first_gpu: int) -> ServerSpec:
-    """The ServerSpec of one worker from the ``[engine]`` section (an EngineConfig)."""
-    if not cfg.sglang_model_path:
+def spec_from_config(cfg: SGLangConfig, tp: int, first_gpu: int) -> ServerSpec:
+    """The ServerSpec of one worker from the ``[engine.sglang]`` table."""
+    if not cfg.model_path:
         raise ConfigError(
-            "engine.kind = 'sglang' needs engine.sglang_model_path: the model "
+            "engine.kind = 'sglang' needs engine.sglang.model_path: the model "
             "directory (or hub id) the SGLang servers load"
         )
     port, boot = worker_ports(cfg, first_gpu)
     return ServerSpec(
-        model_path=cfg.sglang_model_path,
+        model_path=cfg.model_path,
         tp=tp,
-        host=cfg.sglang_host,
+        host=cfg.host,
         port=port,
         bootstrap_port=boot,
-        transfer_backend=cfg.sglang_transfer_backend,
-        memory_saver=cfg.sglang_memory_saver,
-        weights_cpu_backup=cfg.sglang_weights_cpu_backup,
-        role_switch=role_switch_wanted(cfg.sglang_role_switch, cfg.sglang_module),
-        module=cfg.sglang_module,
-        extra_args=split_args(cfg.sglang_extra_args),
+        transfer_backend=cfg.transfer_backend,
+        memory_saver=cfg.memory_saver,
+        weights_cpu_backup=cfg.weights_cpu_backup,
+        role_switch=role_switch_wanted(cfg.role_switch, cfg.module),
+        module=cfg.module,
+        extra_args=split_args(cfg.extra_args),
     )
 
 

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from pearl.config import RouterKind
+from pearl.config import EngineConfig, RouterKind, SGLangConfig
 from pearl.core.state import Role, Worker
 from pearl.engines.base import EngineError, GenerateRequest, GenerateResult
 from pearl.engines.sglang import protocol as P
@@ -51,14 +51,14 @@ class WorkerEndpoint:
         return out
 
 
-def endpoints_of(workers: Iterable[Worker], cfg: Any) -> dict[str, WorkerEndpoint]:
+def endpoints_of(workers: Iterable[Worker], cfg: SGLangConfig) -> dict[str, WorkerEndpoint]:
     """The routable ones of ``workers`` (table rows), by server URL."""
     out: dict[str, WorkerEndpoint] = {}
     for w in workers:
         if not w.routable or w.role not in TYPES or not w.gpus:
             continue
         port, boot = worker_ports(cfg, min(w.gpus))
-        url = f"http://{cfg.sglang_host}:{port}"
+        url = f"http://{cfg.host}:{port}"
         kind = TYPES[w.role]
         out[url] = WorkerEndpoint(w.id, url, kind, boot if kind == "prefill" else None)
     return out
@@ -91,7 +91,7 @@ class SGLangRouterLink:
         self,
         regular_url: str,
         pd_url: str,
-        cfg: Any,
+        cfg: SGLangConfig,
         *,
         on_change: Callable[[], None] | None = None,
         request_timeout_s: float = 3600.0,
@@ -293,21 +293,22 @@ def launch_routers(host: str, port: int, python: str = "") -> tuple[ServerProces
 
 
 def link_from_config(
-    cfg: Any,
+    engine: EngineConfig,
     on_change: Callable[[], None] | None = None,
 ) -> SGLangRouterLink | None:
     """The link for ``engine.router = 'sglang-router'`` (launching both routers unless
-    ``engine.sglang_router_urls`` names running ones); None for PEARL's own Router."""
-    if cfg.router is not RouterKind.SGLANG_ROUTER:
+    ``engine.sglang.router_urls`` names running ones); None for PEARL's own Router."""
+    if engine.router is not RouterKind.SGLANG_ROUTER:
         return None
-    if cfg.sglang_router_urls:
-        regular, pd = (u.strip() for u in cfg.sglang_router_urls.split(","))
+    cfg = engine.sglang
+    if cfg.router_urls:
+        regular, pd = (u.strip() for u in cfg.router_urls.split(","))
         return SGLangRouterLink(regular, pd, cfg, on_change=on_change)
-    procs = launch_routers(cfg.sglang_host, cfg.sglang_router_port)
-    base = f"http://{cfg.sglang_host}:"
+    procs = launch_routers(cfg.host, cfg.router_port)
+    base = f"http://{cfg.host}:"
     return SGLangRouterLink(
-        base + str(cfg.sglang_router_port),
-        base + str(cfg.sglang_router_port + 1),
+        base + str(cfg.router_port),
+        base + str(cfg.router_port + 1),
         cfg,
         on_change=on_change,
         processes=procs,

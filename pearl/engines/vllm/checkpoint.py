@@ -7,7 +7,7 @@ server sees the ids PEARL's pipeline does. Ids past the three specials, up to th
 vocabulary, are placeholders (``<|extra_N|>``): an untrained model samples them, and a vLLM
 server that could not name them would fail the request.
 
-The tokenizer goes in a directory of its own (``engine.vllm_tokenizer``): in the model's, it
+The tokenizer goes in a directory of its own (``engine.vllm.tokenizer``): in the model's, it
 would make PEARL's pipeline read the model's prompts with it instead of its byte tokenizer.
 """
 

@@ -2,7 +2,7 @@
 
 :func:`launch_command` is pure: it turns a :class:`VLLMSpec` (the ``[engine]`` settings and the
 worker's port) into ``PYTHON -m vllm.entrypoints.openai.api_server ...``. The server runs from
-the Python the config names (``engine.vllm_python``), so vLLM may live in an environment of its
+the Python the config names (``engine.vllm.python``), so vLLM may live in an environment of its
 own; :func:`launch_env` adds what PEARL needs of it: the development endpoints (pause, resume,
 sleep, weight updates, ``collective_rpc``) and PEARL's worker extension on its import path.
 """
@@ -15,8 +15,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from pearl.config import VllmConfig
 from pearl.core.errors import ConfigError
 from pearl.engines.base import EngineError
 
@@ -41,7 +41,7 @@ class VLLMSpec:
     dtype: str = "bfloat16"
     max_model_len: int = 2048
     enforce_eager: bool = True  # no graph capture: seconds, not minutes, to start on CPUs
-    chunked_prefill: bool = False  # see EngineConfig.vllm_chunked_prefill
+    chunked_prefill: bool = False  # see VllmConfig.chunked_prefill
     sleep_mode: bool = False  # --enable-sleep-mode (CUDA): a lend frees the device memory
     # KV cache size. 0: vLLM's default, a fraction of the device's memory, which on CPUs is 92%
     # of the machine's: a second server (or the next after a crash) could not start.
@@ -65,7 +65,7 @@ def default_python() -> str:
 
 def launch_command(spec: VLLMSpec) -> list[str]:
     if not spec.model_path:
-        raise EngineError("a vLLM server needs a model directory (engine.vllm_model_path)")
+        raise EngineError("a vLLM server needs a model directory (engine.vllm.model_path)")
     if spec.tp < 1:
         raise EngineError(f"tp must be >= 1, got {spec.tp}")
     argv = [
@@ -117,28 +117,28 @@ def launch_env(spec: VLLMSpec, base: dict[str, str] | None = None) -> dict[str, 
     return env
 
 
-def spec_from_config(cfg: Any, tp: int, first_gpu: int) -> VLLMSpec:
-    """The VLLMSpec of one worker from the ``[engine]`` section (an EngineConfig). Ports are
+def spec_from_config(cfg: VllmConfig, tp: int, first_gpu: int) -> VLLMSpec:
+    """The VLLMSpec of one worker from the ``[engine.vllm]`` table. Ports are
     per worker, the base plus the worker's first GPU id, as for SGLang."""
-    if not cfg.vllm_model_path:
+    if not cfg.model_path:
         raise ConfigError(
-            "engine.kind = 'vllm' needs engine.vllm_model_path: the Hugging Face model "
+            "engine.kind = 'vllm' needs engine.vllm.model_path: the Hugging Face model "
             "directory the vLLM servers load"
         )
     return VLLMSpec(
-        model_path=cfg.vllm_model_path,
-        tokenizer=cfg.vllm_tokenizer,
+        model_path=cfg.model_path,
+        tokenizer=cfg.tokenizer,
         tp=tp,
-        host=cfg.vllm_host,
-        port=cfg.vllm_port + first_gpu,
-        dtype=cfg.vllm_dtype,
-        max_model_len=cfg.vllm_max_model_len,
-        enforce_eager=cfg.vllm_enforce_eager,
-        chunked_prefill=cfg.vllm_chunked_prefill,
-        sleep_mode=cfg.vllm_sleep_mode,
-        kv_cache_mb=cfg.vllm_kv_cache_mb,
-        python=cfg.vllm_python,
-        extra_args=tuple(shlex.split(cfg.vllm_extra_args)),
+        host=cfg.host,
+        port=cfg.port + first_gpu,
+        dtype=cfg.dtype,
+        max_model_len=cfg.max_model_len,
+        enforce_eager=cfg.enforce_eager,
+        chunked_prefill=cfg.chunked_prefill,
+        sleep_mode=cfg.sleep_mode,
+        kv_cache_mb=cfg.kv_cache_mb,
+        python=cfg.python,
+        extra_args=tuple(shlex.split(cfg.extra_args)),
         cpu_cores=spread(first_gpu),
     )
 
@@ -146,35 +146,35 @@ def spec_from_config(cfg: Any, tp: int, first_gpu: int) -> VLLMSpec:
 PROBE = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('vllm') else 3)"
 
 
-def preflight(cfg: Any, local: bool = True) -> None:
-    """Refuse, with one ConfigError line, an ``[engine]`` (an EngineConfig) whose vLLM servers
+def preflight(cfg: VllmConfig, local: bool = True) -> None:
+    """Refuse, with one ConfigError line, an ``[engine.vllm]`` table whose vLLM servers
     cannot start anywhere: no model path; and, when the servers run on this machine
     (``local``), a model path that is not a model directory, or an interpreter that is missing
     or cannot import vllm. pearld runs it before it binds anything."""
     spec_from_config(cfg, 1, 0)  # no model path
     if not local:
         return
-    model = Path(cfg.vllm_model_path)
+    model = Path(cfg.model_path)
     if not (model / "config.json").is_file():
         raise ConfigError(
-            f"engine.vllm_model_path = {str(model)!r} is not a model directory (no "
+            f"engine.vllm.model_path = {str(model)!r} is not a model directory (no "
             "config.json there); give the Hugging Face model directory the servers load"
         )
-    python = cfg.vllm_python or default_python()
+    python = cfg.python or default_python()
     try:
         probe = subprocess.run(
             [python, "-c", PROBE], capture_output=True, timeout=60, check=False
         )  # fmt: skip
     except (OSError, subprocess.TimeoutExpired) as e:
         raise ConfigError(
-            f"engine.vllm_python = {python!r} cannot be run ({type(e).__name__}: {e}); give "
+            f"engine.vllm.python = {python!r} cannot be run ({type(e).__name__}: {e}); give "
             "an interpreter with vLLM installed (`make test` creates .venv-vllm)"
         ) from None
     if probe.returncode != 0:
-        where = "engine.vllm_python" if cfg.vllm_python else "the default interpreter"
+        where = "engine.vllm.python" if cfg.python else "the default interpreter"
         raise ConfigError(
             f"{where} {python!r} cannot import vllm; install vLLM there or set "
-            f"engine.vllm_python (`make test` creates {DEFAULT_VENV})"
+            f"engine.vllm.python (`make test` creates {DEFAULT_VENV})"
         )
 
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from pearl.config import EngineConfig, from_mapping
+from pearl.config import EngineConfig, SGLangConfig, from_mapping
 from pearl.core.errors import ConfigError
 from pearl.core.state import Role
 from pearl.engines import facade
@@ -93,19 +93,18 @@ def test_bad_specs_are_refused(kw: dict[str, object], match: str) -> None:
 
 
 def test_spec_from_config_offsets_ports_by_the_first_gpu() -> None:
-    cfg = EngineConfig(
-        kind="sglang",
-        sglang_model_path="/m",
-        sglang_port=31000,
-        sglang_bootstrap_port=9100,
-        sglang_role_switch="on",
-        sglang_extra_args="--chunked-prefill-size 4096",
+    cfg = SGLangConfig(
+        model_path="/m",
+        port=31000,
+        bootstrap_port=9100,
+        role_switch="on",
+        extra_args="--chunked-prefill-size 4096",
     )
     s = L.spec_from_config(cfg, tp=4, first_gpu=8)
     assert (s.port, s.bootstrap_port, s.tp, s.role_switch) == (31008, 9108, 4, True)
     assert s.extra_args == ("--chunked-prefill-size", "4096")
-    with pytest.raises(ConfigError, match="sglang_model_path"):
-        L.spec_from_config(EngineConfig(kind="sglang"), tp=1, first_gpu=0)
+    with pytest.raises(ConfigError, match=r"engine\.sglang\.model_path"):
+        L.spec_from_config(SGLangConfig(), tp=1, first_gpu=0)
 
 
 def test_role_switch_auto_follows_the_installed_version(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -129,8 +128,10 @@ def test_first_gpu_comes_from_cuda_visible_devices(monkeypatch: pytest.MonkeyPat
 def test_config_validates_router_and_role_switch() -> None:
     with pytest.raises(ConfigError, match="did you mean 'sglang-router'"):
         from_mapping({"engine": {"router": "sglang_router"}})
-    with pytest.raises(ConfigError, match="sglang_role_switch"):
-        from_mapping({"engine": {"sglang_role_switch": "maybe"}})
+    with pytest.raises(ConfigError, match=r"engine\.sglang\.role_switch = 'maybe'"):
+        from_mapping({"engine": {"sglang": {"role_switch": "maybe"}}})
+    with pytest.raises(ConfigError, match="engine.sglang_role_switch moved to engine.sglang.role"):
+        from_mapping({"engine": {"sglang_role_switch": "on"}})
 
 
 def test_the_facade_understands_every_flag_the_engine_passes() -> None:
@@ -153,7 +154,7 @@ def test_the_factory_builds_an_sglang_engine_without_starting_it(
     from transports.bulk import ZmqKVChannel
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
-    cfg = EngineConfig(kind="sglang", sglang_model_path="/m", sglang_module=L.FACADE_MODULE)
+    cfg = EngineConfig(kind="sglang", sglang=SGLangConfig(model_path="/m", module=L.FACADE_MODULE))
     kv = ZmqKVChannel()
     try:
         e = build_engine(cfg, model="qwen3-8b", gpu="H100", tp=1, role=Role.DECODE, kv_channel=kv)

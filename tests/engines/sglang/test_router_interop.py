@@ -15,6 +15,7 @@ import pytest
 from actors import base
 from actors.messages import AbortRequest, StateChanged
 from actors.router import Router
+from pearl.config import SGLangConfig
 from pearl.core.state import Activity, Role, Worker, Zone
 from pearl.core.view import ClusterView, TableSnapshot
 from pearl.engines.base import FinishReason, GenerateRequest, SamplingParams
@@ -59,10 +60,8 @@ def wait(cond: Any, timeout: float = 30.0, what: str = "") -> None:
 
 @pytest.fixture
 def harness(servers: Servers, routers: tuple[str, str]) -> Iterator[SimpleNamespace]:
-    cfg = SimpleNamespace(
-        sglang_host="127.0.0.1",
-        sglang_port=servers.base,
-        sglang_bootstrap_port=servers.base + BOOT_OFFSET,
+    cfg = SGLangConfig(
+        host="127.0.0.1", port=servers.base, bootstrap_port=servers.base + BOOT_OFFSET
     )
     link = SGLangRouterLink(*routers, cfg, admit_timeout_s=20)
     d = base.Directory()

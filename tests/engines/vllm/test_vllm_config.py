@@ -17,12 +17,12 @@ from pearl.engines.vllm import launch_command, spec_from_config
 from pearl.engines.vllm.engine import check_role
 from pearl.engines.vllm.launch import EXTENSION_DIR, launch_env, spread
 
-SETS = ["engine.kind=vllm", "engine.vllm_model_path=/models/qwen3", "daemon.pd=colocated"]
+SETS = ["engine.kind=vllm", "engine.vllm.model_path=/models/qwen3", "daemon.pd=colocated"]
 
 
 def test_the_launch_command_names_the_model_port_extension_and_kv_cache() -> None:
     cfg = config.load("configs/sim-32.toml", SETS)
-    spec = spec_from_config(cfg.engine, tp=1, first_gpu=3)
+    spec = spec_from_config(cfg.engine.vllm, tp=1, first_gpu=3)
     argv = launch_command(spec)
     assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     flags = dict(zip(argv[3::2], argv[4::2], strict=False))
@@ -42,8 +42,8 @@ def test_the_launch_command_names_the_model_port_extension_and_kv_cache() -> Non
 def test_workers_spread_over_the_cores_and_a_tokenizer_dir_is_passed() -> None:
     cores = sorted(os.sched_getaffinity(0))
     assert [spread(s) for s in range(2 * len(cores))] == [str(c) for c in cores] * 2
-    cfg = config.load("configs/sim-32.toml", [*SETS, "engine.vllm_tokenizer=/tok"])
-    argv = launch_command(spec_from_config(cfg.engine, tp=1, first_gpu=0))
+    cfg = config.load("configs/sim-32.toml", [*SETS, "engine.vllm.tokenizer=/tok"])
+    argv = launch_command(spec_from_config(cfg.engine.vllm, tp=1, first_gpu=0))
     assert argv[argv.index("--tokenizer") + 1] == "/tok"
 
 
@@ -58,8 +58,8 @@ def test_vllm_pools_are_colocation_only() -> None:
 
 def test_a_missing_model_path_is_one_line() -> None:
     cfg = config.load("configs/sim-32.toml", ["engine.kind=vllm", "daemon.pd=colocated"])
-    with pytest.raises(ConfigError, match="needs engine.vllm_model_path"):
-        spec_from_config(cfg.engine, tp=1, first_gpu=0)
+    with pytest.raises(ConfigError, match="needs engine.vllm.model_path"):
+        spec_from_config(cfg.engine.vllm, tp=1, first_gpu=0)
 
 
 def test_the_byte_tokenizer_for_vllm_has_the_torch_engines_ids(tmp_path: Path) -> None:

@@ -152,11 +152,11 @@ def cluster(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         "cluster.preemptible_gpus=2-3",
         "cluster.initial_preemptible=2",
         "daemon.borrow=always",
-        f"engine.vllm_model_path={tiny_model}",
-        f"engine.vllm_python={vllm_python()}",
-        f"engine.vllm_port={port}",
-        "engine.vllm_max_model_len=512",
-        "engine.vllm_kv_cache_mb=64",
+        f"engine.vllm.model_path={tiny_model}",
+        f"engine.vllm.python={vllm_python()}",
+        f"engine.vllm.port={port}",
+        "engine.vllm.max_model_len=512",
+        "engine.vllm.kv_cache_mb=64",
     )
     rt = pearl.Runtime.from_config(CONFIG, state_dir=state, overrides=overrides)
     seen: set[int] = set()

@@ -97,11 +97,11 @@ def daemon(tiny_model: Path, tmp_path: Path) -> Any:
         "cluster.reserved_gpus=1",
         "cluster.preemptible_gpus=",
         "daemon.borrow=never",
-        f"engine.vllm_model_path={tiny_model}",
-        f"engine.vllm_python={vllm_python()}",
-        f"engine.vllm_port={port - 1}",  # GPU 1's server on the free port
-        "engine.vllm_max_model_len=512",
-        "engine.vllm_kv_cache_mb=64",
+        f"engine.vllm.model_path={tiny_model}",
+        f"engine.vllm.python={vllm_python()}",
+        f"engine.vllm.port={port - 1}",  # GPU 1's server on the free port
+        "engine.vllm.max_model_len=512",
+        "engine.vllm.kv_cache_mb=64",
     ]
     d = VLLMPearld(tmp_path, sets)
     try:
