@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pykka
 
@@ -45,6 +45,17 @@ from pearl.core.profile import prior_profile
 from pearl.log import FileLog
 from pearl.log.segments import LOCK
 from pearl.plans import Observers, PlanHistory
+
+if TYPE_CHECKING:
+    import socket
+
+    from actors.api import ApiSockets, Memo
+    from actors.ray_launcher import RayLauncher
+    from pearl.gateway.pool import PoolBackend
+    from pearl.gateway.serve import GatewayServer
+    from pearl.metrics import Metrics, MetricsServer
+    from pearl.rl.pipeline import Pipeline
+    from transports.auth import ServerKeys
 
 log = logging.getLogger("pearl.daemon")
 
@@ -137,7 +148,7 @@ def open_log(cfg: config_mod.Config, state_dir: Path) -> FileLog:
     return event_log
 
 
-def build_pipeline(cfg: config_mod.Config) -> Any:
+def build_pipeline(cfg: config_mod.Config) -> Pipeline | None:
     """The Pipeline Scheduler the config asks for (``[rl] env``), or None."""
     if not cfg.rl.env:
         return None
@@ -185,28 +196,28 @@ class Daemon:
         self.failed = threading.Event()  # set when an actor cannot be kept alive
         self._restarts: dict[str, list[float]] = {}
         self.factories: dict[str, Any] = {}
-        self.pipeline: Any = None
-        self.keys: Any = None
+        self.pipeline: Pipeline | None = None
+        self.keys: ServerKeys | None = None
         self._ticker: threading.Thread | None = None
         self.event_log: FileLog | None = None
-        self._api_sockets: Any = None  # actors.api.ApiSockets, bound until the API actor serves
-        self._api_live: Any = None  # the ApiSockets the running API actor serves on
-        self._api_memo: Any = None  # actors.api.Memo: the latest view, across API restarts
+        self._api_sockets: ApiSockets | None = None  # bound until the API actor serves
+        self._api_live: ApiSockets | None = None  # those the running API actor serves on
+        self._api_memo: Memo | None = None  # the latest view, across API restarts
         self.failure = ""  # why pearld gave up on an actor (one line), when failed is set
         self.directory: Any = None
         self.launcher: Any = None
-        self._ray: Any = None  # a RayLauncher joined at start, until the launcher part takes it
+        self._ray: RayLauncher | None = None  # joined at start, until the launcher part takes it
         self._up: list[tuple[str, Callable[[bool], None]]] = []  # started parts, in order
         from actors.supervisor import Liveboard
 
         # The hosts' liveness: the API feeds it, the supervisor judges it, the metrics show it.
         self.board = Liveboard(cfg.daemon.heartbeat_s)
-        self.metrics: Any = None  # pearl.metrics.Metrics when [daemon] metrics is set
+        self.metrics: Metrics | None = None  # when [daemon] metrics is set
         self.plans = PlanHistory()  # every plan of this process's life, timed (reports read it)
-        self.metrics_server: Any = None
-        self.gateway: Any = None  # pearl.gateway.serve.GatewayServer when [gateway] listen is set
-        self.gateway_backend: Any = None  # its pearl.gateway.pool.PoolBackend
-        self._gateway_sock: Any = None  # bound at start, until the gateway serves on it
+        self.metrics_server: MetricsServer | None = None
+        self.gateway: GatewayServer | None = None  # when [gateway] listen is set
+        self.gateway_backend: PoolBackend | None = None  # the gateway's
+        self._gateway_sock: socket.socket | None = None  # bound at start, until served on
         self._gateway_key: str | None = None
 
     def _recover(self) -> tuple[Any, Any]:

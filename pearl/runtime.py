@@ -30,6 +30,7 @@ from pearl.core.errors import PearlError
 from pearl.core.status import ClusterStatus
 
 if TYPE_CHECKING:
+    from pearl.config import Config
     from pearl.plans import PlanSpan
     from pearl.rl.pipeline import PipelineStats
 
@@ -183,7 +184,7 @@ class _Base(ABC):
 class Runtime(_Base):
     """PEARL in this process: pearld's actors, worker host processes, the rollout pipeline."""
 
-    def __init__(self, cfg: Any, state_dir: Path) -> None:
+    def __init__(self, cfg: Config, state_dir: Path) -> None:
         from pearl.daemon import Daemon
 
         self.cfg, self.state_dir = cfg, Path(state_dir)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 import msgspec
 
@@ -34,6 +34,42 @@ class Borrow(enum.StrEnum):
     NEVER = "never"
 
 
+class _EngineKnobs(Protocol):
+    @property
+    def colocated_only(self) -> bool: ...
+
+
+class _DaemonKnobs(Protocol):
+    @property
+    def pd(self) -> PD: ...
+    @property
+    def borrow(self) -> Borrow: ...
+
+
+class _DecisionKnobs(DecisionParams, Protocol):
+    @property
+    def ema_alpha(self) -> float: ...
+
+
+class _WorkloadKnobs(Protocol):
+    @property
+    def max_trajectory_tokens(self) -> int: ...
+
+
+class PolicyConfig(Protocol):
+    """What :meth:`Policy.of_config` reads; :class:`pearl.config.Config` has it all (core does
+    not import the config)."""
+
+    @property
+    def engine(self) -> _EngineKnobs: ...
+    @property
+    def daemon(self) -> _DaemonKnobs: ...
+    @property
+    def decision(self) -> _DecisionKnobs: ...
+    @property
+    def workload(self) -> _WorkloadKnobs: ...
+
+
 @dataclass(frozen=True)
 class Policy:
     decision: DecisionParams
@@ -43,7 +79,7 @@ class Policy:
     L_max: float = 32768.0  # maximum trajectory length (caps K_seq)
 
     @classmethod
-    def of_config(cls, cfg: Any) -> Policy:
+    def of_config(cls, cfg: PolicyConfig) -> Policy:
         """The policy a pearld with this :class:`pearl.config.Config` runs (``daemon.pd``,
         ``daemon.borrow``, the decision knobs); core reads it without importing the config."""
         # A pool that serves colocated only (vLLM) is colocated at every budget.
@@ -128,4 +164,4 @@ class _NoModeSwitch:
         return self.inner.prefill_max_utilization
 
 
-__all__ = ["PD", "Borrow", "Policy"]
+__all__ = ["PD", "Borrow", "Policy", "PolicyConfig"]
