@@ -10,19 +10,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
-from dataclasses import dataclass
 
-from pearl.engines.base import FinishReason, GenerateRequest, GenerateResult, KVChannel, KVTimeout
+from pearl.engines.base import GenerateRequest, KVChannel, KVTimeout
 from pearl.engines.sglang.protocol import Bootstrap
-
-
-@dataclass
-class Call:
-    """One request in flight on the engine."""
-
-    future: Future[GenerateResult]
-    aborted: bool = False
 
 
 def offer_room(channel: KVChannel, req: GenerateRequest, host: str, port: int) -> Bootstrap:
@@ -56,23 +46,4 @@ def await_room(
     return None
 
 
-def aborted_result(rid: str, version: int, prompt_tokens: int = 0) -> GenerateResult:
-    """The result of a request aborted before its server produced anything."""
-    return GenerateResult(rid, (), (), FinishReason.ABORT, version, prompt_tokens)
-
-
-def resolve(
-    fut: Future[GenerateResult],
-    result: GenerateResult | None = None,
-    error: BaseException | None = None,
-) -> None:
-    """Settle ``fut`` once (later settlements are ignored)."""
-    if fut.done():
-        return
-    if error is not None:
-        fut.set_exception(error)
-    else:
-        fut.set_result(result)  # type: ignore[arg-type]
-
-
-__all__ = ["Call", "aborted_result", "await_room", "offer_room", "resolve"]
+__all__ = ["await_room", "offer_room"]

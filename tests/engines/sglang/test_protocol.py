@@ -6,8 +6,9 @@ import pytest
 
 from pearl.core.state import Role
 from pearl.engines.base import FinishReason, GenerateRequest, SamplingParams
+from pearl.engines.server_metrics import MetricsDelta
 from pearl.engines.sglang import protocol as P
-from pearl.engines.sglang.telemetry import MetricsDelta
+from pearl.engines.sglang.engine import METRICS
 
 
 def test_generate_body_is_sglangs() -> None:
@@ -108,7 +109,7 @@ def test_metrics_are_summed_over_labels() -> None:
 
 
 def test_metric_deltas_become_iteration_stats() -> None:
-    m = MetricsDelta()
+    m = MetricsDelta(METRICS)
     m.reset(
         {
             "sglang:inter_token_latency_seconds_sum": 1.0,
