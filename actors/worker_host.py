@@ -22,8 +22,12 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import pykka
 
 from actors import names, worker_files
 from actors.base import Directory, LocalRef, serve_directory
@@ -83,7 +87,8 @@ class QueuedRef:
         raise PearlError(f"{self.name} is remote: worker hosts only tell pearld")
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The host's command line (its launcher writes it: :mod:`actors.launcher`)."""
     p = argparse.ArgumentParser(prog="pearl-worker-host")
     p.add_argument("--endpoint", required=True)
     p.add_argument("--worker", type=int, required=True)
@@ -118,34 +123,100 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--node-id", default="", help="the Ray node it runs on (said in its hello)")
     p.add_argument("--handle", default="", help="its launcher's name for it (said in its hello)")
-    a = p.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format=f"%(asctime)s worker-{a.worker} %(levelname)s %(message)s"
-    )
-    engine_cfg = EngineConfig(**json.loads(a.engine))
-    parse_gpus(a.gpus)
+    return p.parse_args(argv)
 
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+def read_keys(a: argparse.Namespace) -> HostKeys | None:
+    """CURVE keys (to pearld, to other hosts, and for this host's own sockets), or None."""
+    if a.keys_stdin:  # handed over by the launcher: no key file on this machine
+        return HostKeys.of_text(json.loads(sys.stdin.readline()))
+    return HostKeys.load(a.keys_dir) if a.keys_dir else None
+
+
+def weights_source(state_dir: str) -> Callable[[int], tuple[int, str] | None]:
+    """Where a joining worker loads weights from: the state dir's published snapshots."""
+    weights_dir = Path(state_dir) / "weights" if state_dir else None
+
+    def source(version: int) -> tuple[int, str] | None:
+        """The newest published snapshot, whatever its form (a joiner may ask for a version not
+        stored yet, or one pruned since); None before the first publish: the initial weights."""
+        found = latest_snapshot(weights_dir) if weights_dir is not None else None
+        return None if found is None else (found[0], str(found[1]))
+
+    return source
+
+
+@dataclass(kw_only=True)
+class Host:
+    """What one worker host runs once set up, and the files that name it to operators."""
+
+    args: argparse.Namespace
+    keys: HostKeys | None
+    reporter: Reporter
+    kv: ZmqKVChannel
+    actor: pykka.ActorRef[Any]
+    server: Server
+    exporter: MetricsServer | None
+    built: threading.Event  # read by the heart without asking the (maybe busy) actor
+    pid_file: Path | None = None
+    bound: worker_files.LogBound | None = None
+
+    def hello(self) -> WorkerHello:
+        """What the host says to pearld: who it is and where it serves."""
+        a = self.args
+        return WorkerHello(
+            a.worker,
+            a.incarnation,
+            os.getpid(),
+            self.server.address,
+            self.kv.address,
+            metrics_address=self.exporter.address if self.exporter is not None else "",
+            node_id=a.node_id,
+            handle=a.handle,
+        )
+
+    def claim_files(self) -> None:
+        """The pid file and the bounded log, under ``<state-dir>/workers`` when given: operators
+        (and tests) find and stop hosts by pid."""
+        a = self.args
+        if not a.state_dir:
+            return
+        folder = Path(a.state_dir) / "workers"
+        self.pid_file = worker_files.pid_path(folder, a.worker, a.incarnation)
+        self.bound = worker_files.LogBound(worker_files.log_path(folder, a.worker, a.incarnation))
+        worker_files.write_own(self.pid_file)
+        # Earlier incarnations of this slot: their logs beyond the last few, dead pid files.
+        worker_files.prune(folder, a.worker)
+
+    def close(self) -> None:
+        """Stop what :func:`set_up` started, the pid file first (the host is going)."""
+        if self.pid_file is not None:
+            worker_files.remove_own(self.pid_file)
+        self.server.close()
+        self.actor.stop(timeout=10)
+        self.reporter.close()
+        self.kv.close()
+        if self.exporter is not None:
+            self.exporter.close()
+
+
+def set_up(
+    a: argparse.Namespace,
+    *,
+    engine_cfg: EngineConfig,
+    keys: HostKeys | None,
+    exporter: MetricsServer | None,
+    metrics: HostMetrics,
+    stop: threading.Event,
+) -> Host:
+    """The reporter to pearld, the KV inbox, the WorkerActor (its engine is built on its first
+    role) and the command server, then the host's files."""
     directory = Directory()
-    metrics = HostMetrics(a.worker, a.incarnation, engine_cfg.kind)
-    try:  # CURVE: to pearld, to other hosts, and for this host's own sockets
-        if a.keys_stdin:  # handed over by the launcher: no key file on this machine
-            host_keys: HostKeys | None = HostKeys.of_text(json.loads(sys.stdin.readline()))
-        else:
-            host_keys = HostKeys.load(a.keys_dir) if a.keys_dir else None
-        exporter = MetricsServer(metrics, a.metrics, "--metrics") if a.metrics else None
-    except PearlError as e:
-        log.error("cannot start: %s", e)
-        return 1
-    except ValueError as e:  # --keys-stdin: not JSON
-        log.error("cannot start: worker host keys on stdin: %s", e)
-        return 1
-    keys = host_keys.to_pearld if host_keys else None
+    to_pearld = keys.to_pearld if keys else None
     reporter = Reporter(  # named after the host: pearld counts every report as a heartbeat
         Client(
             a.endpoint,
-            keys=keys,
+            keys=to_pearld,
             timeout_s=5.0,
             retries=2,
             name=host_name(a.worker, a.incarnation, "r"),
@@ -155,18 +226,10 @@ def main(argv: list[str] | None = None) -> int:
         directory.register(QueuedRef(name, reporter))
     kv = ZmqKVChannel(
         f"tcp://{a.bind_host}:*",
-        keys=host_keys.serve if host_keys else None,
-        peer_keys=host_keys.to_peers if host_keys else None,
+        keys=keys.serve if keys else None,
+        peer_keys=keys.to_peers if keys else None,
     )
-    weights_dir = Path(a.state_dir) / "weights" if a.state_dir else None
-
-    def weights_source(version: int) -> tuple[int, str] | None:
-        """The newest published snapshot, whatever its form (a joiner may ask for a version not
-        stored yet, or one pruned since); None before the first publish: the initial weights."""
-        found = latest_snapshot(weights_dir) if weights_dir is not None else None
-        return None if found is None else (found[0], str(found[1]))
-
-    built = threading.Event()  # read by the heart without asking the (maybe busy) actor
+    built = threading.Event()
 
     def make_engine(role: Any) -> Any:
         engine = build_engine(
@@ -176,74 +239,99 @@ def main(argv: list[str] | None = None) -> int:
         return engine
 
     actor = WorkerActor.start(
-        directory, a.worker, a.incarnation, make_engine, weights_source, stop.set, metrics
+        directory,
+        a.worker,
+        a.incarnation,
+        make_engine,
+        weights_source(a.state_dir),
+        stop.set,
+        metrics,
     )
-    ref = LocalRef(names.worker_name(a.worker), actor)
-    directory.register(ref)
+    directory.register(LocalRef(names.worker_name(a.worker), actor))
     server = Server(
         f"tcp://{a.bind_host}:*",
         serve_directory(directory),
-        keys=host_keys.serve if host_keys else None,
+        keys=keys.serve if keys else None,
         name=f"worker-{a.worker}",
     )
-    hello = WorkerHello(
-        a.worker,
-        a.incarnation,
-        os.getpid(),
-        server.address,
-        kv.address,
-        metrics_address=exporter.address if exporter is not None else "",
-        node_id=a.node_id,
-        handle=a.handle,
+    host = Host(
+        args=a,
+        keys=keys,
+        reporter=reporter,
+        kv=kv,
+        actor=actor,
+        server=server,
+        exporter=exporter,
+        built=built,
     )
+    host.claim_files()
+    return host
 
-    folder = Path(a.state_dir) / "workers" if a.state_dir else None
-    pid_file = bound = None
-    if folder is not None:  # operators (and tests) find and stop hosts by pid
-        pid_file = worker_files.pid_path(folder, a.worker, a.incarnation)
-        bound = worker_files.LogBound(worker_files.log_path(folder, a.worker, a.incarnation))
-        worker_files.write_own(pid_file)
-        # Earlier incarnations of this slot: their logs beyond the last few, dead pid files.
-        worker_files.prune(folder, a.worker)
-    # An import holds the interpreter (torch's shared libraries load under the GIL for about a
-    # second): have the engine's imports done before pearld starts counting this host's beats.
-    importlib.import_module(ENGINE_MODULES.get(engine_cfg.kind, "pearl.engines.base"))
+
+def heart(host: Host) -> HostHeart:
+    """The host's heart: hello, a beat every ``--heartbeat-s`` (each queues a telemetry report
+    and keeps the log bounded), hello again when pearld restarts."""
+    a = host.args
     telemetry = threading.Event()  # a report is queued: do not pile more behind a busy actor
 
     def on_beat() -> None:
-        if bound is not None:
-            bound.check()  # the log stays within worker_files.LOG_BYTES
+        if host.bound is not None:
+            host.bound.check()  # the log stays within worker_files.LOG_BYTES
         if not telemetry.is_set():
             telemetry.set()
-            actor.tell(ReportTelemetry(telemetry))
+            host.actor.tell(ReportTelemetry(telemetry))
 
     def on_welcome() -> None:
         # The one host pearld holds for this worker and incarnation names itself in the pid
         # file (a relaunch of the same incarnation may have written its own pid there).
-        if pid_file is not None:
-            worker_files.write_own(pid_file)
+        if host.pid_file is not None:
+            worker_files.write_own(host.pid_file)
 
-    heart = HostHeart(
+    return HostHeart(
         a.endpoint,
-        hello,
+        host.hello(),
         interval_s=a.heartbeat_s,
         orphan_s=a.orphan_s,
-        ready=built.is_set,
+        ready=host.built.is_set,
         on_beat=on_beat,
         on_welcome=on_welcome,
-        keys=keys,
+        keys=host.keys.to_pearld if host.keys else None,
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The host's life: parse its arguments, set up, connect to pearld, serve until told to
+    stop (SIGTERM, a stop command, or pearld unreachable for ``--orphan-s``), then stop."""
+    a = parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s worker-{a.worker} %(levelname)s %(message)s"
+    )
+    engine_cfg = EngineConfig(**json.loads(a.engine))
+    parse_gpus(a.gpus)
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    metrics = HostMetrics(a.worker, a.incarnation, engine_cfg.kind)
     try:
-        heart.run(stop)  # beats leave from the heart's own thread, whatever the engine does
+        keys = read_keys(a)
+        exporter = MetricsServer(metrics, a.metrics, "--metrics") if a.metrics else None
+    except PearlError as e:
+        log.error("cannot start: %s", e)
+        return 1
+    except ValueError as e:  # --keys-stdin: not JSON
+        log.error("cannot start: worker host keys on stdin: %s", e)
+        return 1
+    host = set_up(
+        a, engine_cfg=engine_cfg, keys=keys, exporter=exporter, metrics=metrics, stop=stop
+    )
+    # An import holds the interpreter (torch's shared libraries load under the GIL for about a
+    # second): have the engine's imports done before pearld starts counting this host's beats.
+    importlib.import_module(ENGINE_MODULES.get(engine_cfg.kind, "pearl.engines.base"))
+    beats = heart(host)
+    try:
+        beats.run(stop)  # beats leave from the heart's own thread, whatever the engine does
     finally:
-        if pid_file is not None:
-            worker_files.remove_own(pid_file)
-        server.close()
-        actor.stop(timeout=10)
-        reporter.close()
-        kv.close()
-        if exporter is not None:
-            exporter.close()
+        host.close()
     return 0
 
 
