@@ -128,21 +128,22 @@ class ServerEngine(EngineBase, Generic[CallT]):
     metric_names: MetricNames
     process_group: bool = False
     cfg: ServerEngineConfig[Any]
+    spec: Any  # the dialect's launch spec (a ``url``, and what the command line needs)
     client: ServerClient
 
     def __init__(
         self,
         config: ServerEngineConfig[Any],
-        client: ServerClient,
         *,
-        role: Role,
-        kv_channel: KVChannel | None,
+        role: Role = Role.COLOCATED,
+        kv_channel: KVChannel | None = None,
     ) -> None:
         self.cfg = config
         self.kv_channel = kv_channel
         self._check_role(role)
         self._role = role
-        self.client = client
+        self.spec = self._spec_for(config.server, role)
+        self.client = self._client_for(config.url or self.spec.url)
         self.server: ServerProcess | None = None
         self._cv = threading.Condition()
         self._calls: dict[str, CallT] = {}
@@ -159,6 +160,14 @@ class ServerEngine(EngineBase, Generic[CallT]):
         self._metrics = MetricsDelta(self.metric_names)
 
     # -- the dialect ---------------------------------------------------------------------------
+
+    @abstractmethod
+    def _spec_for(self, server: Any, role: Role) -> Any:
+        """The launch spec of this engine's server in ``role`` (``server``: the config's)."""
+
+    @abstractmethod
+    def _client_for(self, url: str) -> ServerClient:
+        """The dialect's client of the server at ``url``."""
 
     @abstractmethod
     def _command(self) -> list[str]:

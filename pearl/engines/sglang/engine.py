@@ -40,7 +40,6 @@ from pearl.engines.base import (
     FinishReason,
     GenerateRequest,
     GenerateResult,
-    KVChannel,
     KVTimeout,
 )
 from pearl.engines.server import Call, ServerEngine, ServerEngineConfig, aborted_result
@@ -78,18 +77,8 @@ class SGLangEngine(ServerEngine[Call]):
     metric_names = METRICS
     roles = tuple(P.MODES)
     cfg: SGLangEngineConfig
+    spec: ServerSpec
     client: SGLangClient
-
-    def __init__(
-        self,
-        config: SGLangEngineConfig,
-        *,
-        role: Role = Role.COLOCATED,
-        kv_channel: KVChannel | None = None,
-    ) -> None:
-        self.spec = config.server.with_role(role)
-        client = SGLangClient(config.url or self.spec.url)
-        super().__init__(config, client, role=role, kv_channel=kv_channel)
 
     @property
     def version(self) -> str:
@@ -97,6 +86,12 @@ class SGLangEngine(ServerEngine[Call]):
         return self.client.detect().version
 
     # -- the server ----------------------------------------------------------------------------
+
+    def _spec_for(self, server: ServerSpec, role: Role) -> ServerSpec:
+        return server.with_role(role)
+
+    def _client_for(self, url: str) -> SGLangClient:
+        return SGLangClient(url)
 
     def _command(self) -> list[str]:
         return launch_command(self.spec)

@@ -36,7 +36,7 @@ from typing import Any
 
 from pearl.core.errors import RequestRefused
 from pearl.core.state import Role
-from pearl.engines.base import EngineError, FinishReason, GenerateRequest, GenerateResult, KVChannel
+from pearl.engines.base import EngineError, FinishReason, GenerateRequest, GenerateResult
 from pearl.engines.server import Call, ServerEngine, ServerEngineConfig
 from pearl.engines.server_metrics import MetricNames
 from pearl.engines.vllm.client import Completion, VLLMClient
@@ -72,20 +72,16 @@ class VLLMEngine(ServerEngine[_Call]):
     process_group = True
     roles = (Role.COLOCATED,)
     cfg: VLLMEngineConfig
+    spec: VLLMSpec
     client: VLLMClient
 
-    def __init__(
-        self,
-        config: VLLMEngineConfig,
-        *,
-        role: Role = Role.COLOCATED,
-        kv_channel: KVChannel | None = None,
-    ) -> None:
-        self.spec = config.server
-        client = VLLMClient(config.url or self.spec.url)
-        super().__init__(config, client, role=role, kv_channel=kv_channel)
-
     # -- the server ----------------------------------------------------------------------------
+
+    def _spec_for(self, server: VLLMSpec, role: Role) -> VLLMSpec:
+        return server
+
+    def _client_for(self, url: str) -> VLLMClient:
+        return VLLMClient(url)
 
     def _command(self) -> list[str]:
         return launch_command(self.spec)
