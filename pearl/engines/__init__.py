@@ -1,7 +1,9 @@
 """Inference engines behind one contract (:mod:`pearl.engines.base`): torch, sim, sglang, vllm.
 
-Two families: in-process engines run their own serving loop (``torch``, ``sim``); server engines
-launch and drive a third-party server per worker over HTTP (``sglang``, ``vllm``).
+Two families: in-process engines run their own serving loop (``torch``, ``sim``; their base
+is :class:`~pearl.engines.serving.ServingEngine`); server engines launch and drive a
+third-party server per worker over HTTP (``sglang``, ``vllm``; their base is
+:class:`~pearl.engines.server.ServerEngine`).
 ``pearl.engines.torch.TorchEngine`` (imports torch and transformers), ``SGLangEngine`` and
 ``VLLMEngine`` are not re-exported here; a worker host builds its engine from its config with
 :func:`pearl.engines.factory.build_engine`.

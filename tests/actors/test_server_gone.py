@@ -13,7 +13,7 @@ from pearl.core.state import Role
 from pearl.engines.vllm import VLLMEngine, VLLMEngineConfig, VLLMSpec
 
 
-class ServerEngine:
+class StubServerEngine:
     """What the worker sees of a server engine: it starts, and may say its server is gone."""
 
     role = Role.COLOCATED
@@ -27,7 +27,7 @@ class ServerEngine:
 
 
 def test_a_server_given_up_on_ends_the_worker_host() -> None:
-    engine, exited = ServerEngine(), threading.Event()
+    engine, exited = StubServerEngine(), threading.Event()
     worker = WorkerActor(Directory(), 3, 1, lambda role: engine, lambda v: None, exited.set)
     worker.bring_up(Role.COLOCATED, 0)
     assert engine.on_gone is not None and not exited.is_set()
