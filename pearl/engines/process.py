@@ -258,4 +258,17 @@ class Watchdog:
                     log.error("relaunch failed: %s", e)
 
 
-__all__ = ["LOG_DIR_ENV", "ServerProcess", "Watchdog", "first_gpu", "prune_logs"]
+_CAUSE = re.compile(r"\b[A-Za-z_.]*(Error|Exception)\b: .+")
+
+
+def cause_of(tail: str) -> str:
+    """The last ``SomethingError: message`` line of a server's output (why it exited: a port
+    taken, no model at the path, an architecture the server does not know), or ""."""
+    for line in reversed(tail.splitlines()):
+        m = _CAUSE.search(line)
+        if m is not None:
+            return m.group(0)[:300]
+    return ""
+
+
+__all__ = ["LOG_DIR_ENV", "ServerProcess", "Watchdog", "cause_of", "first_gpu", "prune_logs"]

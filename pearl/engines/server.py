@@ -11,11 +11,9 @@ their base, and owns everything that is not the server's dialect:
   a new server at the current weights, released again if the engine was; past its budget it
   gives up: the server is GONE, requests are refused, and ``on_gone`` ends the worker host;
 - stop: abort what is in flight, wait briefly for the prefixes, stop the server, and settle
-  what is left as aborted;
-- requests: a thread pool runs each one; a request's failure fails its future alone;
+  what is left as aborted; requests run on a thread pool, and one's failure fails it alone;
 - memory and weights: release aborts and waits until the server is idle; weights published
-  while released are pending until ``resume_memory``;
-- telemetry: ``/metrics`` deltas (:mod:`pearl.engines.server_metrics`).
+  while released are pending until ``resume_memory``; telemetry is ``/metrics`` deltas.
 
 A subclass keeps its dialect: the command line (:meth:`~ServerEngine._command`), one request
 (:meth:`~ServerEngine._run`), how to abort one, to rest and wake the server, and to apply
@@ -25,7 +23,6 @@ weights.
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from abc import abstractmethod
@@ -45,7 +42,7 @@ from pearl.engines.base import (
     KVChannel,
 )
 from pearl.engines.lifecycle import EngineState, Lifecycle, Server
-from pearl.engines.process import ServerProcess, Watchdog
+from pearl.engines.process import ServerProcess, Watchdog, cause_of
 from pearl.engines.server_metrics import MetricNames, MetricsDelta
 
 log = logging.getLogger(__name__)
@@ -61,7 +58,7 @@ class ServerEngineConfig(Generic[SpecT]):
     url: str = ""  # attach to a server PEARL did not launch (no relaunch, no restart)
     startup_timeout_s: float = 600.0
     request_timeout_s: float = 3600.0
-    idle_timeout_s: float = 60.0  # release (and restarts): wait this long for aborted requests
+    idle_timeout_s: float = 60.0  # release: wait this long for aborted requests to end
     log_path: str = ""  # "": a log of PEARL's own, removed at stop (pearl.engines.process)
     max_concurrency: int = 1024
 
@@ -102,19 +99,6 @@ def resolve(
         fut.set_exception(error)
     else:
         fut.set_result(result)  # type: ignore[arg-type]
-
-
-_CAUSE = re.compile(r"\b[A-Za-z_.]*(Error|Exception)\b: .+")
-
-
-def cause_of(tail: str) -> str:
-    """The last ``SomethingError: message`` line of a server's output (why it exited: a port
-    taken, no model at the path, an architecture the server does not know), or ""."""
-    for line in reversed(tail.splitlines()):
-        m = _CAUSE.search(line)
-        if m is not None:
-            return m.group(0)[:300]
-    return ""
 
 
 class ServerEngine(EngineBase, Generic[CallT]):
@@ -234,11 +218,8 @@ class ServerEngine(EngineBase, Generic[CallT]):
         if not self.cfg.url:
             if self.server is not None:
                 if not self.server.alive():  # its log goes with it: say how it ended
-                    log.error(
-                        "the %s server exited; its last lines:\n%s",
-                        self.server_name,
-                        self.server.tail(),
-                    )
+                    tail = self.server.tail()
+                    log.error("the %s server exited; its last lines:\n%s", self.server_name, tail)
                 self.server.stop()  # a dead server's children go with it
             self.server = ServerProcess(
                 self._command(),
@@ -419,6 +400,5 @@ __all__ = [
     "ServerEngine",
     "ServerEngineConfig",
     "aborted_result",
-    "cause_of",
     "resolve",
 ]

@@ -82,7 +82,7 @@ def test_the_byte_tokenizer_for_vllm_has_the_torch_engines_ids(tmp_path: Path) -
 def test_why_a_server_exited_is_named_on_the_first_line() -> None:
     """The first line is what `pearl status` and pearld's log show of a worker that cannot
     start: a port taken, no model at the path (the last lines of vLLM 0.32's output)."""
-    from pearl.engines.server import cause_of
+    from pearl.engines.process import cause_of
 
     taken = (
         '  File ".../vllm/entrypoints/launchers/launcher.py", line 348, in create_server_socket\n'
