@@ -1,4 +1,4 @@
-"""``pearl demo``: the main job on the embedded default (see :mod:`pearl.demo.app`)."""
+"""``pearl demo``: the main job on the embedded default (see :mod:`pearl.demo.job`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
 """The main job, ``pearl demo``: asynchronous agentic RL on an elastic pool, end to end.
+This module holds what a run records, predicts and reports; :mod:`pearl.demo.job` runs it.
 
 PEARL runs in this process on the embedded default (``configs/local-cpu.toml``): worker hosts
 serve a tiny Qwen3 on the torch engine, the Pipeline Scheduler runs the tool-use environment, the
@@ -11,8 +12,6 @@ is written under ``runs/<time>/``.
 from __future__ import annotations
 
 import json
-import math
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -22,18 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 from pearl.core import events as ev
 from pearl.core.borrow import Verdict
-from pearl.core.errors import PearlError
 from pearl.core.profile import WorkloadProfile
 from pearl.core.status import BorrowCycleStatus, ClusterStatus
-from pearl.demo.live import Counts, counts, live_line, starting_workers
-from pearl.runtime import Runtime, RuntimeStats
+from pearl.demo.live import Counts
+from pearl.runtime import RuntimeStats
 
 if TYPE_CHECKING:
     from pearl.config import Config
     from pearl.rl.pipeline import StepReport
-
-LIVE_S = 1.0  # live view period
-BATCH_TIMEOUT_S = 180.0  # no batch for this long: something is wrong, stop with a report
 
 
 @dataclass
@@ -204,123 +199,6 @@ class Timeline:
             return self.events[-1][1] if self.events else ""
 
 
-class Preemptible:
-    """The preemptible GPUs present, moved to a wanted count by elastic events."""
-
-    def __init__(self, rt: Runtime, timeline: Timeline) -> None:
-        self.rt, self.timeline = rt, timeline
-        self.ids = list(rt.cfg.cluster.preemptible_gpus)
-        self.present: list[int] = []
-
-    def move_to(self, want: int, why: str) -> None:
-        try:
-            if want > len(self.present):
-                add = [g for g in self.ids if g not in self.present][: want - len(self.present)]
-                self.rt.event(ev.GpusAdded(tuple(add)))
-                self.present += add
-                self.timeline.event(f"+{len(add)} preemptible ({why})")
-            elif want < len(self.present):
-                gone, self.present = self.present[want:], self.present[:want]
-                self.rt.event(ev.GpusReclaimed(tuple(gone)))
-                self.timeline.event(f"-{len(gone)} preemptible ({why})")
-        except Exception as e:  # a refused event (e.g. still returning): try the next change
-            self.timeline.event(f"event refused: {e}")
-
-
-class TraceDriver(threading.Thread):
-    """Replays a Bamboo segment, scaled to this config's preemptible ids and to ``seconds``."""
-
-    def __init__(self, rt: Runtime, segment: str, seconds: float, timeline: Timeline) -> None:
-        super().__init__(name="trace", daemon=True)
-        from pearl.sim import availability
-
-        self.pool = Preemptible(rt, timeline)
-        self.trace = availability.load(segment_name=segment)
-        self.scale = seconds / self.trace.duration_s
-        self.halt = threading.Event()
-
-    def target(self, gpus: int) -> int:
-        """0-12 preemptible GPUs of the paper's cluster -> this cluster's preemptible ids."""
-        return round(gpus * len(self.pool.ids) / 12)
-
-    def run(self) -> None:
-        t0 = time.monotonic()
-        schedule = [(0.0, self.trace.at(0.0)), *self.trace.changes()]
-        for t_trace, gpus in schedule:
-            if self.halt.wait(max(0.0, t0 + t_trace * self.scale - time.monotonic())):
-                return
-            self.pool.move_to(self.target(gpus), f"trace {gpus}/12")
-
-
-class BudgetScript:
-    """``demo.budget``: the preemptible GPUs present from each training step on (a scripted
-    budget, so that each interval holds whole steps)."""
-
-    def __init__(self, rt: Runtime, timeline: Timeline, schedule: list[tuple[int, int]]) -> None:
-        self.pool = Preemptible(rt, timeline)
-        self.schedule = schedule
-
-    def at(self, step: int) -> None:
-        """Before ``step``'s batch is taken: apply the change scheduled for it, if any."""
-        for s, n in self.schedule:
-            if s == step:
-                self.pool.move_to(n, f"budget from step {step}")
-
-    def interval(self, step: int) -> int:
-        """The preemptible GPUs the script asks for during ``step``."""
-        n = 0
-        for s, k in self.schedule:
-            if s <= step:
-                n = k
-        return n
-
-
-class LiveView(threading.Thread):
-    """One status line a second (a line every 5 s when stdout is not a terminal)."""
-
-    def __init__(
-        self, rt: Runtime, timeline: Timeline, state: dict[str, Any], quiet: bool = False
-    ) -> None:
-        super().__init__(name="live", daemon=True)
-        self.rt, self.timeline, self.state = rt, timeline, state
-        self.halt = threading.Event()
-        self.tty = sys.stdout.isatty()
-        self.quiet = quiet
-        self.engine = rt.cfg.engine.kind.value
-        self.starting_since: float | None = None  # when the line first saw workers starting
-
-    def run(self) -> None:
-        n = 0
-        while not self.halt.wait(LIVE_S):
-            try:
-                s = self.rt.status()
-            except Exception:
-                continue
-            c = counts(s)
-            t = time.monotonic() - self.timeline.t0
-            with self.timeline.lock:
-                self.timeline.samples.append(Sample.of(t, c, s.phase))
-            if not starting_workers(s):
-                self.starting_since = None
-            elif self.starting_since is None:
-                self.starting_since = t
-            line = live_line(
-                s,
-                t=t,
-                state=self.state,
-                event=self.timeline.last_event(),
-                engine=self.engine,
-                starting_s=t - (self.starting_since or t),
-            )
-            n += 1
-            if self.quiet:
-                continue
-            if self.tty:
-                print("\r" + line.ljust(120), end="", flush=True)
-            elif n % 5 == 0:
-                print(line, flush=True)
-
-
 def predict(status: ClusterStatus) -> float | None:
     """The makespan eq. 1-3 predict for the current configuration from the current profile."""
     if status.profile is None:
@@ -391,172 +269,6 @@ def virtual_devices(
         + (" (sized to this machine)" if sized else "")
     )
     return overrides, {"slots": slots, "share": share, "cores": cores, "line": line}
-
-
-def run(
-    config: str | Path,
-    steps: int,
-    out: Path,
-    *,
-    segment: str | None = None,
-    trace_s: float | None = None,
-    lr: float = 3e-4,
-    overrides: tuple[str, ...] = (),
-    quiet: bool = False,
-    seed: int | None = None,
-    learning: Any = None,
-) -> dict[str, Any]:
-    """Run the demo job; returns the report (also written to ``out/report.json``).
-
-    ``seed`` fixes tasks, sampling and initial weights; ``learning``
-    (:class:`pearl.demo.learning.Learning`) adds the cached warm start and held-out evaluation."""
-    import torch
-
-    from pearl.demo import learning as learn
-    from pearl.rl.grpo import GRPOTrainer
-
-    if (out / "state").exists():
-        # A run's log holds its workers and steps; replaying it into a new run would adopt hosts
-        # that are gone and a trainer that is not (a demo run is not resumable).
-        raise PearlError(
-            f"{out} already holds a demo run ({out / 'state'}): choose another --out or remove it"
-        )
-    torch.set_num_threads(1)  # one torch thread per slot: the trainer's is this process's
-    out.mkdir(parents=True, exist_ok=True)
-    overrides, _ = virtual_devices(config, overrides)
-    prepared = learn.prepare(config, learn.seeded(overrides, seed), out, learning, quiet)
-    rt = Runtime.from_config(config, state_dir=out / "state", overrides=prepared.overrides)
-    cfg = rt.cfg
-    timeline = Timeline(time.monotonic())
-    state: dict[str, Any] = {}
-    records: list[StepRecord] = []
-    training: list[tuple[float, float]] = []  # per record: Training Begin -> the step's end
-    rt.start()
-    share = cfg.engine.torch.device_share  # the trainer holds all training slots on one thread
-    trainer = GRPOTrainer(
-        **learn.model_kwargs(cfg),
-        lr=lr,
-        device="cpu",
-        device_share=None if share is None else min(1.0, share * len(cfg.cluster.training_gpus)),
-    )
-    from pearl.config import parse_budget
-
-    schedule = parse_budget(cfg.demo.budget, len(cfg.cluster.preemptible_gpus))
-    script = BudgetScript(rt, timeline, schedule) if schedule else None
-    driver = TraceDriver(
-        rt, segment or cfg.demo.segment, trace_s or cfg.demo.trace_s or 4.0 * steps, timeline
-    )
-    live = LiveView(rt, timeline, state, quiet)
-    evals = learn.start_eval(cfg, prepared, learning)  # step 0: the starting policy
-    interrupted = False
-    try:
-        if script is None:
-            driver.start()
-        live.start()
-        last_end = time.monotonic()
-        first = rt.status().training_step + 1  # a reused state dir continues
-        for step in range(first, first + steps):
-            if script is not None:
-                script.pool.move_to(script.interval(step), f"budget from step {step}")
-            t0 = time.monotonic()
-            before = rt.status()  # the profile from the steps before this one
-            forecast = predict(before)
-            batch = rt.next_batch(timeout_s=BATCH_TIMEOUT_S)
-            got = time.monotonic()
-            s = rt.status()
-            began = time.monotonic()
-            with rt.training(step, weights_version=step):
-                cycle = rt.status().borrow.current
-                if cycle is not None and cycle.step != step - 1:
-                    cycle = None  # not the window before this step (a reused state dir)
-                timeline.event(returned_line(step, cycle, rt.last_return_s))
-                t_train = time.monotonic()
-                metrics = trainer.step(batch)
-                weights = trainer.state_dict()
-                if not math.isfinite(float(metrics.get("loss", 0.0))) or not all(
-                    bool(torch.isfinite(t).all()) for t in weights.values()
-                ):
-                    raise PearlError(f"training step {step} diverged (loss {metrics['loss']})")
-                rt.publish_weights(weights, step)
-                train_s = time.monotonic() - t_train
-            end = time.monotonic()
-            training.append((began, end))
-            generated = sum(t.n_generated for t in batch)
-            trained = int(metrics.get("tokens", sum(t.n_tokens for t in batch)))
-            duration = end - last_end
-            last_end = end
-            pipeline = rt.stats().pipeline
-            report = pipeline.last_batch if pipeline is not None else None
-            predicted = predict_batch(before.profile, report) if report else forecast
-            records.append(
-                StepRecord(
-                    step=step,
-                    end_s=end - timeline.t0,
-                    duration_s=duration,
-                    wait_batch_s=got - t0,
-                    train_s=train_s,
-                    return_s=rt.last_return_s,
-                    generated_tokens=generated,
-                    trained_tokens=trained,
-                    throughput_tok_s=(generated + trained) / max(duration, 1e-9),
-                    reward=float(metrics.get("reward_mean", 0.0)),
-                    loss=float(metrics.get("loss", 0.0)),
-                    version=step,
-                    mode=s.mode,
-                    N_P=s.N_P,
-                    N_D=s.N_D,
-                    N_C=s.N_C,
-                    workers=counts(s).workers,
-                    predicted_makespan_s=predicted,
-                    measured_makespan_s=report.makespan_s if report else None,
-                    borrow=borrow_record(cycle),
-                    forecast_makespan_s=forecast,
-                    in_flight=report.in_flight if report else None,
-                    mean_workers=dict(report.workers) if report else {},
-                )
-            )
-            if evals is not None and learn.eval_due(learning, step, first + steps - 1):
-                evals.submit(step, weights, step)
-            latest = evals.latest() if evals is not None else None
-            state.update(
-                step=step,
-                throughput=records[-1].throughput_tok_s,
-                reward=records[-1].reward,
-                accuracy=latest and latest["accuracy"],
-            )
-    except KeyboardInterrupt:
-        interrupted = True
-        print("\ninterrupted: stopping and writing the report", flush=True)
-    except TimeoutError as e:
-        interrupted = True
-        print(f"\nno rollout batch: {e}; stopping and writing the report", flush=True)
-    finally:
-        driver.halt.set()
-        live.halt.set()
-        if live.is_alive():
-            live.join(2.0)
-            if live.tty and not quiet:
-                print(flush=True)
-        try:
-            stats = rt.stats()  # what this run's pearld counted, before it stops
-        finally:
-            rt.stop()
-        if stats.pipeline is not None:
-            count_cut_short(stats.pipeline.migrations, records, training)
-        held_out = evals.results() if evals is not None else []
-    summary = write_report(
-        out,
-        cfg,
-        records,
-        timeline,
-        interrupted,
-        stats.host_deaths,
-        evals=held_out,
-        learning={**prepared.warm_start, "settings": learn.describe(learning)},
-        groups=pipeline_counts(stats),
-        switches=mode_switches(stats, timeline.t0),
-    )
-    return summary
 
 
 def mode_switches(stats: RuntimeStats, t0: float) -> list[dict[str, Any]]:
@@ -638,4 +350,4 @@ def write_report(
     return summary
 
 
-__all__ = ["StepRecord", "Timeline", "run", "write_report"]
+__all__ = ["StepRecord", "Timeline", "write_report"]
