@@ -9,13 +9,10 @@ the trainer trains: up to ``(1 + staleness)`` batches are in flight or ready, le
 batch handed out has not yet come back as published weights (:meth:`Pipeline.admission_target`:
 a group started then runs on weights that will be too old by the time its batch is taken).
 
-The pipeline measures what the Runtime Tracker fits: per trajectory its turns, new prompt
-tokens, generated tokens, environment time and the prompt tokens the engines really prefilled
-(a turn's prompt minus what its worker reused from the trajectory's resident prefix); per batch
-its makespan, the mean number of trajectories in flight while it ran (B_flight: up to
-(1 + staleness) batches share the workers) and the mean number of active workers by role; and
-the fraction of running trajectories that are waiting on generation rather than on their
-environment (f, so theta = (1 - f) / f).
+The pipeline measures what the Runtime Tracker fits (:class:`pearl.rl.meter.Meter`): per
+trajectory its turns, tokens, environment time and the prompt tokens really prefilled; per batch
+its makespan, B_flight (up to (1 + staleness) batches share the workers) and the active workers by
+role; and the fraction f of running trajectories waiting on generation (theta = (1 - f) / f).
 """
 
 from __future__ import annotations
@@ -24,7 +21,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import math
 import threading
 import time
 from collections import deque
@@ -32,10 +28,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pearl.core.profile import TrajectoryStats
-from pearl.engines.base import FinishReason, GenerateResult, SamplingParams
+from pearl.engines.base import GenerateResult, SamplingParams
 from pearl.rl.env import Task, make_env, make_tasks
-from pearl.rl.progress import Sample, Workers, batch_occupancy, next_batch_eta
+from pearl.rl.meter import Meter, StepReport
+from pearl.rl.progress import Workers, next_batch_eta
 from pearl.rl.prompt import PromptBuilder
 from pearl.rl.rollout import GenerateFn, run_trajectory
 from pearl.rl.trajectory import Batch, Trajectory
@@ -68,28 +64,6 @@ class PipelineConfig:
     @property
     def groups_per_batch(self) -> int:
         return self.batch // self.group_size
-
-
-@dataclass(frozen=True)
-class StepReport:
-    """One batch as the Runtime Tracker needs it.
-
-    ``in_flight`` and ``workers`` are means over the batch's span (first group started -> last
-    group finished): trajectories in flight, and active rollout workers by role (colocated,
-    prefill, decode) as the Orchestrator last published them that could serve the batch: a lent
-    worker counts only once the batch before was handed out (the Router gives lent workers the
-    critical path alone). ``start_spread_s``: how long after
-    the batch's first group its last one started (groups start as capacity frees).
-    """
-
-    step: int
-    trajectories: tuple[TrajectoryStats, ...]
-    makespan_s: float
-    active_fraction: tuple[float, ...]
-    dropped_groups: int
-    in_flight: float = 0.0
-    workers: dict[str, float] = field(default_factory=dict)
-    start_spread_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -135,22 +109,10 @@ class Pipeline:
         self._step = 0
         self._training = False  # a batch was handed out and its weights are not yet published
         self._dropped = 0
-        self._running = 0  # trajectories in flight
-        self._generating = 0  # of which waiting on a generation
-        self._samples: list[float] = []
-        # Ten a second, for B_flight and the workers a batch ran with.
-        self._flight: deque[Sample] = deque(maxlen=36_000)
+        self._meter = Meter(clock)
         self._running_groups: dict[str, float] = {}  # group id -> when it started
         # Seconds from start to finish of the latest groups (the next batch's ETA uses them).
         self._group_s: deque[float] = deque(maxlen=4 * cfg.groups_per_batch)
-        self._workers: Workers = (0, 0, 0)
-        self._lent: Workers = (0, 0, 0)
-        self._handed_at = -math.inf  # when the last batch was handed out
-        self._measured: dict[str, _Measured] = {}  # trajectory id -> what it cost, so far
-        self._aborted: dict[str, float] = {}  # trajectory id -> when its generation was aborted
-        # Generations migrated (aborted by a role change or a removal, resumed from their prefix
-        # elsewhere): (when aborted, prompt tokens the resumption prefilled again).
-        self.migrations: deque[tuple[float, int]] = deque(maxlen=100_000)
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.failed = 0  # trajectories that failed outright (not counting aborted-and-resumed)
@@ -173,12 +135,18 @@ class Pipeline:
     ) -> None:
         """The active rollout workers by role, as the Orchestrator last published them, and of
         them the lent ones (on the trainer's GPUs) by role."""
-        self._workers, self._lent = (colocated, prefill, decode), lent
+        self._meter.workers, self._meter.lent = (colocated, prefill, decode), lent
 
     @property
     def generating(self) -> int:
         """Trajectories waiting on a generation now (requests in flight on the workers)."""
-        return self._generating
+        return self._meter.generating
+
+    @property
+    def migrations(self) -> Sequence[tuple[float, int]]:
+        """Generations migrated (aborted by a role change or a removal, resumed from their prefix
+        elsewhere): (when aborted, prompt tokens the resumption prefilled again)."""
+        return self._meter.migrations
 
     @property
     def batches_handed_out(self) -> int:
@@ -218,7 +186,7 @@ class Pipeline:
             return PipelineStats(
                 groups=dict(self.counts),
                 failed_trajectories=self.failed,
-                migrations=tuple(self.migrations),
+                migrations=tuple(self._meter.migrations),
                 last_batch=self.reports[-1] if self.reports else None,
             )
 
@@ -234,8 +202,10 @@ class Pipeline:
                     self._step += 1
                     self._training = True
                     batch = Batch(self._step, tuple(t for g in groups for t in g.trajectories))
-                    report = self._report(batch, groups)
-                    self._handed_at = self.clock()
+                    spans = [(g.started, g.finished) for g in groups]
+                    dropped, self._dropped = self._dropped, 0
+                    report = self._meter.report(batch, spans, dropped)
+                    self._meter.handed_at = self.clock()
                     break
                 left = deadline - self.clock()
                 if left <= 0:
@@ -269,38 +239,13 @@ class Pipeline:
         fresh: deque[_Group] = deque()
         for g in self._ready:
             if min(t.min_version for t in g.trajectories) < floor:
-                for t in g.trajectories:
-                    self._measured.pop(t.id, None)
+                self._meter.forget([t.id for t in g.trajectories])
                 self._dropped += 1
                 self.counts["stale"] += 1
                 log.info("dropped group %s: weights older than v%d", g.id, floor)
             else:
                 fresh.append(g)
         self._ready = fresh
-
-    def _report(self, batch: Batch, groups: list[_Group]) -> StepReport:
-        measured = [self._measured.pop(t.id, _Measured()) for t in batch.trajectories]
-        stats = tuple(
-            TrajectoryStats(
-                turns=t.n_turns,
-                new_tokens=sum(len(x.prompt_ids) for x in t.turns),
-                generated_tokens=t.n_generated,
-                env_s=t.env_s,
-                prefilled_tokens=m.prefilled,
-                seen_batch=m.seen_batch,
-                latency_s=m.latency_s,
-            )
-            for t, m in zip(batch.trajectories, measured, strict=True)
-        )
-        samples, self._samples = tuple(self._samples), []
-        dropped, self._dropped = self._dropped, 0
-        t0, t1 = min(g.started for g in groups), max(g.finished for g in groups)
-        now = Sample(t1, self._running, self._workers, self._lent)
-        # Lent workers count from the moment the batch before was handed out (the Router gives
-        # them the critical path alone).
-        in_flight, workers = batch_occupancy(self._flight, t0, t1, self._handed_at, now)
-        spread = max(g.started for g in groups) - t0
-        return StepReport(batch.step, stats, t1 - t0, samples, dropped, in_flight, workers, spread)
 
     def _poke(self) -> None:
         if self._loop is not None and self._wake is not None:
@@ -369,8 +314,7 @@ class Pipeline:
         with self._cv:
             started = self._running_groups.pop(gid)
             if failed:
-                for k in range(self.cfg.group_size):
-                    self._measured.pop(f"{gid}.{k}", None)
+                self._meter.forget([f"{gid}.{k}" for k in range(self.cfg.group_size)])
                 self.failed += len(failed)
                 self.counts["failed"] += 1
             else:
@@ -390,7 +334,7 @@ class Pipeline:
             top_p=self.cfg.top_p,
             seed=seed,
         )
-        self._running += 1
+        self._meter.running += 1
         started = self.clock()
         try:
             traj = await run_trajectory(
@@ -404,10 +348,10 @@ class Pipeline:
                 clock=self.clock,
             )
             with self._cv:
-                self._measured.setdefault(traj.id, _Measured()).latency_s = self.clock() - started
+                self._meter.finished(traj.id, self.clock() - started)
             return traj
         finally:
-            self._running -= 1
+            self._meter.running -= 1
 
     def attach(
         self, generate: GenerateFn, on_batch: Callable[[Batch, StepReport], None] | None = None
@@ -427,22 +371,13 @@ class Pipeline:
         prompt tokens really prefilled, the decode batch it ran in, and a resumption after an
         abort (a migration). Every trajectory the pipeline runs generates through it."""
         assert self._generate is not None, "attach() a generate function before run()"
-        self._generating += 1
+        self._meter.generating += 1
         try:
             result = await self._generate(ids, sampling, trajectory_id)
         finally:
-            self._generating -= 1
-        prefilled = max(0, result.prompt_tokens - result.cached_tokens)
+            self._meter.generating -= 1
         with self._cv:
-            m = self._measured.setdefault(trajectory_id, _Measured())
-            m.prefilled = (m.prefilled or 0) + prefilled
-            m.decode_steps += result.decode_steps
-            m.decode_batch_sum += result.decode_batch_sum
-            aborted = self._aborted.pop(trajectory_id, None)
-            if aborted is not None:  # a resumption: everything it prefilled was computed before
-                self.migrations.append((aborted, prefilled))
-            if result.finish_reason is FinishReason.ABORT:
-                self._aborted[trajectory_id] = self.clock()
+            self._meter.turn(trajectory_id, result)
         return result
 
     async def _sample(self, stop: asyncio.Event) -> None:
@@ -455,28 +390,7 @@ class Pipeline:
         workers serving them (B_flight, N; :meth:`set_workers`), and the fraction of running
         trajectories waiting on generation (f)."""
         with self._cv:
-            self._flight.append(Sample(self.clock(), self._running, self._workers, self._lent))
-            if self._running:
-                self._samples.append(self._generating / self._running)
-                if len(self._samples) > 10_000:
-                    del self._samples[: len(self._samples) // 2]
-
-
-@dataclass
-class _Measured:
-    """What one trajectory cost so far, as the engines and the pipeline's clock said (None: not
-    measured): the prompt tokens really prefilled, its decode iterations and their batch sizes
-    summed, and its seconds from start to end."""
-
-    prefilled: int | None = None
-    decode_steps: int = 0
-    decode_batch_sum: int = 0
-    latency_s: float | None = None
-
-    @property
-    def seen_batch(self) -> float | None:
-        """The mean batch of its decode iterations."""
-        return self.decode_batch_sum / self.decode_steps if self.decode_steps > 0 else None
+            self._meter.look()
 
 
 __all__ = ["Pipeline", "PipelineConfig", "PipelineStats", "StepReport"]
