@@ -44,7 +44,7 @@ import msgspec
 from actors import names
 from actors.base import DEFAULT_ASK_S, Directory
 from actors.messages import AbortRequest, GenerateDone, Route
-from actors.router import RETRY_AFTER_S, WAIT_S, backoff_s
+from actors.retries import RETRY_AFTER_S, WAIT_S, backoff_s
 from pearl.core.errors import NoWorker, RequestRefused
 from pearl.engines.base import EngineError, FinishReason, GenerateRequest, GenerateResult
 

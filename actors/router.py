@@ -22,17 +22,10 @@ A critical turn goes to the least-loaded worker unless its trajectory's worker i
 loaded (a decode iteration's cost grows with its batch; the move's re-prefill is paid within the
 turn).
 
-Retries have a clock, not a count. A request may wait for a worker up to its ``wait_s`` (the
-Route's, else the Router's: ``gateway.request_timeout_s``) from the moment it was routed, retries
-included; a request with nowhere to go waits until workers are routable again, and a retryable
-failure (the KV never arrived, the worker was leaving, its server is being relaunched, its host
-died) is routed again after a back-off that doubles per attempt (none for the first: a gone worker
-is replaced at once) up to ``MAX_BACKOFF_S``, so nothing retries in a tight loop. Past its time a
-request fails with ``retry_after_s`` set (the gateway's 503 with ``Retry-After``). A refusal of the
-request itself (``refused``: the server's 4xx) is final at once, and so is a request that no
-engine takes or that cannot be encoded for a worker host (``check_request``: an id or a seed
-beyond 64 bits, text that is not UTF-8), refused before it reaches any. An aborted request comes
-back with its generated prefix to whoever asked, who resubmits it.
+Retries have a clock, not a count (:mod:`actors.retries`): a request waits for a worker up to its
+``wait_s``, retries included, each retry after a back-off that doubles per attempt; past its time
+it fails with ``retry_after_s`` set. A refusal of the request itself is final at once. An aborted
+request comes back with its generated prefix to whoever asked, who resubmits it.
 
 A worker host that dies gives no answer and no prefix. The RoleSupervisor tells ``WorkerGone``
 and every request that ran there is routed again at once, from the start of its turn (the Router
@@ -67,6 +60,7 @@ import msgspec
 from actors import names
 from actors.base import Directory, PearlActor
 from actors.messages import AbortRequest, Generate, GenerateDone, Route, StateChanged
+from actors.retries import FIRST_BACKOFF_S, MAX_BACKOFF_S, RETRY_AFTER_S, WAIT_S, Pending
 from pearl.core import notice
 from pearl.core.errors import RequestRefused
 from pearl.core.routing import choose_worker
@@ -75,10 +69,6 @@ from pearl.engines.base import GenerateRequest, check_request
 
 log = logging.getLogger(__name__)
 
-WAIT_S = 120.0  # how long a request may wait for a worker when neither it nor the daemon says
-FIRST_BACKOFF_S = 0.25  # the wait before a request's second retry; doubled per attempt ...
-MAX_BACKOFF_S = 4.0  # ... up to this
-RETRY_AFTER_S = 5.0  # what a request that found no worker in its time is told to wait
 HOMES = 65_536  # trajectories whose last worker is remembered (least recently routed forgotten)
 LINK = -1  # the "worker" a request runs on when the real sglang-router dispatches it
 
@@ -111,37 +101,10 @@ class WorkerGone:
 
 
 @dataclass
-class Pending:
-    route: Route
-    attempt: int = 0
-    workers: tuple[int, ...] = ()  # where it runs now; the last one answers
-    original: GenerateRequest | None = None
-    prefilled: bool = False  # the prefill half of this attempt answered: its KV has left
-    sent_at: float = 0.0  # wall clock when this attempt was dispatched
-    migrating: bool = False  # this attempt was aborted off a leaving worker
-    deadline: float = float("inf")  # Router clock: past it, the request fails (no worker came)
-    not_before: float = 0.0  # Router clock: a retry waits for its back-off until then
-    why: str = ""  # why it was last routed again (said when it runs out of time)
-    avoid: set[int] = field(default_factory=set)  # workers that turned it away (relaunching)
-
-    def wire(self, rid: str) -> str:
-        """The engine rid of the current attempt."""
-        return rid if self.attempt == 0 else f"{rid}~{self.attempt}"
-
-
-@dataclass
 class View:
     colocated: list[int] = field(default_factory=list)
     prefill: list[int] = field(default_factory=list)
     decode: list[int] = field(default_factory=list)
-
-
-def backoff_s(attempt: int) -> float:
-    """How long retry ``attempt`` (1 = the first) waits before it is routed: 0, then
-    ``FIRST_BACKOFF_S`` doubled per attempt up to ``MAX_BACKOFF_S``."""
-    if attempt <= 1:
-        return 0.0
-    return min(MAX_BACKOFF_S, FIRST_BACKOFF_S * 2.0 ** min(attempt - 2, 16))
 
 
 class Router(PearlActor):
@@ -373,9 +336,7 @@ class Router(PearlActor):
         self._flush()
 
     def _again(self, rid: str, p: Pending, why: str) -> None:
-        p.attempt += 1
-        p.workers = ()
-        p.not_before, p.why = self.clock() + backoff_s(p.attempt), why
+        p.again(why, self.clock())
         self.wires[p.wire(rid)] = rid
         log.info("routing %s again (attempt %d): %s", rid, p.attempt + 1, why)
         self.waiting.append(rid)
@@ -391,8 +352,8 @@ class Router(PearlActor):
 
     def _finish(self, rid: str, p: Pending, msg: GenerateDone) -> None:
         del self.pending[rid]
-        for k in range(1, p.attempt + 1):
-            self.wires.pop(f"{rid}~{k}", None)
+        for wire in p.wires(rid):
+            self.wires.pop(wire, None)
         if msg.rid != rid:  # whoever asked knows the request by its own rid
             result = msg.result
             if result is not None:
@@ -439,4 +400,13 @@ class Router(PearlActor):
     }
 
 
-__all__ = ["LINK", "KvAddress", "LinkChanged", "Router", "WorkerGone"]
+__all__ = [
+    "FIRST_BACKOFF_S",
+    "LINK",
+    "MAX_BACKOFF_S",
+    "WAIT_S",
+    "KvAddress",
+    "LinkChanged",
+    "Router",
+    "WorkerGone",
+]
