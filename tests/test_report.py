@@ -105,7 +105,7 @@ def test_the_report_holds_evals_records_and_both_new_plots(tmp_path: Path) -> No
     ]
     cfg = types.SimpleNamespace(
         daemon=types.SimpleNamespace(pd="adaptive", borrow="gated"),
-        engine=types.SimpleNamespace(device_share=0.3),
+        engine=types.SimpleNamespace(torch=types.SimpleNamespace(device_share=0.3)),
         rl=types.SimpleNamespace(seed=3),
     )
     summary = demo.write_report(
