@@ -55,7 +55,7 @@ import pearl  # noqa: E402
 from pearl.core import events as ev  # noqa: E402
 from pearl.engines.base import EngineError  # noqa: E402
 from pearl.engines.sglang.launch import FACADE_MODULE  # noqa: E402
-from pearl.engines.sglang.router import RouterClient, WorkerEndpoint, launch_router  # noqa: E402
+from pearl.engines.sglang.router import SGLangRouterClient, WorkerEndpoint, launch_router  # noqa: E402
 from pearl.engines.web import call, parse_metrics  # noqa: E402
 from pearl.runtime import wait_training_may_proceed  # noqa: E402
 from pearl.testing.pearld import free_port  # noqa: E402
@@ -101,7 +101,7 @@ class Pool:
     to them."""
 
     def __init__(self, rt: pearl.Runtime, router: str, path: Path) -> None:
-        self.rt, self.router, self.path = rt, RouterClient(router), path
+        self.rt, self.router, self.path = rt, SGLangRouterClient(router), path
         self.base = rt.cfg.engine.sglang.port
         self.urls: dict[int, str] = {}
         self.registered: dict[str, str] = {}  # url -> the router's id for it

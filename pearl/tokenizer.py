@@ -12,6 +12,7 @@ slow, sentencepiece or vocab-and-merges tokenizer) falls back to ``transformers`
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -19,6 +20,8 @@ from pearl.core.errors import EngineError
 
 
 class Tokenizer(Protocol):
+    """Text to ids and back: what the gateway, the prompt builder and the engines tokenize with."""
+
     bos_id: int
     eos_id: int
     pad_id: int
@@ -26,7 +29,7 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str, add_bos: bool = False) -> list[int]: ...
 
-    def decode(self, ids: list[int] | tuple[int, ...]) -> str: ...
+    def decode(self, ids: Sequence[int]) -> str: ...
 
 
 class ByteTokenizer:
@@ -39,7 +42,7 @@ class ByteTokenizer:
         ids = list(text.encode("utf-8"))
         return [self.bos_id, *ids] if add_bos else ids
 
-    def decode(self, ids: list[int] | tuple[int, ...]) -> str:
+    def decode(self, ids: Sequence[int]) -> str:
         return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
 
 
@@ -105,7 +108,7 @@ class HFTokenizer:
         ids: list[int] = self._tok.encode(text, add_special_tokens=False).ids
         return [self.bos_id, *ids] if add_bos else ids
 
-    def decode(self, ids: list[int] | tuple[int, ...]) -> str:
+    def decode(self, ids: Sequence[int]) -> str:
         text = str(self._tok.decode(list(ids), skip_special_tokens=True))
         return _clean_up(text) if self._clean else text
 
@@ -131,7 +134,7 @@ class SlowHFTokenizer:
         ids: list[int] = self._tok.encode(text, add_special_tokens=False)
         return [self.bos_id, *ids] if add_bos else ids
 
-    def decode(self, ids: list[int] | tuple[int, ...]) -> str:
+    def decode(self, ids: Sequence[int]) -> str:
         return str(self._tok.decode(list(ids), skip_special_tokens=True))
 
 

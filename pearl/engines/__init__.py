@@ -1,7 +1,7 @@
 """Inference engines behind one contract (:mod:`pearl.engines.base`): torch, sim, sglang, vllm.
 
 Two families: in-process engines run their own serving loop (``torch``, ``sim``; their base
-is :class:`~pearl.engines.serving.ServingEngine`); server engines launch and drive a
+is :class:`~pearl.engines.in_process.InProcessEngine`); server engines launch and drive a
 third-party server per worker over HTTP (``sglang``, ``vllm``; their base is
 :class:`~pearl.engines.server.ServerEngine`).
 ``pearl.engines.torch.TorchEngine`` (imports torch and transformers), ``SGLangEngine`` and
@@ -11,7 +11,6 @@ third-party server per worker over HTTP (``sglang``, ``vllm``; their base is
 
 from __future__ import annotations
 
-from pearl.engines.backend import ServingConfig
 from pearl.engines.base import (
     Engine,
     EngineError,
@@ -25,7 +24,8 @@ from pearl.engines.base import (
     KVTransferStat,
     SamplingParams,
 )
-from pearl.engines.serving import ServingEngine
+from pearl.engines.in_process import InProcessEngine
+from pearl.engines.model_backend import ServingConfig
 from pearl.engines.sim import SimCost, SimEngine, SimEngineConfig
 
 __all__ = [
@@ -41,7 +41,7 @@ __all__ = [
     "KVTransferStat",
     "SamplingParams",
     "ServingConfig",
-    "ServingEngine",
+    "InProcessEngine",
     "SimCost",
     "SimEngine",
     "SimEngineConfig",

@@ -33,7 +33,7 @@ import msgspec
 from pearl.core.state import Role
 from pearl.engines.base import EngineError, GenerateResult, KVTimeout
 from pearl.engines.facade_state import Counters, Rooms
-from pearl.engines.serving import ServingEngine
+from pearl.engines.in_process import InProcessEngine
 from pearl.engines.sglang import protocol as P
 from pearl.engines.web import call
 from transports.bulk import ZmqKVChannel
@@ -46,7 +46,7 @@ Reply = tuple[int, Any]
 SIM = "sim"  # --model-path sim: the sim engine's cost model instead of a torch model
 
 
-def _torch_engine(a: argparse.Namespace, role: Role, kv: ZmqKVChannel) -> ServingEngine:
+def _torch_engine(a: argparse.Namespace, role: Role, kv: ZmqKVChannel) -> InProcessEngine:
     from pearl.engines.torch.engine import TorchEngine
 
     preset, path = (a.model_path, "") if not Path(a.model_path).is_dir() else ("tiny", a.model_path)
@@ -63,7 +63,7 @@ def _torch_engine(a: argparse.Namespace, role: Role, kv: ZmqKVChannel) -> Servin
     )
 
 
-def _sim_engine(a: argparse.Namespace, role: Role, kv: ZmqKVChannel) -> ServingEngine:
+def _sim_engine(a: argparse.Namespace, role: Role, kv: ZmqKVChannel) -> InProcessEngine:
     """The sim engine of ``--sim-model`` on ``--sim-gpu`` x ``--tp``: SGLang's API over the same
     cost model pearld's sim workers run, so benchmarks can put HTTP clients and real routers in
     front of sim workers."""
@@ -82,7 +82,7 @@ class Facade:
         self.version = a.pretend_version
         self.mode = a.disaggregation_mode
         self.kv = ZmqKVChannel()
-        self.engine: ServingEngine = (
+        self.engine: InProcessEngine = (
             _sim_engine(a, P.ROLES[self.mode], self.kv)
             if a.model_path == SIM
             else _torch_engine(a, P.ROLES[self.mode], self.kv)

@@ -1,7 +1,7 @@
 """What the server engines share: the engine contract over one supervised server process.
 
 Engines come in two families. In-process engines (``torch``, ``sim``) run their own serving
-loop (:class:`~pearl.engines.serving.ServingEngine`). Server engines (``sglang``, ``vllm``)
+loop (:class:`~pearl.engines.in_process.InProcessEngine`). Server engines (``sglang``, ``vllm``)
 launch a third-party server per worker host and drive it over HTTP: :class:`ServerEngine` is
 their base, and owns everything that is not the server's dialect:
 

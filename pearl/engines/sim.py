@@ -21,8 +21,8 @@ from typing import Any
 
 from pearl.core.state import Role
 from pearl.engines.base import EngineError, KVChannel
+from pearl.engines.in_process import InProcessEngine, ServingConfig
 from pearl.engines.sequence import Phase, Segment, Seq
-from pearl.engines.serving import ServingConfig, ServingEngine
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ class SimEngineConfig(ServingConfig):
     time_scale: float = 0.001  # wall seconds per model second
 
 
-class SimEngine(ServingEngine):
+class SimEngine(InProcessEngine):
     """``SimEngine(cost=SimCost(), role=Role.COLOCATED, kv_channel=None, time_scale=0.001, ...)``"""
 
     kind = "sim"

@@ -1,5 +1,5 @@
 """The gateway's FastAPI application: OpenAI's chat and completions, SGLang's ``/generate``,
-and PEARL's control routes, over one :class:`~pearl.gateway.backend.Backend`.
+and PEARL's control routes, over one :class:`~pearl.gateway.backend.GatewayBackend`.
 
 :func:`build_app` only wires: a :class:`~pearl.gateway.context.Context` over the backend, the
 :class:`~pearl.gateway.guard.Guard` (and CORS), the error handlers, and one router per API
@@ -28,7 +28,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from pearl.gateway import errors, routes
-from pearl.gateway.backend import Backend
+from pearl.gateway.backend import GatewayBackend
 from pearl.gateway.context import Context
 from pearl.gateway.errors import error_body
 from pearl.gateway.guard import Guard, origin_of
@@ -38,7 +38,7 @@ from pearl.gateway.routes.control import EVENT_KINDS
 
 
 def build_app(
-    backend: Backend,
+    backend: GatewayBackend,
     *,
     api_key: str | None = None,
     max_body_bytes: int = 1 << 20,

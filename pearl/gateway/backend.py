@@ -1,7 +1,7 @@
 """What the HTTP gateway needs from whatever serves it: the contract between the two halves.
 
 The gateway (``pearl.gateway.app``) speaks HTTP and the OpenAI / SGLang dialects; a
-:class:`Backend` generates tokens and takes control events. The pool backend
+:class:`GatewayBackend` generates tokens and takes control events. The pool backend
 (``pearl.gateway.pool``) routes through PEARL's Router to the elastic pool; tests use a scripted
 one. The gateway never sees actors, the event log or engines: only this module's types.
 
@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from pearl.tokenizer import Tokenizer
 
 
 class GatewayError(Exception):
@@ -75,15 +77,7 @@ class Usage:
     weight_versions: list[tuple[int, int]] = field(default_factory=list)  # (first token, version)
 
 
-class Tokenizer(Protocol):
-    eos_id: int
-
-    def encode(self, text: str) -> list[int]: ...
-
-    def decode(self, ids: Sequence[int]) -> str: ...
-
-
-class Backend(Protocol):
+class GatewayBackend(Protocol):
     model: str  # the one model id /v1/models lists and requests must name
     max_context: int  # prompt + completion tokens a request may span
     vocab_size: int  # the served model's vocabulary: every token id is in [0, vocab_size)
@@ -106,4 +100,4 @@ class Backend(Protocol):
         ...
 
 
-__all__ = ["Backend", "Delta", "GatewayError", "Sampling", "Tokenizer", "Usage"]
+__all__ = ["Delta", "GatewayBackend", "GatewayError", "Sampling", "Usage"]

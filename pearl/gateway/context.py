@@ -11,17 +11,18 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from pearl.gateway.backend import Backend, Tokenizer
+from pearl.gateway.backend import GatewayBackend
+from pearl.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
 class Context:
-    backend: Backend
+    backend: GatewayBackend
     tok: Tokenizer  # the backend's tokenizer, as the gateway was built
     created: int = field(default_factory=lambda: int(time.time()))  # /v1/models' "created"
 
     @classmethod
-    def of(cls, backend: Backend) -> Context:
+    def of(cls, backend: GatewayBackend) -> Context:
         return cls(backend=backend, tok=backend.tokenizer)
 
     def token_text(self, i: int) -> str:

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field, replace
 
 from pearl.gateway import protocol as p
 from pearl.gateway import stops as stops_mod
-from pearl.gateway.backend import Delta, GatewayError, Tokenizer
+from pearl.gateway.backend import Delta, GatewayError
 from pearl.gateway.context import Context
 from pearl.gateway.jobs import Job
+from pearl.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True, kw_only=True)

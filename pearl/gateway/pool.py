@@ -29,7 +29,7 @@ import threading
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import msgspec
 
@@ -44,9 +44,10 @@ from pearl.core.errors import LogWriteFailed, NoWorker, PearlError, RequestRefus
 from pearl.core.state import TrainingPhase
 from pearl.core.status import status_plain
 from pearl.engines.base import FinishReason, GenerateRequest, SamplingParams
-from pearl.gateway.backend import Delta, GatewayError, Sampling, Tokenizer
+from pearl.gateway.backend import Delta, GatewayError, Sampling
 from pearl.gateway.protocol import bad_text
 from pearl.gateway.sessions import SessionBook
+from pearl.tokenizer import Tokenizer
 
 ASK_S = 30.0  # an event or a status answered by pearld's actors
 EVENTS: dict[str, type[ev.ElasticEvent]] = {t.KIND: t for t in ev.ELASTIC_EVENTS}
@@ -120,8 +121,8 @@ def finish_of(reason: FinishReason | None) -> str:
 
 
 class PoolBackend:
-    """:class:`pearl.gateway.backend.Backend` over the elastic pool of the pearld whose actors
-    are in ``directory`` (see the module)."""
+    """:class:`pearl.gateway.backend.GatewayBackend` over the elastic pool of the pearld whose
+    actors are in ``directory`` (see the module)."""
 
     def __init__(
         self,
@@ -138,7 +139,7 @@ class PoolBackend:
             from pearl.tokenizer import load_tokenizer
 
             where = model_dir(cfg)
-            tokenizer = cast(Tokenizer, load_tokenizer(where))
+            tokenizer = load_tokenizer(where)
             chat_template = chat_template or load_chat_template(where)
         self.directory, self.cfg = directory, cfg
         self.tokenizer: Tokenizer = tokenizer

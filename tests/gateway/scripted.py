@@ -1,4 +1,4 @@
-"""A scripted Backend for the gateway's tests: a TEST DOUBLE, not an engine.
+"""A scripted GatewayBackend for the gateway's tests: a TEST DOUBLE, not an engine.
 
 It answers every request with the next scripted reply (text, or token ids) or, when ``reply_to``
 is set, with what that function makes of the prompt's text (a scripted policy, for multi-turn
@@ -25,11 +25,14 @@ from pearl.gateway.backend import Delta, GatewayError, Sampling
 EOS = 256
 
 
-class ByteTokenizer:
-    eos_id = EOS
+class ScriptedTokenizer:
+    """Byte-level, with EOS at 256 (bos and pad too: the scripted replies need none)."""
 
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
+    bos_id = eos_id = pad_id = EOS
+    vocab_size = 512
+
+    def encode(self, text: str, add_bos: bool = False) -> list[int]:
+        return [EOS] * add_bos + list(text.encode("utf-8"))
 
     def decode(self, ids: Sequence[int]) -> str:
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
@@ -66,7 +69,7 @@ class ScriptedBackend:
     calls: list[Call] = field(default_factory=list)
     events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     closed: list[str] = field(default_factory=list)  # rids whose generator was closed early
-    tokenizer: ByteTokenizer = field(default_factory=ByteTokenizer)
+    tokenizer: ScriptedTokenizer = field(default_factory=ScriptedTokenizer)
 
     def reply_ids(self, n: int) -> list[int]:
         reply = self.replies[n % len(self.replies)]

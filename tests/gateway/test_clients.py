@@ -14,12 +14,12 @@ import pytest
 
 from pearl.gateway.app import build_app
 from pearl.testing.wait import wait_until
-from tests.gateway.scripted import EOS, ByteTokenizer, ScriptedBackend
+from tests.gateway.scripted import EOS, ScriptedBackend, ScriptedTokenizer
 from tests.gateway.serving import serve
 
 MODEL = "scripted-model"
 KEY = "test-key"
-TOK = ByteTokenizer()
+TOK = ScriptedTokenizer()
 HI = [{"role": "user", "content": "Hi"}]
 ADD = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
 TOOLS = [{"type": "function", "function": {"name": "add", "parameters": ADD}}]

@@ -10,10 +10,10 @@ from fastapi.testclient import TestClient
 from pearl.gateway.app import EVENT_KINDS, build_app
 from pearl.gateway.backend import GatewayError
 from tests.gateway.conftest import sse
-from tests.gateway.scripted import EOS, ByteTokenizer, ScriptedBackend, logprob_of
+from tests.gateway.scripted import EOS, ScriptedBackend, ScriptedTokenizer, logprob_of
 
 MODEL = "scripted-model"
-TOK = ByteTokenizer()
+TOK = ScriptedTokenizer()
 HI = [{"role": "user", "content": "Hi"}]
 CHATML_HI = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
 

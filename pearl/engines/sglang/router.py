@@ -64,7 +64,7 @@ def endpoints_of(workers: Iterable[Worker], cfg: SGLangConfig) -> dict[str, Work
     return out
 
 
-class RouterClient:
+class SGLangRouterClient:
     """One running sglang-router."""
 
     def __init__(self, url: str, timeout_s: float = 10.0) -> None:
@@ -98,7 +98,10 @@ class SGLangRouterLink:
         admit_timeout_s: float = 30.0,
         processes: tuple[ServerProcess, ...] = (),
     ) -> None:
-        self.routers = {"regular": RouterClient(regular_url), "pd": RouterClient(pd_url)}
+        self.routers = {
+            "regular": SGLangRouterClient(regular_url),
+            "pd": SGLangRouterClient(pd_url),
+        }
         self.cfg, self.on_change = cfg, on_change
         self.request_timeout_s, self.admit_timeout_s = request_timeout_s, admit_timeout_s
         self.processes = processes
@@ -170,7 +173,7 @@ class SGLangRouterLink:
         self._notify(changed)
         return True
 
-    def _router_for(self, worker_type: str) -> RouterClient:
+    def _router_for(self, worker_type: str) -> SGLangRouterClient:
         return self.routers["regular" if worker_type == "regular" else "pd"]
 
     def _await_healthy(self, joining: list[WorkerEndpoint]) -> None:
@@ -316,7 +319,7 @@ def link_from_config(
 
 
 __all__ = [
-    "RouterClient",
+    "SGLangRouterClient",
     "SGLangRouterLink",
     "WorkerEndpoint",
     "endpoints_of",

@@ -19,8 +19,8 @@ import torch
 from pearl.core.state import Role
 from pearl.engines.base import EngineError, KVChannel
 from pearl.engines.device import VirtualDevice
+from pearl.engines.in_process import InProcessEngine, ServingConfig
 from pearl.engines.sequence import Segment, Seq
-from pearl.engines.serving import ServingConfig, ServingEngine
 from pearl.engines.torch import model as M
 from pearl.engines.torch.runner import PagedRunner
 from pearl.engines.torch.sampling import generator_for, sample
@@ -41,7 +41,7 @@ class TorchEngineConfig(ServingConfig):
     device_share: float | None = None  # a virtual device of this share of one core; None: all
 
 
-class TorchEngine(ServingEngine):
+class TorchEngine(InProcessEngine):
     kind = "torch"
 
     def __init__(

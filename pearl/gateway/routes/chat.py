@@ -15,9 +15,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from pearl.gateway import chat as chat_mod
 from pearl.gateway import protocol as p
 from pearl.gateway import stops as stops_mod
+from pearl.gateway import templates
 from pearl.gateway.context import Context
 from pearl.gateway.errors import refuse
 from pearl.gateway.jobs import Job, check_common, job, session_of
@@ -42,12 +42,12 @@ def check(req: p.ChatRequest) -> None:
 
 def prompt_ids(ctx: Context, req: p.ChatRequest) -> list[int]:
     """The chat rendered with the model's template, as token ids."""
-    messages = chat_mod.message_dicts(req.messages)
+    messages = templates.message_dicts(req.messages)
     tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
     extra = dict(req.chat_template_kwargs or {})
     eos_id = ctx.tok.eos_id
     extra.setdefault("eos_token", ctx.token_text(eos_id) if eos_id >= 0 else "")
-    text = chat_mod.render(ctx.backend.chat_template, messages, tools, extra)
+    text = templates.render(ctx.backend.chat_template, messages, tools, extra)
     return list(ctx.tok.encode(text))
 
 
@@ -95,7 +95,7 @@ def response(
 ) -> p.ChatResponse:
     """The whole response, its tool calls parsed out of its text when ``use_tools``."""
     out = final_text(ctx, j, acc)
-    content, calls = chat_mod.parse_tool_calls(out) if use_tools else (out, [])
+    content, calls = templates.parse_tool_calls(out) if use_tools else (out, [])
     tool_calls = [
         p.ResponseToolCall(id=c.id, function=p.ResponseFunction(name=c.name, arguments=c.arguments))
         for c in calls
@@ -132,7 +132,7 @@ async def chunks(
     if want.token_ids:
         first.prompt_token_ids = j.prompt_ids
     yield first
-    acc, held = Acc(), chat_mod.ToolStream() if use_tools else None
+    acc, held = Acc(), templates.ToolStream() if use_tools else None
     async for d, text in texts(ctx, j, acc):
         if held is not None:
             text = held.feed(text)
@@ -143,7 +143,7 @@ async def chunks(
                 token_ids=list(d.token_ids) if want.token_ids else None,
                 weight_version=d.weight_version,
             )
-    calls: list[chat_mod.ParsedCall] = []
+    calls: list[templates.ParsedCall] = []
     if held is not None:
         rest, calls = held.finish()
         if rest:

@@ -20,7 +20,7 @@ from pearl.core.state import Activity, Role, Worker, Zone
 from pearl.core.view import ClusterView, TableSnapshot
 from pearl.engines.base import FinishReason, GenerateRequest, SamplingParams
 from pearl.engines.sglang import SGLangClient
-from pearl.engines.sglang.router import RouterClient, SGLangRouterLink, launch_routers
+from pearl.engines.sglang.router import SGLangRouterClient, SGLangRouterLink, launch_routers
 from pearl.engines.web import call
 from pearl.testing.wait import wait_until
 
@@ -78,8 +78,8 @@ def harness(servers: Servers, routers: tuple[str, str]) -> Iterator[SimpleNamesp
         router=router,
         trainer=trainer,
         publish=publish,
-        rc=RouterClient(routers[0]),
-        pd=RouterClient(routers[1]),
+        rc=SGLangRouterClient(routers[0]),
+        pd=SGLangRouterClient(routers[1]),
     )
     publish(())
     wait(lambda: not link.registered, what="deregistration")

@@ -1,6 +1,6 @@
 """The serving loop in-process engines share: continuous batching, roles, PD, memory, telemetry.
 
-:class:`ServingEngine` implements the :class:`~pearl.engines.base.Engine` contract once. It runs
+:class:`InProcessEngine` implements the :class:`~pearl.engines.base.Engine` contract once. It runs
 one scheduler thread that, every iteration, takes new requests and aborts, polls the KV channel,
 admits queued sequences while KV pages last, and hands one batch of :class:`Segment` s (one decode
 token per running sequence, then chunked prefill up to the token budget) to the backend's
@@ -22,7 +22,6 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
 from pearl.core.state import Role
-from pearl.engines.backend import Backend, ServingConfig
 from pearl.engines.base import (
     EngineBase,
     EngineError,
@@ -37,6 +36,7 @@ from pearl.engines.base import (
 from pearl.engines.blocks import KVBlocks
 from pearl.engines.handoff import KVHandoff
 from pearl.engines.lifecycle import EngineState, Lifecycle
+from pearl.engines.model_backend import ModelBackend, ServingConfig
 from pearl.engines.scheduler import Scheduler
 from pearl.engines.sequence import Phase, Segment, Seq
 
@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class ServingEngine(EngineBase, Backend):
+class InProcessEngine(EngineBase, ModelBackend):
     """The shared engine; subclasses supply the model (``_forward`` and the memory hooks)."""
 
     def __init__(self, config: ServingConfig, role: Role, kv_channel: KVChannel | None) -> None:
@@ -412,4 +412,4 @@ class ServingEngine(EngineBase, Backend):
             seq.future.set_result(result)  # type: ignore[arg-type]
 
 
-__all__ = ["ServingConfig", "ServingEngine"]
+__all__ = ["ServingConfig", "InProcessEngine"]

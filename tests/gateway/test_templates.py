@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from pearl.gateway import protocol as p
 from pearl.gateway.app import _Detok
 from pearl.gateway.backend import GatewayError
-from pearl.gateway.chat import ToolStream, message_dicts, parse_tool_calls, render
-from tests.gateway.scripted import ByteTokenizer
+from pearl.gateway.templates import ToolStream, message_dicts, parse_tool_calls, render
+from tests.gateway.scripted import ScriptedTokenizer
 
 TOOLS = [
     {
@@ -164,7 +164,7 @@ def test_tool_stream_streams_exactly_the_parsed_content(pieces: list[str], cuts:
 
 @given(st.text(max_size=40), st.lists(st.integers(1, 6), min_size=1, max_size=40))
 def test_incremental_detokenizing_adds_up_to_the_whole_decode(text: str, cuts: list[int]) -> None:
-    tok = ByteTokenizer()
+    tok = ScriptedTokenizer()
     ids, parts, at, k = tok.encode(text), [], 0, 0
     detok = _Detok(tok)
     while at < len(ids):

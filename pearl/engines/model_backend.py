@@ -1,6 +1,6 @@
 """What an in-process engine's model side provides to the shared serving loop, and its knobs.
 
-The loop (:mod:`pearl.engines.serving`) schedules; a backend computes. All hooks run on the
+The loop (:mod:`pearl.engines.in_process`) schedules; a backend computes. All hooks run on the
 engine thread (``_backend_start`` and ``_free_device`` at stop also run on the caller's).
 """
 
@@ -28,7 +28,7 @@ class ServingConfig:
     call_timeout_s: float = 600.0  # a release/resume/load/set_role call waits this long
 
 
-class Backend(ABC):
+class ModelBackend(ABC):
     """The model side of an engine: K/V storage, the forward pass, weights and device memory."""
 
     @abstractmethod
@@ -84,4 +84,4 @@ class Backend(ABC):
         return None
 
 
-__all__ = ["Backend", "ServingConfig"]
+__all__ = ["ModelBackend", "ServingConfig"]
