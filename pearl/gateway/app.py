@@ -8,11 +8,15 @@ and PEARL's control routes, over one :class:`~pearl.gateway.backend.GatewayBacke
 Rules:
 - Every answer that is not a success is an OpenAI error body
   (``{"error": {"message", "type", "param", "code"}}``): 400 for bad input (malformed JSON,
-  unknown model, unsupported parameters, named), the :class:`~pearl.gateway.guard.Guard`'s
+  a field PEARL does not implement yet, named: :mod:`pearl.gateway.fields`), 404
+  ``model_not_found`` for another model, the :class:`~pearl.gateway.guard.Guard`'s
   refusals (401, 403, 408, 413, 415, 421, 429) before any route runs, a
   :class:`GatewayError`'s own status, 500 for anything unexpected. No error stops the app; an
   error after a stream began is its last event.
-- The API key, when set, guards every route; the comparison takes constant time.
+- The API key, when set, guards every route but vLLM's health routes (``/health``, ``/ping``,
+  ``/version``); the comparison takes constant time.
+- Fields a route does not read are ignored, as vLLM ignores them, and named in the response's
+  ``X-PEARL-Ignored-Fields`` header; an explicit ``null`` is the field's default.
 - Token-exact: ``token_ids`` are every generated id, the stop token included; text leaves out a
   final stop token. Weight versions come as ``[[first token index, version], ...]``.
 - Stop strings end a response where its text first holds one (:mod:`pearl.gateway.stops`).

@@ -31,16 +31,17 @@ from pearl.tokenizer import Tokenizer
 class GatewayError(Exception):
     """A request the gateway answers with an error body: ``status`` is its HTTP status,
     ``kind`` OpenAI's error type (``invalid_request_error``, ``authentication_error``, ...),
-    ``param`` the request field at fault, if one is. A transient refusal (503, 429) names
-    ``retry_after_s``, sent as the ``Retry-After`` header."""
+    ``param`` the request field at fault, if one is, ``code`` OpenAI's error code
+    (``model_not_found``). A transient refusal (503, 429) names ``retry_after_s``, sent as the
+    ``Retry-After`` header."""
 
     def __init__(
         self, message: str, status: int = 400, kind: str = "invalid_request_error",
-        param: str | None = None, retry_after_s: float | None = None,
+        param: str | None = None, retry_after_s: float | None = None, code: str | None = None,
     ) -> None:  # fmt: skip
         super().__init__(message)
         self.message, self.status, self.kind, self.param = message, status, kind, param
-        self.retry_after_s = retry_after_s
+        self.retry_after_s, self.code = retry_after_s, code
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,11 @@ class GatewayBackend(Protocol):
 
     async def status(self) -> dict[str, Any]:
         """``pearl status --json``."""
+        ...
+
+    async def serving(self) -> str | None:
+        """None once a worker serves requests; else why none does (``/health``'s 503). Cheap:
+        load balancers ask every few seconds."""
         ...
 
     async def event(self, kind: str, body: dict[str, Any]) -> dict[str, Any]:

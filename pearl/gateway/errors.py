@@ -66,7 +66,9 @@ def error_response(e: GatewayError) -> JSONResponse:
     if e.retry_after_s is not None:
         headers = {"Retry-After": str(max(1, math.ceil(e.retry_after_s)))}
     return JSONResponse(
-        error_body(e.message, e.status, e.kind, e.param), status_code=e.status, headers=headers
+        error_body(e.message, e.status, e.kind, e.param, e.code),
+        status_code=e.status,
+        headers=headers,
     )
 
 

@@ -7,7 +7,9 @@ pool:
    rebound to 127.0.0.1 cannot read the gateway. A request without ``Host`` is not a browser's.
 2. **Origin** (403): a request with an ``Origin`` header (a browser's, cross-site or not) is
    refused unless that origin is in ``allowed_origins``.
-3. **API key** (401), when one is set; compared in constant time.
+3. **API key** (401), when one is set; compared in constant time. The health routes
+   (:data:`OPEN_PATHS`: ``/health``, ``/ping``, ``/version``) need none, as in vLLM, so that a
+   load balancer's or Kubernetes' probe can call them; checks 1 and 2 still apply.
 4. **JSON control** (415): a ``POST /pearl/...`` must be ``Content-Type: application/json``,
    which a page cannot send without a CORS preflight.
 5. **Requests** (429 + ``Retry-After``): at most ``max_requests`` generation requests
@@ -38,6 +40,7 @@ from pearl.gateway.errors import error_body
 log = logging.getLogger("pearl.gateway")
 
 GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/generate"})
+OPEN_PATHS = frozenset({"/health", "/ping", "/version"})  # no API key (vLLM's health routes)
 CONTROL_PREFIX = "/pearl/"
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
 RETRY_S = 1  # Retry-After of a request refused over the bound
@@ -131,7 +134,8 @@ class Guard:
                 f"requests from the browser origin {origin.decode('latin-1')!r} are refused; "
                 "list it in gateway.allowed_origins to allow it"
             )
-        if self.expected is not None and not self.authorized(headers.get(b"authorization", b"")):
+        keyed = self.expected is not None and scope["path"] not in OPEN_PATHS
+        if keyed and not self.authorized(headers.get(b"authorization", b"")):
             return 401, "missing or wrong API key (Authorization: Bearer KEY)"
         if scope["method"] == "POST" and scope["path"].startswith(CONTROL_PREFIX):
             media = headers.get(b"content-type", b"").partition(b";")[0].strip().lower()
@@ -271,6 +275,7 @@ class Guard:
 
 __all__ = [
     "GENERATION_PATHS",
+    "OPEN_PATHS",
     "Guard",
     "host_allowed",
     "origin_of",

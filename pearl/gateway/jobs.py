@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
+from pearl.gateway import fields
 from pearl.gateway import protocol as p
 from pearl.gateway import stops as stops_mod
 from pearl.gateway.backend import GatewayError, Sampling
@@ -41,14 +42,16 @@ class Job:
         return ids
 
 
-def check_model(ctx: Context, model: str) -> None:
-    """``model`` is the one this gateway serves."""
-    if model != ctx.backend.model:
+def check_model(ctx: Context, model: str | None) -> None:
+    """``model`` is the one this gateway serves (None: a route where it is optional); else 404
+    ``model_not_found``, as vLLM and OpenAI answer."""
+    if model is not None and model != ctx.backend.model:
         raise GatewayError(
-            f"unknown model {model!r}; this gateway serves {ctx.backend.model!r}",
-            400,
+            f"the model {model!r} does not exist; this gateway serves {ctx.backend.model!r}",
+            404,
             "invalid_request_error",
             "model",
+            code="model_not_found",
         )
 
 
@@ -63,17 +66,12 @@ def check_text(req: p.BaseModel) -> None:
         )
 
 
-def check_common(ctx: Context, req: p._Sampled) -> None:
-    """What chat and completions refuse alike: bad text, another model, what is unsupported."""
+def check_common(ctx: Context, req: p._Sampled, route: str) -> None:
+    """What chat and completions (``route``) refuse alike: bad text, another model, a field
+    PEARL does not implement yet (:data:`pearl.gateway.fields.REFUSED`)."""
     check_text(req)
     check_model(ctx, req.model)
-    if req.n not in (None, 1):
-        raise refuse("n > 1 is not supported: one choice per request", "n")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(req, name):
-            raise refuse(f"{name} is not supported (only 0)", name)
-    if req.logit_bias:
-        raise refuse("logit_bias is not supported", "logit_bias")
+    fields.check(req, route)
 
 
 def check_ids(ctx: Context, ids: Sequence[int], param: str | None) -> None:

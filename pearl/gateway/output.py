@@ -9,8 +9,11 @@ stop token included; weight versions are ``[(first token index, version), ...]``
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
 
 from pearl.gateway import protocol as p
 from pearl.gateway import stops as stops_mod
@@ -141,4 +144,69 @@ async def texts(ctx: Context, j: Job, acc: Acc) -> AsyncIterator[tuple[Delta, st
         yield d, stopper.push(text, final)
 
 
-__all__ = ["Acc", "Detok", "Extras", "collect", "deltas", "final_text", "texts"]
+T = TypeVar("T")
+
+
+async def gather(aws: Sequence[Awaitable[T]]) -> list[T]:
+    """All of ``aws`` at once (a completions request's prompts); the first error ends the
+    others (their requests are aborted in the pool) and is raised."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def merge(its: Sequence[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
+    """The items of ``its`` as each comes, with the index of the iterator it came from; the
+    first error ends the others (each is closed) and is raised. One iterator is read as is."""
+    if len(its) == 1:
+        async for x in its[0]:
+            yield 0, x
+        return
+    queue: asyncio.Queue[tuple[int, Any, BaseException | None]] = asyncio.Queue()
+    end = object()
+
+    async def pump(i: int, it: AsyncIterator[T]) -> None:
+        try:
+            async for x in it:
+                queue.put_nowait((i, x, None))
+            queue.put_nowait((i, end, None))
+        except Exception as e:
+            queue.put_nowait((i, None, e))
+        finally:
+            aclose = getattr(it, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
+
+    tasks = [asyncio.ensure_future(pump(i, it)) for i, it in enumerate(its)]
+    try:
+        left = len(tasks)
+        while left:
+            i, x, error = await queue.get()
+            if error is not None:
+                raise error
+            if x is end:
+                left -= 1
+                continue
+            yield i, x
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+__all__ = [
+    "Acc",
+    "Detok",
+    "Extras",
+    "collect",
+    "deltas",
+    "final_text",
+    "gather",
+    "merge",
+    "texts",
+]

@@ -14,7 +14,9 @@ events to the same handlers as the ZeroMQ API.
 - ``status`` is the Orchestrator's status (``pearl status --json``); ``event`` builds the record
   of one of :data:`pearl.core.events.ELASTIC_EVENTS` from its kind and fields and hands it to the
   ElasticScheduler: a bad kind or body is a 400, an event the scheduler refuses a 409 with its
-  message.
+  message. A training event without a ``step`` gets the one ``pearl event`` would send.
+- ``serving`` (``/health``) reads the routable workers from the table's last change; before
+  one is heard, or while none is routable, the Orchestrator's status says why.
 - Registered as :data:`actors.names.GATEWAY`, it hears the table's changes: a training step's
   begin, however the trainer sent it, is a step boundary for the sessions.
 """
@@ -26,6 +28,7 @@ import contextlib
 import json
 import re
 import threading
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -50,6 +53,8 @@ from pearl.gateway.sessions import SessionBook
 from pearl.tokenizer import Tokenizer
 
 ASK_S = 30.0  # an event or a status answered by pearld's actors
+HEALTH_ASK_S = 5.0  # /health's status: a probe does not wait long
+STEP_EVENTS = frozenset({"training-begin", "training-finished"})  # a step by default
 EVENTS: dict[str, type[ev.ElasticEvent]] = {t.KIND: t for t in ev.ELASTIC_EVENTS}
 
 
@@ -151,6 +156,7 @@ class PoolBackend:
         self.sessions = SessionBook(sessions_per_step, session_idle_s)
         self._lock = threading.Lock()  # guards the session book (Router thread + event loop)
         self._boundary_step: int | None = None  # the training step whose begin ended sessions
+        self._routable: int | None = None  # routable workers the table last said (None: unheard)
         self.name = names.GATEWAY
         directory.register(self)  # hears the table's changes: a trainer's step boundaries
 
@@ -165,6 +171,7 @@ class PoolBackend:
         the embedded Runtime, or this gateway): a step boundary for the sessions."""
         if not isinstance(msg, StateChanged):
             return
+        self._routable = len(msg.view.routable)
         t = msg.view.table
         if t.phase is not TrainingPhase.TRAINING or t.training_step == self._boundary_step:
             return
@@ -290,7 +297,32 @@ class PoolBackend:
         status = self.directory.get(names.ORCHESTRATOR).ask(StatusRequest(), ASK_S)
         return status_plain(status)
 
+    async def serving(self) -> str | None:
+        """None while the table has a routable worker (as its last change said); else, or before
+        any change was heard, the Orchestrator's status says why none serves."""
+        if self._routable:
+            return None
+        return await asyncio.to_thread(self._why_not_serving)
+
+    def _why_not_serving(self) -> str | None:
+        from transports.protocol import StatusRequest
+
+        status = self.directory.get(names.ORCHESTRATOR).ask(StatusRequest(), HEALTH_ASK_S)
+        rollout = [w for w in status.workers if w.role != "training"]
+        active = sum(w.activity == "active" for w in rollout)
+        if self._routable is None:  # no change heard since the gateway started: seed it
+            self._routable = active
+        if active:
+            return None
+        if not rollout:
+            return "the pool has no rollout worker (no GPUs for rollout yet)"
+        counts = Counter(str(w.activity) for w in rollout)
+        states = ", ".join(f"{n} {a}" for a, n in sorted(counts.items()))
+        return f"no rollout worker is active yet ({states})"
+
     async def event(self, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+        if kind in STEP_EVENTS and isinstance(body, dict) and "step" not in body:
+            body = {**body, "step": await asyncio.to_thread(self._default_step, kind)}
         record = self.record(kind, body)
         seq = await asyncio.to_thread(self._event, record)
         return {"kind": kind, "seq": seq}
@@ -327,6 +359,14 @@ class PoolBackend:
         if fault is not None:
             raise GatewayError(f"{kind}: {fault[1]}; nothing was logged", param=fault[0])
         return record
+
+    def _default_step(self, kind: str) -> int:
+        """A training event's step when the body names none, as ``pearl event`` picks it: the
+        next step for ``training-begin``, the current one for ``training-finished``."""
+        from transports.protocol import StatusRequest
+
+        status = self.directory.get(names.ORCHESTRATOR).ask(StatusRequest(), ASK_S)
+        return int(status.training_step) + (1 if kind == "training-begin" else 0)
 
     def _event(self, record: ev.ElasticEvent) -> int:
         try:

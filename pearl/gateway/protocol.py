@@ -1,10 +1,12 @@
 """The gateway's request and response types (pydantic): OpenAI's chat and completions dialects,
 SGLang's native ``/generate``, and PEARL's extensions.
 
-Requests forbid unknown fields, so a parameter the gateway does not implement is refused by name
-rather than silently ignored. Fields that are accepted but change nothing (``store``,
-``metadata``, ``parallel_tool_calls``) are listed explicitly. Numbers are finite, and a seed is a
-signed 64-bit integer (vLLM's range), so whatever passes can be encoded for a worker host. Text
+OpenAI requests (chat, completions, tokenize) accept unknown fields, as vLLM does, and an
+explicit ``null`` means a field's default; :mod:`pearl.gateway.fields` refuses by name those that
+would change the output and that PEARL does not implement yet, and names the others in a header.
+SGLang's ``/generate`` forbids unknown fields, as SGLang's sampling parameters do. Numbers are
+finite, and a seed is a signed 64-bit integer (vLLM's range), so whatever passes can be encoded
+for a worker host. Text
 with a lone surrogate (JSON ``"\\ud800"``) is found by :func:`bad_text`; the routes refuse it,
 naming the field. Extension fields (vLLM's ``return_token_ids``, ``token_ids``,
 ``prompt_token_ids``, ``ignore_eos``; PEARL's ``weight_version`` and ``weight_versions``) are
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 Seed = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]  # what vLLM, torch and the sim engine take
@@ -28,6 +30,22 @@ class _Strict(BaseModel):
 
 class _Open(BaseModel):
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+
+def drop_nulls(data: Any) -> Any:
+    """A request body without its explicit ``null`` values: each means the field's default."""
+    if isinstance(data, dict):
+        return {k: v for k, v in data.items() if v is not None}
+    return data
+
+
+class _Request(_Open):
+    """An OpenAI-dialect request: unknown fields kept (``model_extra``), nulls dropped."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls(cls, data: Any) -> Any:
+        return drop_nulls(data)
 
 
 def _is_text(s: str) -> bool:
@@ -101,11 +119,11 @@ class Tool(_Open):
     function: FunctionDef
 
 
-class StreamOptions(_Strict):
+class StreamOptions(_Request):
     include_usage: bool | None = None
 
 
-class _Sampled(_Strict):
+class _Sampled(_Request):
     """What chat and completions requests share."""
 
     model: str
@@ -124,9 +142,6 @@ class _Sampled(_Strict):
     user: str | None = None
     return_token_ids: bool | None = None  # vLLM's extension
     ignore_eos: bool | None = None  # vLLM's extension: EOS does not end the response
-    # Accepted and ignored: they change nothing in what is generated.
-    store: bool | None = None
-    metadata: dict[str, Any] | None = None
 
 
 class ChatRequest(_Sampled):
@@ -136,13 +151,17 @@ class ChatRequest(_Sampled):
     top_logprobs: int | None = Field(default=None, ge=0)
     tools: list[Tool] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's extension
 
 
+MAX_PROMPTS = 256  # prompts of one completions request
+
+
 class CompletionRequest(_Sampled):
-    prompt: str | list[int]
+    """``prompt``: a string, token ids, or a list of either (one choice per prompt)."""
+
+    prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = Field(default=None, ge=0)
     echo: bool | None = None
     suffix: str | None = None
@@ -179,6 +198,35 @@ class GenerateRequest(_Strict):
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
+
+
+class TokenizeCompletionRequest(_Request):
+    """vLLM's ``/tokenize`` of a text."""
+
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool | None = False
+
+
+class TokenizeChatRequest(_Request):
+    """vLLM's ``/tokenize`` of a chat, rendered with the model's chat template."""
+
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    return_token_strs: bool | None = False
+    tools: list[Tool] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class DetokenizeRequest(_Request):
+    """vLLM's ``/detokenize``."""
+
+    model: str | None = None
+    tokens: list[int]
 
 
 # --- responses ----------------------------------------------------------------------------------
@@ -327,6 +375,17 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
 
 
 class GenerateMeta(BaseModel):

@@ -174,15 +174,20 @@ def render(
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
     extra: dict[str, Any] | None = None,
+    generation_prompt: bool = True,
 ) -> str:
-    """The prompt text for a chat, ending with the assistant's generation prompt."""
+    """The prompt text for a chat, ending with the assistant's generation prompt (unless
+    ``generation_prompt`` is False: ``/tokenize``'s ``add_generation_prompt``)."""
     kwargs = dict(extra or {})
     kwargs.setdefault("bos_token", "")
     kwargs.setdefault("eos_token", "")
     try:
         return str(
             _compile(template or CHATML_TEMPLATE).render(
-                messages=messages, tools=tools or None, add_generation_prompt=True, **kwargs
+                messages=messages,
+                tools=tools or None,
+                add_generation_prompt=generation_prompt,
+                **kwargs,
             )
         )
     except TemplateError as e:

@@ -66,6 +66,7 @@ class ScriptedBackend:
     fail_after: int | None = None  # raise `failure` after this many deltas
     failure: Exception = field(default_factory=lambda: GatewayError("pool gave up", 503))
     moves_per_delta: int = 0  # each delta says the request moved this often (re-prefilled)
+    not_serving: str | None = None  # /health's answer: None (a worker serves), else why not
     calls: list[Call] = field(default_factory=list)
     events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     closed: list[str] = field(default_factory=list)  # rids whose generator was closed early
@@ -120,6 +121,9 @@ class ScriptedBackend:
         finally:
             if not done:
                 self.closed.append(rid)
+
+    async def serving(self) -> str | None:
+        return self.not_serving
 
     async def status(self) -> dict[str, Any]:
         return {"status": "replay", "workers": 2, "events": len(self.events)}

@@ -122,7 +122,7 @@ def test_openai_errors_are_typed(base_url: str, backend: ScriptedBackend) -> Non
     with sync_client(base_url, key="wrong") as client, pytest.raises(openai.AuthenticationError):
         client.models.list()
     with sync_client(base_url) as client:
-        with pytest.raises(openai.BadRequestError, match="unknown model 'gpt-4o'"):
+        with pytest.raises(openai.NotFoundError, match="the model 'gpt-4o' does not exist"):
             client.chat.completions.create(model="gpt-4o", messages=HI)
         with pytest.raises(openai.BadRequestError, match="n > 1"):
             client.chat.completions.create(model=MODEL, messages=HI, n=3)

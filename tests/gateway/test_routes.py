@@ -257,10 +257,7 @@ def assert_error(r, status: int, words: str, param: str | None = "-") -> dict:
 @pytest.mark.parametrize(
     ("body", "words", "param"),
     [
-        ({"model": "gpt-4", "messages": HI}, "unknown model 'gpt-4'", "model"),
         ({"model": MODEL, "messages": HI, "n": 2}, "n > 1", "n"),
-        ({"model": MODEL, "messages": HI, "frobnicate": 1}, "unsupported parameter: 'frobnicate'",
-         "frobnicate"),
         ({"model": MODEL, "messages": HI, "stop": ["\n", ""]}, "must not be empty", "stop"),
         ({"model": MODEL, "messages": HI, "top_logprobs": 3}, "top_logprobs", "top_logprobs"),
         ({"model": MODEL, "messages": HI, "presence_penalty": 0.5}, "presence_penalty",
@@ -293,7 +290,7 @@ def test_malformed_json_and_too_long_prompts_get_400(
     assert_error(r, 400, "malformed JSON")
     r = client.post("/v1/completions", json={"model": MODEL, "prompt": "x" * 4096})
     assert_error(r, 400, "the prompt is 4096 tokens; the context holds 4096")
-    r = client.post("/v1/completions", json={"model": MODEL, "prompt": ["a", "b"]})
+    r = client.post("/v1/completions", json={"model": MODEL, "prompt": ["a", [1]]})
     assert_error(r, 400, "invalid prompt: ", "prompt")
     r = client.post("/v1/completions", json={"model": MODEL, "prompt": [1], "logprobs": 2})
     assert_error(r, 400, "logprobs=0", "logprobs")

@@ -5,6 +5,8 @@
 - :mod:`~pearl.gateway.routes.completions`: OpenAI's ``/v1/completions``;
 - :mod:`~pearl.gateway.routes.generate`: SGLang's ``/generate``;
 - :mod:`~pearl.gateway.routes.models`: ``/v1/models``;
+- :mod:`~pearl.gateway.routes.tokens`: vLLM's ``/tokenize`` and ``/detokenize``;
+- :mod:`~pearl.gateway.routes.health`: vLLM's ``/health``, ``/ping`` and ``/version``;
 - :mod:`~pearl.gateway.routes.control`: PEARL's ``/pearl/v1/status`` and elastic events.
 
 What they share lives beside them: :mod:`~pearl.gateway.jobs` checks a request,
@@ -14,8 +16,18 @@ What they share lives beside them: :mod:`~pearl.gateway.jobs` checks a request,
 
 from __future__ import annotations
 
-from pearl.gateway.routes import chat, completions, control, generate, models
+from pearl.gateway.routes import chat, completions, control, generate, health, models, tokens
 
-MODULES = (models, chat, completions, generate, control)  # in the order the app includes them
+# in the order the app includes them
+MODULES = (models, chat, completions, generate, tokens, health, control)
 
-__all__ = ["MODULES", "chat", "completions", "control", "generate", "models"]
+__all__ = [
+    "MODULES",
+    "chat",
+    "completions",
+    "control",
+    "generate",
+    "health",
+    "models",
+    "tokens",
+]

@@ -13,11 +13,11 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
+from pearl.gateway import fields, templates
 from pearl.gateway import protocol as p
 from pearl.gateway import stops as stops_mod
-from pearl.gateway import templates
 from pearl.gateway.context import Context
 from pearl.gateway.errors import refuse
 from pearl.gateway.jobs import Job, check_common, job, session_of
@@ -27,27 +27,21 @@ from pearl.gateway.sse import EventStream
 
 def check(req: p.ChatRequest) -> None:
     """What chat refuses beyond what all generation refuses."""
-    if req.top_logprobs:
-        raise refuse(
-            "top_logprobs is not supported (only the sampled tokens' logprobs: logprobs=true)",
-            "top_logprobs",
-        )
-    if req.response_format and req.response_format.get("type") != "text":
-        raise refuse("response_format is not supported (only type 'text')", "response_format")
-    if req.tool_choice not in (None, "auto", "none"):
-        raise refuse("tool_choice must be 'auto' or 'none'", "tool_choice")
     if req.max_tokens is not None and req.max_completion_tokens is not None:
         raise refuse("give max_tokens or max_completion_tokens, not both", "max_tokens")
 
 
-def prompt_ids(ctx: Context, req: p.ChatRequest) -> list[int]:
-    """The chat rendered with the model's template, as token ids."""
+def prompt_ids(
+    ctx: Context, req: p.ChatRequest | p.TokenizeChatRequest, generation_prompt: bool = True
+) -> list[int]:
+    """The chat rendered with the model's template, as token ids (``/tokenize`` renders a
+    chat too)."""
     messages = templates.message_dicts(req.messages)
     tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
     extra = dict(req.chat_template_kwargs or {})
     eos_id = ctx.tok.eos_id
     extra.setdefault("eos_token", ctx.token_text(eos_id) if eos_id >= 0 else "")
-    text = templates.render(ctx.backend.chat_template, messages, tools, extra)
+    text = templates.render(ctx.backend.chat_template, messages, tools, extra, generation_prompt)
     return list(ctx.tok.encode(text))
 
 
@@ -59,9 +53,9 @@ def logprobs(ctx: Context, ids: Sequence[int], lps: Sequence[float]) -> p.Choice
     return p.ChoiceLogprobs(content=content)
 
 
-async def create(ctx: Context, req: p.ChatRequest, request: Request) -> Any:
+async def create(ctx: Context, req: p.ChatRequest, request: Request) -> Response:
     """The response to ``req``: a JSON body, or a stream of chunks."""
-    check_common(ctx, req)
+    check_common(ctx, req, fields.CHAT)
     check(req)
     use_tools = bool(req.tools) and req.tool_choice != "none"
     j = job(
@@ -163,8 +157,8 @@ def router(ctx: Context) -> APIRouter:
     r = APIRouter()
 
     @r.post("/v1/chat/completions", response_model=None)
-    async def chat_completions(req: p.ChatRequest, request: Request) -> Any:
-        return await create(ctx, req, request)
+    async def chat_completions(req: p.ChatRequest, request: Request) -> Response:
+        return fields.mark(await create(ctx, req, request), fields.ignored(req, fields.CHAT))
 
     return r
 

@@ -1,41 +1,28 @@
-"""OpenAI's ``POST /v1/completions``, streamed or not; ``prompt`` is a string or token ids.
+"""OpenAI's ``POST /v1/completions``, streamed or not; ``prompt`` is a string, token ids, or a
+list of either: one choice per prompt (its ``index``), generated at once, usage summed.
 
 ``logprobs=0`` returns the sampled tokens' logprobs with their text offsets; a stream's chunks
-carry the text each delta settles, and the first one the prompt's ids when they are asked for.
+carry the text each delta settles, and each choice's first one its prompt's ids when they are
+asked for.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
+from pearl.gateway import fields
 from pearl.gateway import protocol as p
 from pearl.gateway import stops as stops_mod
 from pearl.gateway.context import Context
 from pearl.gateway.errors import refuse
 from pearl.gateway.jobs import Job, check_common, job, session_of
-from pearl.gateway.output import Acc, Extras, collect, final_text, texts
+from pearl.gateway.output import Acc, Extras, collect, final_text, gather, merge, texts
 from pearl.gateway.sse import EventStream
-
-
-def check(req: p.CompletionRequest) -> None:
-    """What completions refuse beyond what all generation refuses."""
-    if req.logprobs:
-        raise refuse(
-            "logprobs=N>0 asks for top alternatives, which are not returned; "
-            "logprobs=0 returns the sampled tokens' logprobs",
-            "logprobs",
-        )
-    if req.echo:
-        raise refuse("echo is not supported", "echo")
-    if req.suffix:
-        raise refuse("suffix is not supported", "suffix")
-    if req.best_of not in (None, 1):
-        raise refuse("best_of > 1 is not supported", "best_of")
 
 
 def logprobs(
@@ -51,48 +38,86 @@ def logprobs(
     return p.CompletionLogprobs(tokens=tokens, token_logprobs=list(lps), text_offset=offsets)
 
 
-async def create(ctx: Context, req: p.CompletionRequest, request: Request) -> Any:
+def prompts(ctx: Context, req: p.CompletionRequest) -> list[list[int]]:
+    """The request's prompts as token ids: one, or one per item of a list."""
+    prompt = req.prompt
+    if isinstance(prompt, str):
+        return [list(ctx.tok.encode(prompt))]
+    if not prompt or isinstance(prompt[0], int):
+        return [[int(i) for i in prompt]]  # type: ignore[arg-type]
+    if len(prompt) > p.MAX_PROMPTS:
+        raise refuse(f"{len(prompt)} prompts in one request; at most {p.MAX_PROMPTS}", "prompt")
+    return [list(ctx.tok.encode(x)) if isinstance(x, str) else list(x) for x in prompt]
+
+
+def jobs(ctx: Context, req: p.CompletionRequest, request: Request, rid: str) -> list[Job]:
+    """One job per prompt: the request id ``rid``, or ``rid-i`` for the i-th of several."""
+    ids = prompts(ctx, req)
+    many = len(ids) > 1
+    return [
+        job(
+            ctx,
+            "cmpl",
+            prompt,
+            max_tokens=req.max_tokens,
+            param="max_tokens",
+            temperature=req.temperature,
+            top_p=req.top_p,
+            seed=req.seed,
+            stop_ids=req.stop_token_ids,
+            session=session_of(request, req.user),
+            rid=f"{rid}-{k}" if many else rid,
+            eos=not req.ignore_eos,
+            stop=stops_mod.stops_of(req.stop, "stop"),
+            prompt_param=f"prompt.{k}" if many else "prompt",
+        )
+        for k, prompt in enumerate(ids)
+    ]
+
+
+async def create(ctx: Context, req: p.CompletionRequest, request: Request) -> Response:
     """The response to ``req``: a JSON body, or a stream of chunks."""
-    check_common(ctx, req)
-    check(req)
-    prompt = list(ctx.tok.encode(req.prompt)) if isinstance(req.prompt, str) else list(req.prompt)
-    j = job(
-        ctx,
-        "cmpl",
-        prompt,
-        max_tokens=req.max_tokens,
-        param="max_tokens",
-        temperature=req.temperature,
-        top_p=req.top_p,
-        seed=req.seed,
-        stop_ids=req.stop_token_ids,
-        session=session_of(request, req.user),
-        eos=not req.ignore_eos,
-        stop=stops_mod.stops_of(req.stop, "stop"),
-        prompt_param="prompt",
-    )
+    check_common(ctx, req, fields.COMPLETIONS)
+    rid = f"cmpl-{uuid.uuid4().hex}"
+    js = jobs(ctx, req, request, rid)
     want = Extras(
         token_ids=bool(req.return_token_ids),
         logprobs=req.logprobs is not None,
         usage=bool(req.stream_options and req.stream_options.include_usage),
     )
     if req.stream:
-        return EventStream(chunks(ctx, j, req.model, want))
-    resp = response(ctx, j, req.model, await collect(ctx, j), want)
+        return EventStream(chunks(ctx, js, rid, req.model, want))
+    accs = await gather([collect(ctx, j) for j in js])
+    resp = response(ctx, js, rid, req.model, accs, want)
     return JSONResponse(resp.model_dump(mode="json"))
 
 
-def response(ctx: Context, j: Job, model: str, acc: Acc, want: Extras) -> p.CompletionResponse:
-    """The whole response."""
+def usage(js: Sequence[Job], accs: Sequence[Acc]) -> p.Usage:
+    """The prompts' usage, summed."""
+    parts = [acc.usage(len(j.prompt_ids)) for j, acc in zip(js, accs, strict=True)]
+    return p.Usage(
+        prompt_tokens=sum(u.prompt_tokens for u in parts),
+        completion_tokens=sum(u.completion_tokens for u in parts),
+        total_tokens=sum(u.total_tokens for u in parts),
+        recomputed_tokens=sum(u.recomputed_tokens for u in parts),
+        migrations=sum(u.migrations for u in parts),
+    )
+
+
+def response(
+    ctx: Context, js: Sequence[Job], rid: str, model: str, accs: Sequence[Acc], want: Extras
+) -> p.CompletionResponse:
+    """The whole response: one choice per prompt."""
     ids = want.token_ids
     return p.CompletionResponse(
-        id=j.rid,
+        id=rid,
         created=int(time.time()),
         model=model,
-        usage=acc.usage(len(j.prompt_ids)),
-        prompt_token_ids=j.prompt_ids if ids else None,
+        usage=usage(js, accs),
+        prompt_token_ids=js[0].prompt_ids if ids and len(js) == 1 else None,
         choices=[
             p.CompletionChoice(
+                index=k,
                 text=final_text(ctx, j, acc),
                 finish_reason=acc.finish,
                 logprobs=logprobs(ctx, acc.ids, acc.logprobs, 0) if want.logprobs else None,
@@ -101,17 +126,19 @@ def response(ctx: Context, j: Job, model: str, acc: Acc, want: Extras) -> p.Comp
                 weight_version=acc.last_version,
                 weight_versions=acc.versions_out(),
             )
+            for k, (j, acc) in enumerate(zip(js, accs, strict=True))
         ],
     )
 
 
-async def chunks(
-    ctx: Context, j: Job, model: str, want: Extras
-) -> AsyncIterator[p.CompletionResponse]:
-    """The stream's chunks: one per delta, then, if asked, a usage chunk."""
-    now, acc, offset, first = int(time.time()), Acc(), 0, True
+async def choices(
+    ctx: Context, j: Job, k: int, acc: Acc, want: Extras
+) -> AsyncIterator[p.CompletionChoice]:
+    """The stream's choices of prompt ``k``: one per delta."""
+    offset, first = 0, True
     async for d, text in texts(ctx, j, acc):
-        choice = p.CompletionChoice(
+        yield p.CompletionChoice(
+            index=k,
             text=text,
             finish_reason=d.finish_reason,
             logprobs=logprobs(ctx, d.token_ids, d.logprobs, offset) if want.logprobs else None,
@@ -121,20 +148,41 @@ async def chunks(
         )
         offset += sum(len(ctx.token_text(i)) for i in d.token_ids) if want.logprobs else 0
         first = False
-        yield p.CompletionResponse(id=j.rid, created=now, model=model, choices=[choice])
+
+
+async def chunks(
+    ctx: Context, js: Sequence[Job], rid: str, model: str, want: Extras
+) -> AsyncIterator[p.CompletionResponse]:
+    """The stream's chunks: one per delta of any prompt, then, if asked, a usage chunk."""
+    now, accs = int(time.time()), [Acc() for _ in js]
+    its = [choices(ctx, j, k, accs[k], want) for k, j in enumerate(js)]
+    async for _, choice in merge(its):
+        yield p.CompletionResponse(id=rid, created=now, model=model, choices=[choice])
     if want.usage:
-        usage = acc.usage(len(j.prompt_ids))
-        yield p.CompletionResponse(id=j.rid, created=now, model=model, choices=[], usage=usage)
+        yield p.CompletionResponse(
+            id=rid, created=now, model=model, choices=[], usage=usage(js, accs)
+        )
 
 
 def router(ctx: Context) -> APIRouter:
     r = APIRouter()
 
     @r.post("/v1/completions", response_model=None)
-    async def completions(req: p.CompletionRequest, request: Request) -> Any:
-        return await create(ctx, req, request)
+    async def completions(req: p.CompletionRequest, request: Request) -> Response:
+        resp = await create(ctx, req, request)
+        return fields.mark(resp, fields.ignored(req, fields.COMPLETIONS))
 
     return r
 
 
-__all__ = ["check", "chunks", "create", "logprobs", "response", "router"]
+__all__ = [
+    "choices",
+    "chunks",
+    "create",
+    "jobs",
+    "logprobs",
+    "prompts",
+    "response",
+    "router",
+    "usage",
+]

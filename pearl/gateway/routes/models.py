@@ -7,8 +7,8 @@ from typing import Any
 from fastapi import APIRouter
 
 from pearl.gateway import protocol as p
-from pearl.gateway.backend import GatewayError
 from pearl.gateway.context import Context
+from pearl.gateway.jobs import check_model
 
 
 def card(ctx: Context) -> p.ModelCard:
@@ -25,8 +25,7 @@ def router(ctx: Context) -> APIRouter:
 
     @r.get("/v1/models/{model:path}")
     async def model(model: str) -> dict[str, Any]:
-        if model != ctx.backend.model:
-            raise GatewayError(f"unknown model {model!r}", 404, "not_found_error", "model")
+        check_model(ctx, model)
         return card(ctx).model_dump(mode="json")
 
     return r
