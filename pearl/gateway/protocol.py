@@ -142,6 +142,12 @@ class _Sampled(_Request):
     user: str | None = None
     return_token_ids: bool | None = None  # vLLM's extension
     ignore_eos: bool | None = None  # vLLM's extension: EOS does not end the response
+    # vLLM's structured outputs (pearl.gateway.structured reads them)
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
 
 class ChatRequest(_Sampled):
