@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
-from pearl.engines.sequence import Segment, Seq
+from pearl.engines.sequence import Sample, Segment, Seq
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,13 @@ class ModelBackend(ABC):
         """Allocate K/V storage for ``n_pages`` pages of ``cfg.page_size`` tokens."""
 
     @abstractmethod
-    def _forward(self, segments: list[Segment]) -> list[tuple[int, float]]:
-        """Compute K/V of every segment; one (token, logprob) per segment with ``samples``."""
+    def _forward(self, segments: list[Segment]) -> list[Sample]:
+        """Compute K/V of every segment; one :class:`Sample` per segment with ``samples``."""
+
+    @abstractmethod
+    def _copy_kv(self, source: Seq, target: Seq, n: int) -> None:
+        """K/V of ``source``'s first ``n`` positions into ``target``'s pages (a sample of a
+        group, n > 1, takes its leader's prefill)."""
 
     @abstractmethod
     def _export_kv(self, seq: Seq) -> tuple[dict[str, Any], list[Any]]:

@@ -5,6 +5,11 @@ trajectory prefix first), give every decoding sequence one token, then fill the 
 budget with prefill chunks (Sarathi-style chunked prefill piggybacked on decode). A decoding
 sequence that needs a page when the pool is full first evicts resident prefixes (LRU), then
 preempts the youngest running sequence, which is requeued and recomputed later (nothing is lost).
+
+Samples of one request (n > 1, one ``group``) share their prompt's prefill: the first admitted
+is the group's leader and prefills; the others wait (no compute) until the leader's K/V covers
+their common prefix, copy it (``copy_kv``) and compute only their last prompt token. A leader
+that leaves before that hands the role to the next sample, which prefills.
 """
 
 from __future__ import annotations
@@ -13,13 +18,19 @@ from collections import deque
 from collections.abc import Callable
 
 from pearl.engines.base import EngineError
-from pearl.engines.blocks import KVBlocks, pages_for
-from pearl.engines.sequence import Phase, Segment, Seq
+from pearl.engines.blocks import KVBlocks, common_prefix, pages_for
+from pearl.engines.sequence import Phase, Sample, Segment, Seq
+
+CopyKV = Callable[[Seq, Seq, int], None]
 
 
 class Scheduler:
-    def __init__(self, blocks: KVBlocks, token_budget: int, max_running: int) -> None:
+    def __init__(
+        self, blocks: KVBlocks, token_budget: int, max_running: int, copy_kv: CopyKV | None = None
+    ) -> None:
         self.blocks = blocks
+        self.copy_kv = copy_kv  # None: samples of a group prefill each on their own
+        self.groups: dict[str, Seq] = {}  # group -> its leader (the sample that prefills)
         self.token_budget = token_budget
         self.max_running = max_running
         self.waiting: deque[Seq] = deque()
@@ -41,6 +52,9 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        if seq.req.group and self.groups.get(seq.req.group) is seq:
+            del self.groups[seq.req.group]
+        seq.leader = None
         if seq.pages:
             if keep_prefix and seq.req.trajectory and seq.computed > 0:
                 self.blocks.keep_prefix(seq.req.trajectory, seq.tokens[: seq.computed], seq.pages)
@@ -94,6 +108,8 @@ class Scheduler:
             if seq.cached_tokens < 0:
                 seq.cached_tokens = reuse
             self.running.append(seq)
+            if seq.req.group and self.copy_kv is not None:
+                self._join(seq)
         return failed
 
     def plan(self) -> list[Segment]:
@@ -107,20 +123,54 @@ class Scheduler:
             if budget <= 0:
                 break
             if seq.phase is Phase.PREFILL:
+                if seq.leader is not None and self._follow(seq):
+                    continue  # waits for its leader's prefill
                 n = min(seq.pending, budget)
                 segments.append(Segment(seq, seq.computed, seq.computed + n))
                 budget -= n
         return segments
 
-    def commit(self, segments: list[Segment], samples: list[tuple[int, float]]) -> list[Seq]:
+    def _join(self, seq: Seq) -> None:
+        """A sample of a group just admitted: it follows the group's leader when it shares
+        more of the prompt with it than it already holds, else it leads."""
+        leader = self.groups.get(seq.req.group)
+        if leader is None or leader is seq:
+            self.groups[seq.req.group] = seq
+            return
+        share = min(common_prefix(leader.tokens, seq.tokens), len(seq.tokens) - 1)
+        if share > seq.computed:
+            seq.leader, seq.share = leader, share
+
+    def _follow(self, seq: Seq) -> bool:
+        """True while ``seq`` waits for its leader; else the leader's K/V of the shared prefix
+        is copied (or, the leader gone, ``seq`` prefills: it leads) and it goes on."""
+        lead = seq.leader
+        while lead is not None:
+            if lead.pages and lead.computed >= seq.share:
+                assert self.copy_kv is not None
+                self.copy_kv(lead, seq, seq.share)
+                seq.computed = max(seq.computed, seq.share)
+                seq.cached_tokens = max(seq.cached_tokens, seq.share)
+                break
+            if lead in self.running or lead in self.waiting:
+                return True
+            successor = self.groups.get(seq.req.group)  # the leader left before its prefill
+            if successor is None or successor is lead or successor is seq:
+                self.groups[seq.req.group] = seq
+                break
+            seq.leader = lead = successor
+        seq.leader = None
+        return False
+
+    def commit(self, segments: list[Segment], samples: list[Sample]) -> list[Seq]:
         """Record a finished iteration; returns the sequences that sampled a token, in order."""
         it = iter(samples)
         sampled = []
         for seg in segments:
             seg.seq.computed = seg.end
             if seg.samples:
-                tok, lp = next(it)
-                seg.seq.push(tok, lp)
+                tok, lp, top = next(it)
+                seg.seq.push(tok, lp, top)
                 seg.seq.phase = Phase.DECODE
                 sampled.append(seg.seq)
         return sampled

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from pearl.engines.base import FinishReason, GenerateRequest, GenerateResult
 
@@ -15,6 +15,17 @@ class Phase(enum.Enum):
     QUEUED = "queued"  # waiting for KV pages (or KV arrived and waits to be imported)
     PREFILL = "prefill"  # prompt tokens still to compute, in chunks
     DECODE = "decode"  # one token per iteration
+
+
+Top = tuple[tuple[int, float], ...]  # (token id, logprob) pairs, most likely first
+
+
+class Sample(NamedTuple):
+    """What a backend drew for one sequence: the token, its logprob, the top alternatives."""
+
+    token: int
+    logprob: float
+    top: Top = ()
 
 
 @dataclass(eq=False)
@@ -35,6 +46,12 @@ class Seq:
     state: Any = None  # the backend's per-sequence state (a sampling generator, a digest, ...)
     decode_steps: int = 0  # decode iterations it was in
     decode_batch_sum: int = 0  # their batch sizes, summed
+    top: list[Top] = field(default_factory=list)  # per output token, when the request asks
+    # A sample of a group (n > 1) waiting for its leader's prefill: it copies the leader's K/V
+    # of its first ``share`` tokens instead of computing them.
+    leader: Seq | None = None
+    share: int = 0
+    grammar: Any = None  # its structured-output matcher (pearl.engines.grammar.Constrained)
 
     @property
     def rid(self) -> str:
@@ -45,16 +62,31 @@ class Seq:
         """Tokens whose K/V is still to be computed before the next sample."""
         return len(self.tokens) - self.computed
 
-    def push(self, token: int, logprob: float) -> None:
+    def push(self, token: int, logprob: float, top: Top = ()) -> None:
         self.tokens.append(token)
         self.output.append(token)
         self.logprobs.append(logprob)
+        if self.req.top_logprobs:
+            self.top.append(top)
+
+    @property
+    def generated(self) -> int:
+        """Output tokens so far, an earlier attempt's included (penalties and min_tokens)."""
+        return self.req.generated + len(self.output)
+
+    def history(self) -> tuple[list[int], list[int]]:
+        """(prompt ids, output ids) as the penalties see them: output includes what earlier
+        attempts generated."""
+        cut = len(self.req.input_ids) - self.req.generated
+        return self.tokens[:cut], self.tokens[cut:]
 
     def stop_reason(self, max_seq_len: int) -> FinishReason | None:
         """Why generation ends after the last sampled token, or None to go on."""
         sp = self.req.sampling
         if self.output and self.output[-1] in sp.stop_ids:
             return FinishReason.STOP
+        if self.grammar is not None and self.grammar.stopped(self.output):
+            return FinishReason.STOP  # the grammar is complete: nothing more may follow
         if len(self.output) >= sp.max_new_tokens or len(self.tokens) >= max_seq_len:
             return FinishReason.LENGTH
         return None
@@ -70,6 +102,7 @@ class Seq:
             cached_tokens=max(self.cached_tokens, 0),
             decode_steps=self.decode_steps,
             decode_batch_sum=self.decode_batch_sum,
+            top_logprobs=tuple(self.top),
         )
 
 
@@ -86,4 +119,4 @@ class Segment:
         return self.end == len(self.seq.tokens)
 
 
-__all__ = ["Phase", "Segment", "Seq"]
+__all__ = ["Phase", "Sample", "Segment", "Seq", "Top"]

@@ -7,6 +7,10 @@ seconds, so a Runtime Tracker fits back the cost model's own A, b and t_prefill.
 
 Tokens are a deterministic function of (weights version, prompt, position[, seed]): greedy output
 is reproducible, a weight update changes it, and prefill -> decode gives the colocated tokens.
+A request that uses vLLM's sampling fields (top_k, min_p, the penalties, min_tokens, logit_bias)
+or asks for top logprobs draws from an explicit distribution instead (:mod:`pearl.engines.
+sim_sampling`): ``CANDIDATES`` tokens with logits, a function of (version, prompt, position),
+processed in vLLM's order and drawn with the request's seed.
 The KV transfer carries meta only (tiny frames); its simulated size and time follow the cost model.
 """
 
@@ -21,8 +25,10 @@ from typing import Any
 
 from pearl.core.state import Role
 from pearl.engines.base import EngineError, KVChannel
+from pearl.engines.grammar import restrict
 from pearl.engines.in_process import InProcessEngine, ServingConfig
-from pearl.engines.sequence import Phase, Segment, Seq
+from pearl.engines.sequence import Phase, Sample, Segment, Seq
+from pearl.engines.sim_sampling import draw
 
 
 @dataclass(frozen=True)
@@ -140,20 +146,30 @@ class SimEngine(InProcessEngine):
             seed = os.urandom(8)
         prompt = struct.pack(f"<{len(seq.req.input_ids)}q", *seq.req.input_ids)
         seq.state = hashlib.blake2b(prompt + seed, digest_size=16).digest()
+        if not (sp.plain and not seq.req.top_logprobs):  # the distribution: prompt, no seed
+            seq.state = (seq.state, hashlib.blake2b(prompt, digest_size=16).digest())
 
-    def _token(self, seq: Seq, position: int) -> tuple[int, float]:
+    def _token(self, seq: Seq, position: int) -> Sample:
+        if isinstance(seq.state, tuple):
+            drawn, model = seq.state
+            where = struct.pack("<qq", self._version, position)
+            return draw(drawn=drawn + where, model=model + where, seq=seq, vocab=self.cost.vocab_size)
         h = hashlib.blake2b(
             seq.state + struct.pack("<qq", self._version, position), digest_size=16
         ).digest()
         tok = int.from_bytes(h[:8], "little") % self.cost.vocab_size
         logprob = -(int.from_bytes(h[8:12], "little") % 4000) / 1000.0 - 1e-3
-        return tok, logprob
+        return Sample(tok, logprob)
 
-    def _forward(self, segments: list[Segment]) -> list[tuple[int, float]]:
+    def _forward(self, segments: list[Segment]) -> list[Sample]:
         decode = sum(1 for g in segments if g.seq.phase is Phase.DECODE)
         prefill = sum(g.end - g.start for g in segments) - decode
         self._spend(self.cost.iteration_s(decode, prefill))
-        return [self._token(g.seq, len(g.seq.output)) for g in segments if g.samples]
+        seqs = [g.seq for g in segments if g.samples]
+        return restrict([self._token(s, len(s.output)) for s in seqs], seqs, self.max_seq_len)
+
+    def _copy_kv(self, source: Seq, target: Seq, n: int) -> None:
+        """Nothing to copy: pages are only counted."""
 
     def _export_kv(self, seq: Seq) -> tuple[dict[str, Any], list[Any]]:
         took = self.cost.transfer_s(seq.computed)

@@ -20,10 +20,11 @@ from pearl.core.state import Role
 from pearl.engines.base import EngineError, KVChannel
 from pearl.engines.device import VirtualDevice
 from pearl.engines.in_process import InProcessEngine, ServingConfig
-from pearl.engines.sequence import Segment, Seq
+from pearl.engines.sequence import Sample, Segment, Seq
 from pearl.engines.torch import model as M
+from pearl.engines.torch.constrain import masked, raw
 from pearl.engines.torch.runner import PagedRunner
-from pearl.engines.torch.sampling import generator_for, sample
+from pearl.engines.torch.sampling import Row, generator_for, sample
 from pearl.engines.torch.wire import from_frames, to_frames
 from pearl.tokenizer import Tokenizer, load_tokenizer
 
@@ -85,10 +86,17 @@ class TorchEngine(InProcessEngine):
 
     def _backend_start(self) -> None:
         torch.set_num_threads(self.tcfg.threads)
-        self.model = M.build(self.hf_config, self._source, self.device, self.dtype)
+        self.model = M.build(
+            config=self.hf_config, source=self._source, device=self.device, dtype=self.dtype
+        )
 
     def _allocate_kv(self, n_pages: int) -> None:
-        self.runner = PagedRunner(self.model, n_pages, self.cfg.page_size, self.max_seq_len)
+        self.runner = PagedRunner(
+            model=self.model,
+            n_pages=n_pages,
+            page_size=self.cfg.page_size,
+            max_seq_len=self.max_seq_len,
+        )
 
     def _free_device(self) -> None:
         if self.tcfg.keep_cpu_copy and self.model is not None:
@@ -108,12 +116,16 @@ class TorchEngine(InProcessEngine):
             # before the release, which the weight store may have pruned since.
             source = self._source = M.source_of(self._pending_weights[1])
             self._pending_weights = None
-        self.model = M.build(self.hf_config, source, self.device, self.dtype)
+        self.model = M.build(
+            config=self.hf_config, source=source, device=self.device, dtype=self.dtype
+        )
 
     def _load(self, version: int, source: Any) -> None:
         src = M.source_of(source)
         if src.kind == "dir":
-            self.model = M.build(self.hf_config, src, self.device, self.dtype)
+            self.model = M.build(
+                config=self.hf_config, source=src, device=self.device, dtype=self.dtype
+            )
             assert self.runner is not None
             self.runner.model = self.model
         else:
@@ -125,7 +137,7 @@ class TorchEngine(InProcessEngine):
     def _new_sequence(self, seq: Seq) -> None:
         seq.state = generator_for(seq.req.sampling)
 
-    def _forward(self, segments: list[Segment]) -> list[tuple[int, float]]:
+    def _forward(self, segments: list[Segment]) -> list[Sample]:
         assert self.runner is not None
         if self.virtual_device is None:
             return self._compute(segments)
@@ -139,11 +151,18 @@ class TorchEngine(InProcessEngine):
         with self.virtual_device.step(work):  # CPU time of the step, then idle in proportion
             return self._compute(segments)
 
-    def _compute(self, segments: list[Segment]) -> list[tuple[int, float]]:
+    def _compute(self, segments: list[Segment]) -> list[Sample]:
         assert self.runner is not None
         logits = self.runner.forward(segments)
-        chosen = [g.seq for g in segments if g.samples]
-        return sample(logits, [s.req.sampling for s in chosen], [s.state for s in chosen])
+        seqs = [g.seq for g in segments if g.samples]
+        under = masked(logits, seqs, self.max_seq_len)  # structured outputs: None if none
+        if under is None:
+            return sample(logits, [_row(s) for s in seqs])
+        return raw(logits, sample(under, [_row(s) for s in seqs]), seqs)
+
+    def _copy_kv(self, source: Seq, target: Seq, n: int) -> None:
+        assert self.runner is not None
+        self.runner.copy(source, target, n)
 
     def _export_kv(self, seq: Seq) -> tuple[dict[str, Any], list[Any]]:
         assert self.runner is not None
@@ -167,6 +186,16 @@ class TorchEngine(InProcessEngine):
                 f"{self.dtype}; run prefill and decode with one dtype"
             )
         r.write(seq, tensors)
+
+
+def _row(seq: Seq) -> Row:
+    sp = seq.req.sampling
+    if sp.plain:
+        return Row(sp, seq.state, top=seq.req.top_logprobs)
+    prompt, output = seq.history()
+    return Row(
+        params=sp, generator=seq.state, prompt=prompt, output=output, top=seq.req.top_logprobs
+    )
 
 
 __all__ = ["TorchEngine", "TorchEngineConfig"]

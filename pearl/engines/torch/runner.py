@@ -102,7 +102,17 @@ class PagedRunner:
 
         x = self.model.model.embed_tokens(ids)  # [T, hidden]
         for li, layer in enumerate(self.model.model.layers):
-            x = x + self._attention(li, layer, x, cos, sin, slots, one_rows, one_keys, chunks)
+            x = x + self._attention(
+                li=li,
+                layer=layer,
+                x=x,
+                cos=cos,
+                sin=sin,
+                slots=slots,
+                one_rows=one_rows,
+                one_keys=one_keys,
+                chunks=chunks,
+            )
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         rows = [offsets[i + 1] - 1 for i, g in enumerate(segments) if g.samples]
         h = self.model.model.norm(x[rows])
@@ -162,6 +172,14 @@ class PagedRunner:
             out.append(_gather(self.k[li], s).cpu())
             out.append(_gather(self.v[li], s).cpu())
         return out
+
+    def copy(self, source: Seq, target: Seq, n: int) -> None:
+        """K/V of ``source``'s first ``n`` positions into ``target``'s pages (a sample of a
+        group takes its leader's prefill)."""
+        src, dst = self.slots(source, 0, n), self.slots(target, 0, n)
+        for li in range(self.n_layers):
+            self.k[li].index_copy_(0, dst, self.k[li].index_select(0, src))
+            self.v[li].index_copy_(0, dst, self.v[li].index_select(0, src))
 
     def write(self, seq: Seq, tensors: list[torch.Tensor]) -> None:
         """Store received K/V (``export``'s layout) into ``seq.pages``."""
