@@ -109,8 +109,7 @@ CHANGES = [
     ("presence_penalty", 0.5), ("frequency_penalty", -0.5), ("logit_bias", {"1": 5}),
     ("bad_words", ["x"]), ("allowed_token_ids", [1]), ("skip_special_tokens", False),
     ("include_stop_str_in_output", True), ("prompt_logprobs", 0), ("best_of", 3),
-    ("structured_outputs", {"json": {}}), ("guided_json", {}), ("guided_regex", "a+"),
-    ("guided_choice", ["a"]), ("guided_grammar", "root ::= 'a'"), ("echo", True),
+    ("echo", True),
     ("truncate_prompt_tokens", 5), ("top_k", True), ("n", "2"),
 ]  # fmt: skip
 
@@ -132,10 +131,6 @@ def test_unimplemented_fields_that_would_change_the_output_get_a_400_naming_them
     ("path", "body", "name", "value"),
     [
         ("/v1/chat/completions", CHAT, "top_logprobs", 2),
-        ("/v1/chat/completions", CHAT, "tool_choice", "required"),
-        ("/v1/chat/completions", CHAT, "tool_choice", {"type": "function",
-                                                       "function": {"name": "f"}}),
-        ("/v1/chat/completions", CHAT, "response_format", {"type": "json_object"}),
         ("/v1/chat/completions", CHAT, "continue_final_message", True),
         ("/v1/chat/completions", CHAT, "chat_template", "{{ messages }}"),
         ("/v1/completions", CMPL, "logprobs", 2),
