@@ -257,8 +257,9 @@ class PearlActor(pykka.ThreadingActor):
         log.error("actor %s failed: %s", self.name, exception_value)
 
 
-def start(directory: Directory, cls: type[PearlActor], *args: Any, **kwargs: Any) -> LocalRef:
-    """Start an actor, register it under its name, and confirm it is alive."""
+def start(directory: Directory, cls: type[PearlActor], /, *args: Any, **kwargs: Any) -> LocalRef:
+    """Start an actor, register it under its name, and confirm it is alive (``kwargs`` are its
+    constructor's; ``directory`` may be one of them)."""
     ref = LocalRef(cls.name, cls.start(*args, **kwargs))
     if not ref.ref.is_alive():
         raise ActorUnavailable(f"actor {cls.name} did not start")

@@ -133,7 +133,7 @@ class DecisionEngine(PearlActor):
     def query(self, q: DecideQuery) -> dict[str, Any]:
         if self.profile is None:
             return {}
-        return decide(self.profile, q.N, q.current, self.params).to_json()
+        return decide(profile=self.profile, N=q.N, current=q.current, cfg=self.params).to_json()
 
     handles = {StateChanged: state_changed, DecideQuery: query}
 

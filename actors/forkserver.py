@@ -52,7 +52,13 @@ def serve(preload: list[str], requests: BinaryIO, replies: BinaryIO) -> int:
         try:
             req = json.loads(line)
             argv = [str(a) for a in req["argv"]]
-            pid = _fork(str(req["module"]), argv, req["env"], req.get("log"), req.get("name"))
+            pid = _fork(
+                module=str(req["module"]),
+                argv=argv,
+                env=req["env"],
+                log=req.get("log"),
+                name=req.get("name"),
+            )
         except Exception as e:  # a bad request or a failed fork: said, and the next one served
             _reply(replies, {"error": f"{type(e).__name__}: {e}"})
             continue
@@ -75,7 +81,7 @@ def _fork(
     try:
         pid = os.fork()
         if pid == 0:
-            _child(module, argv, env, fd, name)  # never returns
+            _child(module=module, argv=argv, env=env, log_fd=fd, name=name)  # never returns
     finally:
         os.close(fd)
     return pid

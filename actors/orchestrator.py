@@ -188,7 +188,9 @@ class Orchestrator(PearlActor):
         """One event through the controller, then committed; the first record's seq (0: none)."""
         received = time.monotonic()
         try:
-            out = self.controller.handle(self.state, event, time.monotonic(), time.time())
+            out = self.controller.handle(
+                s=self.state, event=event, now=time.monotonic(), wall=time.time()
+            )
         except InvalidEvent:
             raise  # bad input from a client: its caller gets the error, nothing changed
         except InvariantViolation as e:
@@ -205,7 +207,7 @@ class Orchestrator(PearlActor):
             self.recoveries += 1
             before = self.state
             out = self.controller.recover(
-                before.table, before.profile, time.monotonic(), time.time()
+                table=before.table, profile=before.profile, now=time.monotonic(), wall=time.time()
             )
             out.state = dataclasses.replace(
                 out.state, quarantine=before.quarantine, strikes=before.strikes
@@ -259,7 +261,9 @@ class Orchestrator(PearlActor):
 
     def view(self) -> ClusterView:
         """The typed view of the current state (what every listener gets)."""
-        return cluster_view(self.state, self.proceeded, self.boot_id, self.recoveries)
+        return cluster_view(
+            s=self.state, proceeded=self.proceeded, boot_id=self.boot_id, recoveries=self.recoveries
+        )
 
     def status(self, _: StatusRequest | None = None) -> ClusterStatus:
         """A client's ``status`` (an in-process runtime's): the edge, so rendered here."""

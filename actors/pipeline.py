@@ -87,7 +87,7 @@ class PipelineActor(PearlActor):
         n = msg.view.serving
         lent = [w.role for w in msg.view.routable if w.zone is Zone.OVERLAP]
         c, p, d = (lent.count(r) for r in (Role.COLOCATED, Role.PREFILL, Role.DECODE))
-        self.pipeline.set_workers(n.N_C, n.N_P, n.N_D, (c, p, d))
+        self.pipeline.set_workers(colocated=n.N_C, prefill=n.N_P, decode=n.N_D, lent=(c, p, d))
 
     async def _progress(self) -> None:
         # A stale count makes the gate approve a borrow for a batch that is already complete:
@@ -110,12 +110,12 @@ class PipelineActor(PearlActor):
         self.directory.tell(
             names.TRACKER,
             RolloutStep(
-                report.step,
-                report.trajectories,
-                report.makespan_s,
-                report.active_fraction,
-                report.in_flight,
-                report.start_spread_s,
+                step=report.step,
+                trajectories=report.trajectories,
+                makespan_s=report.makespan_s,
+                active_fraction=report.active_fraction,
+                in_flight=report.in_flight,
+                start_spread_s=report.start_spread_s,
             ),
         )
 

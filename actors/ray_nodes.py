@@ -268,7 +268,14 @@ class RayNodeWatcher(PearlActor):
         for record in self.outbox:
             _apply(record, present, leaving)
         self.outbox.extend(
-            node_events(self.cfg, self.before, msg.nodes, present, leaving, self.clock())
+            node_events(
+                cfg=self.cfg,
+                before=self.before,
+                now=msg.nodes,
+                present=present,
+                leaving=leaving,
+                wall=self.clock(),
+            )
         )
         self.before = msg.nodes
         self._deliver()

@@ -157,7 +157,9 @@ class RolloutClient:
         """Route ``request``; ``on_attempt`` (called on the Router's thread) hears each attempt
         that answered, in order, before the future settles."""
         fut: Future[Completion] = Future()
-        call = _Call(request, fut, Completion(request.rid), on_attempt)
+        call = _Call(
+            request=request, future=fut, out=Completion(request.rid), on_attempt=on_attempt
+        )
         call.deadline = self.clock() + self.wait_s
         with self._lock:
             if request.rid in self._calls:
@@ -251,9 +253,11 @@ class RolloutClient:
         if call.on_attempt is not None:
             call.on_attempt(
                 Attempt(
-                    msg.rid, msg.worker, r.output_ids, r.logprobs, r.weights_version,
-                    r.prompt_tokens, r.cached_tokens, recomputed, out.resumed,
-                    out.finish_reason, r.decode_steps, r.decode_batch_sum,
+                    rid=msg.rid, worker=msg.worker, output_ids=r.output_ids, logprobs=r.logprobs,
+                    weights_version=r.weights_version, prompt_tokens=r.prompt_tokens,
+                    cached_tokens=r.cached_tokens, recomputed_tokens=recomputed,
+                    resumed=out.resumed, finish_reason=out.finish_reason,
+                    decode_steps=r.decode_steps, decode_batch_sum=r.decode_batch_sum,
                 )
             )  # fmt: skip
         if resume:

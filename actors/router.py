@@ -176,13 +176,19 @@ class Router(PearlActor):
         rid = msg.request.rid
         if rid in self.pending:
             self._reply(
-                msg.reply_to, GenerateDone(-1, rid, None, f"request {rid} is already in flight")
+                msg.reply_to,
+                GenerateDone(
+                    worker=-1, rid=rid, result=None, error=f"request {rid} is already in flight"
+                ),
             )
             return
         try:  # one that cannot be encoded for a worker host, or that no engine takes, fails here
             check_request(msg.request)
         except RequestRefused as e:
-            self._reply(msg.reply_to, GenerateDone(-1, rid, None, str(e), refused=True))
+            self._reply(
+                msg.reply_to,
+                GenerateDone(worker=-1, rid=rid, result=None, error=str(e), refused=True),
+            )
             return
         wait = msg.wait_s if msg.wait_s > 0 else self.wait_s
         self.pending[rid] = Pending(msg, original=msg.request, deadline=self.clock() + wait)
@@ -243,7 +249,9 @@ class Router(PearlActor):
         me, wire = self.actor_ref, req.rid
 
         def done(result: Any, error: str, retryable: bool) -> None:
-            me.tell(GenerateDone(LINK, wire, result, error, retryable))
+            me.tell(
+                GenerateDone(worker=LINK, rid=wire, result=result, error=error, retryable=retryable)
+            )
 
         self.link.submit(req, done)
 
@@ -251,7 +259,14 @@ class Router(PearlActor):
         self.load[worker] = self.load.get(worker, 0) + 1
         if not self.directory.tell(names.worker_name(worker), Generate(req)):
             self.directory.tell(
-                self.name, GenerateDone(worker, req.rid, None, "worker unreachable", True)
+                self.name,
+                GenerateDone(
+                    worker=worker,
+                    rid=req.rid,
+                    result=None,
+                    error="worker unreachable",
+                    retryable=True,
+                ),
             )
 
     def flush(self, _: Flush | None = None) -> None:
@@ -290,7 +305,7 @@ class Router(PearlActor):
                 continue
             k = max(1, self.load.get(wid, 0))
             turn_s = notice.turn_seconds(self.profile, k) if self.profile is not None else 0.0
-            for rid in notice.to_migrate(turns, turn_s, deadline, now):
+            for rid in notice.to_migrate(turns=turns, turn_s=turn_s, deadline=deadline, now=now):
                 p = self.pending[rid]
                 p.migrating = True
                 self.migrated += 1
@@ -348,7 +363,11 @@ class Router(PearlActor):
         last = f" (last: {p.why})" if p.why else " (no worker was routable)"
         why = f"no worker served {rid} within {wait:g} s{last}"
         log.warning("%s", why)
-        self._finish(rid, p, GenerateDone(-1, rid, None, why, retry_after_s=RETRY_AFTER_S))
+        self._finish(
+            rid,
+            p,
+            GenerateDone(worker=-1, rid=rid, result=None, error=why, retry_after_s=RETRY_AFTER_S),
+        )
 
     def _finish(self, rid: str, p: Pending, msg: GenerateDone) -> None:
         del self.pending[rid]
@@ -372,7 +391,11 @@ class Router(PearlActor):
             else:
                 self.directory.tell(names.worker_name(w), AbortRequest(wire))
         if not p.workers:  # still waiting for a worker: answer now
-            self._finish(msg.rid, p, GenerateDone(-1, msg.rid, None, "aborted before it ran"))
+            self._finish(
+                msg.rid,
+                p,
+                GenerateDone(worker=-1, rid=msg.rid, result=None, error="aborted before it ran"),
+            )
 
     def _reply(self, to: str, msg: GenerateDone) -> None:
         if not self.directory.tell(to, msg):

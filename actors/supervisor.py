@@ -332,19 +332,19 @@ class RoleSupervisor(PearlActor):
     def _launch(self, h: Host) -> None:
         d = self.cfg.daemon
         spec = WorkerSpec(
-            h.worker,
-            h.incarnation,
-            h.gpus,
-            self.endpoint(),
-            self.cfg.engine,
-            self.cfg.model.name,
-            self.cfg.cluster.gpu,
-            self.cfg.cluster.tp,
-            d.heartbeat_s,
-            d.worker_orphan_s,
-            self.state_dir,
-            d.keys_dir,
-            HOST_METRICS if self.metrics else "",
+            worker=h.worker,
+            incarnation=h.incarnation,
+            gpus=h.gpus,
+            endpoint=self.endpoint(),
+            engine=self.cfg.engine,
+            model=self.cfg.model.name,
+            gpu=self.cfg.cluster.gpu,
+            tp=self.cfg.cluster.tp,
+            heartbeat_s=d.heartbeat_s,
+            orphan_s=d.worker_orphan_s,
+            state_dir=self.state_dir,
+            keys_dir=d.keys_dir,
+            metrics=HOST_METRICS if self.metrics else "",
         )
         try:
             h.handle = self.launcher.launch(spec)
@@ -439,7 +439,11 @@ class RoleSupervisor(PearlActor):
             # engine. Restoring is idempotent: an engine already there only catches up on
             # weights, then reports WorkerUp.
             restore = RestoreWorker(
-                h.worker, h.incarnation, row.role, self.weights_version, active=_engaged(row)
+                worker=h.worker,
+                incarnation=h.incarnation,
+                role=row.role,
+                weights_version=self.weights_version,
+                active=_engaged(row),
             )
             pending = [restore, *pending]
         elif msg.engine_ready and row is not None:

@@ -139,7 +139,9 @@ class WorkerActor(PearlActor):
 
     def _weights(self, version: int) -> None:
         assert self.engine is not None
-        sync_weights(self.engine, version, self.weights_source, self.name)
+        sync_weights(
+            engine=self.engine, version=version, lookup=self.weights_source, name=self.name
+        )
 
     def on_start_worker(self, c: cmd.StartWorker) -> None:
         if not c.background:
@@ -249,7 +251,15 @@ class WorkerActor(PearlActor):
         refused: bool = False,
     ) -> None:
         self.directory.tell(
-            names.ROUTER, GenerateDone(self.worker, rid, result, error, retryable, refused)
+            names.ROUTER,
+            GenerateDone(
+                worker=self.worker,
+                rid=rid,
+                result=result,
+                error=error,
+                retryable=retryable,
+                refused=refused,
+            ),
         )
 
     def on_abort(self, msg: AbortRequest) -> None:

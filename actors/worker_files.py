@@ -59,7 +59,9 @@ def scan(folder: Path) -> list[WorkerFile]:
     for name in names:
         m = _NAME.match(name)
         if m is not None:
-            out.append(WorkerFile(folder / name, int(m[1]), int(m[2]), m[3]))
+            out.append(
+                WorkerFile(path=folder / name, worker=int(m[1]), incarnation=int(m[2]), kind=m[3])
+            )
     return out
 
 

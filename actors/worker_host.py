@@ -165,11 +165,11 @@ class Host:
         """What the host says to pearld: who it is and where it serves."""
         a = self.args
         return WorkerHello(
-            a.worker,
-            a.incarnation,
-            os.getpid(),
-            self.server.address,
-            self.kv.address,
+            worker=a.worker,
+            incarnation=a.incarnation,
+            pid=os.getpid(),
+            address=self.server.address,
+            kv_address=self.kv.address,
             metrics_address=self.exporter.address if self.exporter is not None else "",
             node_id=a.node_id,
             handle=a.handle,

@@ -36,15 +36,18 @@ def loop_decide(p: WorkloadProfile, N: int, max_util: float) -> tuple[Target, fl
     best_np, best_t = 0, math.inf
     for n_p in range(1, N):
         n_d = N - n_p
-        if not (ms.decode_hbm_ok(p, n_d) and ms.prefill_keeps_up(p, n_p, n_d, max_util)):
+        if not (
+            ms.decode_hbm_ok(p, n_d)
+            and ms.prefill_keeps_up(p=p, N_P=n_p, N_D=n_d, max_util=max_util)
+        ):
             continue
         t = float(ms.T_dis(p, n_p, n_d))
         if t < best_t:
             best_np, best_t = n_p, t
     t_coloc = float(ms.T_coloc(p, N))
     if best_t < t_coloc:
-        return Target(Mode.DISAGGREGATED, best_np, N - best_np, 0), best_t
-    return Target(Mode.COLOCATED, 0, 0, N), t_coloc
+        return Target(mode=Mode.DISAGGREGATED, N_P=best_np, N_D=N - best_np, N_C=0), best_t
+    return Target(mode=Mode.COLOCATED, N_P=0, N_D=0, N_C=N), t_coloc
 
 
 def median_s(fn: Callable[[], object], budget_s: float = 0.5, repeats: int = 7) -> float:
@@ -82,7 +85,7 @@ def main() -> None:
     )
     print(f"{'workers':>8} {'decide':>11} {'loop':>11} {'speedup':>8}  {'chosen':<10} target")
     for N in sizes:
-        d = decide(p, N, None, knobs)
+        d = decide(profile=p, N=N, current=None, cfg=knobs)
         ref = loop_decide(p, N, knobs.prefill_max_utilization)
         assert d.target == ref[0] and math.isclose(d.predicted_makespan_s, ref[1], rel_tol=1e-9), (
             f"N={N}: decide {d.target} != loop {ref[0]}"

@@ -129,14 +129,16 @@ def main() -> None:
     load0 = os.getloadavg()[0]
     workers = [Worker(cores[0], a), Worker(cores[1], a)]
     try:
-        coloc = play("2C", workers, 0, a)  # play checks that no run lost tokens or hand-offs
+        coloc = play(
+            name="2C", workers=workers, n_prefill=0, a=a
+        )  # play checks that no run lost tokens or hand-offs
         set_roles(workers, 1)  # a fresh KV pool: no prefix left over from the 2C run
-        dis = play("1P1D", workers, 1, a)
+        dis = play(name="1P1D", workers=workers, n_prefill=1, a=a)
         fit = fitted([coloc, dis])
-        kv = kv_rates(dis, workers[0], workers[1], 1)
+        kv = kv_rates(run=dis, src=workers[0], dst=workers[1], dst_index=1)
     finally:
         stop_all(workers)
-    report(a, coloc, dis, fit, kv, (load0, os.getloadavg()[0]))
+    report(a=a, coloc=coloc, dis=dis, fit=fit, kv=kv, load=(load0, os.getloadavg()[0]))
 
 
 def report(
@@ -147,7 +149,10 @@ def report(
     kv: dict[str, float],
     load: tuple[float, float],
 ) -> None:
-    pred = {"2C": predict(coloc, fit, a, False, kv), "1P1D": predict(dis, fit, a, True, kv)}
+    pred = {
+        "2C": predict(run=coloc, fit=fit, a=a, disaggregated=False, kv=kv),
+        "1P1D": predict(run=dis, fit=fit, a=a, disaggregated=True, kv=kv),
+    }
     base = coloc.generated / coloc.makespan_s
     print(
         f"\nworkload: {a.trajectories} trajectories x {a.turns} turns, first prompt "

@@ -229,7 +229,7 @@ async def run_way(
                 raise RuntimeError(f"{r.status_code} {r.text[:200]}")
             return r.json()
 
-        return await agents(post, a, tag, tally, until)
+        return await agents(post=post, a=a, tag=tag, tally=tally, until=until)
 
 
 def agents_process(
@@ -239,7 +239,15 @@ def agents_process(
     actors keep this one): the seconds it took and its tally."""
     tally = Tally()
     secs = asyncio.run(
-        run_way(way, argparse.Namespace(**a), tag, tally, urls, Picker(pool_file), until)
+        run_way(
+            way=way,
+            a=argparse.Namespace(**a),
+            tag=tag,
+            tally=tally,
+            urls=urls,
+            picker=Picker(pool_file),
+            until=until,
+        )
     )
     return secs, tally
 
@@ -366,7 +374,7 @@ def main() -> int:
             with ThreadPoolExecutor(1) as th:
                 agents_round = th.submit(round_of, way, f"s{way[0]}", done)
                 try:
-                    storm(rt, pool, way, a.storm_cycles)()
+                    storm(rt=rt, pool=pool, label=way, cycles=a.storm_cycles)()
                 finally:
                     done.set()
                 _, storms[way] = agents_round.result()

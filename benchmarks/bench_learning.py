@@ -122,12 +122,24 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench_learning-") as tmp:
         cache = Path(tmp) / "warm-start"
         for seed in args.seeds:
-            runs.append(one_run(seed, Path(tmp) / f"seed{seed}", cache, args.pearl_demo_args))
+            runs.append(
+                one_run(
+                    seed=seed,
+                    out=Path(tmp) / f"seed{seed}",
+                    cache=cache,
+                    extra=args.pearl_demo_args,
+                )
+            )
             print_run("first run", runs[-1])
         if args.small:  # no warm start to reuse: the first run stands in for the cached one
             cached = runs[0]
         else:
-            cached = one_run(args.seeds[0], Path(tmp) / "cached", cache, args.pearl_demo_args)
+            cached = one_run(
+                seed=args.seeds[0],
+                out=Path(tmp) / "cached",
+                cache=cache,
+                extra=args.pearl_demo_args,
+            )
             print_run("cached", cached)
 
     checks = {

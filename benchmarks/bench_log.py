@@ -120,7 +120,9 @@ def bench_appends(
         for k in range(max(1, round(seconds / 0.25))):
             for group in (False, True):
                 file_mod._sync = syncs[group]
-                n, a, dt = run_slice(logs[group], writers, 0.25, batches, k * 1000)
+                n, a, dt = run_slice(
+                    log=logs[group], writers=writers, seconds=0.25, batches=batches, first=k * 1000
+                )
                 totals[group][0] += n
                 totals[group][1] += a
                 totals[group][2] += dt
@@ -231,7 +233,7 @@ def run(root: Path, args: argparse.Namespace) -> int:
     ratios, bounds = {}, {}
     for label, batches in ((f"realistic ({mean:.2f} rec)", realistic), ("16 records", sixteen)):
         for writers in (1, 8):
-            res = bench_appends(root, writers, args.seconds, batches)
+            res = bench_appends(root=root, writers=writers, seconds=args.seconds, batches=batches)
             for group in (False, True):
                 r = res[group]
                 mode = "group commit" if group else "fsync per record"

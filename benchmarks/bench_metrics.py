@@ -108,11 +108,13 @@ def main() -> int:
             wait_status(endpoint)
             with Client(endpoint, timeout_s=5.0) as c:
                 settle(c, 120.0)
-                one_round(c, url, 20, 0)  # warm-up
+                one_round(c=c, url=url, events=20, hz=0)  # warm-up
                 res: dict[str, list[dict[str, float]]] = {"off": [], "on": []}
                 for r in range(2 * a.rounds):
                     key = "on" if r % 2 else "off"
-                    res[key].append(one_round(c, url, a.events, a.hz if key == "on" else 0))
+                    res[key].append(
+                        one_round(c=c, url=url, events=a.events, hz=a.hz if key == "on" else 0)
+                    )
         finally:
             stop(proc)
     out = {}

@@ -197,13 +197,13 @@ class Recorder:
             r = await inner(ids, sampling, trajectory_id)
             self.gens.append(
                 Gen(
-                    t,
-                    time.monotonic(),
-                    len(ids),
-                    len(r.output_ids),
-                    r.cached_tokens,
-                    r.finish_reason is FinishReason.ABORT,
-                    trajectory_id,
+                    submit=t,
+                    done=time.monotonic(),
+                    prompt=len(ids),
+                    out=len(r.output_ids),
+                    cached=r.cached_tokens,
+                    aborted=r.finish_reason is FinishReason.ABORT,
+                    trajectory=trajectory_id,
                 )
             )
             return r
@@ -244,7 +244,9 @@ def run(setup: Setup, notice_s: float | None) -> dict[str, Any]:
             n = [w for w in s["workers"] if w["role"] != "training" and w["activity"] == "active"]
             return len(n) == setup.rollout_workers and s["plan"] is None
 
-        s = wait_for(rt, serving, setup.start_timeout_s, "every rollout worker serving")
+        s = wait_for(
+            rt=rt, pred=serving, timeout=setup.start_timeout_s, what="every rollout worker serving"
+        )
         leaving = sorted(
             w["id"]
             for w in s["workers"]

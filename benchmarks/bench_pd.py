@@ -172,7 +172,13 @@ def measure(workers: list[Worker], a: argparse.Namespace) -> list[Point]:
             for n_p in configs:
                 name = config_name(pt.N, n_p)
                 set_roles(workers[: pt.N], n_p)
-                run = play(f"r{r}-{pt.N}-{pt.B}-{name}", workers[: pt.N], n_p, a, batch=pt.B)
+                run = play(
+                    name=f"r{r}-{pt.N}-{pt.B}-{name}",
+                    workers=workers[: pt.N],
+                    n_prefill=n_p,
+                    a=a,
+                    batch=pt.B,
+                )
                 pt.makespans.setdefault(n_p, []).append(run.makespan_s)
                 pt.tokens[n_p] = run.generated
                 if n_p == 0:
@@ -193,8 +199,8 @@ def analyse(points: list[Point], a: argparse.Namespace, K: float, BW: float) -> 
     cfg = DecisionConfig()
     rows = []
     for pt in points:
-        profile = tracked_profile(pt.colocated, a, pt.B, K, BW)
-        dec = decide(profile, pt.N, None, cfg)
+        profile = tracked_profile(runs=pt.colocated, a=a, B=pt.B, K=K, BW=BW)
+        dec = decide(profile=profile, N=pt.N, current=None, cfg=cfg)
         s = sweep(profile, pt.N, cfg.prefill_max_utilization)
         predicted = {0: s.T_coloc} | {int(n): float(t) for n, t in zip(s.N_P, s.T_dis, strict=True)}
         excluded = {0: None} | {
@@ -303,7 +309,7 @@ def main() -> int:
     cores = sorted(os.sched_getaffinity(0))
     slots = max(a.budgets)
     share = a.share if a.share is not None else default_share(slots, available_cores(), 0.9)
-    check_fits(share, slots, available_cores(), "--share")
+    check_fits(share=share, slots=slots, cores=available_cores(), where="--share")
     print(
         f"{slots} workers, each a virtual device of {share:g} core, on {len(cores)} cores",
         file=sys.stderr,
@@ -317,8 +323,8 @@ def main() -> int:
         points = measure(workers, a)
     finally:
         stop_all(workers)
-    rows = analyse(points, a, K, BW)
-    report(rows, a, share, K, BW)
+    rows = analyse(points=points, a=a, K=K, BW=BW)
+    report(rows=rows, a=a, share=share, K=K, BW=BW)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"share": share, "K": K, "BW": BW, "args": vars(a), "points": rows}, f)

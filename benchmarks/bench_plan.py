@@ -82,7 +82,7 @@ def main() -> int:
     for n in sizes:
         s = table(n)
         N = n + 2
-        target = Target(Mode.DISAGGREGATED, N // 2, N - N // 2, 0)
+        target = Target(mode=Mode.DISAGGREGATED, N_P=N // 2, N_D=N - N // 2, N_C=0)
         repeat = 30 if n < 10000 else 7
 
         t_plan, p = timed(partial(minimal, s, target), repeat)

@@ -156,7 +156,7 @@ def main() -> int:
     rt = pearl.Runtime.from_config(
         ROOT / "configs" / "local-vllm.toml", state_dir=work / "state", overrides=overrides
     )
-    w = Workload(a.agents, a.turns, a.tokens, a.obs)
+    w = Workload(agents=a.agents, turns=a.turns, tokens=a.tokens, obs=a.obs)
     rt.start()
     try:
         print(f"bench_vllm: 2 vLLM workers ({a.preset}), {a.agents} agents x {a.turns} turns x "

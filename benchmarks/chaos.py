@@ -355,7 +355,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         settled = settle(t, 120.0, unsettled)
         out["unsettled"] = {} if settled else unsettled
         time.sleep(3.0)  # hosts being retired finish exiting
-        out.update(report(d, t, play, inj, t0, settled))
+        out.update(report(d=d, t=t, play=play, inj=inj, t0=t0, settled=settled))
         out.update(gateway_report(agents, inj))
         # SIGTERM stops pearld "and its worker hosts": also the ones it adopted after a restart?
         out["pearld_exit_code"] = d.stop()

@@ -113,7 +113,7 @@ def worker_main(
                     fut = engine.generate(from_plain(GenerateRequest, msg["req"]))
                     fut.add_done_callback(lambda f, i=ident, m=mid: reply_later(i, m, f))
                     continue
-                result = _control(engine, channel, op, msg, sink)
+                result = _control(engine=engine, channel=channel, op=op, msg=msg, sink=sink)
                 rep = {"id": mid, "ok": True, "result": result}
             except Exception as e:
                 rep = {"id": mid, "ok": False, "error": f"{type(e).__name__}: {e}"}
@@ -173,7 +173,7 @@ def _control(engine: Any, channel: Any, op: str, msg: dict[str, Any], sink: dict
         for i, n in enumerate(msg["sizes"]):
             buf = np.ones(n, dtype=np.uint8)
             if push is not None:
-                bulk_send(push, f"probe{i}", {}, [buf])
+                bulk_send(sock=push, transfer_id=f"probe{i}", meta={}, frames=[buf])
             else:
                 channel.send(msg["addr"], f"probe{i}", {}, [buf])
             if msg["gap_s"]:
@@ -274,12 +274,18 @@ def spread(mean: float, frac: float, traj: int, turn: int, salt: int) -> float:
 
 def turn_tokens(a: argparse.Namespace, traj: int, turn: int) -> int:
     """Tokens trajectory ``traj`` generates in ``turn``: ``a.gen``, spread by ``a.gen_spread``."""
-    return max(1, round(spread(a.gen, getattr(a, "gen_spread", 0.0), traj, turn, 1)))
+    return max(
+        1,
+        round(spread(mean=a.gen, frac=getattr(a, "gen_spread", 0.0), traj=traj, turn=turn, salt=1)),
+    )
 
 
 def env_seconds(a: argparse.Namespace, traj: int, turn: int) -> float:
     """The environment's answer time after ``turn``: ``a.env_ms``, spread by ``a.env_spread``."""
-    return spread(a.env_ms, getattr(a, "env_spread", 0.0), traj, turn, 2) / 1000
+    return (
+        spread(mean=a.env_ms, frac=getattr(a, "env_spread", 0.0), traj=traj, turn=turn, salt=2)
+        / 1000
+    )
 
 
 def set_roles(workers: list[Worker], n_prefill: int) -> None:
@@ -451,7 +457,14 @@ def _worker_cli() -> None:
     ap.add_argument("--device-share", type=float, default=None)
     ap.add_argument("--slot", type=int, default=None)
     a = ap.parse_args()
-    worker_main(a.worker, a.preset, a.token_budget, a.kv_budget_mib << 20, a.device_share, a.slot)
+    worker_main(
+        core=a.worker,
+        preset=a.preset,
+        token_budget=a.token_budget,
+        kv_budget=a.kv_budget_mib << 20,
+        device_share=a.device_share,
+        slot=a.slot,
+    )
 
 
 if __name__ == "__main__":

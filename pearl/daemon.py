@@ -233,7 +233,9 @@ class Daemon:
         for t in telemetry:
             profile = policy.observe(profile, t)
         controller = Controller(policy, ControllerConfig())
-        recovered = controller.recover(loaded.state, profile, time.monotonic(), time.time())
+        recovered = controller.recover(
+            table=loaded.state, profile=profile, now=time.monotonic(), wall=time.time()
+        )
         log.info(
             "replayed %d records (snapshot at %d) in %.3fs",
             loaded.state.seq,
@@ -456,13 +458,13 @@ class Daemon:
             return base.start(
                 d,
                 RoleSupervisor,
-                d,
-                self.launcher,
-                cfg,
-                lambda: self.address,
-                str(self.state_dir),
-                self.boot_id,
-                board,
+                directory=d,
+                launcher=self.launcher,
+                config=cfg,
+                endpoint=lambda: self.address,
+                state_dir=str(self.state_dir),
+                boot_id=self.boot_id,
+                board=board,
                 initial=initial,
                 metrics=self.metrics_server.address if self.metrics_server is not None else "",
             )
@@ -473,21 +475,23 @@ class Daemon:
             if bound is None:  # a restart: free the address the failed endpoint held, rebind
                 if self._api_live is not None:
                     self._api_live.close()
-                bound = ApiSockets.bind(self.endpoint, self.keys, board, REBIND_S)
+                bound = ApiSockets.bind(
+                    endpoint=self.endpoint, keys=self.keys, board=board, wait_s=REBIND_S
+                )
             self._api_live = bound
             ref = base.start(
                 d,
                 ApiEndpoint,
-                d,
-                self.endpoint,
-                self.boot_id,
-                board,
-                self.keys,
-                take,
-                self.store_weights,
-                self.metrics.api_request if self.metrics is not None else None,
-                bound,
-                self._api_memo,
+                directory=d,
+                endpoint=self.endpoint,
+                boot_id=self.boot_id,
+                board=board,
+                keys=self.keys,
+                batches=take,
+                weights=self.store_weights,
+                observer=self.metrics.api_request if self.metrics is not None else None,
+                bound=bound,
+                memo=self._api_memo,
             )
             self.address = ref.ref.proxy().address.get()
             return ref
@@ -498,13 +502,13 @@ class Daemon:
             ref = base.start(
                 d,
                 Orchestrator,
-                d,
-                self.event_log,
-                controller,
-                out,
-                cfg.daemon.snapshot_every,
-                self.boot_id,
-                Observers(self.metrics, self.plans),
+                directory=d,
+                event_log=self.event_log,
+                controller=controller,
+                recovered=out,
+                snapshot_every=cfg.daemon.snapshot_every,
+                boot_id=self.boot_id,
+                metrics=Observers(self.metrics, self.plans),
             )
             ref.ask(Boot(), 30.0)  # log and send what recovery decided, now it has a name
             return ref
@@ -515,14 +519,18 @@ class Daemon:
             names.TOGGLE: lambda: base.start(d, IntraScaleToggleManager, d),
             # Every request may wait for a worker as long as the gateway's (the pipeline's too).
             names.ROUTER: lambda: base.start(
-                d, Router, d, link_from_config(cfg.engine), cfg.gateway.request_timeout_s
+                d,
+                Router,
+                directory=d,
+                link=link_from_config(cfg.engine),
+                wait_s=cfg.gateway.request_timeout_s,
             ),
             names.TRACKER: lambda: base.start(
                 d,
                 RuntimeTracker,
-                d,
-                cfg.decision.ema_alpha,
-                float(cfg.workload.max_trajectory_tokens),
+                directory=d,
+                alpha=cfg.decision.ema_alpha,
+                L_max=float(cfg.workload.max_trajectory_tokens),
             ),
             names.DECISION: lambda: base.start(d, DecisionEngine, cfg.decision),
             names.SCHEDULER: lambda: base.start(d, ElasticScheduler, d),
@@ -531,7 +539,9 @@ class Daemon:
             from actors.pipeline import PipelineActor
 
             pipeline = self.pipeline
-            specs[names.PIPELINE] = lambda: base.start(d, PipelineActor, d, pipeline)
+            specs[names.PIPELINE] = lambda: base.start(
+                d, PipelineActor, directory=d, pipeline=pipeline
+            )
         # The API binds last but one; the orchestrator, last, is the first to stop taking input.
         specs[names.API] = api
         specs[names.ORCHESTRATOR] = orchestrator
@@ -541,7 +551,12 @@ class Daemon:
 
             ray = self.launcher.ray
             specs[names.NODES] = lambda: base.start(
-                d, RayNodeWatcher, d, cfg, lambda: read_nodes(ray), initial
+                d,
+                RayNodeWatcher,
+                directory=d,
+                cfg=cfg,
+                read=lambda: read_nodes(ray),
+                initial=initial,
             )
         return specs
 
@@ -648,8 +663,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--endpoint",
         default=os.environ.get("PEARL_ENDPOINT") or None,  # as `pearl` finds it
-        help="where the API listens (default: $PEARL_ENDPOINT, else the config's "
-        "daemon.endpoint)",
+        help="where the API listens (default: $PEARL_ENDPOINT, else the config's daemon.endpoint)",
     )
     p.add_argument(
         "--keep-workers",
@@ -704,7 +718,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             from pearl.gateway.serve import raise_fd_limit
 
             raise_fd_limit()
-        daemon = Daemon(cfg, Path(args.state_dir), args.endpoint, args.keep_workers)
+        daemon = Daemon(
+            cfg=cfg,
+            state_dir=Path(args.state_dir),
+            endpoint=args.endpoint,
+            keep_workers=args.keep_workers,
+        )
         daemon.start()  # on failure it has stopped what it started and released the lock
     except Exception as e:
         print(f"pearld: {startup_error(e)}", file=sys.stderr, flush=True)

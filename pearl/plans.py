@@ -84,13 +84,13 @@ class PlanHistory:
                     d = view.decision
                     own = d is not None and d.target == rec.target and rec.cause != "return"
                     self._plans[rec.plan] = PlanSpan(
-                        rec.plan,
-                        rec.cause,
-                        self._serving,
-                        rec.target,
-                        now,
-                        d.reason if own and d is not None else "",
-                        d.predicted_makespan_s if own and d is not None else None,
+                        plan=rec.plan,
+                        cause=rec.cause,
+                        before=self._serving,
+                        target=rec.target,
+                        begin=now,
+                        decision=d.reason if own and d is not None else "",
+                        predicted_s=d.predicted_makespan_s if own and d is not None else None,
                     )
                     if len(self._plans) > self.keep:
                         del self._plans[min(self._plans)]

@@ -133,7 +133,7 @@ def run(rounds: int, gen: int, batches: list[int]) -> dict[str, list[dict[str, A
         for r in range(rounds):
             order = list(VARIANTS) if r % 2 == 0 else list(reversed(VARIANTS))
             for v in order:
-                rows[v].append(one(v, Path(d), gen, batches))
+                rows[v].append(one(variant=v, tmp=Path(d), gen=gen, batches=batches))
     return rows
 
 

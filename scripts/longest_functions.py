@@ -37,7 +37,9 @@ def _functions(path: Path, tree: ast.Module) -> list[Function]:
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 name = f"{prefix}{child.name}"
                 end = child.end_lineno or child.lineno
-                found.append(Function(end - child.lineno + 1, path, child.lineno, name))
+                found.append(
+                    Function(lines=end - child.lineno + 1, path=path, line=child.lineno, name=name)
+                )
                 walk(child, f"{name}.")
             elif isinstance(child, ast.ClassDef):
                 walk(child, f"{prefix}{child.name}.")

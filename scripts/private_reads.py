@@ -75,7 +75,9 @@ def scan(path: Path) -> list[Hit]:
             continue
         if id(node) in inside or node.attr in own:
             continue
-        hits.append(Hit(path, node.lineno, node.attr, isinstance(node.ctx, ast.Store)))
+        hits.append(
+            Hit(path=path, line=node.lineno, attr=node.attr, store=isinstance(node.ctx, ast.Store))
+        )
     return sorted(hits)
 
 

@@ -77,7 +77,7 @@ def test_a_ray_node_label_is_bounded() -> None:
             "daemon.launcher=ray",
         ],
     )
-    node = RayNode("1", "10.0.0.1", True, 2, {"pearl-gpus": HUGE})
+    node = RayNode(node_id="1", address="10.0.0.1", alive=True, gpus=2, labels={"pearl-gpus": HUGE})
     with pytest.raises(ConfigError, match=r"label pearl-gpus: '24-2000000000' is out of range"):
         held(cfg, node)
 

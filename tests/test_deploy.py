@@ -30,7 +30,7 @@ DS_UID = "${DS_PROMETHEUS}"
 BUILTIN_VARS = {"__rate_interval", "__interval", "__range", "__range_s", "__interval_ms"}
 METRIC = re.compile(r"\bpearl_[a-z_]+\b")
 HIST_SUFFIXES = ("_bucket", "_sum", "_count")
-COLOC2 = Target(Mode.COLOCATED, 0, 0, 2)
+COLOC2 = Target(mode=Mode.COLOCATED, N_P=0, N_D=0, N_C=2)
 
 # What the brief for the dashboard asks it to show, by the metric each panel needs.
 REQUIRED = {
@@ -115,16 +115,37 @@ def pearld_series() -> set[str]:
     borrow cycle) and records of every kind it counts, so every family has its samples."""
     m = Metrics(deaths=lambda: {"missed heartbeats": 1}, hosts=lambda: {"restarts": 1, "lost": 0})
     workers = (
-        Worker(0, (0,), Role.TRAINING, Activity.INACTIVE, Zone.OVERLAP, 1),
-        Worker(1, (2,), Role.COLOCATED, Activity.ACTIVE, Zone.DEDICATED, 2),
-        Worker(2, (3,), Role.COLOCATED, Activity.ACTIVE, Zone.DEDICATED, 3),
+        Worker(
+            id=0,
+            gpus=(0,),
+            role=Role.TRAINING,
+            activity=Activity.INACTIVE,
+            zone=Zone.OVERLAP,
+            incarnation=1,
+        ),
+        Worker(
+            id=1,
+            gpus=(2,),
+            role=Role.COLOCATED,
+            activity=Activity.ACTIVE,
+            zone=Zone.DEDICATED,
+            incarnation=2,
+        ),
+        Worker(
+            id=2,
+            gpus=(3,),
+            role=Role.COLOCATED,
+            activity=Activity.ACTIVE,
+            zone=Zone.DEDICATED,
+            incarnation=3,
+        ),
     )
     view = ClusterView(
         table=TableSnapshot(seq=12, tp=1, workers=workers, training_gpus=(0,)),
         profile=prior_profile(config_mod.load(None)),
         decision=DecisionView(COLOC2, 90.0, "test"),
         measured_makespan_s=80.0,
-        gate=GateResult(True, 1.0, 3.0, 2.0, 0.05),
+        gate=GateResult(enabled=True, benefit_s=1.0, T_ded=3.0, T_full=2.0, T_toggle=0.05),
         cycle=BorrowCycle(step=1, opened=0.0, closed=1.0, returned=1.07),
     )
     telemetry = ev.Telemetry(
@@ -140,9 +161,13 @@ def pearld_series() -> set[str]:
         T_env=0.3,
         makespan_s=80.0,
     )
-    m.committed([ev.GpusAdded((3,)), ev.PlanBegin(1, "expand", COLOC2, ())], view, received=0.0)
+    m.committed(
+        [ev.GpusAdded((3,)), ev.PlanBegin(plan=1, cause="expand", target=COLOC2, steps=())],
+        view,
+        received=0.0,
+    )
     m.committed([ev.PlanCommit(1), telemetry], view)
-    m.committed([ev.PlanBegin(2, "rebalance", COLOC2, ())], view)
+    m.committed([ev.PlanBegin(plan=2, cause="rebalance", target=COLOC2, steps=())], view)
     m.committed([ev.PlanAbort(2, "worker 3 failed")], view)
     return series_names(m.exposition())
 

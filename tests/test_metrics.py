@@ -30,9 +30,9 @@ from pearl.metrics import (
     write_targets,
 )
 
-COLOC2 = Target(Mode.COLOCATED, 0, 0, 2)
-SPLIT_1_1 = Target(Mode.DISAGGREGATED, 1, 1, 0)
-SPLIT_2_1 = Target(Mode.DISAGGREGATED, 2, 1, 0)
+COLOC2 = Target(mode=Mode.COLOCATED, N_P=0, N_D=0, N_C=2)
+SPLIT_1_1 = Target(mode=Mode.DISAGGREGATED, N_P=1, N_D=1, N_C=0)
+SPLIT_2_1 = Target(mode=Mode.DISAGGREGATED, N_P=2, N_D=1, N_C=0)
 
 
 def samples(m: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -46,13 +46,17 @@ def samples(m: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 def test_plans_mode_switches_ratio_changes_and_aborts_are_counted() -> None:
     m = Metrics()
     view = ClusterView()
-    m.committed([ev.GpusAdded((0, 1)), ev.PlanBegin(1, "expand", COLOC2, ())], view, received=0.0)
+    m.committed(
+        [ev.GpusAdded((0, 1)), ev.PlanBegin(plan=1, cause="expand", target=COLOC2, steps=())],
+        view,
+        received=0.0,
+    )
     m.committed([ev.PlanCommit(1)], view)
-    m.committed([ev.PlanBegin(2, "rebalance", SPLIT_1_1, ())], view)
+    m.committed([ev.PlanBegin(plan=2, cause="rebalance", target=SPLIT_1_1, steps=())], view)
     m.committed([ev.PlanCommit(2)], view)  # colocated -> disaggregated
-    m.committed([ev.PlanBegin(3, "rebalance", SPLIT_2_1, ())], view)
+    m.committed([ev.PlanBegin(plan=3, cause="rebalance", target=SPLIT_2_1, steps=())], view)
     m.committed([ev.PlanCommit(3)], view)  # 1P1D -> 2P1D
-    m.committed([ev.PlanBegin(4, "expand", COLOC2, ())], view)
+    m.committed([ev.PlanBegin(plan=4, cause="expand", target=COLOC2, steps=())], view)
     m.committed([ev.PlanAbort(4, "training-begin: the trainer takes its GPUs back")], view)
     s = samples(m)
     assert s["pearl_plans_total", (("kind", "expand"), ("outcome", "committed"))] == 1
@@ -72,7 +76,7 @@ def test_an_event_waits_for_the_next_plan() -> None:
     view = ClusterView()
     m.committed([ev.GpusReclaimed((4, 5))], view, received=0.0)  # a plan is in flight: no answer
     assert samples(m)["pearl_event_to_plan_seconds_count", ()] == 0
-    m.committed([ev.PlanBegin(7, "return", COLOC2, ())], view)
+    m.committed([ev.PlanBegin(plan=7, cause="return", target=COLOC2, steps=())], view)
     assert samples(m)["pearl_event_to_plan_seconds_count", ()] == 1
 
 
@@ -198,7 +202,13 @@ def test_host_metrics_move_by_exactly_the_telemetry_observed() -> None:
     assert s["pearl_worker_kv_transfer_bytes_total", of("none", direction="send")] == 1024
     assert s["pearl_worker_kv_transfer_bytes_total", of("none", direction="recv")] == 500
 
-    m.observe(EngineTelemetry(iterations=(IterationStat(3.0, 0.003, 5, 7),)))
+    m.observe(
+        EngineTelemetry(
+            iterations=(
+                IterationStat(t_start=3.0, duration_s=0.003, decode_batch=5, prefill_tokens=7),
+            )
+        )
+    )
     m.observe(EngineTelemetry())  # nothing happened: nothing moves
     s = host_samples(m)
     assert s["pearl_worker_decode_tokens_total", of("none")] == 14 + 5

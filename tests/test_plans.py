@@ -12,11 +12,11 @@ from pearl.plans import Observers, PlanHistory
 
 
 def coloc(n: int) -> Target:
-    return Target(Mode.COLOCATED, 0, 0, n)
+    return Target(mode=Mode.COLOCATED, N_P=0, N_D=0, N_C=n)
 
 
 def split(p: int, d: int) -> Target:
-    return Target(Mode.DISAGGREGATED, p, d, 0)
+    return Target(mode=Mode.DISAGGREGATED, N_P=p, N_D=d, N_C=0)
 
 
 def feed(h: PlanHistory, plans: list[tuple[Target, str, str]]) -> None:
@@ -25,7 +25,7 @@ def feed(h: PlanHistory, plans: list[tuple[Target, str, str]]) -> None:
     for target, cause, end in plans:
         plan = next(ids)
         view = ClusterView(decision=DecisionView(target, 1.5, f"best: {target}"))
-        h.committed([ev.PlanBegin(plan, cause, target, ())], view)
+        h.committed([ev.PlanBegin(plan=plan, cause=cause, target=target, steps=())], view)
         done = ev.PlanCommit(plan) if end == "commit" else ev.PlanAbort(plan, end)
         h.committed([done], ClusterView())
 
@@ -71,5 +71,5 @@ def test_a_plan_begun_before_this_process_is_not_timed() -> None:
 def test_observers_fan_out_and_skip_none() -> None:
     a, b = PlanHistory(), PlanHistory()
     o = Observers(a, None, b)
-    o.committed([ev.PlanBegin(1, "expand", coloc(1), ())], ClusterView())
+    o.committed([ev.PlanBegin(plan=1, cause="expand", target=coloc(1), steps=())], ClusterView())
     assert len(a.plans()) == len(b.plans()) == 1

@@ -109,12 +109,12 @@ def test_the_report_holds_evals_records_and_both_new_plots(tmp_path: Path) -> No
         rl=types.SimpleNamespace(seed=3),
     )
     summary = demo.write_report(
-        tmp_path,
-        cfg,
-        records,
-        timeline,
-        False,
-        {},
+        out=tmp_path,
+        cfg=cfg,
+        records=records,
+        timeline=timeline,
+        interrupted=False,
+        deaths={},
         evals=evals,
         learning={"path": "/cache/x", "cached": True, "seconds": 0.2, "validation": 0.95},
         groups={"started": 40, "delivered": 32, "stale": 4, "failed": 0, "failed_trajectories": 0},

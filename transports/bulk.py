@@ -239,7 +239,7 @@ class ZmqKVChannel:
                     secure_client(sock, self._peer_keys)
                 sock.connect(peer)
             try:
-                bulk_send(sock, transfer_id, meta, frames)
+                bulk_send(sock=sock, transfer_id=transfer_id, meta=meta, frames=frames)
             except zmq.Again:
                 raise EngineError(
                     f"KV send of {transfer_id!r} to {peer} timed out after "

@@ -193,7 +193,7 @@ class Codec:
         except Exception as e:  # SchemaError, or a record's own check failing on odd input
             raise BadMessage(ErrorCode.SCHEMA, f"{kind!r}: {e}", corr) from None
         bulk = tuple(f if isinstance(f, bytes) else memoryview(f) for f in frames[1:])
-        return Envelope(msg, env["id"], env["corr"], env["sender"], bulk)
+        return Envelope(msg=msg, id=env["id"], corr=env["corr"], sender=env["sender"], frames=bulk)
 
     def _check_sizes(self, frames: Sequence[Any], outgoing: bool) -> None:
         lim = self.limits

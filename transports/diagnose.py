@@ -126,7 +126,7 @@ def diagnose(
 ) -> str:
     """Why ``address`` did not answer, and what to do: :func:`probe`, then :func:`advice`."""
     verdict = probe(address, keys, timeout_s=timeout_s, kind=kind, ctx=ctx)
-    return advice(address, verdict, keys_dir, option)
+    return advice(address=address, verdict=verdict, keys_dir=keys_dir, option=option)
 
 
 _SUCCEEDED = zmq.EVENT_HANDSHAKE_SUCCEEDED
@@ -213,7 +213,12 @@ class DiagnosingClient(Client):
     def _timeout(self, msg: Any, timeout: float, tries: int) -> RequestTimeout:
         self._listen()
         what = str(super()._timeout(msg, timeout, tries)).partition(";")[0]
-        why = advice(self.address, self._verdict(), self.keys_dir, self.option)
+        why = advice(
+            address=self.address,
+            verdict=self._verdict(),
+            keys_dir=self.keys_dir,
+            option=self.option,
+        )
         return RequestTimeout(f"{what}: {why}")
 
 

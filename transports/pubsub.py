@@ -113,7 +113,9 @@ class Publisher:
     def snapshot(self, build: Callable[[], Payload]) -> Snapshot:
         """``build()`` under the lock, tagged with the number of the last change it includes."""
         with self.lock:
-            return Snapshot(self.seq, build(), self.topic, self.incarnation)
+            return Snapshot(
+                seq=self.seq, payload=build(), topic=self.topic, incarnation=self.incarnation
+            )
 
     def heartbeat(self) -> None:
         with self.lock:

@@ -248,7 +248,7 @@ class Server:
         try:
             env = self.codec.decode(parts[1:])
         except BadMessage as e:
-            self._error(identity, e.code, str(e), e.corr)
+            self._error(identity=identity, code=e.code, text=str(e), corr=e.corr)
             return MALFORMED, e.code
         if self.liveness is not None:
             self.liveness.beat(env.sender)
@@ -260,14 +260,26 @@ class Server:
         try:
             out = self.handler(env)
         except BadMessage as e:
-            self._error(identity, e.code, str(e), env.id, key)
+            self._error(identity=identity, code=e.code, text=str(e), corr=env.id, key=key)
             return env.kind, e.code
         except PearlError as e:
-            self._error(identity, ErrorCode.REJECTED, f"{type(e).__name__}: {e}", env.id, key)
+            self._error(
+                identity=identity,
+                code=ErrorCode.REJECTED,
+                text=f"{type(e).__name__}: {e}",
+                corr=env.id,
+                key=key,
+            )
             return env.kind, ErrorCode.REJECTED
         except Exception as e:
             log.exception("rpc server %s: handler failed on %r", self.name, env.kind)
-            self._error(identity, ErrorCode.INTERNAL, f"{type(e).__name__}: {e}", env.id, key)
+            self._error(
+                identity=identity,
+                code=ErrorCode.INTERNAL,
+                text=f"{type(e).__name__}: {e}",
+                corr=env.id,
+                key=key,
+            )
             return env.kind, ErrorCode.INTERNAL
         if out is None:
             return env.kind, "ok"
@@ -278,7 +290,9 @@ class Server:
             )
         except ProtocolError as e:
             log.error("rpc server %s: handler reply to %r unsendable: %s", self.name, env.kind, e)
-            self._error(identity, ErrorCode.INTERNAL, str(e), env.id, key)
+            self._error(
+                identity=identity, code=ErrorCode.INTERNAL, text=str(e), corr=env.id, key=key
+            )
             return env.kind, ErrorCode.INTERNAL
         self.served += 1
         if env.id and not bulk:
@@ -409,7 +423,7 @@ class Client:
             rid = next(self._ids)
             out = self.codec.encode(msg, id=rid, sender=self.name, frames=frames)
             try:
-                return self._attempts(msg, out, rid, timeout, tries)
+                return self._attempts(msg=msg, out=out, rid=rid, timeout=timeout, tries=tries)
             finally:
                 self._request_ends()
 

@@ -73,8 +73,12 @@ def run(args: argparse.Namespace) -> int:
     R = profile.B if args.remaining is None else args.remaining
     if not 0 <= R <= profile.B:
         raise ConfigError(f"--remaining must lie in [0, {profile.B}] (the batch), got {R}")
-    d = decide(profile, n_ded + n_ov, None, cfg.decision)
-    gate = borrow_gate(profile, n_ded, n_ov, R, cfg.decision) if args.overlap_gpus else None
+    d = decide(profile=profile, N=n_ded + n_ov, current=None, cfg=cfg.decision)
+    gate = (
+        borrow_gate(profile=profile, N_ded=n_ded, N_overlap=n_ov, R=R, cfg=cfg.decision)
+        if args.overlap_gpus
+        else None
+    )
     idle = args.gpus % tp + args.overlap_gpus % tp
     if args.json:
         out = d.to_json()
@@ -96,7 +100,9 @@ def run(args: argparse.Namespace) -> int:
             out["gate"] = {**to_plain(gate), "R": R, "B": profile.B}
         print(json.dumps(out, indent=2))
         return 0
-    print(_text(cfg, args, d, profile, gate, R, n_ded, n_ov, idle))
+    print(
+        _text(cfg=cfg, args=args, d=d, p=profile, gate=gate, R=R, n_ded=n_ded, n_ov=n_ov, idle=idle)
+    )
     return 0
 
 

@@ -182,7 +182,8 @@ def cmd_event(args: argparse.Namespace) -> int:
         ack = c.request(Event.of(record))
         print(f"ok: {args.event} logged at seq {ack.seq}", flush=True)
         if isinstance(record, ev.TrainingBegin) and not args.no_wait:
-            print(f"training may proceed: {await_return(c, record.step, t0, args.return_timeout)}")
+            took = await_return(c=c, step=record.step, t0=t0, timeout_s=args.return_timeout)
+            print(f"training may proceed: {took}")
     return 0
 
 

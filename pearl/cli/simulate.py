@@ -166,7 +166,9 @@ def run(args: argparse.Namespace) -> int:
     plot_dir = plot_directory(args.plot)
     sc = scenario(args.model, seed=args.seed)
     bar = Bar(sys.stderr, not args.no_progress)
-    runs = ex.compare(sc, avail, names, args.workers, bar.stage("policies"))
+    runs = ex.compare(
+        sc=sc, avail=avail, names=names, workers=args.workers, progress=bar.stage("policies")
+    )
     where = args.segment or f"{Path(args.trace).name} from minute {args.start_min or 0:g}"
     print(
         f"{args.model}, {where}: mean {4 + avail.mean():.1f} rollout GPUs, "
@@ -191,7 +193,14 @@ def run(args: argparse.Namespace) -> int:
         print("\nWorkload sensitivity, 8 dedicated GPUs (Figure 8):")
         print(report.sensitivity_table(extras["sensitivity"]))
     if args.json:
-        doc = report.document(args.model, avail, runs, extras, args.seed, args.segment)
+        doc = report.document(
+            model=args.model,
+            avail=avail,
+            runs=runs,
+            extras=extras,
+            seed=args.seed,
+            segment=args.segment,
+        )
         try:
             Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
         except OSError as e:

@@ -581,11 +581,13 @@ def cmd_top(args: argparse.Namespace) -> int:
             if args.once:
                 changes.note = "changes are followed without --once (or: pearl watch)"
             else:
-                changes.subscribe(c, status, args.endpoint, args.keys_dir)
+                changes.subscribe(
+                    c=c, status=status, endpoint=args.endpoint, keys_dir=args.keys_dir
+                )
             if tty:
                 sys.stdout.write(HIDE + CLEAR)
                 hidden = True
-            _loop(args, c, status, changes, tty)
+            _loop(args=args, c=c, status=status, changes=changes, tty=tty)
     except KeyboardInterrupt:
         pass  # Ctrl-C is how top ends
     finally:
@@ -613,10 +615,10 @@ def _loop(
         changes.drain()
         size = shutil.get_terminal_size((WIDTH, 40))
         frame = render(
-            status,
-            list(changes.events),
-            now,
-            size.columns if tty else WIDTH,
+            status=status,
+            events=list(changes.events),
+            now=now,
+            width=size.columns if tty else WIDTH,
             note=changes.note,
             down_since=down_since,
             height=size.lines - 1 if tty else None,  # no scrolling: the frame fits

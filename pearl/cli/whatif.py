@@ -35,7 +35,7 @@ def run_from_log(args: argparse.Namespace) -> int:
             "pass the run's --config and --set",
             file=sys.stderr,
         )
-    doc, summaries = compare(rec, own, prior_profile(cfg), names)
+    doc, summaries = compare(rec=rec, own=own, prior=prior_profile(cfg), names=names)
     print(
         f"{rec.path}: {len(rec.records)} records, {len(rec.telemetry)} telemetry, clock {rec.clock}"
     )

@@ -122,7 +122,7 @@ def build(cls: type[T], body: Mapping[str, Any], path: str, origin: Callable[[st
                     f"{origin(name)}: {name} is a table; write [{name}] and its keys, or "
                     f"--set {name}.KEY=VALUE"
                 )
-            kwargs[key] = build(tp, value, name, origin)
+            kwargs[key] = build(cls=tp, body=value, path=name, origin=origin)
         else:
             kwargs[key] = coerce(value, tp, f"{origin(name)}: {name}")
     return cls(**kwargs)

@@ -65,7 +65,7 @@ def from_mapping(
                     f"{where(old)}: {old} moved to {new}; did you mean {new!r}? "
                     f"(in a file: {leaf} under [{table}]; on the command line: --set {new}=...)"
                 )
-        built[sname] = build(sections[sname], body, sname, where)
+        built[sname] = build(cls=sections[sname], body=body, path=sname, origin=where)
     return Config(**built).validate()
 
 

@@ -98,7 +98,7 @@ def check_ranges(section: Any, path: str) -> None:
         else:
             sign = ""
         default = f.default if f.default is not dataclasses.MISSING else None
-        why = range_problem(name, value, default, sign)
+        why = range_problem(name=name, value=value, default=default, sign=sign)
         if why is not None:
             raise ConfigError(why)
 

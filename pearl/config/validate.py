@@ -137,7 +137,7 @@ def _check_devices(cfg: Config) -> None:
             f"{1 / c.tp:.3f}"
         )
     slots = len(c.training_gpus) + len(c.reserved_gpus) + len(c.preemptible_gpus)
-    check_fits(share, slots, available_cores(), "engine.torch.device_share")
+    check_fits(share=share, slots=slots, cores=available_cores(), where="engine.torch.device_share")
 
 
 __all__ = ["check"]

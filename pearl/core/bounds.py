@@ -49,12 +49,12 @@ def _int_problem(name: str, value: Any, lo: int, hi: int) -> str | None:
 
 def step_problem(step: Any) -> str | None:
     """Why ``step`` is not a training step (1..2**63 - 1), or None."""
-    return _int_problem("training step", step, 1, MAX_STEP)
+    return _int_problem(name="training step", value=step, lo=1, hi=MAX_STEP)
 
 
 def version_problem(version: Any) -> str | None:
     """Why ``version`` is not a weights version (0..2**63 - 1), or None."""
-    return _int_problem("weights version", version, 0, MAX_VERSION)
+    return _int_problem(name="weights version", value=version, lo=0, hi=MAX_VERSION)
 
 
 def deadline_problem(deadline: Any) -> str | None:

@@ -52,20 +52,55 @@ class GpuSpec(Value, frozen=True):
 
 # NVIDIA H100 Tensor Core GPU datasheet (SXM5): BF16 1,979 TFLOPS *with sparsity* -> 989.4 dense;
 # 80 GB HBM3 at 3.35 TB/s; NVLink 900 GB/s (bidirectional). DGX H100: 8x ConnectX-7 400 Gb/s.
-_H100 = GpuSpec("H100", 989.4e12, 3.35e12, 80 * GB, 450 * GB, 50 * GB)
+_H100 = GpuSpec(
+    name="H100",
+    flops=989.4e12,
+    hbm_Bps=3.35e12,
+    hbm_bytes=80 * GB,
+    intra_node_Bps=450 * GB,
+    inter_node_Bps=50 * GB,
+)
 GPUS: dict[str, GpuSpec] = {
     "H100": _H100,
     # H800 SXM5 (China export variant): H100 SXM compute, memory and HBM bandwidth, NVLink cut to
     # 400 GB/s bidirectional. The paper's cluster (§6.1) links nodes with 800 Gbps InfiniBand.
-    "H800": GpuSpec("H800", _H100.flops, _H100.hbm_Bps, _H100.hbm_bytes, 200 * GB, 50 * GB),
+    "H800": GpuSpec(
+        name="H800",
+        flops=_H100.flops,
+        hbm_Bps=_H100.hbm_Bps,
+        hbm_bytes=_H100.hbm_bytes,
+        intra_node_Bps=200 * GB,
+        inter_node_Bps=50 * GB,
+    ),
     # NVIDIA H200 datasheet (SXM): same tensor cores as H100 (989 TFLOPS dense BF16), 141 GB HBM3e
     # at 4.8 TB/s, NVLink 900 GB/s.
-    "H200": GpuSpec("H200", _H100.flops, 4.8e12, 141 * GB, 450 * GB, 50 * GB),
+    "H200": GpuSpec(
+        name="H200",
+        flops=_H100.flops,
+        hbm_Bps=4.8e12,
+        hbm_bytes=141 * GB,
+        intra_node_Bps=450 * GB,
+        inter_node_Bps=50 * GB,
+    ),
     # NVIDIA A100 datasheet (SXM4 80GB): BF16 312 TFLOPS dense, HBM2e 2,039 GB/s, NVLink 600 GB/s;
     # DGX A100: 8x ConnectX-6 HDR 200 Gb/s.
-    "A100": GpuSpec("A100", 312e12, 2.039e12, 80 * GB, 300 * GB, 25 * GB),
+    "A100": GpuSpec(
+        name="A100",
+        flops=312e12,
+        hbm_Bps=2.039e12,
+        hbm_bytes=80 * GB,
+        intra_node_Bps=300 * GB,
+        inter_node_Bps=25 * GB,
+    ),
     # Not a datasheet: a rough two-core laptop/CI CPU for the CPU test engine and `make demo`.
-    "CPU": GpuSpec("CPU", 50e9, 10 * GB, 4 * GB, 10 * GB, 1 * GB),
+    "CPU": GpuSpec(
+        name="CPU",
+        flops=50e9,
+        hbm_Bps=10 * GB,
+        hbm_bytes=4 * GB,
+        intra_node_Bps=10 * GB,
+        inter_node_Bps=1 * GB,
+    ),
 }
 
 

@@ -305,7 +305,7 @@ class Controller:
                 self._interrupt(tx, ev.AbortCause.RECOVERY, "cancels an expansion never committed")
             for k in started:
                 if k not in tx.s.cancelled:
-                    tx.commands.append(step_command(tx.table, p.plan, k, p.steps[k]))
+                    tx.commands.append(step_command(s=tx.table, plan=p.plan, k=k, step=p.steps[k]))
         self._advance(tx)
         return tx.finish()
 
@@ -536,7 +536,9 @@ class Controller:
         if r.ok or step.op in MANDATORY_OPS:
             # A return that failed still returned the GPUs: the host is killed if needed.
             if not r.ok:
-                tx.commands.append(step_command(tx.table, p.plan, r.step, step, force=True))
+                tx.commands.append(
+                    step_command(s=tx.table, plan=p.plan, k=r.step, step=step, force=True)
+                )
             self._done(tx, r.step)
             return
         if step.op is StepOp.SET_ROLE:  # the worker is broken; its supervisor restarts it
@@ -552,7 +554,7 @@ class Controller:
     def _done(self, tx: _Tx, k: int) -> None:
         p = tx.table.plan
         assert p is not None
-        tx.log(*done_records(tx.table, p.plan, k, p.steps[k]))
+        tx.log(*done_records(s=tx.table, plan=p.plan, k=k, step=p.steps[k]))
         tx.set(started={j: d for j, d in tx.s.started.items() if j != k})
         if p.steps[k].op in TOGGLE_OPS:
             tx.set(toggle_done=tx.now)
@@ -656,7 +658,7 @@ class Controller:
                 continue
             elif st.op in MANDATORY_OPS:
                 # Returns are bounded in time: kill the host and count the GPUs as returned.
-                tx.commands.append(step_command(tx.table, p.plan, k, st, force=True))
+                tx.commands.append(step_command(s=tx.table, plan=p.plan, k=k, step=st, force=True))
                 self._done(tx, k)
             else:
                 self._step_result(
@@ -707,7 +709,11 @@ class Controller:
                     t = tx.table
                     lent = sum(w.activity is Activity.INACTIVE for w in t.training_workers())
                     active = sum(w.routable for w in t.rollout_workers(Zone.OVERLAP))
-                    tx.set(cycle=bc.committed(tx.s.cycle, p.plan, tx.now, lent, active))
+                    tx.set(
+                        cycle=bc.committed(
+                            c=tx.s.cycle, plan=p.plan, now=tx.now, lent=lent, activated=active
+                        )
+                    )
                     tx.commands.append(cmd.RoutingChanged(seq=tx.table.seq))
                     tx.set(started={})
                     continue
@@ -718,15 +724,17 @@ class Controller:
                     for k in fresh:
                         st = p.steps[k]
                         tx.log(*start_records(tx.table, st))
-                        tx.commands.append(step_command(tx.table, p.plan, k, st, background=True))
+                        tx.commands.append(
+                            step_command(s=tx.table, plan=p.plan, k=k, step=st, background=True)
+                        )
                         tx.set(failed=tx.s.failed | {st.worker})
-                        tx.log(*done_records(tx.table, p.plan, k, st))
+                        tx.log(*done_records(s=tx.table, plan=p.plan, k=k, step=st))
                     continue
                 started = dict(tx.s.started)
                 for k in fresh:
                     st = p.steps[k]
                     tx.log(*start_records(tx.table, st))
-                    tx.commands.append(step_command(tx.table, p.plan, k, st))
+                    tx.commands.append(step_command(s=tx.table, plan=p.plan, k=k, step=st))
                     started[k] = tx.now + self.config.timeouts[st.op]
                 tx.set(started=started)
                 return
@@ -752,10 +760,19 @@ class Controller:
         if not t.initialised or tx.s.returning:
             return False  # a return beside the last plan comes first; it is bounded
         borrow = self._borrow(tx)
-        m = membership(t, borrow, frozenset(tx.s.quarantine), tx.s.lost)
+        m = membership(
+            state=t, borrow=borrow, exclude_gpus=frozenset(tx.s.quarantine), evict=tx.s.lost
+        )
         if m.leave or m.reclaim is not None:
             # Returns first and fast: no joiners, no role changes in this plan.
-            m = Membership(m.survivors, (), (), m.leave, None, m.reclaim)
+            m = Membership(
+                survivors=m.survivors,
+                reactivate=(),
+                new_groups=(),
+                leave=m.leave,
+                lend=None,
+                reclaim=m.reclaim,
+            )
             target = _counts(m)
             decision = None
             cause = ev.PlanCause.RETURN
@@ -769,7 +786,9 @@ class Controller:
                 # retained workers and must serve within the idle window, while a cold start
                 # takes long, and as a plan of its own the expansion goes on beside the return.
                 m = self._dedicated_first(tx, m, overlap)
-            current = _counts(Membership(m.survivors, (), (), ()))
+            current = _counts(
+                Membership(survivors=m.survivors, reactivate=(), new_groups=(), leave=())
+            )
             decision = self.policy.decide(tx.s.profile, m.N, current)
             if m.lend is not None or m.reactivate or overlap or _lends_training_gpus(t):
                 decision = keeping_roles(decision, current)
@@ -813,12 +832,14 @@ class Controller:
     ) -> Membership:
         """The part of ``m`` to plan now when it both borrows and expands (see the caller)."""
         dedicated = Membership(
-            tuple(w for w in m.survivors if w.zone is Zone.DEDICATED),
-            (),
-            tuple(g for g in m.new_groups if g[1] is Zone.DEDICATED),
-            (),
+            survivors=tuple(w for w in m.survivors if w.zone is Zone.DEDICATED),
+            reactivate=(),
+            new_groups=tuple(g for g in m.new_groups if g[1] is Zone.DEDICATED),
+            leave=(),
         )
-        current = _counts(Membership(dedicated.survivors, (), (), ()))
+        current = _counts(
+            Membership(survivors=dedicated.survivors, reactivate=(), new_groups=(), leave=())
+        )
         target = self.policy.decide(tx.s.profile, dedicated.N, current).target
         if admits_in_background(tx.table, plan(tx.table, target, dedicated).steps):
             return dedicated
@@ -830,7 +851,9 @@ class Controller:
             return False
         if any(w.activity is not Activity.INACTIVE for w in t.rollout_workers(Zone.OVERLAP)):
             return True  # keep what is borrowed until the trainer wants it back
-        n_ded = membership(t, False, frozenset(tx.s.quarantine), tx.s.lost).N
+        n_ded = membership(
+            state=t, borrow=False, exclude_gpus=frozenset(tx.s.quarantine), evict=tx.s.lost
+        ).N
         n_overlap = len(t.training_gpus) // t.tp
         R = tx.s.profile.B if tx.s.remaining is None else tx.s.remaining
         due = tx.s.batch_due
@@ -845,7 +868,12 @@ class Controller:
                 enabled=False,
                 reason=f"the next batch is handed out: Training Begin follows ({verdict.reason})",
             )
-        cycle = bc.gated(tx.s.cycle, verdict.enabled, verdict.reason, verdict.window_left_s)
+        cycle = bc.gated(
+            c=tx.s.cycle,
+            enabled=verdict.enabled,
+            reason=verdict.reason,
+            window_left_s=verdict.window_left_s,
+        )
         tx.set(last_gate=verdict, cycle=cycle)
         return bool(verdict.enabled)
 
@@ -934,7 +962,7 @@ def _counts(m: Membership) -> Target:
     for w in m.survivors:
         n[w.role] += 1
     mode = Mode.DISAGGREGATED if n[Role.PREFILL] or n[Role.DECODE] else Mode.COLOCATED
-    return Target(mode, n[Role.PREFILL], n[Role.DECODE], n[Role.COLOCATED])
+    return Target(mode=mode, N_P=n[Role.PREFILL], N_D=n[Role.DECODE], N_C=n[Role.COLOCATED])
 
 
 __all__ = ["Controller", "ControllerConfig", "ControllerState", "Input", "Output"]

@@ -49,7 +49,7 @@ class Alternative(Value, frozen=True):
 
     @property
     def target(self) -> Target:
-        return Target(self.mode, self.N_P, self.N_D, self.N_C)
+        return Target(mode=self.mode, N_P=self.N_P, N_D=self.N_D, N_C=self.N_C)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -94,18 +94,24 @@ class Alternatives(Sequence[Alternative]):
         if i == 0:
             ok = s.N >= 1
             return Alternative(
-                Mode.COLOCATED, 0, 0, max(s.N, 0), s.T_coloc, ok, None if ok else NO_WORKERS
+                mode=Mode.COLOCATED,
+                N_P=0,
+                N_D=0,
+                N_C=max(s.N, 0),
+                predicted_makespan_s=s.T_coloc,
+                feasible=ok,
+                excluded_by=None if ok else NO_WORKERS,
             )
         n_p = int(s.N_P[i - 1])
         code = int(s.excluded[i - 1])
         return Alternative(
-            Mode.DISAGGREGATED,
-            n_p,
-            s.N - n_p,
-            0,
-            float(s.T_dis[i - 1]),
-            code == 0,
-            EXCLUDED_BY[code],
+            mode=Mode.DISAGGREGATED,
+            N_P=n_p,
+            N_D=s.N - n_p,
+            N_C=0,
+            predicted_makespan_s=float(s.T_dis[i - 1]),
+            feasible=code == 0,
+            excluded_by=EXCLUDED_BY[code],
         )
 
     def __iter__(self) -> Iterator[Alternative]:
@@ -164,7 +170,13 @@ def keeping_roles(d: Decision, current: Target) -> Decision:
         return d
     best = min(fits, key=lambda a: a.predicted_makespan_s)
     reason = f"borrowing keeps the dedicated roles ({current}); unconstrained: {t} ({d.reason})"
-    return Decision(best.target, best.predicted_makespan_s, d.alternatives, reason, d.forced)
+    return Decision(
+        target=best.target,
+        predicted_makespan_s=best.predicted_makespan_s,
+        alternatives=d.alternatives,
+        reason=reason,
+        forced=d.forced,
+    )
 
 
 def finite_or_none(x: float) -> float | None:
@@ -199,11 +211,11 @@ def _best_of_mode(s: Sweep, mode: Mode) -> tuple[Target, float] | None:
 
 
 def _coloc(N: int) -> Target:
-    return Target(Mode.COLOCATED, 0, 0, N)
+    return Target(mode=Mode.COLOCATED, N_P=0, N_D=0, N_C=N)
 
 
 def _split(N: int, n_p: int) -> Target:
-    return Target(Mode.DISAGGREGATED, n_p, N - n_p, 0)
+    return Target(mode=Mode.DISAGGREGATED, N_P=n_p, N_D=N - n_p, N_C=0)
 
 
 def best_makespan(profile: WorkloadProfile, N: int, max_util: float) -> tuple[Target, float]:
@@ -231,10 +243,15 @@ def decide(
     s = sweep(profile, N, cfg.prefill_max_utilization)
     alts = Alternatives(s)
     if N == 0:
-        return Decision(_coloc(0), float("inf"), alts, NO_PREDICTION)
+        return Decision(
+            target=_coloc(0),
+            predicted_makespan_s=float("inf"),
+            alternatives=alts,
+            reason=NO_PREDICTION,
+        )
     best, t_best = _best(s)
     if current is None:
-        return Decision(best, t_best, alts, "best")
+        return Decision(target=best, predicted_makespan_s=t_best, alternatives=alts, reason="best")
     t_cur, invalid = _predicted(s, current)
     if invalid is not None and current.N != N:
         # The budget changed: the old configuration cannot be kept, but its mode can. Switching
@@ -245,23 +262,31 @@ def decide(
             gain = _gain(t, t_best)
             if best.mode is current.mode or gain <= cfg.mode_switch_threshold:
                 return Decision(
-                    tgt,
-                    t,
-                    alts,
-                    f"budget {current.N} -> {N}: kept {tgt.mode} "
+                    target=tgt,
+                    predicted_makespan_s=t,
+                    alternatives=alts,
+                    reason=f"budget {current.N} -> {N}: kept {tgt.mode} "
                     f"mode as {tgt} (switch gain {_pct(gain)})",
                 )
             return Decision(
-                best,
-                t_best,
-                alts,
-                f"budget {current.N} -> {N}: {best} over {tgt} "
+                target=best,
+                predicted_makespan_s=t_best,
+                alternatives=alts,
+                reason=f"budget {current.N} -> {N}: {best} over {tgt} "
                 f"(gain {_pct(gain)} > {_pct(cfg.mode_switch_threshold)})",
             )
     if invalid is not None:
-        return Decision(best, t_best, alts, f"forced: {invalid}", forced=True)
+        return Decision(
+            target=best,
+            predicted_makespan_s=t_best,
+            alternatives=alts,
+            reason=f"forced: {invalid}",
+            forced=True,
+        )
     if current == best:
-        return Decision(best, t_best, alts, "best: kept")
+        return Decision(
+            target=best, predicted_makespan_s=t_best, alternatives=alts, reason="best: kept"
+        )
     # Each candidate must beat the current configuration by its own threshold: the best of the
     # other mode by the mode-switch threshold, the best of the same mode by the ratio threshold.
     i = s.best_split()
@@ -281,14 +306,17 @@ def decide(
     if passing:
         t, tgt, thr = min(passing, key=lambda c: c[0])
         return Decision(
-            tgt, t, alts, f"best: {tgt} over {current} (gain {_pct(_gain(t_cur, t))} > {_pct(thr)})"
+            target=tgt,
+            predicted_makespan_s=t,
+            alternatives=alts,
+            reason=f"best: {tgt} over {current} (gain {_pct(_gain(t_cur, t))} > {_pct(thr)})",
         )
     t, tgt, thr = min(candidates, key=lambda c: c[0])
     return Decision(
-        current,
-        t_cur,
-        alts,
-        f"hysteresis: kept {current} (gain {_pct(_gain(t_cur, t))} <= {_pct(thr)})",
+        target=current,
+        predicted_makespan_s=t_cur,
+        alternatives=alts,
+        reason=f"hysteresis: kept {current} (gain {_pct(_gain(t_cur, t))} <= {_pct(thr)})",
     )
 
 

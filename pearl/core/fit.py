@@ -59,7 +59,7 @@ def fit_decode(batch: Sequence[float], seconds: Sequence[float]) -> DecodeFit | 
     b = float(dx @ (y - ym) / sxx)
     A = float(ym - b * xm)
     ols = y - (A + b * x)
-    t = _slope_t(b, float(ols @ ols), sxx, int(x.size))
+    t = _slope_t(b=b, ssr=float(ols @ ols), sxx=sxx, n=int(x.size))
     if b < 0:  # decode never gets cheaper with more sequences: flat fit
         A, b, t = float(ym), 0.0, 0.0
     elif A < 0:  # no negative fixed cost: fit through the origin

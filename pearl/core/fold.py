@@ -35,7 +35,9 @@ _HANDLERS: dict[type, Callable[[TableBuilder, Any], None]] = {
     ev.RoleChanged: lambda t, r: t.set_role(r.worker, r.role),
     ev.ActivityChanged: lambda t, r: t.set_activity(r.worker, r.activity),
     ev.WorkerFailed: lambda t, r: _failed(t, r),
-    ev.PlanBegin: lambda t, r: t.plan_begin(r.plan, r.cause, r.target, r.steps),
+    ev.PlanBegin: lambda t, r: t.plan_begin(
+        plan=r.plan, cause=r.cause, target=r.target, steps=r.steps
+    ),
     ev.StepDone: lambda t, r: t.step_done(r.plan, r.step),
     ev.PlanCommit: lambda t, r: t.plan_commit(r.plan),
     ev.PlanAbort: lambda t, r: t.plan_abort(r.plan),

@@ -253,7 +253,13 @@ def sweep(p: WorkloadProfile, N: int, max_util: float) -> Sweep:
     """Evaluate eq. 1 for N workers and eq. 2-3 with the §4.2 constraints for every N_P."""
     if N < 1:
         empty = np.empty(0)
-        return Sweep(N, float("inf"), empty.astype(np.int64), empty, empty.astype(np.int8))
+        return Sweep(
+            N=N,
+            T_coloc=float("inf"),
+            N_P=empty.astype(np.int64),
+            T_dis=empty,
+            excluded=empty.astype(np.int8),
+        )
     n_p = np.arange(1, N, dtype=np.int64)
     n_d = N - n_p
     f_p, f_d = n_p.astype(np.float64), n_d.astype(np.float64)
@@ -263,7 +269,7 @@ def sweep(p: WorkloadProfile, N: int, max_util: float) -> Sweep:
     hbm_bad = p.concurrency * p.K_seq * KV_RESIDENCY > n_d * p.H_max
     slow = prefill_utilization(p, f_p, f_d) > max_util
     excluded = np.where(hbm_bad, 1, np.where(slow, 2, 0)).astype(np.int8)
-    return Sweep(N, float(T_coloc(p, float(N))), n_p, t_dis, excluded)
+    return Sweep(N=N, T_coloc=float(T_coloc(p, float(N))), N_P=n_p, T_dis=t_dis, excluded=excluded)
 
 
 __all__ = [

@@ -165,7 +165,12 @@ def membership(
     ):
         reclaim = trainers[0].id
     return Membership(
-        tuple(survivors), tuple(reactivate), tuple(new_groups), tuple(leave), lend, reclaim
+        survivors=tuple(survivors),
+        reactivate=tuple(reactivate),
+        new_groups=tuple(new_groups),
+        leave=tuple(leave),
+        lend=lend,
+        reclaim=reclaim,
     )
 
 
@@ -240,13 +245,19 @@ def plan(state: ClusterState, target: Target, m: Membership) -> Plan:
         steps.append(Step(StepOp.LEND, m.lend))
     W_add: list[int] = []
     for w, role in zip(m.reactivate, act_roles, strict=True):
-        steps.append(Step(StepOp.ACTIVATE, w.id, role, w.gpus, w.zone))
+        steps.append(Step(op=StepOp.ACTIVATE, worker=w.id, role=role, gpus=w.gpus, zone=w.zone))
         W_add.append(w.id)
     for k, (slot, (gpus, zone)) in enumerate(zip(slots, m.new_groups, strict=True)):
-        steps.append(Step(StepOp.ADD, slot, new_roles[k], gpus, zone))
+        steps.append(Step(op=StepOp.ADD, worker=slot, role=new_roles[k], gpus=gpus, zone=zone))
         W_add.append(slot)
     steps += [Step(StepOp.SET_ROLE, wid, role) for wid, role in rho]
-    return Plan(target, tuple(W_add), tuple(w.id for w in m.leave), tuple(rho), tuple(steps))
+    return Plan(
+        target=target,
+        W_add=tuple(W_add),
+        W_remove=tuple(w.id for w in m.leave),
+        rho=tuple(rho),
+        steps=tuple(steps),
+    )
 
 
 def ready_steps(steps: tuple[Step, ...], done: Iterable[int]) -> list[int]:

@@ -95,15 +95,22 @@ class Policy:
     def decide(self, profile: WorkloadProfile, N: int, current: Target | None) -> Decision:
         """Target for N workers under this policy (hysteresis against ``current``)."""
         if self.pd is PD.ADAPTIVE or N <= 1:
-            d = decide(profile, N, current, self.decision)
+            d = decide(profile=profile, N=N, current=current, cfg=self.decision)
             if self.pd is PD.ADAPTIVE or d.target.mode is Mode.COLOCATED:
                 return d
         if self.pd is PD.COLOCATED:
-            target = Target(Mode.COLOCATED, 0, 0, N)
-            alternatives = decide(profile, N, None, self.decision).alternatives
-            return Decision(target, float(T_coloc(profile, N)), alternatives, "policy: colocated")
+            target = Target(mode=Mode.COLOCATED, N_P=0, N_D=0, N_C=N)
+            alternatives = decide(
+                profile=profile, N=N, current=None, cfg=self.decision
+            ).alternatives
+            return Decision(
+                target=target,
+                predicted_makespan_s=float(T_coloc(profile, N)),
+                alternatives=alternatives,
+                reason="policy: colocated",
+            )
         # Forced disaggregation: the best feasible split, ignoring colocation.
-        d = decide(profile, N, None, _NoModeSwitch(self.decision))
+        d = decide(profile=profile, N=N, current=None, cfg=_NoModeSwitch(self.decision))
         splits = [a for a in d.alternatives if a.mode is Mode.DISAGGREGATED and a.feasible]
         if not splits:
             splits = [a for a in d.alternatives if a.mode is Mode.DISAGGREGATED]
@@ -111,7 +118,10 @@ class Policy:
             return d
         best = min(splits, key=lambda a: a.predicted_makespan_s)
         return Decision(
-            best.target, best.predicted_makespan_s, d.alternatives, "policy: disaggregated"
+            target=best.target,
+            predicted_makespan_s=best.predicted_makespan_s,
+            alternatives=d.alternatives,
+            reason="policy: disaggregated",
         )
 
     def gate(
@@ -125,11 +135,11 @@ class Policy:
         """Whether to borrow the training GPUs (N_full - N_ded overlap workers) now;
         ``window_left_s``: when the next batch is expected complete (see :func:`borrow_gate`)."""
         result = borrow_gate(
-            profile,
-            N_ded,
-            N_full - N_ded,
-            min(max(R, 0), profile.B),
-            self.decision,
+            profile=profile,
+            N_ded=N_ded,
+            N_overlap=N_full - N_ded,
+            R=min(max(R, 0), profile.B),
+            cfg=self.decision,
             window_left_s=window_left_s,
         )
         if self.borrow is Borrow.GATED:

@@ -166,7 +166,7 @@ def prior_profile(cfg: ConfigLike, batch: int | None = None) -> WorkloadProfile:
     """
     w = cfg.workload
     S, dL, r = w.turns, w.new_tokens_per_turn, w.generated_tokens_per_turn
-    seq = context_tokens(S, dL, r, w.max_trajectory_tokens)
+    seq = context_tokens(S=S, delta_L=dL, r=r, L_max=w.max_trajectory_tokens)
     roof = catalog.roofline(
         cfg.model.name,
         cfg.cluster.gpu,
@@ -398,13 +398,13 @@ class RuntimeTracker:
             f = float(np.mean(t.active_fraction))
             theta = (1.0 - f) / f if f > 0 else p.theta
         A, b, t_prefill = fit_iterations(
-            (*t.decode_batch, *(0 for _ in t.prefill_tokens), *t.mixed_batch),
-            (*(0 for _ in t.decode_batch), *t.prefill_tokens, *t.mixed_tokens),
-            (*t.decode_s, *t.prefill_s, *t.mixed_s),
-            p.A,
-            p.b,
-            p.t_prefill,
-            self.min_slope_t,
+            decode=(*t.decode_batch, *(0 for _ in t.prefill_tokens), *t.mixed_batch),
+            prefill=(*(0 for _ in t.decode_batch), *t.prefill_tokens, *t.mixed_tokens),
+            seconds=(*t.decode_s, *t.prefill_s, *t.mixed_s),
+            A=p.A,
+            b=p.b,
+            t_prefill=p.t_prefill,
+            min_t=self.min_slope_t,
         )
         return Telemetry(
             step=t.step,
@@ -424,7 +424,7 @@ class RuntimeTracker:
             r_crit=max(r, r_crit),
             T_over=t.switch_s,
             T_start=t.start_spread_s,
-            kappa=_kappa(t, trs, S, r),
+            kappa=_kappa(t=t, trs=trs, S=S, r=r),
         )
 
     def observe(self, summary: Telemetry) -> WorkloadProfile:
@@ -486,7 +486,9 @@ class RuntimeTracker:
         if summary.window_s is not None:
             w = summary.window_s
             new["T_window"] = w if p.T_window == 0 else a * w + (1.0 - a) * p.T_window
-        new["K_seq"] = p.K * context_tokens(new["S"], new["delta_L"], new["r"], self.L_max)
+        new["K_seq"] = p.K * context_tokens(
+            S=new["S"], delta_L=new["delta_L"], r=new["r"], L_max=self.L_max
+        )
         self._profile = msgspec.structs.replace(p, B=summary.batch, observed=p.observed + 1, **new)
         self.steps += 1
         return self._profile

@@ -198,7 +198,7 @@ class ClusterState:
             if w.role is not Role.TRAINING and w.activity in acts:
                 n[w.role] += 1
         mode = Mode.DISAGGREGATED if n[Role.PREFILL] or n[Role.DECODE] else Mode.COLOCATED
-        return Target(mode, n[Role.PREFILL], n[Role.DECODE], n[Role.COLOCATED])
+        return Target(mode=mode, N_P=n[Role.PREFILL], N_D=n[Role.DECODE], N_C=n[Role.COLOCATED])
 
     def thaw(self) -> TableBuilder:
         return TableBuilder(self)
@@ -427,12 +427,12 @@ class TableBuilder:
         if training:
             self._put(
                 Worker(
-                    0,
-                    tuple(sorted(training)),
-                    Role.TRAINING,
-                    Activity.ACTIVE,
-                    Zone.OVERLAP,
-                    self._incarnation(),
+                    id=0,
+                    gpus=tuple(sorted(training)),
+                    role=Role.TRAINING,
+                    activity=Activity.ACTIVE,
+                    zone=Zone.OVERLAP,
+                    incarnation=self._incarnation(),
                 )
             )
 
@@ -601,7 +601,16 @@ class TableBuilder:
                 raise InvariantViolation(f"GPU {g} is under a reclaim notice; no new worker")
         if zone is Zone.OVERLAP:
             self._need_lent(gpus, wid)
-        self._put(Worker(wid, tuple(gpus), role, Activity.TRANSITIONING, zone, self._incarnation()))
+        self._put(
+            Worker(
+                id=wid,
+                gpus=tuple(gpus),
+                role=role,
+                activity=Activity.TRANSITIONING,
+                zone=zone,
+                incarnation=self._incarnation(),
+            )
+        )
 
     def remove_worker(self, wid: int) -> None:
         w = self._worker(wid)
@@ -628,7 +637,14 @@ class TableBuilder:
         if w.activity is Activity.ACTIVE:
             raise InvariantViolation(f"worker {wid} is active; drain it before changing its role")
         # rollout -> rollout: the GPU owner maps do not change
-        self.workers[wid] = Worker(w.id, w.gpus, role, w.activity, w.zone, w.incarnation)
+        self.workers[wid] = Worker(
+            id=w.id,
+            gpus=w.gpus,
+            role=role,
+            activity=w.activity,
+            zone=w.zone,
+            incarnation=w.incarnation,
+        )
 
     def set_activity(self, wid: int, activity: Activity) -> None:
         """The most frequent update on replay: checks in order of likelihood, no owner-map work
@@ -661,7 +677,14 @@ class TableBuilder:
                     raise InvariantViolation(
                         f"overlap worker {wid} cannot become active while training needs its GPUs"
                     )
-        self.workers[wid] = Worker(w.id, w.gpus, w.role, activity, w.zone, w.incarnation)
+        self.workers[wid] = Worker(
+            id=w.id,
+            gpus=w.gpus,
+            role=w.role,
+            activity=activity,
+            zone=w.zone,
+            incarnation=w.incarnation,
+        )
 
     # -- plans ----------------------------------------------------------------------------------
 
@@ -681,7 +704,10 @@ class TableBuilder:
                     )
             elif s.worker not in self.workers:
                 raise InvariantViolation(f"plan {plan} step {k} names unknown worker {s.worker}")
-        self.plan, self.last_plan = PlanProgress(plan, cause, target, tuple(steps)), plan
+        self.plan, self.last_plan = (
+            PlanProgress(plan=plan, cause=cause, target=target, steps=tuple(steps)),
+            plan,
+        )
 
     def step_done(self, plan: int, step: int) -> None:
         p = self.plan
@@ -691,7 +717,9 @@ class TableBuilder:
             raise InvariantViolation(f"plan {plan} has no step {step} (it has {len(p.steps)})")
         if step in p.done:
             raise InvariantViolation(f"plan {plan} step {step} is already done")
-        self.plan = PlanProgress(p.plan, p.cause, p.target, p.steps, p.done + (step,))
+        self.plan = PlanProgress(
+            plan=p.plan, cause=p.cause, target=p.target, steps=p.steps, done=p.done + (step,)
+        )
 
     def plan_commit(self, plan: int) -> None:
         p = self._plan(plan)
@@ -768,7 +796,9 @@ class TableBuilder:
 
 def _with(w: Worker, role: Role, activity: Activity) -> Worker:
     """``w`` with another role or activity (direct construction: replay calls this a lot)."""
-    return Worker(w.id, w.gpus, role, activity, w.zone, w.incarnation)
+    return Worker(
+        id=w.id, gpus=w.gpus, role=role, activity=activity, zone=w.zone, incarnation=w.incarnation
+    )
 
 
 def leaving_json(leaving: Mapping[int, float]) -> list[dict[str, Any]]:

@@ -85,7 +85,7 @@ class ClusterView(Value, frozen=True):
         for w in self.routable:
             n[w.role] += 1
         mode = Mode.DISAGGREGATED if n[Role.PREFILL] or n[Role.DECODE] else Mode.COLOCATED
-        return Target(mode, n[Role.PREFILL], n[Role.DECODE], n[Role.COLOCATED])
+        return Target(mode=mode, N_P=n[Role.PREFILL], N_D=n[Role.DECODE], N_C=n[Role.COLOCATED])
 
 
 def cluster_view(

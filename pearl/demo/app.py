@@ -203,7 +203,9 @@ def predict(status: ClusterStatus) -> float | None:
     """The makespan eq. 1-3 predict for the current configuration from the current profile."""
     if status.profile is None:
         return None
-    return predict_for(status.profile, status.mode, status.N_P, status.N_D, status.N_C)
+    return predict_for(
+        profile=status.profile, mode=status.mode, N_P=status.N_P, N_D=status.N_D, N_C=status.N_C
+    )
 
 
 def predict_for(
@@ -240,7 +242,9 @@ def predict_batch(profile: WorkloadProfile | None, report: StepReport) -> float 
     if c <= 0 and n_p + n_d <= 0:
         return None
     mode = "colocated" if c >= n_p + n_d else "disaggregated"
-    return predict_for(profile, mode, n_p, n_d, c, report.in_flight)
+    return predict_for(
+        profile=profile, mode=mode, N_P=n_p, N_D=n_d, N_C=c, in_flight=report.in_flight
+    )
 
 
 def virtual_devices(
@@ -346,7 +350,9 @@ def write_report(
         "events": timeline.events,
     }
     (out / "report.json").write_text(json.dumps(summary, indent=1))
-    summary["plots"] = [str(p) for p in plots(out, records, timeline, summary["evals"])]
+    summary["plots"] = [
+        str(p) for p in plots(out=out, records=records, timeline=timeline, evals=summary["evals"])
+    ]
     return summary
 
 

@@ -194,8 +194,10 @@ class Job:
         )
         schedule = parse_budget(cfg.demo.budget, len(cfg.cluster.preemptible_gpus))
         self.script = BudgetScript(rt, timeline, schedule) if schedule else None
-        self.driver = TraceDriver(rt, segment or cfg.demo.segment, trace_s, timeline)
-        self.live = LiveView(rt, timeline, self.state, quiet)
+        self.driver = TraceDriver(
+            rt=rt, segment=segment or cfg.demo.segment, seconds=trace_s, timeline=timeline
+        )
+        self.live = LiveView(rt=rt, timeline=timeline, state=self.state, quiet=quiet)
         self.evals = learn.start_eval(cfg, prepared, learning)  # step 0: the starting policy
 
     def train(self, steps: int) -> bool:
@@ -360,7 +362,13 @@ def run(
     torch.set_num_threads(1)  # one torch thread per slot: the trainer's is this process's
     out.mkdir(parents=True, exist_ok=True)
     overrides, _ = virtual_devices(config, overrides)
-    prepared = learn.prepare(config, learn.seeded(overrides, seed), out, learning, quiet)
+    prepared = learn.prepare(
+        config=config,
+        overrides=learn.seeded(overrides, seed),
+        out=out,
+        learning=learning,
+        quiet=quiet,
+    )
     rt = Runtime.from_config(config, state_dir=out / "state", overrides=prepared.overrides)
     timeline = Timeline(time.monotonic())
     rt.start()
@@ -379,12 +387,12 @@ def run(
     finally:
         stats, held_out = job.stop()
     return write_report(
-        out,
-        rt.cfg,
-        job.records,
-        timeline,
-        interrupted,
-        stats.host_deaths,
+        out=out,
+        cfg=rt.cfg,
+        records=job.records,
+        timeline=timeline,
+        interrupted=interrupted,
+        deaths=stats.host_deaths,
         evals=held_out,
         learning={**prepared.warm_start, "settings": learn.describe(learning)},
         groups=pipeline_counts(stats),

@@ -154,7 +154,9 @@ def start_eval(cfg: Config, prepared: Prepared, learning: Learning | None) -> Ba
     from pearl.rl.heldout import BackgroundEval, HeldOutEval
     from pearl.rl.warmstart import held_out_tasks
 
-    tasks = held_out_tasks(cfg.rl.env, learning.eval_tasks, cfg.rl.seed, cfg.rl.tasks)
+    tasks = held_out_tasks(
+        env=cfg.rl.env, n=learning.eval_tasks, seed=cfg.rl.seed, train_tasks=cfg.rl.tasks
+    )
     env_kwargs = {"max_turns": cfg.rl.max_turns} if cfg.rl.max_turns else {}
     ev = BackgroundEval(
         HeldOutEval(

@@ -91,7 +91,11 @@ def plots(
     if records:
         paths.append(reward_plot(out / "reward.png", records, evals or []))
     if records or samples:
-        paths.append(summary_plot(out / "summary.png", records, samples, evals or []))
+        paths.append(
+            summary_plot(
+                path=out / "summary.png", records=records, samples=samples, evals=evals or []
+            )
+        )
     return paths
 
 

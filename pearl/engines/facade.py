@@ -187,7 +187,12 @@ class Facade:
         deadline = time.monotonic() + self.a.kv_timeout_s
         while True:
             try:
-                call(url, "POST", {"room": boot.room, "kv_address": self.kv.address}, 5.0)
+                call(
+                    url=url,
+                    method="POST",
+                    payload={"room": boot.room, "kv_address": self.kv.address},
+                    timeout_s=5.0,
+                )
                 return
             except EngineError:
                 if time.monotonic() > deadline:

@@ -57,7 +57,10 @@ class KVHandoff:
             ) from e
         self._record(
             KVTransferStat(
-                seq.req.transfer_id, _payload_bytes(meta, frames), self._now() - t0, "send"
+                transfer_id=seq.req.transfer_id,
+                bytes=_payload_bytes(meta, frames),
+                duration_s=self._now() - t0,
+                direction="send",
             )
         )
 
@@ -101,7 +104,10 @@ class KVHandoff:
             took = float(meta.get("transfer_s", wire))  # the sim states its modelled time
             self._record(
                 KVTransferStat(
-                    seq.req.transfer_id, _payload_bytes(meta, frames), max(took, 0.0), "recv"
+                    transfer_id=seq.req.transfer_id,
+                    bytes=_payload_bytes(meta, frames),
+                    duration_s=max(took, 0.0),
+                    direction="recv",
                 )
             )
             seq.push(int(meta["first"]), float(meta["logprob"]))

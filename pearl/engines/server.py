@@ -84,7 +84,14 @@ class ServerClient(Protocol):
 
 def aborted_result(rid: str, version: int, prompt_tokens: int = 0) -> GenerateResult:
     """The result of a request aborted before its server produced anything."""
-    return GenerateResult(rid, (), (), FinishReason.ABORT, version, prompt_tokens)
+    return GenerateResult(
+        rid=rid,
+        output_ids=(),
+        logprobs=(),
+        finish_reason=FinishReason.ABORT,
+        weights_version=version,
+        prompt_tokens=prompt_tokens,
+    )
 
 
 def resolve(
@@ -222,10 +229,10 @@ class ServerEngine(EngineBase, Generic[CallT]):
                     log.error("the %s server exited; its last lines:\n%s", self.server_name, tail)
                 self.server.stop()  # a dead server's children go with it
             self.server = ServerProcess(
-                self._command(),
-                self.cfg.log_path or None,
-                self._env(),
-                self.kind,
+                argv=self._command(),
+                log_path=self.cfg.log_path or None,
+                env=self._env(),
+                prefix=self.kind,
                 group=self.process_group,
             )
         alive = self.server.alive if self.server is not None else None

@@ -63,13 +63,22 @@ class MetricsDelta:
         if itl > 0:
             running = metrics.get(names.running, 0.0)
             batch = running if running >= 1 else n_tok * itl / window
-            iters.append(IterationStat(now, itl, max(1, round(batch)), 0))
+            iters.append(
+                IterationStat(
+                    t_start=now, duration_s=itl, decode_batch=max(1, round(batch)), prefill_tokens=0
+                )
+            )
         ttft, n_first = mean(names.ttft)
         prompt = d(names.prompt_tokens)
         if ttft > 0 and prompt > 0 and role is not Role.DECODE:
             queued, _ = mean(names.queue)
             iters.append(
-                IterationStat(now, max(ttft - queued, 1e-6), 0, max(1, round(prompt / n_first)))
+                IterationStat(
+                    t_start=now,
+                    duration_s=max(ttft - queued, 1e-6),
+                    decode_batch=0,
+                    prefill_tokens=max(1, round(prompt / n_first)),
+                )
             )
         transfers: list[KVTransferStat] = []
         lat_ms, n_xfer = mean(names.kv_latency_ms) if names.kv_latency_ms else (0.0, 0.0)
@@ -78,7 +87,10 @@ class MetricsDelta:
             direction = "send" if role is Role.PREFILL else "recv"
             transfers.append(
                 KVTransferStat(
-                    "sglang-metrics", int(speed * 1e9 * lat_ms / 1e3), lat_ms / 1e3, direction
+                    transfer_id="sglang-metrics",
+                    bytes=int(speed * 1e9 * lat_ms / 1e3),
+                    duration_s=lat_ms / 1e3,
+                    direction=direction,
                 )
             )
         return EngineTelemetry(tuple(iters), tuple(transfers))

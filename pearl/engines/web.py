@@ -55,9 +55,9 @@ def request(
 
 def call(url: str, method: str = "GET", payload: Any = None, timeout_s: float = 30.0) -> Any:
     """:func:`request`, raising :class:`HTTPError` unless the status is 2xx."""
-    status, body = request(url, method, payload, timeout_s)
+    status, body = request(url=url, method=method, payload=payload, timeout_s=timeout_s)
     if not 200 <= status < 300:
-        raise HTTPError(method, url, status, body)
+        raise HTTPError(method=method, url=url, status=status, body=body)
     return body
 
 

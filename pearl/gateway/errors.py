@@ -57,7 +57,7 @@ def _text(s: str) -> str:
 
 def refuse(message: str, param: str | None) -> GatewayError:
     """A 400 for bad input, ``param`` the field at fault."""
-    return GatewayError(message, 400, "invalid_request_error", param)
+    return GatewayError(message=message, status=400, kind="invalid_request_error", param=param)
 
 
 def error_response(e: GatewayError) -> JSONResponse:
@@ -66,7 +66,7 @@ def error_response(e: GatewayError) -> JSONResponse:
     if e.retry_after_s is not None:
         headers = {"Retry-After": str(max(1, math.ceil(e.retry_after_s)))}
     return JSONResponse(
-        error_body(e.message, e.status, e.kind, e.param, e.code),
+        error_body(message=e.message, status=e.status, kind=e.kind, param=e.param, code=e.code),
         status_code=e.status,
         headers=headers,
     )

@@ -172,7 +172,9 @@ class Guard:
                 held, self.active = False, self.active - 1
 
         try:
-            await self.serve(scope, receive, send, headers, release)
+            await self.serve(
+                scope=scope, receive=receive, send=send, headers=headers, release=release
+            )
         finally:
             release()
 
@@ -203,7 +205,9 @@ class Guard:
         if status == "big":
             await send_error(send, 413, too_big, headers=CLOSE)
             return
-        await self.run(scope, b"".join(chunks), receive, send, release)
+        await self.run(
+            scope=scope, body=b"".join(chunks), receive=receive, send=send, release=release
+        )
 
     async def read_body(self, receive: Receive, chunks: list[bytes]) -> str:
         """The body into ``chunks``: "ok", "big" (over the bound) or "gone" (the client left)."""

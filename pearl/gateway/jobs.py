@@ -48,9 +48,9 @@ def check_model(ctx: Context, model: str | None) -> None:
     if model is not None and model != ctx.backend.model:
         raise GatewayError(
             f"the model {model!r} does not exist; this gateway serves {ctx.backend.model!r}",
-            404,
-            "invalid_request_error",
-            "model",
+            status=404,
+            kind="invalid_request_error",
+            param="model",
             code="model_not_found",
         )
 

@@ -103,7 +103,7 @@ async def deltas(ctx: Context, j: Job) -> AsyncIterator[Delta]:
     try:
         async for d in it:
             if j.stop and d.token_ids:
-                k = stops_mod.stop_at(ctx.tok, seen, d.token_ids, j.stop)
+                k = stops_mod.stop_at(tok=ctx.tok, seen=seen, new=d.token_ids, stops=j.stop)
                 if k is not None:  # ends here; closing `it` aborts the rest in the pool
                     ids, lps = d.token_ids[:k], d.logprobs[:k]
                     d = replace(d, token_ids=ids, logprobs=lps, finish_reason="stop")

@@ -157,7 +157,6 @@ class PoolBackend:
         self._lock = threading.Lock()  # guards the session book (Router thread + event loop)
         self._boundary_step: int | None = None  # the training step whose begin ended sessions
         self._routable: int | None = None  # routable workers the table last said (None: unheard)
-        self._routable_seq = -1  # the log sequence number that said it
         self.name = names.GATEWAY
         directory.register(self)  # hears the table's changes: a trainer's step boundaries
 
@@ -172,7 +171,7 @@ class PoolBackend:
         the embedded Runtime, or this gateway): a step boundary for the sessions."""
         if not isinstance(msg, StateChanged):
             return
-        self._routable, self._routable_seq = len(msg.view.routable), msg.seq
+        self._routable = len(msg.view.routable)
         t = msg.view.table
         if t.phase is not TrainingPhase.TRAINING or t.training_step == self._boundary_step:
             return
@@ -210,8 +209,9 @@ class PoolBackend:
         def on_attempt(a: Attempt) -> None:  # the Router's thread
             with self._lock:
                 self.sessions.attempt(
-                    key, a.worker, len(a.output_ids), a.prompt_tokens, a.cached_tokens,
-                    a.decode_steps, a.decode_batch_sum,
+                    key=key, worker=a.worker, generated=len(a.output_ids),
+                    prompt_tokens=a.prompt_tokens, cached_tokens=a.cached_tokens,
+                    decode_steps=a.decode_steps, decode_batch_sum=a.decode_batch_sum,
                 )  # fmt: skip
             put(a)
 
@@ -243,12 +243,12 @@ class PoolBackend:
                     generated += len(item.output_ids)
                     last = item.finish_reason is not None
                     delta = Delta(
-                        item.output_ids,
-                        item.logprobs,
-                        item.weights_version,
-                        finish_of(item.finish_reason) if last else None,
-                        recomputed,
-                        item.resumed - moved,
+                        token_ids=item.output_ids,
+                        logprobs=item.logprobs,
+                        weight_version=item.weights_version,
+                        finish_reason=finish_of(item.finish_reason) if last else None,
+                        recomputed_tokens=recomputed,
+                        migrations=item.resumed - moved,
                     )
                     moved, recomputed = item.resumed, 0
                     if last:
@@ -271,7 +271,14 @@ class PoolBackend:
                     )
                 done = item.result()  # settled without a final attempt (cannot happen today)
                 end()
-                yield Delta((), (), 0, finish_of(done.finish_reason), recomputed, 0)
+                yield Delta(
+                    token_ids=(),
+                    logprobs=(),
+                    weight_version=0,
+                    finish_reason=finish_of(done.finish_reason),
+                    recomputed_tokens=recomputed,
+                    migrations=0,
+                )
                 return
         finally:
             if not ended:  # the caller went away, or the pool gave up
@@ -299,9 +306,8 @@ class PoolBackend:
         return status_plain(status)
 
     async def serving(self) -> str | None:
-        """None while the table has a routable worker (as its last change, or the last status,
-        said); else, or before either was heard, the Orchestrator's status says why none
-        serves."""
+        """None while the table has a routable worker (as its last change said); else, or before
+        any change was heard, the Orchestrator's status says why none serves."""
         if self._routable:
             return None
         return await asyncio.to_thread(self._why_not_serving)
@@ -312,8 +318,8 @@ class PoolBackend:
         status = self.directory.get(names.ORCHESTRATOR).ask(StatusRequest(), HEALTH_ASK_S)
         rollout = [w for w in status.workers if w.role != "training"]
         active = sum(w.activity == "active" for w in rollout)
-        if int(status.seq) >= self._routable_seq:  # not older than the last change heard
-            self._routable, self._routable_seq = active, int(status.seq)
+        if self._routable is None:  # no change heard since the gateway started: seed it
+            self._routable = active
         if active:
             return None
         if not rollout:

@@ -85,10 +85,10 @@ def bounded_protocol(max_connections: int, header_timeout_s: float) -> type[Any]
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     full = _raw_response(
-        429,
-        "Too Many Requests",
-        f"too many open connections (limit {max_connections}); retry later",
-        "retry-after: 1\r\n",
+        status=429,
+        reason="Too Many Requests",
+        message=f"too many open connections (limit {max_connections}); retry later",
+        extra="retry-after: 1\r\n",
     )
     late = _raw_response(
         408, "Request Timeout", f"the request head did not arrive within {header_timeout_s:g} s"

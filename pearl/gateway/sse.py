@@ -32,7 +32,7 @@ def sse(obj: Any) -> str:
 def stream_error(e: Exception) -> str:
     """``e`` as an event; an unexpected one is logged and named."""
     if isinstance(e, GatewayError):
-        return sse(error_body(e.message, e.status, e.kind, e.param))
+        return sse(error_body(message=e.message, status=e.status, kind=e.kind, param=e.param))
     log.exception("gateway: unexpected error in a stream")
     return sse(error_body(f"internal error: {type(e).__name__}: {e}", 500))
 

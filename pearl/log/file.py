@@ -388,7 +388,15 @@ class FileLog(EventLog):
             if first > until:
                 return
             buf = self._read_segment(path, size)
-            yield from reader.records(buf, path, first, start, until, size, self.max_record)
+            yield from reader.records(
+                buf=buf,
+                path=path,
+                first=first,
+                start=start,
+                until=until,
+                size=size,
+                max_record=self.max_record,
+            )
 
     @staticmethod
     def _read_segment(path: Path, size: int) -> bytes:
@@ -405,7 +413,10 @@ class FileLog(EventLog):
     def segments(self) -> list[Segment]:
         """The segment files as scanned, with what has been appended since (a copy)."""
         with self._mu:
-            return [Segment(s.path, s.first_seq, s.last_seq, s.size) for s in self._segments]
+            return [
+                Segment(path=s.path, first_seq=s.first_seq, last_seq=s.last_seq, size=s.size)
+                for s in self._segments
+            ]
 
     # -- snapshots ----------------------------------------------------------------------------
 

@@ -111,12 +111,24 @@ def scan(buf: bytes, first_seq: int, max_record: int = MAX_RECORD) -> Scan:
             if 0 < length <= max_record and end <= n and crc32c(buf[off + 8 : end]) == crc:
                 if seq != expected:
                     problem = f"sequence {seq} where {expected} was expected"
-                    return Scan(off, first_seq, expected - 1, expected - first_seq, problem)
+                    return Scan(
+                        end=off,
+                        first_seq=first_seq,
+                        last_seq=expected - 1,
+                        count=expected - first_seq,
+                        problem=problem,
+                    )
                 off, expected = end, expected + 1
                 continue
-        why = check(buf, off, n, max_record)
-        return Scan(off, first_seq, expected - 1, expected - first_seq, why)
-    return Scan(off, first_seq, expected - 1, expected - first_seq)
+        why = check(buf=buf, off=off, n=n, max_record=max_record)
+        return Scan(
+            end=off,
+            first_seq=first_seq,
+            last_seq=expected - 1,
+            count=expected - first_seq,
+            problem=why,
+        )
+    return Scan(end=off, first_seq=first_seq, last_seq=expected - 1, count=expected - first_seq)
 
 
 def find_frame(buf: bytes, start: int, max_record: int = MAX_RECORD) -> int | None:

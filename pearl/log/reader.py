@@ -37,7 +37,7 @@ def records(
         length, _crc, frame_seq = unpack_from(buf, off)
         stop = off + HEADER_SIZE + length
         if frame_seq != seq or not 0 < length <= max_record or stop > size:
-            raise _bad(path, buf, off, size, max_record, seq)
+            raise _bad(path=path, buf=buf, off=off, size=size, max_record=max_record, seq=seq)
         off, seq = stop, seq + 1
     while off < size and seq <= until:
         chunk_off, chunk_seq, last = off, seq, min(until, seq + CHUNK - 1)
@@ -50,7 +50,7 @@ def records(
             body = off + HEADER_SIZE
             stop = body + length
             if frame_seq != seq or not 0 < length <= max_record or stop > size:
-                raise _bad(path, buf, off, size, max_record, seq)
+                raise _bad(path=path, buf=buf, off=off, size=size, max_record=max_record, seq=seq)
             take(buf[body:stop])
             off, seq = stop, seq + 1
         n = seq - chunk_seq
@@ -58,7 +58,9 @@ def records(
         try:
             decoded = decode(b"".join(parts))
         except msgspec.MsgspecError:
-            raise _undecodable(path, buf, chunk_off, chunk_seq, parts[1:]) from None
+            raise _undecodable(
+                path=path, buf=buf, off=chunk_off, seq=chunk_seq, payloads=parts[1:]
+            ) from None
         yield from zip(range(chunk_seq, seq), decoded, strict=True)
 
 
@@ -78,7 +80,10 @@ def _undecodable(path: Path, buf: bytes, off: int, seq: int, payloads: list[byte
 
 
 def _bad(path: Path, buf: bytes, off: int, size: int, max_record: int, seq: int) -> LogCorrupted:
-    problem = framing.check(buf, off, size, max_record) or f"sequence break (expected {seq})"
+    problem = (
+        framing.check(buf=buf, off=off, n=size, max_record=max_record)
+        or f"sequence break (expected {seq})"
+    )
     return LogCorrupted(f"{path}: {problem} at byte offset {off} (record seq {seq})")
 
 

@@ -176,7 +176,7 @@ def create_segment(path: Path, first_seq: int) -> Segment:
     p = path / segment_name(first_seq)
     os.close(os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
     fsync_dir(path)
-    return Segment(p, first_seq, first_seq - 1, 0)
+    return Segment(path=p, first_seq=first_seq, last_seq=first_seq - 1, size=0)
 
 
 def scan(path: Path, max_record: int = framing.MAX_RECORD) -> tuple[list[Segment], Repair | None]:
@@ -198,14 +198,14 @@ def scan(path: Path, max_record: int = framing.MAX_RECORD) -> tuple[list[Segment
             )
         buf = p.read_bytes()
         s = framing.scan(buf, first, max_record)
-        segments.append(Segment(p, first, s.last_seq, s.end))
+        segments.append(Segment(path=p, first_seq=first, last_seq=s.last_seq, size=s.end))
         expected = s.last_seq + 1
         if s.problem is None:
             continue
         last = i == len(files) - 1
         after = framing.find_frame(buf, s.end + 1, max_record)
         if last and after is None and not s.problem.startswith("sequence"):
-            return segments, Repair(p, s.end, len(buf), s.problem)
+            return segments, Repair(path=p, offset=s.end, size=len(buf), problem=s.problem)
         if after is not None:
             why = f"valid records follow at byte offset {after}"
         elif not last:

@@ -61,7 +61,13 @@ def verify(path: str | os.PathLike[str]) -> Verdict:
             if todo and todo[0] == seq:
                 _check_snapshot(log, seq, builder.freeze())
                 todo.pop(0)
-        return Verdict(log.last_seq, log.last_seq, nseg, tuple(snaps), problem)
+        return Verdict(
+            records=log.last_seq,
+            last_seq=log.last_seq,
+            segments=nseg,
+            snapshots=tuple(snaps),
+            problem=problem,
+        )
 
 
 def _check_snapshot(log: FileLog, seq: int, replayed: ClusterState) -> None:

@@ -131,7 +131,7 @@ def register_env(
         raise EnvError(f"environment name {name!r} must be non-empty and contain no ':'")
     if name in _REGISTRY and not replace:
         raise EnvError(f"environment {name!r} is already registered; pass replace=True")
-    _REGISTRY[name] = EnvSpec(name, factory, tasks, description)
+    _REGISTRY[name] = EnvSpec(name=name, factory=factory, tasks=tasks, description=description)
 
 
 def env_spec(name: str) -> EnvSpec:

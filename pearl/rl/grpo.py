@@ -84,10 +84,14 @@ class GRPOTrainer:
             raise TrainerError(f"dtype {cfg.dtype!r} is not one of {list(M.DTYPES)}")
         self.dtype = M.DTYPES[cfg.dtype]
         self.hf_config, self._source = M.model_of(cfg.model_path, cfg.preset, cfg.seed)
-        self.model: Any = M.build(self.hf_config, self._source, self.device, self.dtype).train()
+        self.model: Any = M.build(
+            config=self.hf_config, source=self._source, device=self.device, dtype=self.dtype
+        ).train()
         self.ref: Any = None
         if cfg.kl_coef > 0:
-            self.ref = M.build(self.hf_config, self._source, self.device, self.dtype).eval()
+            self.ref = M.build(
+                config=self.hf_config, source=self._source, device=self.device, dtype=self.dtype
+            ).eval()
             self.ref.requires_grad_(False)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay

@@ -64,10 +64,10 @@ class HeldOutEval:
             async def one(i: int, task: Task) -> float:
                 async with sem:
                     traj = await run_trajectory(
-                        make_env(self.env, **self.env_kwargs),
-                        task,
-                        generate,
-                        builder,
+                        env=make_env(self.env, **self.env_kwargs),
+                        task=task,
+                        generate=generate,
+                        builder=builder,
                         trajectory_id=f"eval{version}.{i}",
                         group_id=f"eval{version}",
                         sampling=sampling,

@@ -108,7 +108,9 @@ class Meter:
 
     def look(self) -> None:
         """The trajectories in flight now with the workers serving them, and f."""
-        self.flight.append(Sample(self.clock(), self.running, self.workers, self.lent))
+        self.flight.append(
+            Sample(at=self.clock(), in_flight=self.running, workers=self.workers, lent=self.lent)
+        )
         if self.running:
             self.active.append(self.generating / self.running)
             if len(self.active) > 10_000:
@@ -134,12 +136,23 @@ class Meter:
         )
         active, self.active = tuple(self.active), []
         t0, t1 = min(s for s, _ in spans), max(f for _, f in spans)
-        now = Sample(t1, self.running, self.workers, self.lent)
+        now = Sample(at=t1, in_flight=self.running, workers=self.workers, lent=self.lent)
         # Lent workers count from the moment the batch before was handed out (the Router gives
         # them the critical path alone).
-        in_flight, workers = batch_occupancy(self.flight, t0, t1, self.handed_at, now)
+        in_flight, workers = batch_occupancy(
+            samples=self.flight, t0=t0, t1=t1, critical_from=self.handed_at, last=now
+        )
         spread = max(s for s, _ in spans) - t0
-        return StepReport(batch.step, stats, t1 - t0, active, dropped, in_flight, workers, spread)
+        return StepReport(
+            step=batch.step,
+            trajectories=stats,
+            makespan_s=t1 - t0,
+            active_fraction=active,
+            dropped_groups=dropped,
+            in_flight=in_flight,
+            workers=workers,
+            start_spread_s=spread,
+        )
 
 
 __all__ = ["Measured", "Meter", "StepReport"]

@@ -319,7 +319,11 @@ class Pipeline:
                 self.counts["failed"] += 1
             else:
                 finished = self.clock()
-                self._ready.append(_Group(gid, list(trajectories), started, finished))
+                self._ready.append(
+                    _Group(
+                        id=gid, trajectories=list(trajectories), started=started, finished=finished
+                    )
+                )
                 self._group_s.append(finished - started)
                 self._cv.notify_all()
         if failed:
@@ -338,10 +342,10 @@ class Pipeline:
         started = self.clock()
         try:
             traj = await run_trajectory(
-                env,
-                task,
-                self.generate,
-                self.builder,
+                env=env,
+                task=task,
+                generate=self.generate,
+                builder=self.builder,
                 trajectory_id=f"{gid}.{k}",
                 group_id=gid,
                 sampling=sampling,

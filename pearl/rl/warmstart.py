@@ -102,7 +102,7 @@ def held_out_tasks(env: str, n: int, seed: int, train_tasks: int) -> list[Task]:
     """The fixed held-out set of run ``seed``: ``n`` tasks none of which is a training task."""
     train = {t.prompt for t in make_tasks(env, n=train_tasks, seed=seed)}
     pool = make_tasks(env, n=8 * n + 64, seed=HELD_OUT_SEED + seed)
-    return distinct(pool, n, train, "held-out")
+    return distinct(candidates=pool, n=n, exclude=train, what="held-out")
 
 
 # -- demonstrations ----------------------------------------------------------------------------
@@ -126,7 +126,15 @@ async def demonstrate(
             for action in expert_actions(task, tool):
                 assert new is not None
                 out = (*builder.tok.encode(action), *eos)
-                traj = traj.add_turn(Turn(new, out, (0.0,) * len(out), 0, "stop"))
+                traj = traj.add_turn(
+                    Turn(
+                        prompt_ids=new,
+                        output_ids=out,
+                        logprobs=(0.0,) * len(out),
+                        weights_version=0,
+                        finish_reason="stop",
+                    )
+                )
                 step = await env.step(action)
                 traj = traj.add_step(step.reward, 0.0)
                 observations.append(step.observation)
@@ -162,7 +170,9 @@ def demonstrations(
 
         async def one(t: Task) -> Trajectory:
             async with sem:
-                return await demonstrate(env, t, tool(t), builder, max_turns)
+                return await demonstrate(
+                    env_name=env, task=t, tool=tool(t), builder=builder, max_turns=max_turns
+                )
 
         return list(await asyncio.gather(*(one(t) for t in tasks)))
 
@@ -290,7 +300,12 @@ def ensure(
     path = Path(cache_dir) / cfg.key()
     meta_file = path / "warm_start.json"
     if meta_file.is_file():
-        return WarmStart(path, True, time.monotonic() - t0, json.loads(meta_file.read_text()))
+        return WarmStart(
+            path=path,
+            cached=True,
+            seconds=time.monotonic() - t0,
+            meta=json.loads(meta_file.read_text()),
+        )
     import torch
 
     from pearl.rl.prompt import PromptBuilder
@@ -302,22 +317,39 @@ def ensure(
         f"demonstrations in the environment"
     )
     builder = PromptBuilder(ByteTokenizer(), max_len=cfg.max_len)
-    held = {t.prompt for t in held_out_tasks(cfg.env, cfg.held_out, cfg.seed, cfg.train_tasks)}
+    held = {
+        t.prompt
+        for t in held_out_tasks(
+            env=cfg.env, n=cfg.held_out, seed=cfg.seed, train_tasks=cfg.train_tasks
+        )
+    }
     pool = make_tasks(cfg.env, n=4 * (cfg.demos + cfg.validation) + 64, seed=DEMO_SEED + cfg.seed)
-    chosen = distinct(pool, cfg.demos + cfg.validation, held, "demonstration")
+    chosen = distinct(
+        candidates=pool, n=cfg.demos + cfg.validation, exclude=held, what="demonstration"
+    )
     t_demo = time.monotonic()
     demos = demonstrations(
-        cfg.env, chosen[: cfg.demos], builder, cfg.max_turns, cfg.python_share, cfg.seed
+        env=cfg.env,
+        tasks=chosen[: cfg.demos],
+        builder=builder,
+        max_turns=cfg.max_turns,
+        python_share=cfg.python_share,
+        seed=cfg.seed,
     )
     validation = demonstrations(
-        cfg.env, chosen[cfg.demos :], builder, cfg.max_turns, 0.0, cfg.seed
+        env=cfg.env,
+        tasks=chosen[cfg.demos :],
+        builder=builder,
+        max_turns=cfg.max_turns,
+        python_share=0.0,
+        seed=cfg.seed,
     )  # the RL environment's tool: the calculator
     demo_s = time.monotonic() - t_demo
     before = torch.get_num_threads()
     torch.set_num_threads(threads)  # one: a second thread made a step 5x slower on 2 busy cores
     try:
         t_train = time.monotonic()
-        model, facts = train(cfg, demos, validation, bar.update)
+        model, facts = train(cfg=cfg, demos=demos, validation=validation, progress=bar.update)
         train_s = time.monotonic() - t_train
     finally:
         torch.set_num_threads(before)
@@ -341,7 +373,7 @@ def ensure(
         os.replace(tmp, path)
     except OSError:  # another run cached the same key meanwhile: use that one
         shutil.rmtree(tmp, ignore_errors=True)
-    return WarmStart(path, False, time.monotonic() - t0, meta)
+    return WarmStart(path=path, cached=False, seconds=time.monotonic() - t0, meta=meta)
 
 
 class Progress:

@@ -87,7 +87,7 @@ def lockstep(
     wl = wl or uniform()
     eng = eng or EngineParams()
     sim = run_static(model, N, workload=wl, engine=eng, batches=1).makespans[0]
-    return sim, float(T_coloc(engine_profile(model, wl, N, eng), float(N)))
+    return sim, float(T_coloc(engine_profile(model=model, wl=wl, N=N, eng=eng), float(N)))
 
 
 def prediction_errors(
@@ -110,10 +110,10 @@ def prediction_errors(
         )
         for s in seeds:
             res = run_static(
-                sc.model,
-                n_c,
-                n_p,
-                n_d,
+                model=sc.model,
+                n_c=n_c,
+                n_p=n_p,
+                n_d=n_d,
                 workload=sc.workload,
                 engine=sc.engine,
                 seed=s,

@@ -41,9 +41,30 @@ class Segment:
 
 
 SEGMENTS: dict[str, Segment] = {
-    "S1": Segment("S1", "p3-trace.csv", 350, 362, 13.6, 14),
-    "S2": Segment("S2", "g4dn-trace.csv", 176, 147, 9.0, 10),
-    "S3": Segment("S3", "g4dn-trace.csv", 394, 393, 11.8, 12),
+    "S1": Segment(
+        name="S1",
+        file="p3-trace.csv",
+        start_min=350,
+        start_min_per_gpu=362,
+        mean_rollout_gpus=13.6,
+        roll_large_gpus=14,
+    ),
+    "S2": Segment(
+        name="S2",
+        file="g4dn-trace.csv",
+        start_min=176,
+        start_min_per_gpu=147,
+        mean_rollout_gpus=9.0,
+        roll_large_gpus=10,
+    ),
+    "S3": Segment(
+        name="S3",
+        file="g4dn-trace.csv",
+        start_min=394,
+        start_min_per_gpu=393,
+        mean_rollout_gpus=11.8,
+        roll_large_gpus=12,
+    ),
 }
 SEGMENT_MINUTES = 120
 OPEN_END_S = 366 * 86400.0  # a count CSV's last row holds this long
@@ -95,11 +116,15 @@ class Availability:
             if start_s < t < start_s + duration_s and g != gpus[-1]:
                 times.append(t - start_s)
                 gpus.append(g)
-        return Availability(tuple(times), tuple(gpus), duration_s, self.source)
+        return Availability(
+            times=tuple(times), gpus=tuple(gpus), duration_s=duration_s, source=self.source
+        )
 
     @staticmethod
     def constant(gpus: int, duration_s: float) -> Availability:
-        return Availability((0.0,), (gpus,), duration_s, f"constant {gpus}")
+        return Availability(
+            times=(0.0,), gpus=(gpus,), duration_s=duration_s, source=f"constant {gpus}"
+        )
 
 
 # -- Bamboo event traces --------------------------------------------------------------------------
@@ -196,7 +221,9 @@ def from_instances(
         if g != gpus[-1]:
             times.append(60.0 * m)
             gpus.append(g)
-    return Availability(tuple(times), tuple(gpus), 60.0 * minutes, trace.source)
+    return Availability(
+        times=tuple(times), gpus=tuple(gpus), duration_s=60.0 * minutes, source=trace.source
+    )
 
 
 # -- plain count CSVs ------------------------------------------------------------------------------
@@ -224,7 +251,9 @@ def parse_counts(text: str, source: str = "trace") -> Availability:
         pts.insert(0, (0.0, 0))
     # The last count holds from its time on: the trace covers as much as a window asks for.
     end = pts[-1][0] + OPEN_END_S
-    return Availability(tuple(p[0] for p in pts), tuple(p[1] for p in pts), end, source)
+    return Availability(
+        times=tuple(p[0] for p in pts), gpus=tuple(p[1] for p in pts), duration_s=end, source=source
+    )
 
 
 # -- loading -------------------------------------------------------------------------------------
@@ -299,7 +328,7 @@ def load(
         first = int(start_min or 0)
     if start_min is not None and start_min != int(start_min):
         raise ConfigError("--start-min must be a whole minute for Bamboo traces")
-    return from_instances(trace, first, int(math.ceil(span)), even)
+    return from_instances(trace=trace, start_min=first, minutes=int(math.ceil(span)), even=even)
 
 
 __all__ = [

@@ -41,18 +41,40 @@ class Target:
 
 
 TARGETS = (
-    Target("cut_24", "§3.1 16->24 GPUs: rollout time cut (of 16-GPU time)", 10.3, "%"),
-    Target("cut_32", "§3.1 24->32 GPUs: further cut (of 16-GPU time)", 8.9, "%"),
-    Target("ratio_16", "§3.1 rollout / training, 16 rollout GPUs", 5.7, "x"),
-    Target("ratio_32", "§3.1 rollout / training, 32 rollout GPUs", 4.5, "x"),
-    Target("prefill_tokens", "§3.2 prefill share of tokens (30B-A3B, colocated)", 96.68, "%"),
-    Target("prefill_time", "§3.2 prefill share of time (30B-A3B, colocated)", 26.48, "%"),
-    Target("gain_32", "§3.3 best PD split vs colocation, batch 32", 9.7, "%"),
-    Target("gain_80", "§3.3 best PD split vs colocation, batch 80", 1.4, "%"),
-    Target("gain_96", "§3.3 best PD split vs colocation, batch 96", -6.1, "%"),
+    Target(
+        key="cut_24",
+        what="§3.1 16->24 GPUs: rollout time cut (of 16-GPU time)",
+        paper=10.3,
+        unit="%",
+    ),
+    Target(
+        key="cut_32", what="§3.1 24->32 GPUs: further cut (of 16-GPU time)", paper=8.9, unit="%"
+    ),
+    Target(key="ratio_16", what="§3.1 rollout / training, 16 rollout GPUs", paper=5.7, unit="x"),
+    Target(key="ratio_32", what="§3.1 rollout / training, 32 rollout GPUs", paper=4.5, unit="x"),
+    Target(
+        key="prefill_tokens",
+        what="§3.2 prefill share of tokens (30B-A3B, colocated)",
+        paper=96.68,
+        unit="%",
+    ),
+    Target(
+        key="prefill_time",
+        what="§3.2 prefill share of time (30B-A3B, colocated)",
+        paper=26.48,
+        unit="%",
+    ),
+    Target(key="gain_32", what="§3.3 best PD split vs colocation, batch 32", paper=9.7, unit="%"),
+    Target(key="gain_80", what="§3.3 best PD split vs colocation, batch 80", paper=1.4, unit="%"),
+    Target(key="gain_96", what="§3.3 best PD split vs colocation, batch 96", paper=-6.1, unit="%"),
     Target("best_48", "§3.3 best split at batch 48", "4P4D"),
     Target("best_64", "§3.3 best split at batch 64", "5P3D"),
-    Target("train_s", "§3.1 training step, 8 GPUs (time scale)", PAPER_TRAIN_8GPU_S, "s"),
+    Target(
+        key="train_s",
+        what="§3.1 training step, 8 GPUs (time scale)",
+        paper=PAPER_TRAIN_8GPU_S,
+        unit="s",
+    ),
 )
 
 
@@ -85,13 +107,18 @@ def scale_out(
     """§3.1's measure on any pool: a batch's colocated rollout time on each number of workers,
     relative to ``base`` workers (mean over ``seeds`` x ``batches``)."""
     seeds, want = tuple(seeds), tuple(workers)
-    span = {n: _mean_makespan(model, (n, 0, 0), wl, eng, seeds, batches)[0] for n in {*want, base}}
+    span = {
+        n: _mean_makespan(model=model, cfg=(n, 0, 0), wl=wl, eng=eng, seeds=seeds, batches=batches)[
+            0
+        ]
+        for n in {*want, base}
+    }
     return {n: span[n] / span[base] for n in want}
 
 
 def _job(args: tuple[Any, ...]) -> tuple[tuple[Any, ...], float, Any]:
     key, model, cfg, wl, eng, seeds, batches = args
-    span, res = _mean_makespan(model, cfg, wl, eng, seeds, batches)
+    span, res = _mean_makespan(model=model, cfg=cfg, wl=wl, eng=eng, seeds=seeds, batches=batches)
     shares = res.shares() if key[0] == "split" else None
     tokens = sum(res.tokens) / len(res.tokens) if key[0] == "scale" else None
     return key, span, (shares, tokens)

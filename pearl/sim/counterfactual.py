@@ -241,7 +241,7 @@ def replay(
     rec: Recorded, name: str, policy: Policy, elastic: bool, prior: WorkloadProfile
 ) -> Replayed:
     """Replay ``rec`` under ``policy`` from the profile ``prior`` (see the module docstring)."""
-    return _Driver(rec, name, policy, elastic).run(prior)
+    return _Driver(rec=rec, name=name, policy=policy, elastic=elastic).run(prior)
 
 
 def recorded_summary(rec: Recorded) -> Summary:

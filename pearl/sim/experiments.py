@@ -49,7 +49,7 @@ def run_many(
             def sub(f: float, i: int = i, name: str = spec.name) -> None:
                 report((i + f) / len(jobs), f"{label}{name}")
 
-            out.append(Simulation(sc, spec, avail, sub).run())
+            out.append(Simulation(sc=sc, spec=spec, avail=avail, progress=sub).run())
         return out
     results: list[RunResult | None] = [None] * len(jobs)
     with ProcessPoolExecutor(min(workers, len(jobs))) as pool:
@@ -90,7 +90,7 @@ def ablation(
         for label, spec in ABLATIONS.items():
             jobs.append((sc, _fixed(spec, g), avail))
             keys.append((g, label))
-    runs = run_many(jobs, workers, progress, "ablation ")
+    runs = run_many(jobs=jobs, workers=workers, progress=progress, label="ablation ")
     out: dict[int, dict[str, float]] = {}
     for (g, label), r in zip(keys, runs, strict=True):
         out.setdefault(g, {})[label] = r.throughput
@@ -107,10 +107,10 @@ def _split_makespan(
     spans: list[float] = []
     for s in seeds:
         spans += run_static(
-            sc.model,
-            n_c,
-            n_p,
-            n_d,
+            model=sc.model,
+            n_c=n_c,
+            n_p=n_p,
+            n_d=n_d,
             workload=sc.workload,
             engine=sc.engine,
             seed=s,
@@ -127,9 +127,11 @@ def _ratio_job(args: tuple[Scenario, int, int, tuple[int, ...], int]) -> dict[st
     profile = history_profile(sc, ded, workers=N)
     decision = policy.decide(profile, N, None)
     selected = decision.target
-    spans = {"coloc": _split_makespan(sc, 0, 0, N, seeds, batches)}
+    spans = {"coloc": _split_makespan(sc=sc, n_p=0, n_d=0, n_c=N, seeds=seeds, batches=batches)}
     for n_p in range(1, N):
-        spans[f"{n_p}P{N - n_p}D"] = _split_makespan(sc, n_p, N - n_p, 0, seeds, batches)
+        spans[f"{n_p}P{N - n_p}D"] = _split_makespan(
+            sc=sc, n_p=n_p, n_d=N - n_p, n_c=0, seeds=seeds, batches=batches
+        )
     best = min(spans, key=lambda k: spans[k])
     sel = "coloc" if selected.mode is Mode.COLOCATED else str(selected)
     # The decision engine's prediction of every configuration (eq. 1-3 on the profile it
@@ -199,7 +201,7 @@ def sensitivity(
                 (dataclasses.replace(sc, workload=wl), _fixed(POLICIES[name], dedicated), avail)
             )
             keys.append((kind, value, name))
-    runs = run_many(jobs, workers, progress, "sensitivity ")
+    runs = run_many(jobs=jobs, workers=workers, progress=progress, label="sensitivity ")
     out: dict[str, Any] = {"batch": {}, "length": {}}
     for (kind, value, name), r in zip(keys, runs, strict=True):
         out[kind].setdefault(value, {})[name] = r.throughput

@@ -85,7 +85,7 @@ def read(path: str | os.PathLike[str]) -> Recorded:
         raise LogCorrupted(f"{path}: the log does not begin with cluster-init; nothing to replay")
     start = next((s for s, r in records[1:] if not isinstance(r, INPUTS)), records[-1][0] + 1)
     times, clock = reconstruct_times(records)
-    return Recorded(path, records, times, clock, start)
+    return Recorded(path=path, records=records, times=times, clock=clock, start=start)
 
 
 def reconstruct_times(records: Sequence[tuple[int, Any]]) -> tuple[dict[int, float], str]:
@@ -144,7 +144,7 @@ def config_of(table: ClusterState) -> Config:
     for w in table.routable():
         n[w.role] += 1
         overlap += w.zone is Zone.OVERLAP
-    return Config(n[Role.PREFILL], n[Role.DECODE], n[Role.COLOCATED], overlap)
+    return Config(P=n[Role.PREFILL], D=n[Role.DECODE], C=n[Role.COLOCATED], overlap=overlap)
 
 
 @dataclass

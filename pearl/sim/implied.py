@@ -94,7 +94,15 @@ def borrowing_gain(
         step_s = max(rollout_s, deactivation_s + train_s)
     else:
         step_s = alone + (rollout_s - alone) / speedup
-    return Implied(pool_gpus, form, train_s, rollout_s, speedup, step_s, rollout_s / step_s - 1)
+    return Implied(
+        pool_gpus=pool_gpus,
+        form=form,
+        train_s=train_s,
+        rollout_s=rollout_s,
+        speedup=speedup,
+        step_s=step_s,
+        gain=rollout_s / step_s - 1,
+    )
 
 
 def segment_range(segment: str, model: str = "qwen3-8b") -> tuple[Implied, Implied]:

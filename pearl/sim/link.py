@@ -57,7 +57,9 @@ class Link:
             links = (("out", src.node), ("in", dst.node))
             rate = self.Bps
         nbytes = max(0.0, nbytes)
-        self.flows[tr] = _Flow(tr, src, dst, nbytes + self.latency_s * rate, links)
+        self.flows[tr] = _Flow(
+            tr=tr, src=src, dst=dst, left=nbytes + self.latency_s * rate, links=links
+        )
         self.bytes_moved += nbytes
         self._reschedule()
 

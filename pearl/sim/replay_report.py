@@ -44,14 +44,32 @@ def rollout_steps(rec: Recorded, policy: Policy, prior: WorkloadProfile) -> list
         t1 = rec.times[seq]
         span = r.makespan_s if r.makespan_s > 0 else None
         t0 = t1 - span if span else (out[-1].t1 if out else 0.0)
-        out.append(RolloutStep(r.step, t0, t1, span, r.batch * r.S * r.r, profile))
+        out.append(
+            RolloutStep(
+                step=r.step,
+                t0=t0,
+                t1=t1,
+                measured_s=span,
+                tokens=r.batch * r.S * r.r,
+                profile=profile,
+            )
+        )
     if tel:
         return out
     t0 = rec.times.get(rec.start, 0.0)
     for seq, r in rec.records:
         if isinstance(r, ev.TrainingBegin) and seq >= rec.start:
             t1 = rec.times[seq]
-            out.append(RolloutStep(r.step, t0, t1, None, prior.B * prior.S * prior.r, prior))
+            out.append(
+                RolloutStep(
+                    step=r.step,
+                    t0=t0,
+                    t1=t1,
+                    measured_s=None,
+                    tokens=prior.B * prior.S * prior.r,
+                    profile=prior,
+                )
+            )
             t0 = t1
     return out
 
@@ -100,13 +118,13 @@ def throughput(
     recorded run itself)."""
     rows, tokens, seconds = [], 0.0, 0.0
     for st in steps:
-        own = predicted_s(st.profile, run.timeline, st.t0, st.t1)
+        own = predicted_s(p=st.profile, timeline=run.timeline, t0=st.t0, t1=st.t1)
         if st.measured_s is None:
             span = own
         elif recorded is None:
             span = st.measured_s
         else:
-            base = predicted_s(st.profile, recorded.timeline, st.t0, st.t1)
+            base = predicted_s(p=st.profile, timeline=recorded.timeline, t0=st.t0, t1=st.t1)
             span = st.measured_s * own / base if math.isfinite(base) and base > 0 else own
         rows.append({"step": st.step, "t_s": round(st.t1, 3), "makespan_s": _num(span)})
         tokens += st.tokens
@@ -250,7 +268,7 @@ def compare(
     runs: dict[str, Replayed] = {}
     for name in names:
         key, policy, elastic = choice(name, own)
-        runs[key] = replay(rec, key, policy, elastic, prior)
+        runs[key] = replay(rec=rec, name=key, policy=policy, elastic=elastic, prior=prior)
     steps = rollout_steps(rec, own, prior)
-    doc = document(rec, recorded, runs, steps, notes)
+    doc = document(rec=rec, recorded=recorded, runs=runs, steps=steps, notes=notes)
     return doc, {"recorded": recorded, **{k: r.summary for k, r in runs.items()}}

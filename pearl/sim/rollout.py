@@ -42,7 +42,11 @@ class Rollout:
         self.workers: dict[int, SimWorker] = {}
         self.stats = StepStats()
         self.link = Link(
-            clock, costs.link_Bps, costs.nvlink_Bps, self._transferred, costs.xfer_latency_s
+            clock=clock,
+            link_Bps=costs.link_Bps,
+            nvlink_Bps=costs.nvlink_Bps,
+            done=self._transferred,
+            latency_s=costs.xfer_latency_s,
         )
         self.router_q: deque[Traj] = deque()
         self.paused_until = float("-inf")
@@ -65,7 +69,7 @@ class Rollout:
         """A worker on ``gpus`` (its node is the first GPU's, for the KV links)."""
         if wid in self.workers:
             self.remove_worker(wid)
-        w = SimWorker(wid, role, self.costs, self.clock.now, self.stats)
+        w = SimWorker(wid=wid, role=role, costs=self.costs, now=self.clock.now, stats=self.stats)
         first = gpus[0] if gpus else wid * self.costs.gpus_per_node
         w.node = first // self.costs.gpus_per_node
         self.workers[wid] = w
@@ -224,7 +228,9 @@ class Rollout:
         resident = w.pin(tr) if tr.home is w else 0
         tr.to(QUEUED)
         tr.w, tr.d, tr.kv_res = w, None, resident
-        if self._admit(w, tr, resident, tr.ctx + tr.req_new + tr.req_gen - resident):
+        if self._admit(
+            w=w, tr=tr, resident=resident, need=tr.ctx + tr.req_new + tr.req_gen - resident
+        ):
             tr.kv_res += tr.need
             self._prefill(w, tr, resident)
 
@@ -234,7 +240,9 @@ class Rollout:
         tr.to(QUEUED)
         tr.w, tr.d, tr.kv_res = None, d, resident
         d.load += 1
-        if self._admit(d, tr, resident, tr.ctx + tr.req_new + tr.req_gen - resident):
+        if self._admit(
+            w=d, tr=tr, resident=resident, need=tr.ctx + tr.req_new + tr.req_gen - resident
+        ):
             tr.kv_res += tr.need
             self._admit_prefill(tr)
 
@@ -247,7 +255,7 @@ class Rollout:
             tr.phome, tr.phome_tokens = None, 0
         resident = p.pin(tr) if tr.phome is p else 0
         tr.w, tr.pkv_res = p, resident
-        if self._admit(p, tr, resident, tr.ctx + tr.req_new - resident):
+        if self._admit(w=p, tr=tr, resident=resident, need=tr.ctx + tr.req_new - resident):
             tr.pkv_res += tr.need
             self._prefill(p, tr, resident)
 

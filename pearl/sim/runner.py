@@ -107,10 +107,15 @@ class Simulation:
         self.ctl = Controller(self.policy)
         self.clock = Clock(-sc.warmup_s)
         self.rollout = Rollout(
-            self.clock, worker_costs(sc.model, sc.engine), sc.balance, sc.engine.time_scale
+            clock=self.clock,
+            costs=worker_costs(sc.model, sc.engine),
+            balance=sc.balance,
+            env_scale=sc.engine.time_scale,
         )
         self.rollout.on_traj_done = self._notify
-        self.execs = Executors(self.clock, self.rollout, sc.costs, -sc.warmup_s)
+        self.execs = Executors(
+            clock=self.clock, rollout=self.rollout, costs=sc.costs, t0=-sc.warmup_s
+        )
         c = cfg.cluster
         self.init = ev.ClusterInit(
             tp=c.tp,
@@ -120,7 +125,13 @@ class Simulation:
         )
         self._prior = history_profile(sc, self.reserved)
         self.s: ControllerState | None = None
-        self.result = RunResult(spec.name, sc.model, self.reserved, avail, sc.seed)
+        self.result = RunResult(
+            policy=spec.name,
+            model=sc.model,
+            reserved_gpus=self.reserved,
+            availability=avail,
+            seed=sc.seed,
+        )
         self._pending: list[Traj] = []
         self._routable: dict[int, Role] = {}
         self._avail_target = 0
@@ -235,13 +246,13 @@ class Simulation:
         f = 1.0 - (ro.int_env - self.acc0[1]) / unf if unf > 0 else 1.0
         span = now - self.t_batch
         raw = telemetry_of(
-            k,
-            self.trs,
-            ro.stats,
-            f,
-            span,
-            unf / span if span > 0 else 0.0,
-            ro.env_scale,
+            step=k,
+            trs=self.trs,
+            stats=ro.stats,
+            f_active=f,
+            makespan=span,
+            in_flight=unf / span if span > 0 else 0.0,
+            env_scale=ro.env_scale,
             start=self.t_batch,
         )
         assert self.s is not None
@@ -279,7 +290,16 @@ class Simulation:
         self._handle(ev.TrainingFinished(step=k, weights_version=k))
         span, gen, tok, t_roll = self.completed.pop(k)
         self.result.steps.append(
-            StepRecord(k, now, now - self.last_done, gen, tok, span, seconds, wait)
+            StepRecord(
+                step=k,
+                t_done=now,
+                duration_s=now - self.last_done,
+                generated=gen,
+                trained=tok,
+                rollout_s=span,
+                train_s=seconds,
+                wait_s=wait,
+            )
         )
         self.last_done = now
         self.trained = k

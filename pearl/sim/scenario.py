@@ -37,8 +37,12 @@ class ReconfigCosts:
 
 
 TABLE3 = {
-    "qwen3-8b": ReconfigCosts(56.29, 11.05, 6.26, 3.18),
-    "qwen3-30b-a3b": ReconfigCosts(67.06, 17.89, 6.09, 4.38),
+    "qwen3-8b": ReconfigCosts(
+        prepare_s=56.29, finalize_s=11.05, activate_s=6.26, deactivate_s=3.18
+    ),
+    "qwen3-30b-a3b": ReconfigCosts(
+        prepare_s=67.06, finalize_s=17.89, activate_s=6.09, deactivate_s=4.38
+    ),
 }
 
 
@@ -89,19 +93,25 @@ class PolicySpec:
 
 
 POLICIES: dict[str, PolicySpec] = {
-    "pearl": PolicySpec("pearl", PD.ADAPTIVE, Borrow.GATED, True),
-    "roll": PolicySpec("roll", PD.COLOCATED, Borrow.NEVER, False),
-    "roll-large": PolicySpec("roll-large", PD.COLOCATED, Borrow.NEVER, False, None),
-    "rlboost+": PolicySpec("rlboost+", PD.COLOCATED, Borrow.NEVER, True),
+    "pearl": PolicySpec(name="pearl", pd=PD.ADAPTIVE, borrow=Borrow.GATED, elastic=True),
+    "roll": PolicySpec(name="roll", pd=PD.COLOCATED, borrow=Borrow.NEVER, elastic=False),
+    "roll-large": PolicySpec(
+        name="roll-large", pd=PD.COLOCATED, borrow=Borrow.NEVER, elastic=False, reserved_gpus=None
+    ),
+    "rlboost+": PolicySpec(name="rlboost+", pd=PD.COLOCATED, borrow=Borrow.NEVER, elastic=True),
 }
 MAIN_POLICIES = ("pearl", "roll", "roll-large", "rlboost+")
 # §6.3: forced disaggregation at the optimal ratio (A), + ungated toggle (B), + the gate (C).
 ABLATIONS: dict[str, PolicySpec] = {
     "roll": POLICIES["roll"],
-    "A: PD disaggregation": PolicySpec("A", PD.DISAGGREGATED, Borrow.NEVER, False),
-    "B: + ungated toggle": PolicySpec("B", PD.DISAGGREGATED, Borrow.ALWAYS, False),
-    "C: + gate": PolicySpec("C", PD.DISAGGREGATED, Borrow.GATED, False),
-    "pearl": PolicySpec("pearl-fixed", PD.ADAPTIVE, Borrow.GATED, False),
+    "A: PD disaggregation": PolicySpec(
+        name="A", pd=PD.DISAGGREGATED, borrow=Borrow.NEVER, elastic=False
+    ),
+    "B: + ungated toggle": PolicySpec(
+        name="B", pd=PD.DISAGGREGATED, borrow=Borrow.ALWAYS, elastic=False
+    ),
+    "C: + gate": PolicySpec(name="C", pd=PD.DISAGGREGATED, borrow=Borrow.GATED, elastic=False),
+    "pearl": PolicySpec(name="pearl-fixed", pd=PD.ADAPTIVE, borrow=Borrow.GATED, elastic=False),
 }
 
 

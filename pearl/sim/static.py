@@ -64,13 +64,13 @@ def telemetry_of(
         step=step,
         trajectories=tuple(
             TrajectoryStats(
-                tr.spec.turns,
-                sum(tr.spec.new),
-                sum(tr.spec.gen),
-                sum(tr.spec.env) * env_scale,
-                tr.prefilled,
-                tr.seen_sum / tr.seen_steps if tr.seen_steps > 0 else None,
-                None if start is None else tr.t_end - start,
+                turns=tr.spec.turns,
+                new_tokens=sum(tr.spec.new),
+                generated_tokens=sum(tr.spec.gen),
+                env_s=sum(tr.spec.env) * env_scale,
+                prefilled_tokens=tr.prefilled,
+                seen_batch=tr.seen_sum / tr.seen_steps if tr.seen_steps > 0 else None,
+                latency_s=None if start is None else tr.t_end - start,
             )
             for tr in trs
         ),
@@ -103,7 +103,9 @@ def run_static(
     wl = workload or WorkloadParams()
     clock = Clock()
     eng = engine or EngineParams()
-    ro = Rollout(clock, worker_costs(model, eng), balance, eng.time_scale)
+    ro = Rollout(
+        clock=clock, costs=worker_costs(model, eng), balance=balance, env_scale=eng.time_scale
+    )
     routable = {}
     roles = [COLOCATED] * n_c + [PREFILL] * n_p + [DECODE] * n_d
     for i, role in enumerate(roles):  # TP workers packed onto nodes in order
@@ -135,13 +137,13 @@ def run_static(
         out.stats.append(ro.stats)
         out.telemetry.append(
             telemetry_of(
-                k + 1,
-                trs,
-                ro.stats,
-                f,
-                span,
-                unf / span if span > 0 else 0.0,
-                ro.env_scale,
+                step=k + 1,
+                trs=trs,
+                stats=ro.stats,
+                f_active=f,
+                makespan=span,
+                in_flight=unf / span if span > 0 else 0.0,
+                env_scale=ro.env_scale,
                 start=t0,
             )
         )

@@ -89,10 +89,16 @@ def generate_batch(p: WorkloadParams, seed: int, index: int) -> list[TrajectoryS
                     np.rint(_lognormal(rng, p.turns * difficulty, p.turns_cv)[0]), 1, p.max_turns
                 )
             )
-            obs = np.maximum(1, np.rint(_lognormal(rng, p.obs_tokens, p.obs_cv, turns))).astype(int)
-            gen = np.maximum(1, np.rint(_lognormal(rng, p.gen_tokens, p.gen_cv, turns))).astype(int)
-            env = _lognormal(rng, p.env_s, p.env_cv, turns)
-            out.append(_truncate(g, prompt, obs, gen, env, p.max_tokens))
+            obs = np.maximum(
+                1, np.rint(_lognormal(rng=rng, mean=p.obs_tokens, cv=p.obs_cv, size=turns))
+            ).astype(int)
+            gen = np.maximum(
+                1, np.rint(_lognormal(rng=rng, mean=p.gen_tokens, cv=p.gen_cv, size=turns))
+            ).astype(int)
+            env = _lognormal(rng=rng, mean=p.env_s, cv=p.env_cv, size=turns)
+            out.append(
+                _truncate(group=g, prompt=prompt, obs=obs, gen=gen, env=env, limit=p.max_tokens)
+            )
     return out
 
 
@@ -114,7 +120,9 @@ def _truncate(
         if ctx >= limit:
             break
     env_l[-1] = 0.0  # no environment step after the last response
-    return TrajectorySpec(group, tuple(new_l), tuple(gen_l), tuple(env_l[:-1]) + (0.0,))
+    return TrajectorySpec(
+        group=group, new=tuple(new_l), gen=tuple(gen_l), env=tuple(env_l[:-1]) + (0.0,)
+    )
 
 
 def batch_stats(batch: list[TrajectorySpec]) -> dict[str, float]:

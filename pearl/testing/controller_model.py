@@ -63,7 +63,12 @@ class ControllerModel(RuleBasedStateMachine):
         self.ctl = Controller(Policy(CFG.decision, pd=PD.ADAPTIVE, borrow=Borrow.ALWAYS))
         c = CFG.cluster
         self.records: list[Any] = [
-            ev.ClusterInit(c.tp, c.training_gpus, c.reserved_gpus, c.preemptible_gpus)
+            ev.ClusterInit(
+                tp=c.tp,
+                training_gpus=c.training_gpus,
+                reserved_gpus=c.reserved_gpus,
+                preemptible_gpus=c.preemptible_gpus,
+            )
         ]
         self.folded = replay(self.records)
         self.now = 0.0

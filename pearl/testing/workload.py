@@ -51,8 +51,18 @@ class Workload:
     def _run_plan(self, cause: str, steps: list[tuple[Step, list[Any]]]) -> Iterator[list[Any]]:
         self.plan += 1
         counts = self._counts()
-        target = Target(Mode.COLOCATED, 0, 0, counts) if counts else Target(Mode.COLOCATED, 0, 0, 1)
-        yield self._emit([ev.PlanBegin(self.plan, cause, target, tuple(s for s, _ in steps))])
+        target = (
+            Target(mode=Mode.COLOCATED, N_P=0, N_D=0, N_C=counts)
+            if counts
+            else Target(mode=Mode.COLOCATED, N_P=0, N_D=0, N_C=1)
+        )
+        yield self._emit(
+            [
+                ev.PlanBegin(
+                    plan=self.plan, cause=cause, target=target, steps=tuple(s for s, _ in steps)
+                )
+            ]
+        )
         for k, (_, records) in enumerate(steps):
             yield self._emit([*records, ev.StepDone(self.plan, k)])
         yield self._emit([ev.PlanCommit(self.plan)])
@@ -72,7 +82,16 @@ class Workload:
 
     def batches(self) -> Iterator[list[Any]]:
         """Record batches forever (callers stop when they have enough)."""
-        yield self._emit([ev.ClusterInit(TP, TRAINING, RESERVED, PREEMPTIBLE)])
+        yield self._emit(
+            [
+                ev.ClusterInit(
+                    tp=TP,
+                    training_gpus=TRAINING,
+                    reserved_gpus=RESERVED,
+                    preemptible_gpus=PREEMPTIBLE,
+                )
+            ]
+        )
         yield from self._grow(RESERVED, "startup")
         while True:
             self.step += 1
@@ -105,9 +124,9 @@ class Workload:
             role = Role.DECODE if self.rng.random() < 0.6 else Role.PREFILL
             steps.append(
                 (
-                    Step(StepOp.ADD, wid, role, pair, Zone.DEDICATED),
+                    Step(op=StepOp.ADD, worker=wid, role=role, gpus=pair, zone=Zone.DEDICATED),
                     [
-                        ev.WorkerAdded(wid, pair, role, Zone.DEDICATED),
+                        ev.WorkerAdded(worker=wid, gpus=pair, role=role, zone=Zone.DEDICATED),
                         ev.ActivityChanged(wid, Activity.ACTIVE),
                     ],
                 )
@@ -151,9 +170,17 @@ class Workload:
                 wid = 100 + k
                 steps.append(
                     (
-                        Step(StepOp.ADD, wid, Role.DECODE, gpus, Zone.OVERLAP),
+                        Step(
+                            op=StepOp.ADD,
+                            worker=wid,
+                            role=Role.DECODE,
+                            gpus=gpus,
+                            zone=Zone.OVERLAP,
+                        ),
                         [
-                            ev.WorkerAdded(wid, gpus, Role.DECODE, Zone.OVERLAP),
+                            ev.WorkerAdded(
+                                worker=wid, gpus=gpus, role=Role.DECODE, zone=Zone.OVERLAP
+                            ),
                             ev.ActivityChanged(wid, Activity.ACTIVE),
                         ],
                     )

@@ -46,13 +46,13 @@ def adopted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         d.register(Recorder(name, got))
     # The restarted pearld's table: worker 1 was switched to prefill while pearld was down.
     sup = RoleSupervisor(
-        d,
-        CountingLauncher(),
-        CFG,
-        lambda: "tcp://x",
-        str(tmp_path),
-        "boot-2",
-        Liveboard(0.5, clock=Now()),
+        directory=d,
+        launcher=CountingLauncher(),
+        config=CFG,
+        endpoint=lambda: "tcp://x",
+        state_dir=str(tmp_path),
+        boot_id="boot-2",
+        board=Liveboard(0.5, clock=Now()),
         initial=rows(w1=Role.PREFILL, w2=Role.DECODE),
     )  # type: ignore[arg-type]
     yield sup, got
@@ -60,7 +60,14 @@ def adopted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
 
 def hello(wid: int, role: Role) -> WorkerHello:
-    return WorkerHello(wid, 1, 500 + wid, "tcp://127.0.0.1:1", engine_ready=True, role=role)
+    return WorkerHello(
+        worker=wid,
+        incarnation=1,
+        pid=500 + wid,
+        address="tcp://127.0.0.1:1",
+        engine_ready=True,
+        role=role,
+    )
 
 
 def test_an_adopted_engine_is_brought_to_the_tables_role(adopted: Any) -> None:
@@ -85,19 +92,33 @@ def test_a_step_for_a_host_still_starting_is_given_after_its_start(adopted: Any)
     right after an expansion): the switch waits in line behind the start instead of failing,
     and the host comes up in the role the table gives it."""
     sup, got = adopted
-    start = cmd.StartWorker(3, 1, (3,), Role.DECODE, Zone.DEDICATED, 0, 5, 0, background=True)
+    start = cmd.StartWorker(
+        worker=3,
+        incarnation=1,
+        gpus=(3,),
+        role=Role.DECODE,
+        zone=Zone.DEDICATED,
+        weights_version=0,
+        plan=5,
+        step=0,
+        background=True,
+    )
     sup.state_changed(rows(w1=Role.PREFILL, w2=Role.DECODE, w3=Role.DECODE))
     sup.spawn(Spawn(start))
-    switch = cmd.SetRole(3, Role.COLOCATED, 6, 0)
+    switch = cmd.SetRole(worker=3, role=Role.COLOCATED, plan=6, step=0)
     sup.deliver(Deliver(switch))
     assert not any(isinstance(m, cmd.StepResult) for m in got)
-    sup.hello(WorkerHello(3, 1, sup.hosts[3].handle, "tcp://127.0.0.1:1"))  # the launched one
+    sup.hello(
+        WorkerHello(worker=3, incarnation=1, pid=sup.hosts[3].handle, address="tcp://127.0.0.1:1")
+    )  # the launched one
     assert sup.hosts[3].ref.told == [start, switch]
 
 
 def test_a_step_for_a_host_nobody_started_fails_at_once(adopted: Any) -> None:
     sup, got = adopted
-    sup.deliver(Deliver(cmd.SetRole(1, Role.DECODE, 6, 0)))  # after a restart, before its hello
+    sup.deliver(
+        Deliver(cmd.SetRole(worker=1, role=Role.DECODE, plan=6, step=0))
+    )  # after a restart, before its hello
     (result,) = [m for m in got if isinstance(m, cmd.StepResult)]
     assert (result.plan, result.step, result.ok) == (6, 0, False)
 
@@ -117,10 +138,24 @@ def test_a_second_host_of_one_incarnation_is_stopped_before_it_serves(adopted: A
         sup.supervise(supervisor.Supervise())
     relaunched = h.handle
     assert relaunched and [s.worker for s in launcher.launched] == [1]
-    late = WorkerHello(1, 1, 999, "tcp://127.0.0.1:1", engine_ready=True, role=Role.DECODE)
+    late = WorkerHello(
+        worker=1,
+        incarnation=1,
+        pid=999,
+        address="tcp://127.0.0.1:1",
+        engine_ready=True,
+        role=Role.DECODE,
+    )
     assert not sup.hello(late).known
     assert launcher.killed == [999] and sup.hosts[1].handle == relaunched
-    ours = WorkerHello(1, 1, relaunched, "tcp://127.0.0.1:1", engine_ready=True, role=Role.DECODE)
+    ours = WorkerHello(
+        worker=1,
+        incarnation=1,
+        pid=relaunched,
+        address="tcp://127.0.0.1:1",
+        engine_ready=True,
+        role=Role.DECODE,
+    )
     assert sup.hello(ours).known and sup.hosts[1].ref is not None
     # Its own hello again (a lost reply) is the same process: still welcome.
     assert sup.hello(ours).known and launcher.killed == [999]
@@ -138,9 +173,9 @@ def test_a_restarted_host_with_steps_waiting_is_restored_first(adopted: Any) -> 
     while h.restart_at is not None:  # its back-off
         h.restart_at = 0.0
         sup.supervise(supervisor.Supervise())
-    activate = cmd.ActivateWorker(1, Role.PREFILL, 0, 9, 0)
+    activate = cmd.ActivateWorker(worker=1, role=Role.PREFILL, weights_version=0, plan=9, step=0)
     sup.deliver(Deliver(activate))
-    sup.hello(WorkerHello(1, 1, h.handle, "tcp://127.0.0.1:1"))
+    sup.hello(WorkerHello(worker=1, incarnation=1, pid=h.handle, address="tcp://127.0.0.1:1"))
     restore, then = sup.hosts[1].ref.told
     assert isinstance(restore, RestoreWorker) and restore.role is Role.PREFILL
     assert then == activate

@@ -106,17 +106,17 @@ def test_children_outlive_the_server(server, tmp_path: Path) -> None:  # type: i
 def spec(tmp_path: Path, worker: int) -> WorkerSpec:
     cfg = load(None, [])
     return WorkerSpec(
-        worker,
-        1,
-        (worker,),
-        "tcp://127.0.0.1:9",  # nobody: the host waits for pearld until it is stopped
-        cfg.engine,
-        cfg.model.name,
-        cfg.cluster.gpu,
-        cfg.cluster.tp,
-        0.5,
-        60.0,
-        str(tmp_path),
+        worker=worker,
+        incarnation=1,
+        gpus=(worker,),
+        endpoint="tcp://127.0.0.1:9",  # nobody: the host waits for pearld until it is stopped
+        engine=cfg.engine,
+        model=cfg.model.name,
+        gpu=cfg.cluster.gpu,
+        tp=cfg.cluster.tp,
+        heartbeat_s=0.5,
+        orphan_s=60.0,
+        state_dir=str(tmp_path),
     )
 
 

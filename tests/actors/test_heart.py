@@ -104,7 +104,7 @@ def test_the_heart_beats_while_the_process_computes_and_says_hello_again(
     welcomes: list[str] = []  # the host rewrites its pid file on each
     heart = HostHeart(
         pearld.server.address,
-        WorkerHello(3, 12, 1, "tcp://x"),
+        WorkerHello(worker=3, incarnation=12, pid=1, address="tcp://x"),
         interval_s=0.1,
         orphan_s=30.0,
         ready=ready.is_set,
@@ -203,7 +203,15 @@ def supervised() -> Iterator[tuple[RoleSupervisor, FakeLauncher, Now, list[Any]]
         d.register(Recorder(name, got))
     launcher = FakeLauncher()
     board = Liveboard(0.5, clock=now)
-    sup = RoleSupervisor(d, launcher, cfg, lambda: "tcp://x", "", "boot", board)  # type: ignore[arg-type]
+    sup = RoleSupervisor(
+        directory=d,
+        launcher=launcher,
+        config=cfg,
+        endpoint=lambda: "tcp://x",
+        state_dir="",
+        boot_id="boot",
+        board=board,
+    )  # type: ignore[arg-type]
     sup.hosts[3] = Host(3, 12, (3,), handle=101, ref=DummyRef())  # type: ignore[arg-type]
     board.add(3, 12)
     yield sup, launcher, now, got

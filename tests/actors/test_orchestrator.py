@@ -34,7 +34,7 @@ class Tripping(Controller):
         if isinstance(event, cmd.Tick) and not self.tripped:
             self.tripped += 1
             raise InvariantViolation("no worker in slot 99")
-        return super().handle(s, event, now, wall)
+        return super().handle(s=s, event=event, now=now, wall=wall)
 
 
 def test_an_invariant_violation_is_logged_and_recovered_in_place(
@@ -42,10 +42,26 @@ def test_an_invariant_violation_is_logged_and_recovered_in_place(
 ) -> None:
     c = CFG.cluster
     log = MemoryLog()
-    log.append([ev.ClusterInit(c.tp, c.training_gpus, c.reserved_gpus, c.preemptible_gpus)])
+    log.append(
+        [
+            ev.ClusterInit(
+                tp=c.tp,
+                training_gpus=c.training_gpus,
+                reserved_gpus=c.reserved_gpus,
+                preemptible_gpus=c.preemptible_gpus,
+            )
+        ]
+    )
     ctl = Tripping(Policy(CFG.decision))
     recovered = ctl.recover(replay(r for _, r in log.read()), prior_profile(CFG), 0.0)
-    ref = start(Directory(), Orchestrator, Directory(), log, ctl, recovered)
+    ref = start(
+        Directory(),
+        Orchestrator,
+        directory=Directory(),
+        event_log=log,
+        controller=ctl,
+        recovered=recovered,
+    )
     try:
         with caplog.at_level(logging.ERROR):
             ref.ask(cmd.Tick(), timeout_s=5)
@@ -78,10 +94,26 @@ def test_a_full_disk_refuses_events_keeps_reports_and_heals_with_no_restart(tmp_
     c = CFG.cluster
     path = tmp_path / "log"
     log = FileLog(path)
-    log.append([ev.ClusterInit(c.tp, c.training_gpus, c.reserved_gpus, c.preemptible_gpus)])
+    log.append(
+        [
+            ev.ClusterInit(
+                tp=c.tp,
+                training_gpus=c.training_gpus,
+                reserved_gpus=c.reserved_gpus,
+                preemptible_gpus=c.preemptible_gpus,
+            )
+        ]
+    )
     ctl = Controller(Policy(CFG.decision))
     recovered = ctl.recover(replay(r for _, r in log.read()), prior_profile(CFG), 0.0)
-    ref = start(Directory(), Orchestrator, Directory(), log, ctl, recovered)
+    ref = start(
+        Directory(),
+        Orchestrator,
+        directory=Directory(),
+        event_log=log,
+        controller=ctl,
+        recovered=recovered,
+    )
     try:
         ref.ask(Boot(), timeout_s=5)
         before = log.last_seq

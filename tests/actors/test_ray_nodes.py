@@ -32,7 +32,14 @@ def cfg(*extra: str) -> config.Config:
 
 
 def node(nid: str, gpus: int, label: str = "", alive: bool = True, **kw: object) -> RayNode:
-    return RayNode(nid, f"10.0.0.{nid}", alive, gpus, {"pearl-gpus": label} if label else {}, **kw)  # type: ignore[arg-type]
+    return RayNode(
+        node_id=nid,
+        address=f"10.0.0.{nid}",
+        alive=alive,
+        gpus=gpus,
+        labels={"pearl-gpus": label} if label else {},
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 A, B, C = node("1", 2, "0-1"), node("2", 2, "2-3"), node("3", 4, "4-7")
@@ -55,7 +62,13 @@ def test_labels_and_config_entries_say_which_node_holds_which_gpu() -> None:
             ' {label = "rack=r7", gpus = "4-5"}]',
         ],
     )
-    r7 = RayNode("9", "10.0.0.9", True, 2, {"rack": "r7", "pearl-gpus": "6-7"})
+    r7 = RayNode(
+        node_id="9",
+        address="10.0.0.9",
+        alive=True,
+        gpus=2,
+        labels={"rack": "r7", "pearl-gpus": "6-7"},
+    )
     assert [held(entries, n) for n in (A, B, r7)] == [(0, 1), (2, 3), (4, 5)]
     assert placement(c, [A, node("2", 2, "2-3", alive=False)]).keys() == {0, 1}
 
@@ -118,11 +131,16 @@ def test_node_changes_are_the_events_a_cli_sends() -> None:
     draining = {"1": A, "2": node("2", 2, "2-3", drain_deadline=160.0)}
     notice = node_events(c, now, draining, present={0, 1, 2, 3}, leaving=set(), wall=100.0)
     assert notice == [ev.GpusReclaiming((2, 3), 160.0)]
-    assert node_events(c, draining, draining, {0, 1, 2, 3}, {2, 3}, wall=101.0) == []
+    assert (
+        node_events(
+            cfg=c, before=draining, now=draining, present={0, 1, 2, 3}, leaving={2, 3}, wall=101.0
+        )
+        == []
+    )
     no_deadline = {"1": A, "2": node("2", 2, "2-3", drain_deadline=0.0)}
-    assert node_events(c, now, no_deadline, {0, 1, 2, 3}, set(), wall=100.0) == [
-        ev.GpusReclaimed((2, 3))
-    ]
+    assert node_events(
+        cfg=c, before=now, now=no_deadline, present={0, 1, 2, 3}, leaving=set(), wall=100.0
+    ) == [ev.GpusReclaimed((2, 3))]
 
 
 def test_the_hosts_keys_travel_as_text(tmp_path: Path) -> None:

@@ -40,25 +40,34 @@ class ScriptedRouter:
         if step[0] == "hold":  # still running
             return
         if step[0] == "error":
-            self.d.tell(msg.reply_to, GenerateDone(1, req.rid, None, "worker 1 is gone"))
+            self.d.tell(
+                msg.reply_to,
+                GenerateDone(worker=1, rid=req.rid, result=None, error="worker 1 is gone"),
+            )
             return
         if step[0] == "refused":
             why = "the vLLM server refused the request (400): Token id 600 is out of vocabulary"
-            self.d.tell(msg.reply_to, GenerateDone(1, req.rid, None, why, refused=True))
+            self.d.tell(
+                msg.reply_to,
+                GenerateDone(worker=1, rid=req.rid, result=None, error=why, refused=True),
+            )
             return
         if step[0] == "expired":
             why = "no worker served it within 9 s"
-            self.d.tell(msg.reply_to, GenerateDone(-1, req.rid, None, why, retry_after_s=7.0))
+            self.d.tell(
+                msg.reply_to,
+                GenerateDone(worker=-1, rid=req.rid, result=None, error=why, retry_after_s=7.0),
+            )
             return
         n = step[1] if step[0] == "abort" else req.sampling.max_new_tokens
         start = len(req.input_ids)
         ids = tuple(range(start, start + n))  # token i is its position: a resume must agree
         result = GenerateResult(
-            req.rid,
-            ids,
-            tuple(-0.5 for _ in ids),
-            FinishReason.ABORT if step[0] == "abort" else FinishReason.LENGTH,
-            step[-1],
+            rid=req.rid,
+            output_ids=ids,
+            logprobs=tuple(-0.5 for _ in ids),
+            finish_reason=FinishReason.ABORT if step[0] == "abort" else FinishReason.LENGTH,
+            weights_version=step[-1],
             prompt_tokens=len(req.input_ids),
             cached_tokens=2,
         )
@@ -176,7 +185,14 @@ def test_a_cancelled_request_is_aborted_in_the_pool_and_not_resumed() -> None:
     fut = client.generate(GenerateRequest("r", (1, 2), S(8)))
     client.cancel("r")
     assert router.aborted == ["r"]
-    part = GenerateResult("r", (7, 8), (-1.0, -1.0), FinishReason.ABORT, 1, prompt_tokens=2)
+    part = GenerateResult(
+        rid="r",
+        output_ids=(7, 8),
+        logprobs=(-1.0, -1.0),
+        finish_reason=FinishReason.ABORT,
+        weights_version=1,
+        prompt_tokens=2,
+    )
     client.tell(GenerateDone(1, "r", part))
     out = fut.result(5)  # settled with what it had: no resumption was sent
     assert out.output_ids == [7, 8] and out.finish_reason is FinishReason.ABORT

@@ -38,10 +38,20 @@ class FakeWorker(PearlActor):
         if self.fail and self.fail[0] == self.wid:
             self.fail.pop(0)
             self.directory.tell(
-                names.ROUTER, GenerateDone(self.wid, r.rid, None, "KV timeout", True)
+                names.ROUTER,
+                GenerateDone(
+                    worker=self.wid, rid=r.rid, result=None, error="KV timeout", retryable=True
+                ),
             )
             return
-        out = GenerateResult(r.rid, (1, 2, 3), (0.0,) * 3, FinishReason.LENGTH, 0, len(r.input_ids))
+        out = GenerateResult(
+            rid=r.rid,
+            output_ids=(1, 2, 3),
+            logprobs=(0.0,) * 3,
+            finish_reason=FinishReason.LENGTH,
+            weights_version=0,
+            prompt_tokens=len(r.input_ids),
+        )
         self.directory.tell(names.ROUTER, GenerateDone(self.wid, r.rid, out))
 
     def on_abort(self, msg: AbortRequest) -> None:
@@ -92,7 +102,7 @@ def cluster(clock: Clock) -> Iterator[tuple[Directory, list[Any], list[int]]]:
     d = Directory()
     log: list[Any] = []
     fail: list[int] = []
-    start(d, Router, d, None, 30.0, clock)
+    start(d, Router, directory=d, link=None, wait_s=30.0, clock=clock)
     start(d, Sink)
     for wid in (1, 2, 3):
         d.register(LocalRef(names.worker_name(wid), FakeWorker.start(d, wid, log, fail)))
@@ -102,7 +112,12 @@ def cluster(clock: Clock) -> Iterator[tuple[Directory, list[Any], list[int]]]:
 
 
 def view(d: Directory, rows: list[tuple[int, str, str]], seq: int = 1) -> None:
-    workers = tuple(Worker(w, (w,), Role(r), Activity(a), Zone.DEDICATED, 1) for w, r, a in rows)
+    workers = tuple(
+        Worker(
+            id=w, gpus=(w,), role=Role(r), activity=Activity(a), zone=Zone.DEDICATED, incarnation=1
+        )
+        for w, r, a in rows
+    )
     d.tell(names.ROUTER, StateChanged(ClusterView(TableSnapshot(seq=seq, workers=workers))))
 
 
@@ -209,7 +224,14 @@ class HoldingWorker(PearlActor):
             self.held.append(msg.request)
 
     def _answer(self, r: GenerateRequest) -> None:
-        out = GenerateResult(r.rid, (7,), (0.0,), FinishReason.STOP, 0, len(r.input_ids))
+        out = GenerateResult(
+            rid=r.rid,
+            output_ids=(7,),
+            logprobs=(0.0,),
+            finish_reason=FinishReason.STOP,
+            weights_version=0,
+            prompt_tokens=len(r.input_ids),
+        )
         self.directory.tell(names.ROUTER, GenerateDone(self.wid, r.rid, out))
 
     def release(self, _: Release) -> None:
@@ -358,7 +380,14 @@ class RefusingWorker(PearlActor):
     def on_generate(self, msg: Generate) -> None:
         self.log.append((self.wid, msg.request))
         why = "the vLLM server refused the request (400): Token id 600 is out of vocabulary"
-        done = GenerateDone(self.wid, msg.request.rid, None, why, retryable=True, refused=True)
+        done = GenerateDone(
+            worker=self.wid,
+            rid=msg.request.rid,
+            result=None,
+            error=why,
+            retryable=True,
+            refused=True,
+        )
         self.directory.tell(names.ROUTER, done)
 
     handles = {Generate: on_generate}
@@ -451,12 +480,12 @@ def changed(routable: list[int], lent: Collection[int] = ()) -> StateChanged:
     GPUs."""
     workers = tuple(
         Worker(
-            w,
-            (w,),
-            Role.COLOCATED,
-            Activity.ACTIVE,
-            Zone.OVERLAP if w in lent else Zone.DEDICATED,
-            1,
+            id=w,
+            gpus=(w,),
+            role=Role.COLOCATED,
+            activity=Activity.ACTIVE,
+            zone=Zone.OVERLAP if w in lent else Zone.DEDICATED,
+            incarnation=1,
         )
         for w in routable
     )

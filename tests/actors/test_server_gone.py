@@ -28,7 +28,14 @@ class StubServerEngine:
 
 def test_a_server_given_up_on_ends_the_worker_host() -> None:
     engine, exited = StubServerEngine(), threading.Event()
-    worker = WorkerActor(Directory(), 3, 1, lambda role: engine, lambda v: None, exited.set)
+    worker = WorkerActor(
+        directory=Directory(),
+        worker=3,
+        incarnation=1,
+        make_engine=lambda role: engine,
+        weights_source=lambda v: None,
+        on_exit=exited.set,
+    )
     worker.bring_up(Role.COLOCATED, 0)
     assert engine.on_gone is not None and not exited.is_set()
     engine.on_gone("the vLLM server is gone: the server died 4 times")

@@ -51,7 +51,15 @@ def supervisor(
     for name in (names.ROUTER, names.ORCHESTRATOR):
         d.register(Recorder(name, got))
     board = Liveboard(0.5, clock=Now())
-    sup = RoleSupervisor(d, launcher, CFG, lambda: "tcp://x", "", "boot", board)  # type: ignore[arg-type]
+    sup = RoleSupervisor(
+        directory=d,
+        launcher=launcher,
+        config=CFG,
+        endpoint=lambda: "tcp://x",
+        state_dir="",
+        boot_id="boot",
+        board=board,
+    )  # type: ignore[arg-type]
     return sup, got
 
 
@@ -92,7 +100,20 @@ def test_a_host_that_cannot_be_launched_is_retried_then_lost(
 ) -> None:
     launcher, clock = CountingLauncher(fail=True), [1000.0]
     sup, got = supervisor(launcher, clock, monkeypatch)
-    sup.spawn(Spawn(cmd.StartWorker(3, 12, (6, 7), Role.COLOCATED, Zone.DEDICATED, 0, 1, 0)))
+    sup.spawn(
+        Spawn(
+            cmd.StartWorker(
+                worker=3,
+                incarnation=12,
+                gpus=(6, 7),
+                role=Role.COLOCATED,
+                zone=Zone.DEDICATED,
+                weights_version=0,
+                plan=1,
+                step=0,
+            )
+        )
+    )
     for _ in range(10):  # past every back-off
         clock[0] += 10.0
         sup.supervise(Supervise())
@@ -132,7 +153,14 @@ def test_a_host_that_cannot_start_says_why_in_status_and_log_and_is_retried_with
     assert sup.board.faults() == {3: f"{why}; gave up after 2 restarts"}
     assert why in caplog.text and api  # the log says why; the status is rendered again
     # It serves again (a later incarnation on these GPUs): the fault is over.
-    row = Worker(3, (6, 7), Role.COLOCATED, Activity.ACTIVE, Zone.DEDICATED, 13)
+    row = Worker(
+        id=3,
+        gpus=(6, 7),
+        role=Role.COLOCATED,
+        activity=Activity.ACTIVE,
+        zone=Zone.DEDICATED,
+        incarnation=13,
+    )
     sup.state_changed(StateChanged(ClusterView(TableSnapshot(seq=9, workers=(row,)))))
     assert sup.board.faults() == {}
 
@@ -163,17 +191,17 @@ def test_the_local_launcher_says_which_host_could_not_start(tmp_path: Path) -> N
     blocker = tmp_path / "logs"
     blocker.write_text("a file where the log directory should be")
     spec = WorkerSpec(
-        3,
-        12,
-        (6, 7),
-        "tcp://127.0.0.1:1",
-        CFG.engine,
-        CFG.model.name,
-        CFG.cluster.gpu,
-        CFG.cluster.tp,
-        0.5,
-        5.0,
-        str(tmp_path),
+        worker=3,
+        incarnation=12,
+        gpus=(6, 7),
+        endpoint="tcp://127.0.0.1:1",
+        engine=CFG.engine,
+        model=CFG.model.name,
+        gpu=CFG.cluster.gpu,
+        tp=CFG.cluster.tp,
+        heartbeat_s=0.5,
+        orphan_s=5.0,
+        state_dir=str(tmp_path),
     )
     launcher = LocalProcessLauncher(blocker)
     with pytest.raises(LaunchError, match="worker host 3 .incarnation 12. could not be started"):

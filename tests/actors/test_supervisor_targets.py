@@ -27,7 +27,14 @@ PEARLD = {"targets": ["127.0.0.1:9440"], "labels": {"job": "pearld"}}
 def rows(**roles: Role) -> Any:
     """A StateChanged whose table has rollout workers ``w1=Role.DECODE, ...`` (incarnation 1)."""
     workers = tuple(
-        Worker(int(w[1:]), (int(w[1:]),), role, Activity.ACTIVE, Zone.DEDICATED, 1)
+        Worker(
+            id=int(w[1:]),
+            gpus=(int(w[1:]),),
+            role=role,
+            activity=Activity.ACTIVE,
+            zone=Zone.DEDICATED,
+            incarnation=1,
+        )
         for w, role in roles.items()
     )
     return SimpleNamespace(view=SimpleNamespace(rollout=workers, weights_version=0))
@@ -39,7 +46,14 @@ def worker(wid: int, role: str, port: int) -> dict[str, Any]:
 
 
 def hello(wid: int, pid: int, metrics: str) -> WorkerHello:
-    return WorkerHello(wid, 1, pid, "tcp://127.0.0.1:1", engine_ready=True, metrics_address=metrics)
+    return WorkerHello(
+        worker=wid,
+        incarnation=1,
+        pid=pid,
+        address="tcp://127.0.0.1:1",
+        engine_ready=True,
+        metrics_address=metrics,
+    )
 
 
 Made = tuple[RoleSupervisor, CountingLauncher, list[Any], Path]
@@ -55,13 +69,13 @@ def made(tmp_path: Path) -> Iterator[Any]:
             d.register(Recorder(name, got))
         launcher = CountingLauncher()
         sup = RoleSupervisor(
-            d,
-            launcher,
-            CFG,
-            lambda: "tcp://x",
-            str(tmp_path),
-            "boot",
-            Liveboard(0.5, clock=Now()),
+            directory=d,
+            launcher=launcher,
+            config=CFG,
+            endpoint=lambda: "tcp://x",
+            state_dir=str(tmp_path),
+            boot_id="boot",
+            board=Liveboard(0.5, clock=Now()),
             initial=rows(w1=Role.DECODE, w2=Role.PREFILL),
             metrics=metrics,
         )  # type: ignore[arg-type]

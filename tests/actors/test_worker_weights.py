@@ -36,7 +36,13 @@ def worker(engine: Engine, metrics: HostMetrics | None = None) -> WorkerActor:
     """A WorkerActor (not started) whose engine is up and released (lent), and whose store
     holds version 6."""
     actor = WorkerActor(
-        Directory(), 2, 1, lambda role: engine, lambda v: (6, "v6"), lambda: None, metrics
+        directory=Directory(),
+        worker=2,
+        incarnation=1,
+        make_engine=lambda role: engine,
+        weights_source=lambda v: (6, "v6"),
+        on_exit=lambda: None,
+        metrics=metrics,
     )
     actor.engine, actor.released = engine, True  # type: ignore[assignment]
     return actor

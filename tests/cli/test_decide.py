@@ -51,7 +51,7 @@ def test_json_has_the_documented_shape(capsys: pytest.CaptureFixture[str]) -> No
 def test_json_matches_the_core_decision(capsys: pytest.CaptureFixture[str]) -> None:
     j = run_json(capsys, "--gpus", "12", "--batch", "48")
     cfg = config.load(SIM32, ["workload.batch=48"])
-    d = decide(prior_profile(cfg), 6, None, cfg.decision)
+    d = decide(profile=prior_profile(cfg), N=6, current=None, cfg=cfg.decision)
     assert j["profile"]["B"] == 48
     assert (j["N_P"], j["N_D"], j["N_C"]) == (d.target.N_P, d.target.N_D, d.target.N_C)
     assert j["predicted_makespan_s"] == pytest.approx(d.predicted_makespan_s)

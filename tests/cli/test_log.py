@@ -21,9 +21,9 @@ ROOT = Path(__file__).resolve().parents[2]
 RECORDS: list[Any] = [
     ev.ClusterInit(tp=1, training_gpus=(0, 1), reserved_gpus=(2, 3), preemptible_gpus=(4, 5)),
     ev.GpusAdded((4,)),
-    ev.WorkerAdded(1, (2,), Role.PREFILL, Zone.DEDICATED),
+    ev.WorkerAdded(worker=1, gpus=(2,), role=Role.PREFILL, zone=Zone.DEDICATED),
     ev.ActivityChanged(1, Activity.ACTIVE),
-    ev.WorkerAdded(2, (4,), Role.DECODE, Zone.DEDICATED),
+    ev.WorkerAdded(worker=2, gpus=(4,), role=Role.DECODE, zone=Zone.DEDICATED),
     ev.ActivityChanged(2, Activity.ACTIVE),
     ev.TrainingBegin(1),
     ev.TrainingFinished(1, 1),

@@ -38,14 +38,14 @@ def worker(i: int, role: str, gpus: list[int], zone: str, act: str = "active") -
 STATUS: dict[str, Any] = {
     "seq": 42,
     "workers": [
-        worker(0, "training", [0, 1, 2, 3], "overlap", "inactive"),
-        worker(1, "prefill", [0, 1], "overlap"),
-        worker(2, "decode", [2, 3], "overlap"),
-        worker(3, "prefill", [4, 5], "dedicated"),
-        worker(4, "prefill", [6, 7], "dedicated"),
-        worker(5, "decode", [8, 9], "dedicated"),
-        worker(6, "decode", [10, 11], "dedicated"),
-        worker(7, "decode", [12, 13], "dedicated", "transitioning"),
+        worker(i=0, role="training", gpus=[0, 1, 2, 3], zone="overlap", act="inactive"),
+        worker(i=1, role="prefill", gpus=[0, 1], zone="overlap"),
+        worker(i=2, role="decode", gpus=[2, 3], zone="overlap"),
+        worker(i=3, role="prefill", gpus=[4, 5], zone="dedicated"),
+        worker(i=4, role="prefill", gpus=[6, 7], zone="dedicated"),
+        worker(i=5, role="decode", gpus=[8, 9], zone="dedicated"),
+        worker(i=6, role="decode", gpus=[10, 11], zone="dedicated"),
+        worker(i=7, role="decode", gpus=[12, 13], zone="dedicated", act="transitioning"),
     ],
     "mode": "disaggregated",
     "N_P": 3,
@@ -218,7 +218,7 @@ def test_render_says_when_pearld_stopped_answering_and_why_there_are_no_events()
 def test_describe_names_what_changed() -> None:
     before = {**STATUS, "gpus": {**STATUS["gpus"], "present": [8, 9, 10, 11]}, "transitions": []}
     before["workers"] = STATUS["workers"][:-1]
-    done = worker(7, "decode", [12, 13], "dedicated", "active")
+    done = worker(i=7, role="decode", gpus=[12, 13], zone="dedicated", act="active")
     after = {**STATUS, "workers": [*STATUS["workers"][:-1], done]}
     after["transitions"] = []
     assert describe(None, STATUS) == []

@@ -51,7 +51,12 @@ class Harness:
     ) -> None:
         self.ctl = Controller(Policy(cfg.decision, pd=pd, borrow=borrow))
         c = cfg.cluster
-        init = ev.ClusterInit(c.tp, c.training_gpus, c.reserved_gpus, c.preemptible_gpus)
+        init = ev.ClusterInit(
+            tp=c.tp,
+            training_gpus=c.training_gpus,
+            reserved_gpus=c.reserved_gpus,
+            preemptible_gpus=c.preemptible_gpus,
+        )
         self.records: list[Any] = list(records or [init])
         table = replay(self.records)
         self.now = 0.0
@@ -548,7 +553,17 @@ def _telemetry(h: Harness, step: int) -> ev.Telemetry:
     """A step summary that repeats the current profile (only the controller's measures move)."""
     p = h.s.profile
     return ev.Telemetry(
-        step, p.B, p.S, p.delta_L, p.r, p.theta, p.A, p.b, p.t_prefill, p.T_env, makespan_s=60.0
+        step=step,
+        batch=p.B,
+        S=p.S,
+        delta_L=p.delta_L,
+        r=p.r,
+        theta=p.theta,
+        A=p.A,
+        b=p.b,
+        t_prefill=p.t_prefill,
+        T_env=p.T_env,
+        makespan_s=60.0,
     )
 
 
@@ -739,7 +754,9 @@ class WantsSplit(Policy):
         d = super().decide(profile, N, current)
         if not self.want[0] or N < 2:
             return d
-        return dataclasses.replace(d, target=Target(Mode.DISAGGREGATED, 1, N - 1, 0))
+        return dataclasses.replace(
+            d, target=Target(mode=Mode.DISAGGREGATED, N_P=1, N_D=N - 1, N_C=0)
+        )
 
 
 def test_no_role_switch_while_training_gpus_are_lent() -> None:

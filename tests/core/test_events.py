@@ -33,9 +33,9 @@ EXAMPLES: list[Any] = [
     ev.PlanBegin(
         plan=9,
         cause="gpus-added",
-        target=Target(Mode.DISAGGREGATED, 1, 2, 0),
+        target=Target(mode=Mode.DISAGGREGATED, N_P=1, N_D=2, N_C=0),
         steps=(
-            Step(StepOp.ADD, 4, Role.DECODE, (4, 5), Zone.DEDICATED),
+            Step(op=StepOp.ADD, worker=4, role=Role.DECODE, gpus=(4, 5), zone=Zone.DEDICATED),
             Step(StepOp.SET_ROLE, 1, Role.PREFILL),
             Step(StepOp.LEND, 0),
         ),
@@ -86,8 +86,8 @@ def test_enums_and_structs_travel_as_plain_values() -> None:
     m = wire(EXAMPLES[12])
     assert m["target"] == {"mode": "disaggregated", "N_P": 1, "N_D": 2, "N_C": 0}
     assert m["steps"][2] == {"op": "lend", "worker": 0, "role": None, "gpus": [], "zone": None}
-    assert from_plain(Target, m["target"]) == Target(Mode.DISAGGREGATED, 1, 2, 0)
-    assert to_plain(Target(Mode.COLOCATED, 0, 0, 3))["mode"] == "colocated"
+    assert from_plain(Target, m["target"]) == Target(mode=Mode.DISAGGREGATED, N_P=1, N_D=2, N_C=0)
+    assert to_plain(Target(mode=Mode.COLOCATED, N_P=0, N_D=0, N_C=3))["mode"] == "colocated"
 
 
 def test_int_is_accepted_where_a_float_is_declared() -> None:
@@ -209,7 +209,7 @@ def test_every_elastic_event_is_in_the_one_list() -> None:
 
 
 def test_a_plan_cause_is_written_as_its_word_and_any_older_word_still_reads() -> None:
-    target = Target(Mode.COLOCATED, 0, 0, 1)
+    target = Target(mode=Mode.COLOCATED, N_P=0, N_D=0, N_C=1)
     written = ev.PlanBegin(plan=1, cause=ev.PlanCause.REBALANCE, target=target, steps=())
     plain = ev.PlanBegin(plan=1, cause="rebalance", target=target, steps=())
     assert msgspec.msgpack.encode(written) == msgspec.msgpack.encode(plain)

@@ -22,7 +22,13 @@ CFG = DecisionConfig()
 
 
 def gate(R: int, T_toggle: float, N_ded: int = 4, N_overlap: int = 4) -> GateResult:
-    return borrow_gate(msgspec.structs.replace(P, T_toggle=T_toggle), N_ded, N_overlap, R, CFG)
+    return borrow_gate(
+        profile=msgspec.structs.replace(P, T_toggle=T_toggle),
+        N_ded=N_ded,
+        N_overlap=N_overlap,
+        R=R,
+        cfg=CFG,
+    )
 
 
 def test_hand_computed_benefit() -> None:
@@ -72,7 +78,7 @@ def test_no_workers_at_all_has_no_prediction_and_no_benefit() -> None:
 
 def test_measured_toggle_costs_close_the_gate() -> None:
     tracker = RuntimeTracker(msgspec.structs.replace(P, T_toggle=5.0), alpha=0.5, L_max=1e9)
-    assert borrow_gate(tracker.profile, 4, 4, 32, CFG).enabled
+    assert borrow_gate(profile=tracker.profile, N_ded=4, N_overlap=4, R=32, cfg=CFG).enabled
     s = events.Telemetry(
         step=1,
         batch=64,
@@ -88,7 +94,7 @@ def test_measured_toggle_costs_close_the_gate() -> None:
         toggle_s=15.0,
     )
     tracker.observe(s)  # T_toggle -> 10 s > 8 s benefit
-    g = borrow_gate(tracker.profile, 4, 4, 32, CFG)
+    g = borrow_gate(profile=tracker.profile, N_ded=4, N_overlap=4, R=32, cfg=CFG)
     assert g.T_toggle == pytest.approx(10.0) and not g.enabled
 
 
@@ -96,13 +102,17 @@ def test_a_window_about_to_close_is_declined() -> None:
     """Worth it by eq. 7 (8 s > 5 s), but the next batch is due in 9 s: activation would take
     more than half of what is left, and Training Begin would cut the borrow short."""
     p = msgspec.structs.replace(P, T_toggle=5.0)
-    assert borrow_gate(p, 4, 4, 32, CFG, window_left_s=10.0).enabled  # 5 s = half: it fits
-    g = borrow_gate(p, 4, 4, 32, CFG, window_left_s=9.0)
+    assert borrow_gate(
+        profile=p, N_ded=4, N_overlap=4, R=32, cfg=CFG, window_left_s=10.0
+    ).enabled  # 5 s = half: it fits
+    g = borrow_gate(profile=p, N_ded=4, N_overlap=4, R=32, cfg=CFG, window_left_s=9.0)
     assert not g.enabled and g.window_left_s == 9.0 and g.benefit_s == pytest.approx(8.0)
     assert "expected complete in 9 s" in g.reason
-    assert borrow_gate(p, 4, 4, 32, CFG, window_left_s=None).enabled  # not known: eq. 7 alone
+    assert borrow_gate(
+        profile=p, N_ded=4, N_overlap=4, R=32, cfg=CFG, window_left_s=None
+    ).enabled  # not known: eq. 7 alone
     with pytest.raises(ValueError, match="window_left_s"):
-        borrow_gate(p, 4, 4, 32, CFG, window_left_s=-1.0)
+        borrow_gate(profile=p, N_ded=4, N_overlap=4, R=32, cfg=CFG, window_left_s=-1.0)
 
 
 @pytest.mark.parametrize(
@@ -110,4 +120,4 @@ def test_a_window_about_to_close_is_declined() -> None:
 )
 def test_bad_arguments(N_ded: int, N_overlap: int, R: int) -> None:
     with pytest.raises(ValueError):
-        borrow_gate(P, N_ded, N_overlap, R, CFG)
+        borrow_gate(profile=P, N_ded=N_ded, N_overlap=N_overlap, R=R, cfg=CFG)

@@ -164,12 +164,12 @@ def test_prefill_throughput_constraint() -> None:
         D = float(ms.T_decode(P, 8 - n_p))
         assert rho == pytest.approx(64 / n_p / (D + 0.1 + 1 / (1 - rho)), rel=1e-9)
         assert rho == pytest.approx(expected, abs=1e-4)
-    assert ms.prefill_keeps_up(P, 2, 6, 0.9)  # 85% busy
-    assert not ms.prefill_keeps_up(P, 2, 6, 0.85)
-    assert not ms.prefill_keeps_up(P, 1, 7, 0.9)  # 97%
+    assert ms.prefill_keeps_up(p=P, N_P=2, N_D=6, max_util=0.9)  # 85% busy
+    assert not ms.prefill_keeps_up(p=P, N_P=2, N_D=6, max_util=0.85)
+    assert not ms.prefill_keeps_up(p=P, N_P=1, N_D=7, max_util=0.9)  # 97%
     u = float(ms.prefill_utilization(P, 3, 5))
-    assert ms.prefill_keeps_up(P, 3, 5, u * (1 + 1e-9))
-    assert not ms.prefill_keeps_up(P, 3, 5, u * (1 - 1e-9))
+    assert ms.prefill_keeps_up(p=P, N_P=3, N_D=5, max_util=u * (1 + 1e-9))
+    assert not ms.prefill_keeps_up(p=P, N_P=3, N_D=5, max_util=u * (1 - 1e-9))
     # Even a pool with more work than the decode path's time stays below 1: its queue grows.
     busy = msgspec.structs.replace(P, t_prefill=1e-3)
     assert 0.9 < float(ms.prefill_utilization(busy, 1, 7)) < 1.0
@@ -206,7 +206,7 @@ def test_sweep_matches_the_scalar_equations() -> None:
             n_p = int(n_p)
             assert s.T_dis[i] == pytest.approx(ms.T_dis(P, n_p, N - n_p), rel=1e-12)
             ok = bool(ms.decode_hbm_ok(P, N - n_p)) and bool(
-                ms.prefill_keeps_up(P, n_p, N - n_p, 0.9)
+                ms.prefill_keeps_up(p=P, N_P=n_p, N_D=N - n_p, max_util=0.9)
             )
             assert bool(s.feasible[i]) == ok
 

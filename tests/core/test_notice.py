@@ -28,7 +28,7 @@ class Clocked(Harness):
 
     def send(self, event: object, dt: float = 0.0) -> None:
         self.now += dt
-        self._take(self.ctl.handle(self.s, event, self.now, T0 + self.now))
+        self._take(self.ctl.handle(s=self.s, event=event, now=self.now, wall=T0 + self.now))
 
     @property
     def wall(self) -> float:
@@ -212,11 +212,11 @@ def test_recovery_restores_pending_notices_and_their_deadlines() -> None:
     table = replay(h.records)
     assert dict(table.leaving_gpus) == {8: deadline, 9: deadline}
     # pearld restarts 5 s later: the notice is pending, its worker is not taken for failed.
-    out = h.ctl.recover(table, prior_profile(CFG), 100.0, deadline - 25)
+    out = h.ctl.recover(table=table, profile=prior_profile(CFG), now=100.0, wall=deadline - 25)
     assert on(h, 8) not in out.state.failed
     # ... and after the deadline passed while it was down, the first tick reclaims.
-    out = h.ctl.recover(table, prior_profile(CFG), 100.0, deadline + 5)
-    out = h.ctl.handle(out.state, cmd.Tick(), 100.1, deadline + 5.1)
+    out = h.ctl.recover(table=table, profile=prior_profile(CFG), now=100.0, wall=deadline + 5)
+    out = h.ctl.handle(s=out.state, event=cmd.Tick(), now=100.1, wall=deadline + 5.1)
     assert any(isinstance(r, ev.GpusReclaimed) and 8 in r.gpus for r in out.records)
     assert not out.state.table.leaving_gpus
 
@@ -248,9 +248,13 @@ def test_parse_duration() -> None:
 def test_turns_that_finish_before_the_deadline_stay_the_rest_migrate() -> None:
     turns = {"a": 100.0, "b": 108.0, "c": 111.0}
     # turn time 10 s, deadline 120 (cutoff 119): a ends 110, b 118 (stay), c 121 (migrate)
-    assert notice.to_migrate(turns, 10.0, 120.0, 111.5, lead=0.5) == ["c"]
-    assert notice.to_migrate(turns, 10.0, 120.0, 119.0, lead=0.5) == ["a", "b", "c"]
-    assert notice.to_migrate({}, 10.0, 120.0, 100.0) == []
+    assert notice.to_migrate(turns=turns, turn_s=10.0, deadline=120.0, now=111.5, lead=0.5) == ["c"]
+    assert notice.to_migrate(turns=turns, turn_s=10.0, deadline=120.0, now=119.0, lead=0.5) == [
+        "a",
+        "b",
+        "c",
+    ]
+    assert notice.to_migrate(turns={}, turn_s=10.0, deadline=120.0, now=100.0) == []
 
 
 def test_turn_seconds_follows_eq1_turn_term() -> None:

@@ -35,7 +35,14 @@ def tables(draw: st.DrawFn) -> ClusterState:
     n_train = draw(st.integers(0, 3)) * tp
     reserved = tuple(range(n_train, n_train + 2 * tp))
     preempt = tuple(range(reserved[-1] + 1, reserved[-1] + 1 + 4 * tp))
-    recs: list = [ev.ClusterInit(tp, tuple(range(n_train)), reserved, preempt)]
+    recs: list = [
+        ev.ClusterInit(
+            tp=tp,
+            training_gpus=tuple(range(n_train)),
+            reserved_gpus=reserved,
+            preemptible_gpus=preempt,
+        )
+    ]
     present = draw(st.lists(st.sampled_from(preempt), unique=True, max_size=len(preempt)))
     if present:
         recs.append(ev.GpusAdded(tuple(present)))
@@ -47,7 +54,7 @@ def tables(draw: st.DrawFn) -> ClusterState:
         if use:
             role = draw(st.sampled_from(ROLLOUT_ROLES))
             recs += [
-                ev.WorkerAdded(slot, g, role, Zone.DEDICATED),
+                ev.WorkerAdded(worker=slot, gpus=g, role=role, zone=Zone.DEDICATED),
                 ev.ActivityChanged(slot, Activity.ACTIVE),
             ]
             slot += 1
@@ -60,7 +67,11 @@ def tables(draw: st.DrawFn) -> ClusterState:
                 role = draw(st.sampled_from(ROLLOUT_ROLES))
                 act = draw(st.sampled_from([Activity.ACTIVE, Activity.INACTIVE]))
                 s = apply_all(
-                    s, [ev.WorkerAdded(slot, g, role, Zone.OVERLAP), ev.ActivityChanged(slot, act)]
+                    s,
+                    [
+                        ev.WorkerAdded(worker=slot, gpus=g, role=role, zone=Zone.OVERLAP),
+                        ev.ActivityChanged(slot, act),
+                    ],
                 )
                 slot += 1
     reclaim = [g for g in present if draw(st.booleans())]
@@ -70,8 +81,8 @@ def tables(draw: st.DrawFn) -> ClusterState:
 
 
 def targets(n: int) -> list[Target]:
-    out = [Target(Mode.COLOCATED, 0, 0, n)]
-    out += [Target(Mode.DISAGGREGATED, p, n - p, 0) for p in range(1, n)]
+    out = [Target(mode=Mode.COLOCATED, N_P=0, N_D=0, N_C=n)]
+    out += [Target(mode=Mode.DISAGGREGATED, N_P=p, N_D=n - p, N_C=0) for p in range(1, n)]
     return out
 
 
@@ -87,13 +98,13 @@ def brute_force_role_changes(survivor_roles: list[Role], n_joiners: int, target:
 
 def execute(s: ClusterState, p, plan_id: int = 1) -> ClusterState:
     """Run a plan stage by stage through the records executors would cause."""
-    s = apply(s, ev.PlanBegin(plan_id, "test", p.target, p.steps))
+    s = apply(s, ev.PlanBegin(plan=plan_id, cause="test", target=p.target, steps=p.steps))
     for stage in sorted({STAGE[x.op] for x in p.steps}):
         ks = [k for k, x in enumerate(p.steps) if STAGE[x.op] == stage]
         for k in ks:
             s = apply_all(s, start_records(s, p.steps[k]))
         for k in ks:
-            s = apply_all(s, done_records(s, plan_id, k, p.steps[k]))
+            s = apply_all(s, done_records(s=s, plan=plan_id, k=k, step=p.steps[k]))
     return apply_all(s, commit_records(s))
 
 
@@ -132,7 +143,9 @@ def test_plan_is_minimal_and_executes(s: ClusterState, borrow: bool, data: st.Da
 def test_reclaim_removes_worker_and_keeps_others() -> None:
     s = replay(
         [
-            ev.ClusterInit(2, (), (0, 1), (2, 3, 4, 5)),
+            ev.ClusterInit(
+                tp=2, training_gpus=(), reserved_gpus=(0, 1), preemptible_gpus=(2, 3, 4, 5)
+            ),
             ev.GpusAdded((2, 3, 4, 5)),
             *[
                 r
@@ -142,7 +155,7 @@ def test_reclaim_removes_worker_and_keeps_others() -> None:
                     (3, (4, 5), Role.DECODE),
                 )
                 for r in (
-                    ev.WorkerAdded(wid, g, role, Zone.DEDICATED),
+                    ev.WorkerAdded(worker=wid, gpus=g, role=role, zone=Zone.DEDICATED),
                     ev.ActivityChanged(wid, Activity.ACTIVE),
                 )
             ],
@@ -152,7 +165,7 @@ def test_reclaim_removes_worker_and_keeps_others() -> None:
     assert s.workers[3].activity is Activity.TRANSITIONING  # stops routing at once
     m = membership(s, borrow=False)
     assert [w.id for w in m.leave] == [3] and m.N == 2
-    p = plan(s, Target(Mode.DISAGGREGATED, 1, 1, 0), m)
+    p = plan(s, Target(mode=Mode.DISAGGREGATED, N_P=1, N_D=1, N_C=0), m)
     assert p.W_remove == (3,) and p.rho == () and p.D_worker == 1
     out = execute(s, p)
     assert 3 not in out.workers and out.reclaiming_gpus == frozenset() and 4 not in out.present_gpus
@@ -162,14 +175,16 @@ def test_reclaim_removes_worker_and_keeps_others() -> None:
 def test_borrow_lends_training_first_then_return_reclaims() -> None:
     s = replay(
         [
-            ev.ClusterInit(2, (0, 1, 2, 3), (4, 5), ()),
-            ev.WorkerAdded(1, (4, 5), Role.COLOCATED, Zone.DEDICATED),
+            ev.ClusterInit(
+                tp=2, training_gpus=(0, 1, 2, 3), reserved_gpus=(4, 5), preemptible_gpus=()
+            ),
+            ev.WorkerAdded(worker=1, gpus=(4, 5), role=Role.COLOCATED, zone=Zone.DEDICATED),
             ev.ActivityChanged(1, Activity.ACTIVE),
         ]
     )
     m = membership(s, borrow=True)
     assert m.lend == 0 and m.N == 3
-    p = plan(s, Target(Mode.DISAGGREGATED, 1, 2, 0), m)
+    p = plan(s, Target(mode=Mode.DISAGGREGATED, N_P=1, N_D=2, N_C=0), m)
     assert [x.op for x in p.steps][:1] == [StepOp.LEND]
     lent = execute(s, p)
     assert lent.workers[0].activity is Activity.INACTIVE and len(lent.routable()) == 3
@@ -179,7 +194,7 @@ def test_borrow_lends_training_first_then_return_reclaims() -> None:
     m2 = membership(back, borrow=False)
     assert m2.reclaim == 0 and len(m2.leave) == 2
     survivors = m2.survivors[0]
-    p2 = plan(back, Target(Mode.COLOCATED, 0, 0, 1), m2)
+    p2 = plan(back, Target(mode=Mode.COLOCATED, N_P=0, N_D=0, N_C=1), m2)
     out = execute(back, p2, plan_id=2)
     validate(out)
     assert out.workers[0].activity is Activity.ACTIVE  # training owns its GPUs again
@@ -195,13 +210,16 @@ def test_borrow_lends_training_first_then_return_reclaims() -> None:
 
 
 def test_target_size_must_match_membership() -> None:
-    s = replay([ev.ClusterInit(1, (), (0, 1), ())])
+    s = replay([ev.ClusterInit(tp=1, training_gpus=(), reserved_gpus=(0, 1), preemptible_gpus=())])
     m = membership(s, borrow=False)
     with pytest.raises(InfeasibleConfiguration):
-        plan(s, Target(Mode.COLOCATED, 0, 0, 3), m)
+        plan(s, Target(mode=Mode.COLOCATED, N_P=0, N_D=0, N_C=3), m)
 
 
 def test_cannot_borrow_during_training() -> None:
-    s = apply(replay([ev.ClusterInit(1, (0,), (1,), ())]), ev.TrainingBegin(1))
+    s = apply(
+        replay([ev.ClusterInit(tp=1, training_gpus=(0,), reserved_gpus=(1,), preemptible_gpus=())]),
+        ev.TrainingBegin(1),
+    )
     with pytest.raises(InfeasibleConfiguration):
         membership(s, borrow=True)

@@ -151,7 +151,7 @@ def test_decode_fit_is_used_only_when_its_slope_is_significant() -> None:
     p = _profile()
     step = StepTelemetry(
         step=1,
-        trajectories=(TrajectoryStats(4, 400, 100, 3.0),),
+        trajectories=(TrajectoryStats(turns=4, new_tokens=400, generated_tokens=100, env_s=3.0),),
         decode_batch=tuple(int(x) for x in n),
         decode_s=tuple(float(x) for x in d),
     )
@@ -165,15 +165,24 @@ def test_decode_fit_is_used_only_when_its_slope_is_significant() -> None:
 
 def test_summarize_measures_concurrency_and_prefilled_tokens() -> None:
     trs = (
-        TrajectoryStats(4, 400, 100, 1.0, prefilled_tokens=600),
-        TrajectoryStats(2, 200, 50, 1.0, prefilled_tokens=300),
+        TrajectoryStats(
+            turns=4, new_tokens=400, generated_tokens=100, env_s=1.0, prefilled_tokens=600
+        ),
+        TrajectoryStats(
+            turns=2, new_tokens=200, generated_tokens=50, env_s=1.0, prefilled_tokens=300
+        ),
     )
     s = RuntimeTracker(_profile(), 0.3, 32768).summarize(
         StepTelemetry(step=1, trajectories=trs, in_flight=12.5)
     )
     assert (s.B_flight, s.delta_L, s.delta_P) == pytest.approx((12.5, 100.0, 150.0))
     # Not measured: the batch in flight alone, each turn prefilling only its new tokens.
-    trs = (TrajectoryStats(4, 400, 100, 1.0), TrajectoryStats(2, 200, 50, 1.0, 300))
+    trs = (
+        TrajectoryStats(turns=4, new_tokens=400, generated_tokens=100, env_s=1.0),
+        TrajectoryStats(
+            turns=2, new_tokens=200, generated_tokens=50, env_s=1.0, prefilled_tokens=300
+        ),
+    )
     s = RuntimeTracker(_profile(), 0.3, 32768).summarize(StepTelemetry(step=1, trajectories=trs))
     assert (s.B_flight, s.delta_P) == pytest.approx((2.0, 100.0))
 
@@ -234,7 +243,10 @@ def test_summarize_reads_the_step() -> None:
 
 def test_summarize_keeps_what_the_step_did_not_measure() -> None:
     p = _profile()
-    step = StepTelemetry(step=1, trajectories=(TrajectoryStats(4, 400, 100, 3.0),))
+    step = StepTelemetry(
+        step=1,
+        trajectories=(TrajectoryStats(turns=4, new_tokens=400, generated_tokens=100, env_s=3.0),),
+    )
     s = RuntimeTracker(p, alpha=0.5, L_max=32768).summarize(step)
     assert (s.A, s.b, s.theta, s.t_prefill) == (p.A, p.b, p.theta, p.t_prefill)
     assert (s.S, s.delta_L, s.r, s.T_env) == (4, 100, 25, 3.0)
@@ -244,13 +256,16 @@ def test_summarize_keeps_what_the_step_did_not_measure() -> None:
     "bad",
     [
         dict(trajectories=()),
-        dict(trajectories=(TrajectoryStats(0, 1, 1, 1.0),)),
+        dict(trajectories=(TrajectoryStats(turns=0, new_tokens=1, generated_tokens=1, env_s=1.0),)),
         dict(decode_batch=(1, 2), decode_s=(0.1, -0.1)),
         dict(active_fraction=(1.5,)),
     ],
 )
 def test_bad_telemetry_is_rejected(bad: dict[str, object]) -> None:
-    kw: dict[str, object] = dict(step=1, trajectories=(TrajectoryStats(2, 10, 10, 1.0),))
+    kw: dict[str, object] = dict(
+        step=1,
+        trajectories=(TrajectoryStats(turns=2, new_tokens=10, generated_tokens=10, env_s=1.0),),
+    )
     kw.update(bad)
     with pytest.raises(SchemaError):
         RuntimeTracker(_profile(), 0.3, 32768).summarize(StepTelemetry(**kw))  # type: ignore[arg-type]
@@ -430,7 +445,9 @@ def test_replaying_logged_summaries_rebuilds_the_profile() -> None:
         s = live.summarize(_synthetic_step(rng, step=k + 1, toggle_s=6.0 if k % 3 == 0 else None))
         live.observe(s)
         logged.append(events.encode(s))  # what the event log stores
-    replayed = RuntimeTracker.replay(prior, 0.3, 32768, (events.decode(m) for m in logged))
+    replayed = RuntimeTracker.replay(
+        prior=prior, alpha=0.3, L_max=32768, summaries=(events.decode(m) for m in logged)
+    )
     assert replayed.profile == live.profile
     assert replayed.steps == live.steps == 8
 
@@ -440,8 +457,12 @@ def test_kappa_is_the_batch_the_slowest_trajectorys_iterations_held() -> None:
     tokens at the mean batch of its own iterations): kappa = g n / (S r mean batch)."""
     p = _profile()
     trs = (
-        TrajectoryStats(4, 400, 100, 1.0, seen_batch=4.0, latency_s=1.0),
-        TrajectoryStats(4, 400, 60, 1.0, seen_batch=9.0, latency_s=2.5),  # the slowest
+        TrajectoryStats(
+            turns=4, new_tokens=400, generated_tokens=100, env_s=1.0, seen_batch=4.0, latency_s=1.0
+        ),
+        TrajectoryStats(
+            turns=4, new_tokens=400, generated_tokens=60, env_s=1.0, seen_batch=9.0, latency_s=2.5
+        ),  # the slowest
     )
     # Iterations held 4, 4, 8 and 8 sequences (mean 6); r = 160 / 8 = 20 tokens a turn, S = 4.
     raw = StepTelemetry(

@@ -55,12 +55,15 @@ def rejects(state: ClusterState, record: Any, match: str, kind: type = Invariant
 
 
 def dedicated(wid: int, gpu: int, role: Role = Role.DECODE) -> list[Any]:
-    return [ev.WorkerAdded(wid, (gpu,), role, Zone.DEDICATED), ev.ActivityChanged(wid, A)]
+    return [
+        ev.WorkerAdded(worker=wid, gpus=(gpu,), role=role, zone=Zone.DEDICATED),
+        ev.ActivityChanged(wid, A),
+    ]
 
 
 LENT = [
     ev.ActivityChanged(0, I),
-    ev.WorkerAdded(5, (0,), Role.DECODE, Zone.OVERLAP),
+    ev.WorkerAdded(worker=5, gpus=(0,), role=Role.DECODE, zone=Zone.OVERLAP),
     ev.ActivityChanged(5, A),
 ]
 
@@ -81,8 +84,16 @@ def test_cluster_init_sets_up_the_training_worker() -> None:
 
 def test_cluster_init_is_checked() -> None:
     rejects(table(), INIT, "already initialised")
-    rejects(ClusterState(), ev.ClusterInit(0, (), (), ()), "must be >= 1")
-    rejects(ClusterState(), ev.ClusterInit(1, (0, 1), (1, 2), ()), r"\[1\] are both training")
+    rejects(
+        ClusterState(),
+        ev.ClusterInit(tp=0, training_gpus=(), reserved_gpus=(), preemptible_gpus=()),
+        "must be >= 1",
+    )
+    rejects(
+        ClusterState(),
+        ev.ClusterInit(tp=1, training_gpus=(0, 1), reserved_gpus=(1, 2), preemptible_gpus=()),
+        r"\[1\] are both training",
+    )
     rejects(ClusterState(), ev.GpusAdded((6,)), "not initialised")
 
 
@@ -97,12 +108,32 @@ def test_seq_must_follow_the_last_record() -> None:
 
 def test_no_gpu_is_bound_to_two_rollout_workers() -> None:
     s = table(*dedicated(1, 2))
-    rejects(s, ev.WorkerAdded(2, (2,), Role.PREFILL, Zone.DEDICATED), "already bound to rollout")
-    rejects(s, ev.WorkerAdded(1, (3,), Role.PREFILL, Zone.DEDICATED), "slot 1 is taken")
-    rejects(s, ev.WorkerAdded(2, (6,), Role.PREFILL, Zone.DEDICATED), "not available")
-    rejects(s, ev.WorkerAdded(2, (3, 4), Role.PREFILL, Zone.DEDICATED), "needs 1 distinct GPUs")
-    rejects(s, ev.WorkerAdded(2, (3,), Role.TRAINING, Zone.DEDICATED), "fixed at cluster-init")
-    s2 = apply(s, ev.WorkerAdded(2, (3,), Role.PREFILL, Zone.DEDICATED))
+    rejects(
+        s,
+        ev.WorkerAdded(worker=2, gpus=(2,), role=Role.PREFILL, zone=Zone.DEDICATED),
+        "already bound to rollout",
+    )
+    rejects(
+        s,
+        ev.WorkerAdded(worker=1, gpus=(3,), role=Role.PREFILL, zone=Zone.DEDICATED),
+        "slot 1 is taken",
+    )
+    rejects(
+        s,
+        ev.WorkerAdded(worker=2, gpus=(6,), role=Role.PREFILL, zone=Zone.DEDICATED),
+        "not available",
+    )
+    rejects(
+        s,
+        ev.WorkerAdded(worker=2, gpus=(3, 4), role=Role.PREFILL, zone=Zone.DEDICATED),
+        "needs 1 distinct GPUs",
+    )
+    rejects(
+        s,
+        ev.WorkerAdded(worker=2, gpus=(3,), role=Role.TRAINING, zone=Zone.DEDICATED),
+        "fixed at cluster-init",
+    )
+    s2 = apply(s, ev.WorkerAdded(worker=2, gpus=(3,), role=Role.PREFILL, zone=Zone.DEDICATED))
     validate(s2)
     bad = dataclasses.replace(
         s2, workers={**s2.workers, 3: msgspec.structs.replace(s2.workers[2], id=3)}
@@ -113,7 +144,11 @@ def test_no_gpu_is_bound_to_two_rollout_workers() -> None:
 
 def test_overlap_worker_is_active_only_while_training_lends_its_gpus() -> None:
     s = table()
-    rejects(s, ev.WorkerAdded(5, (0,), Role.DECODE, Zone.OVERLAP), "still owns; lend it first")
+    rejects(
+        s,
+        ev.WorkerAdded(worker=5, gpus=(0,), role=Role.DECODE, zone=Zone.OVERLAP),
+        "still owns; lend it first",
+    )
     s = table(*LENT)
     assert s.workers[5].activity is A and s.workers[0].activity is I
     validate(s)
@@ -132,32 +167,47 @@ def test_overlap_worker_is_active_only_while_training_lends_its_gpus() -> None:
 
 def test_training_phase_rules() -> None:
     s = table(ev.TrainingBegin(1))
-    rejects(s, ev.TrainingBegin(2), "still running", InvalidEvent)
-    rejects(s, ev.TrainingFinished(2), "step 1 is running", InvalidEvent)
-    rejects(table(), ev.TrainingFinished(0), "without a training-begin", InvalidEvent)
+    rejects(state=s, record=ev.TrainingBegin(2), match="still running", kind=InvalidEvent)
+    rejects(state=s, record=ev.TrainingFinished(2), match="step 1 is running", kind=InvalidEvent)
+    rejects(
+        state=table(),
+        record=ev.TrainingFinished(0),
+        match="without a training-begin",
+        kind=InvalidEvent,
+    )
     s = apply(s, ev.TrainingFinished(1, 3))
-    rejects(s, ev.TrainingBegin(0), "already ran", InvalidEvent)
-    rejects(s, ev.TrainingBegin(1), "next step is 2", InvalidEvent)  # a re-sent step
-    rejects(s, ev.WeightsPublished(2), "older than the current 3", InvalidEvent)
+    rejects(state=s, record=ev.TrainingBegin(0), match="already ran", kind=InvalidEvent)
+    rejects(
+        state=s, record=ev.TrainingBegin(1), match="next step is 2", kind=InvalidEvent
+    )  # a re-sent step
+    rejects(
+        state=s, record=ev.WeightsPublished(2), match="older than the current 3", kind=InvalidEvent
+    )
 
 
 def test_reclaimed_gpus_stop_routing_and_return_with_their_worker() -> None:
     s = table(ev.GpusAdded((6, 7)), *dedicated(1, 6), *dedicated(2, 2))
-    rejects(s, ev.GpusAdded((6,)), "already present", InvalidEvent)
-    rejects(s, ev.GpusAdded((5,)), "not a preemptible GPU", InvalidEvent)
-    rejects(s, ev.GpusReclaimed((2,)), "reserved, not preemptible", InvalidEvent)
-    rejects(s, ev.GpusReclaimed((8,)), "not present", InvalidEvent)
-    rejects(s, ev.GpusReclaimed((7, 7)), "names a GPU twice", InvalidEvent)
+    rejects(state=s, record=ev.GpusAdded((6,)), match="already present", kind=InvalidEvent)
+    rejects(state=s, record=ev.GpusAdded((5,)), match="not a preemptible GPU", kind=InvalidEvent)
+    rejects(
+        state=s, record=ev.GpusReclaimed((2,)), match="reserved, not preemptible", kind=InvalidEvent
+    )
+    rejects(state=s, record=ev.GpusReclaimed((8,)), match="not present", kind=InvalidEvent)
+    rejects(state=s, record=ev.GpusReclaimed((7, 7)), match="names a GPU twice", kind=InvalidEvent)
     s = apply(s, ev.GpusReclaimed((6, 7)))
     assert s.workers[1].activity is T and s.reclaiming_gpus == {6} and s.present_gpus == set()
     rejects(s, ev.ActivityChanged(1, A), r"GPUs \[6\] were reclaimed")
-    rejects(s, ev.WorkerAdded(3, (7,), Role.DECODE, Zone.DEDICATED), "not available")
+    rejects(
+        s,
+        ev.WorkerAdded(worker=3, gpus=(7,), role=Role.DECODE, zone=Zone.DEDICATED),
+        "not available",
+    )
     s = apply(s, ev.WorkerRemoved(1))
     assert 1 not in s.workers and s.reclaiming_gpus == set()
     validate(s)
     s = apply(s, ev.GpusAdded((6,)))  # the reclaim has finished: it may come back
     assert s.present_gpus == {6}
-    rejects(s, ev.GpusAdded((6,)), "GPU 6 is already present", InvalidEvent)
+    rejects(state=s, record=ev.GpusAdded((6,)), match="GPU 6 is already present", kind=InvalidEvent)
 
 
 def test_a_gpu_granted_again_while_its_old_worker_leaves_is_a_fact() -> None:
@@ -167,8 +217,12 @@ def test_a_gpu_granted_again_while_its_old_worker_leaves_is_a_fact() -> None:
     s = apply(s, ev.GpusAdded((6, 7)))  # 7 was free: present now; 6 waits for worker 1
     assert (s.present_gpus, s.reclaiming_gpus, s.regranted_gpus) == ({7}, {6}, {6})
     validate(s)
-    rejects(s, ev.GpusAdded((6,)), "GPU 6 is already present", InvalidEvent)
-    rejects(s, ev.WorkerAdded(3, (6,), Role.DECODE, Zone.DEDICATED), "not available")
+    rejects(state=s, record=ev.GpusAdded((6,)), match="GPU 6 is already present", kind=InvalidEvent)
+    rejects(
+        s,
+        ev.WorkerAdded(worker=3, gpus=(6,), role=Role.DECODE, zone=Zone.DEDICATED),
+        "not available",
+    )
     rejects(s, ev.ActivityChanged(1, A), r"GPUs \[6\] were reclaimed")
     left = apply(s, ev.WorkerRemoved(1))
     assert (left.present_gpus, left.reclaiming_gpus, left.regranted_gpus) == ({6, 7}, set(), set())
@@ -204,11 +258,11 @@ def test_worker_failed_stops_routing() -> None:
 
 
 def test_plans_are_transactions() -> None:
-    target = Target(Mode.COLOCATED, 0, 0, 1)
-    steps = (Step(StepOp.ADD, 1, Role.COLOCATED, (2,), Zone.DEDICATED),)
-    s = table(ev.PlanBegin(1, "grow", target, steps))
+    target = Target(mode=Mode.COLOCATED, N_P=0, N_D=0, N_C=1)
+    steps = (Step(op=StepOp.ADD, worker=1, role=Role.COLOCATED, gpus=(2,), zone=Zone.DEDICATED),)
+    s = table(ev.PlanBegin(plan=1, cause="grow", target=target, steps=steps))
     assert s.plan is not None and not s.plan.complete
-    rejects(s, ev.PlanBegin(2, "again", target, ()), "still in flight")
+    rejects(s, ev.PlanBegin(plan=2, cause="again", target=target, steps=()), "still in flight")
     rejects(s, ev.PlanCommit(1), r"steps \[0\] are not done")
     rejects(s, ev.StepDone(1, 1), "has no step 1")
     rejects(s, ev.StepDone(2, 0), "not in flight")
@@ -216,10 +270,21 @@ def test_plans_are_transactions() -> None:
     rejects(s, ev.StepDone(1, 0), "already done")
     s = apply(s, ev.PlanCommit(1))
     assert s.plan is None and s.last_plan == 1
-    rejects(s, ev.PlanBegin(1, "old id", target, ()), "must increase")
-    rejects(s, ev.PlanBegin(2, "x", target, (Step(StepOp.REMOVE, 7),)), "unknown worker 7")
-    rejects(s, ev.PlanBegin(2, "x", target, (Step(StepOp.ADD, 0),)), "slot is taken")
-    s = apply_all(s, [ev.PlanBegin(2, "x", target, ()), ev.PlanAbort(2, "changed mind")])
+    rejects(s, ev.PlanBegin(plan=1, cause="old id", target=target, steps=()), "must increase")
+    rejects(
+        s,
+        ev.PlanBegin(plan=2, cause="x", target=target, steps=(Step(StepOp.REMOVE, 7),)),
+        "unknown worker 7",
+    )
+    rejects(
+        s,
+        ev.PlanBegin(plan=2, cause="x", target=target, steps=(Step(StepOp.ADD, 0),)),
+        "slot is taken",
+    )
+    s = apply_all(
+        s,
+        [ev.PlanBegin(plan=2, cause="x", target=target, steps=()), ev.PlanAbort(2, "changed mind")],
+    )
     assert s.plan is None and s.last_plan == 2
 
 
@@ -264,9 +329,12 @@ def test_every_record_kind_has_one_fold_rule() -> None:
 
 def test_the_builder_and_the_snapshot_keep_every_field_and_copy_what_changes() -> None:
     """The builder's copy and TableSnapshot's are derived from the fields: none is lost."""
-    w = Worker(3, (4,), Role.DECODE, T, Zone.DEDICATED, 2)
+    w = Worker(id=3, gpus=(4,), role=Role.DECODE, activity=T, zone=Zone.DEDICATED, incarnation=2)
     plan = PlanProgress(
-        5, "rebalance", Target(Mode.DISAGGREGATED, 0, 1, 0), (Step(StepOp.REMOVE, 3),)
+        plan=5,
+        cause="rebalance",
+        target=Target(mode=Mode.DISAGGREGATED, N_P=0, N_D=1, N_C=0),
+        steps=(Step(StepOp.REMOVE, 3),),
     )
     t = ClusterState(
         seq=7,

@@ -88,13 +88,13 @@ def test_routable_and_serving_follow_the_table() -> None:
 
 def test_a_hand_built_view_needs_only_its_workers() -> None:
     w = (
-        Worker(1, (1,), Role.PREFILL, Activity.ACTIVE, Zone.DEDICATED),
-        Worker(2, (2,), Role.DECODE, Activity.INACTIVE, Zone.DEDICATED),
-        Worker(0, (0,), Role.TRAINING, Activity.ACTIVE, Zone.OVERLAP),
+        Worker(id=1, gpus=(1,), role=Role.PREFILL, activity=Activity.ACTIVE, zone=Zone.DEDICATED),
+        Worker(id=2, gpus=(2,), role=Role.DECODE, activity=Activity.INACTIVE, zone=Zone.DEDICATED),
+        Worker(id=0, gpus=(0,), role=Role.TRAINING, activity=Activity.ACTIVE, zone=Zone.OVERLAP),
     )
     v = ClusterView(TableSnapshot(seq=4, workers=w))
     assert v.seq == 4 and [x.id for x in v.routable] == [1]
-    assert v.serving == Target(Mode.DISAGGREGATED, 1, 0, 0)
+    assert v.serving == Target(mode=Mode.DISAGGREGATED, N_P=1, N_D=0, N_C=0)
     assert [x.id for x in v.rollout] == [1, 2]
 
 

@@ -45,7 +45,7 @@ def test_a_recorded_pearld_run_replays_exactly_under_its_own_policy(
     cfg = pconfig.load(CONFIG, SMALL)
     rec = fromlog.read(d.state)
     name, policy, elastic = choice("own", policy_of(cfg))
-    run = replay(rec, name, policy, elastic, prior_profile(cfg))
+    run = replay(rec=rec, name=name, policy=policy, elastic=elastic, prior=prior_profile(cfg))
     assert run.errors == [] and run.diverged_at is None
     assert [r for _, r in run.records] == [r for s, r in rec.records if s >= rec.start]
 

@@ -62,7 +62,9 @@ def test_a_reserved_worker_given_up_on_leaves_pearld_serving(pearld_factory: Any
                 os.kill(h.pid, signal.SIGKILL)
         return False
 
-    wait_until(kill_the_host, 60, "the supervisor to give up on the worker", 0.05)
+    wait_until(
+        pred=kill_the_host, timeout=60, what="the supervisor to give up on the worker", every=0.05
+    )
     assert len(killed) >= 2, killed
     s = d.status()
     assert s["decision"]["reason"] == NO_PREDICTION

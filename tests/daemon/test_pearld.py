@@ -179,7 +179,12 @@ def test_killed_worker_host_is_detected_and_restarted(pearld_factory: Any) -> No
     old = d.host_pids()[name]
     t0 = time.monotonic()
     os.kill(old, signal.SIGKILL)
-    wait_until(lambda: victim["id"] in d.status()["failed"], 5, "failure to be logged", 0.01)
+    wait_until(
+        pred=lambda: victim["id"] in d.status()["failed"],
+        timeout=5,
+        what="failure to be logged",
+        every=0.01,
+    )
     detected = time.monotonic() - t0
     assert detected <= 3 * 0.2 + 0.5, detected  # 3 heartbeat intervals + one supervision pass
     wait_until(lambda: d.host_pids().get(name, old) != old, 20, "a new host process")

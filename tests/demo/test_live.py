@@ -38,8 +38,8 @@ def first_status() -> dict[str, Any]:
     return {
         "seq": 5,
         "workers": [
-            worker(0, "training", [0, 1], "overlap", "transitioning"),
-            worker(1, "colocated", [2], "dedicated", "transitioning"),
+            worker(i=0, role="training", gpus=[0, 1], zone="overlap", activity="transitioning"),
+            worker(i=1, role="colocated", gpus=[2], zone="dedicated", activity="transitioning"),
         ],
         "mode": "colocated",
         "N_P": 0,
@@ -56,8 +56,8 @@ def first_status() -> dict[str, Any]:
             "target": {"mode": "colocated", "N_P": 0, "N_D": 0, "N_C": 3},
             "steps": [
                 step("lend", 0),
-                step("add", 2, "colocated", (0,)),
-                step("add", 3, "colocated", (1,)),
+                step(op="add", w=2, role="colocated", gpus=(0,)),
+                step(op="add", w=3, role="colocated", gpus=(1,)),
             ],
             "done": [],
         },

@@ -40,7 +40,12 @@ def new_weights(kind: str, seed: int) -> Any:
     from pearl.engines.torch import model as M
 
     cfg = M.preset_config("tiny")
-    model = M.build(cfg, M.WeightSource("seed", seed), torch.device("cpu"), torch.float32)
+    model = M.build(
+        config=cfg,
+        source=M.WeightSource("seed", seed),
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+    )
     return model.state_dict()
 
 

@@ -89,7 +89,7 @@ def test_malformed_messages_are_dropped_and_the_inbox_keeps_working() -> None:
         push.connect(b.address)
         push.send_multipart([b"\xc1not msgpack"])
         push.send_multipart([b"\x81\xa1v\x09"])  # {"v": 9}: wrong version
-        bulk_send(push, "ok", {"n": 1}, [b"abc"])
+        bulk_send(sock=push, transfer_id="ok", meta={"n": 1}, frames=[b"abc"])
         meta, frames = b.receive("ok", 2)
         assert meta["n"] == 1 and bytes(frames[0]) == b"abc"
         assert b.dropped == 2
@@ -106,7 +106,10 @@ def test_raw_bulk_send_and_recv() -> None:
         push.connect(pull.getsockopt_string(zmq.LAST_ENDPOINT))
         state = {"w": torch.randn(64, 32).to(torch.bfloat16), "b": torch.arange(5)}
         meta, frames = to_frames(state)
-        assert bulk_send(push, "weights-v3", meta, frames) == 64 * 32 * 2 + 5 * 8
+        assert (
+            bulk_send(sock=push, transfer_id="weights-v3", meta=meta, frames=frames)
+            == 64 * 32 * 2 + 5 * 8
+        )
         tid, m, f = bulk_recv(pull, 2)
         back = from_frames(m, f)
         assert tid == "weights-v3" and back.keys() == state.keys()

@@ -49,7 +49,10 @@ def test_weights_load_from_safetensors_and_torch_files(engine: TorchEngine, tmp_
     from safetensors.torch import save_file
 
     other = M.build(
-        M.preset_config("tiny"), M.WeightSource("seed", 7), torch.device("cpu"), torch.float32
+        config=M.preset_config("tiny"),
+        source=M.WeightSource("seed", 7),
+        device=torch.device("cpu"),
+        dtype=torch.float32,
     )
     state = {k: v.clone() for k, v in other.state_dict().items() if k != "lm_head.weight"}
     save_file(state, str(tmp_path / "w.safetensors"))
@@ -71,7 +74,10 @@ def test_weights_load_from_safetensors_and_torch_files(engine: TorchEngine, tmp_
 
 def test_a_local_model_directory_loads(tmp_path: Path) -> None:
     model = M.build(
-        M.preset_config("tiny"), M.WeightSource("seed", 3), torch.device("cpu"), torch.float32
+        config=M.preset_config("tiny"),
+        source=M.WeightSource("seed", 3),
+        device=torch.device("cpu"),
+        dtype=torch.float32,
     )
     model.save_pretrained(tmp_path)
     want, _ = hf_greedy(model, prompt_of(10), 5)
@@ -109,10 +115,10 @@ def test_release_frees_the_weights_and_a_cpu_copy_can_be_kept() -> None:
         e.load_weights(
             1,
             M.build(
-                M.preset_config("tiny"),
-                M.WeightSource("seed", 9),
-                torch.device("cpu"),
-                torch.float32,
+                config=M.preset_config("tiny"),
+                source=M.WeightSource("seed", 9),
+                device=torch.device("cpu"),
+                dtype=torch.float32,
             ).state_dict(),
         )
         before = run(e, prompt_of(12), max_new_tokens=6).output_ids
@@ -130,9 +136,19 @@ def test_a_worker_resuming_from_a_published_snapshot_serves_those_weights(tmp_pa
     from pearl.rl.weights import WeightStore
 
     cfg = M.preset_config("tiny")
-    trained = M.build(cfg, M.WeightSource("seed", 11), torch.device("cpu"), torch.float32)
+    trained = M.build(
+        config=cfg,
+        source=M.WeightSource("seed", 11),
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+    )
     path = WeightStore(tmp_path / "store").publish(1, trained.state_dict())
-    rebuilt = M.build(cfg, M.WeightSource("file", str(path)), torch.device("cpu"), torch.float32)
+    rebuilt = M.build(
+        config=cfg,
+        source=M.WeightSource("file", str(path)),
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+    )
     assert rebuilt.lm_head.weight is rebuilt.model.embed_tokens.weight
     x = torch.tensor([list(prompt_of(16))])
     with torch.inference_mode():
@@ -160,9 +176,20 @@ def test_a_released_worker_resumes_on_its_pending_version_when_its_own_was_prune
     cfg = M.preset_config("tiny")
     store = WeightStore(tmp_path / "store", keep=1)
     v1 = store.publish(
-        1, M.build(cfg, M.WeightSource("seed", 11), torch.device("cpu"), torch.float32).state_dict()
+        1,
+        M.build(
+            config=cfg,
+            source=M.WeightSource("seed", 11),
+            device=torch.device("cpu"),
+            dtype=torch.float32,
+        ).state_dict(),
     )
-    newer = M.build(cfg, M.WeightSource("seed", 12), torch.device("cpu"), torch.float32)
+    newer = M.build(
+        config=cfg,
+        source=M.WeightSource("seed", 12),
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+    )
     want, _ = hf_greedy(newer, prompt_of(12), 6)
     e = TorchEngine(preset="tiny")
     e.start()

@@ -79,7 +79,9 @@ class ScriptedBackend:
     async def generate(
         self, rid: str, prompt_ids: Sequence[int], sampling: Sampling, session: str
     ) -> AsyncIterator[Delta]:
-        self.calls.append(Call(rid, list(prompt_ids), sampling, session))
+        self.calls.append(
+            Call(rid=rid, prompt_ids=list(prompt_ids), sampling=sampling, session=session)
+        )
         if self.reply_to is not None:
             ids = self.tokenizer.encode(self.reply_to(self.tokenizer.decode(prompt_ids)))
         else:
@@ -108,10 +110,10 @@ class ScriptedBackend:
                     )
                     part, start, version = part[cut:], self.switch_at, self.versions[1]
                 yield Delta(
-                    tuple(part),
-                    tuple(logprob_of(start + i) for i in range(len(part))),
-                    version,
-                    finish if last else None,
+                    token_ids=tuple(part),
+                    logprobs=tuple(logprob_of(start + i) for i in range(len(part))),
+                    weight_version=version,
+                    finish_reason=finish if last else None,
                     recomputed_tokens=self.moves_per_delta * len(prompt_ids),
                     migrations=self.moves_per_delta,
                 )

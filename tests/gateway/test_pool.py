@@ -12,7 +12,6 @@ import random
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -85,7 +84,9 @@ async def collect(
 
 def test_a_stream_flows_across_a_migration_one_delta_per_attempt() -> None:
     backend, router, _, tracker = scripted([("abort", 3, 4), ("done", 5)])
-    deltas = asyncio.run(collect(backend, "r1", (100, 101), 6, "chat-1"))
+    deltas = asyncio.run(
+        collect(backend=backend, rid="r1", prompt=(100, 101), n=6, session="chat-1")
+    )
     assert [(d.token_ids, d.weight_version, d.finish_reason) for d in deltas] == [
         ((2, 3, 4), 4, None), ((5, 6, 7), 5, "length")
     ]  # fmt: skip
@@ -103,7 +104,7 @@ def test_the_pool_giving_up_fails_the_request_and_its_turn_is_measured() -> None
     backend, _, _, tracker = scripted([("error",)] * 4)
 
     with pytest.raises(GatewayError) as e:
-        asyncio.run(collect(backend, "r1", (1, 2), 4, ""))
+        asyncio.run(collect(backend=backend, rid="r1", prompt=(1, 2), n=4, session=""))
     assert e.value.status == 503 and "worker 1 is gone" in e.value.message
     assert len(tracker.steps) == 1 and tracker.steps[0].trajectories[0].turns == 1
 
@@ -111,7 +112,7 @@ def test_the_pool_giving_up_fails_the_request_and_its_turn_is_measured() -> None
 def test_a_refusal_is_a_400_with_the_servers_reason_tried_once() -> None:
     backend, router, _, _ = scripted([("refused",), ("done", 1)])
     with pytest.raises(GatewayError) as e:
-        asyncio.run(collect(backend, "r1", (600, 5), 4, ""))
+        asyncio.run(collect(backend=backend, rid="r1", prompt=(600, 5), n=4, session=""))
     assert e.value.status == 400 and e.value.kind == "invalid_request_error"
     assert "Token id 600 is out of vocabulary" in e.value.message and len(router.seen) == 1
 
@@ -119,7 +120,7 @@ def test_a_refusal_is_a_400_with_the_servers_reason_tried_once() -> None:
 def test_no_worker_in_time_is_a_503_with_retry_after() -> None:
     backend, router, _, _ = scripted([("expired",), ("done", 1)])
     with pytest.raises(GatewayError) as e:
-        asyncio.run(collect(backend, "r1", (1, 2), 4, ""))
+        asyncio.run(collect(backend=backend, rid="r1", prompt=(1, 2), n=4, session=""))
     assert e.value.status == 503 and e.value.retry_after_s == 7.0 and len(router.seen) == 1
     # the Router is told the gateway's time: its waiting spends the request's one clock
     wait = backend.cfg.gateway.request_timeout_s
@@ -142,7 +143,7 @@ def test_a_stream_closed_early_aborts_the_request_in_the_pool() -> None:
 
 def test_events_are_built_from_their_kind_and_refusals_are_409() -> None:
     backend, _, scheduler, tracker = scripted([("done", 1)])
-    asyncio.run(collect(backend, "r1", (1,), 2, "s"))
+    asyncio.run(collect(backend=backend, rid="r1", prompt=(1,), n=2, session="s"))
     out = asyncio.run(backend.event("gpus-added", {"gpus": [8, 9]}))
     assert out == {"kind": "gpus-added", "seq": 1} and scheduler.seen == [ev.GpusAdded(gpus=(8, 9))]
     for kind, body, match in [
@@ -315,65 +316,3 @@ def test_every_request_completes_while_the_pool_changes_under_it(
     assert all(0 < t.r <= NEW and (t.T_env > 0) == (t.S > 1) for t in telemetry), telemetry
     assert (table["seq"], table["workers"]) == (final.seq, status_plain(final)["workers"])
     assert via.keys() == status_plain(final).keys() and via["seq"] >= final.seq
-
-
-class Orchestrator:
-    """Answers status with its ``workers`` (role, activity) and ``training_step``."""
-
-    name = names.ORCHESTRATOR
-
-    def __init__(self) -> None:
-        self.workers: list[Any] = []
-        self.training_step = 4
-        self.asked = 0
-        self.seq = 0
-
-    def tell(self, msg: Any) -> None:
-        self.ask(msg)
-
-    def ask(self, msg: Any, timeout_s: float = 10.0) -> Any:
-        self.asked += 1
-        return SimpleNamespace(
-            workers=list(self.workers), training_step=self.training_step, seq=self.seq
-        )
-
-
-def row(role: str, activity: str) -> Any:
-    return SimpleNamespace(role=role, activity=activity)
-
-
-def test_serving_says_why_no_worker_serves_and_reads_the_tables_changes() -> None:
-    """/health's answer: from the Orchestrator's status until a change is heard, then from the
-    changes alone while a worker is routable."""
-    backend, *_ = scripted([])
-    orch = Orchestrator()
-    backend.directory.register(orch)  # type: ignore[arg-type]
-    assert asyncio.run(backend.serving()) == (
-        "the pool has no rollout worker (no GPUs for rollout yet)"
-    )
-    orch.workers = [row("training", "active"), row("colocated", "transitioning"),
-                    row("colocated", "transitioning"), row("decode", "inactive")]  # fmt: skip
-    why = asyncio.run(backend.serving())
-    assert why == "no rollout worker is active yet (1 inactive, 2 transitioning)"
-    orch.workers[1] = row("colocated", "active")
-    assert asyncio.run(backend.serving()) is None
-    asked = orch.asked
-    for _ in range(3):  # a worker serves: answered without asking
-        assert asyncio.run(backend.serving()) is None
-    assert orch.asked == asked
-    backend.directory.tell(names.GATEWAY, StateChanged(ClusterView(TableSnapshot(seq=3))))
-    # The change said no worker is routable: ask why; a status older than it changes nothing.
-    orch.workers[1] = row("colocated", "transitioning")
-    why = asyncio.run(backend.serving())
-    assert why == "no rollout worker is active yet (1 inactive, 2 transitioning)"
-    assert orch.asked == asked + 1 and backend._routable == 0
-
-
-def test_a_training_event_without_a_step_takes_the_one_pearl_event_sends() -> None:
-    backend, _, scheduler, _ = scripted([])
-    backend.directory.register(Orchestrator())  # type: ignore[arg-type]
-    asyncio.run(backend.event("training-begin", {}))
-    asyncio.run(backend.event("training-finished", {"weights_version": 4}))
-    asyncio.run(backend.event("training-begin", {"step": 9}))
-    assert scheduler.seen == [ev.TrainingBegin(5), ev.TrainingFinished(step=4, weights_version=4),
-                              ev.TrainingBegin(9)]  # fmt: skip

@@ -276,8 +276,8 @@ def assert_error(r, status: int, words: str, param: str | None = "-") -> dict:
 def test_bad_chat_requests_get_400_with_a_clear_message(
     client: TestClient, backend: ScriptedBackend, body: dict, words: str, param: str | None
 ) -> None:
-    err = assert_error(client.post("/v1/chat/completions", json=body), 400, words,
-                       param if param is not None else "-")  # fmt: skip
+    err = assert_error(r=client.post("/v1/chat/completions", json=body), status=400, words=words,
+                       param=param if param is not None else "-")  # fmt: skip
     assert err["type"] == "invalid_request_error"
     assert backend.calls == []
 
@@ -291,18 +291,20 @@ def test_malformed_json_and_too_long_prompts_get_400(
     r = client.post("/v1/completions", json={"model": MODEL, "prompt": "x" * 4096})
     assert_error(r, 400, "the prompt is 4096 tokens; the context holds 4096")
     r = client.post("/v1/completions", json={"model": MODEL, "prompt": ["a", [1]]})
-    assert_error(r, 400, "invalid prompt: ", "prompt")
+    assert_error(r=r, status=400, words="invalid prompt: ", param="prompt")
     r = client.post("/v1/completions", json={"model": MODEL, "prompt": [1], "logprobs": 2})
-    assert_error(r, 400, "logprobs=0", "logprobs")
+    assert_error(r=r, status=400, words="logprobs=0", param="logprobs")
     r = client.post("/v1/completions", json={"model": MODEL, "prompt": [-1]})
-    assert_error(r, 400, "token id -1 is outside the vocabulary", "prompt")
+    assert_error(r=r, status=400, words="token id -1 is outside the vocabulary", param="prompt")
     r = client.post("/generate", json={"text": "a", "input_ids": [1]})
     assert_error(r, 400, "exactly one of text and input_ids")
     r = client.post("/generate", json={"input_ids": [1], "sampling_params": {"min_p": 0.1}})
     assert_error(r, 400, "unsupported parameter: 'sampling_params.min_p'")
     r = client.post("/generate", json={"input_ids": [1] * 10, "sampling_params": {
         "max_new_tokens": 4090}})  # fmt: skip
-    assert_error(r, 400, "beyond the context", "sampling_params.max_new_tokens")
+    assert_error(
+        r=r, status=400, words="beyond the context", param="sampling_params.max_new_tokens"
+    )
     assert client.post("/v1/nowhere").status_code == 404
     assert client.get("/v1/chat/completions").json()["error"]["message"] == "Method Not Allowed"
     assert backend.calls == []
@@ -400,13 +402,17 @@ def test_a_tokenizer_without_eos_stops_only_where_asked(backend: ScriptedBackend
         chat(client, stop_token_ids=[7])
         r = client.post("/v1/completions", json={"model": MODEL, "prompt": [1],
                                                  "stop_token_ids": [-3]})  # fmt: skip
-        assert_error(r, 400, "token id -3 is outside the vocabulary", "stop_token_ids")
+        assert_error(
+            r=r, status=400, words="token id -3 is outside the vocabulary", param="stop_token_ids"
+        )
     assert backend.calls[0].sampling.stop_ids == (7,)
 
 
 def test_a_gateway_error_carries_its_kind(backend: ScriptedBackend) -> None:
     backend.fail_after = 0
-    backend.failure = GatewayError("slow down", 429, "rate_limit_error", "messages")
+    backend.failure = GatewayError(
+        message="slow down", status=429, kind="rate_limit_error", param="messages"
+    )
     with TestClient(build_app(backend)) as client:
         err = assert_error(client.post("/generate", json={"input_ids": [1]}), 429, "slow down")
     assert (err["type"], err["param"]) == ("rate_limit_error", "messages")
@@ -536,7 +542,7 @@ def test_a_request_a_worker_could_not_take_gets_400_naming_it_and_reaches_no_bac
     """Token ids beyond the model's vocabulary, integers beyond what a worker host is sent (the
     seed: 64 bits), numbers that are not finite and text that is not text: each a 400 that names
     its field, before anything reaches the backend (once, such a request killed pearld)."""
-    err = assert_error(raw_json(client, path, body), 400, words, param)
+    err = assert_error(r=raw_json(client, path, body), status=400, words=words, param=param)
     assert err["type"] == "invalid_request_error"
     assert backend.calls == []
     assert chat(client)["choices"][0]["message"]["content"] == "Hello, world!"  # still serving

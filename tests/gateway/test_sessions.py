@@ -24,12 +24,20 @@ def test_a_session_is_one_trajectory_with_its_turns_tokens_and_environment_time(
     clock = Clock()
     book = SessionBook(per_step=1, idle_s=30.0, clock=clock)
     key = book.begin("s", 10)
-    book.attempt(key, 3, 4, 10, 0, decode_steps=4, decode_batch_sum=8)
+    book.attempt(
+        key=key,
+        worker=3,
+        generated=4,
+        prompt_tokens=10,
+        cached_tokens=0,
+        decode_steps=4,
+        decode_batch_sum=8,
+    )
     clock.t += 2.0
     book.end(key, 10, 4)
     clock.t += 5.0  # the environment (the agent's tools) ran for 5 s
     assert book.begin("s", 20) == key  # the prompt grew by 6 tokens beyond the context (14)
-    book.attempt(key, 3, 2, 20, 14)
+    book.attempt(key=key, worker=3, generated=2, prompt_tokens=20, cached_tokens=14)
     clock.t += 1.0
     book.end(key, 20, 2)
     assert book.take_step() is None  # still open: its next turn may come

@@ -78,7 +78,12 @@ def test_a_hugging_face_template_renders_in_the_sandbox() -> None:
         "{% if tools %}{{ tools[0].function.name }}{% endif %}"
         "{% if add_generation_prompt %}[assistant]{% endif %}{{ eos_token }}"
     )
-    out = render(template, msgs({"role": "user", "content": "héllo"}), TOOLS, {"eos_token": "$"})
+    out = render(
+        template=template,
+        messages=msgs({"role": "user", "content": "héllo"}),
+        tools=TOOLS,
+        extra={"eos_token": "$"},
+    )
     assert out == '[user]"héllo"\nget_weather[assistant]$'
     with pytest.raises(GatewayError, match="no bad words"):
         render(template, msgs({"role": "user", "content": "bad"}), None)

@@ -33,7 +33,9 @@ WORKERS = st.integers(0, 7)
 
 
 def cluster_init(tp: int) -> ev.ClusterInit:
-    return ev.ClusterInit(tp, TRAINING, RESERVED, PREEMPTIBLE)
+    return ev.ClusterInit(
+        tp=tp, training_gpus=TRAINING, reserved_gpus=RESERVED, preemptible_gpus=PREEMPTIBLE
+    )
 
 
 def _worker(draw: st.DrawFn, b: TableBuilder) -> int:
@@ -94,7 +96,7 @@ def candidate(draw: st.DrawFn, b: TableBuilder) -> Any:
         pool = set(TRAINING) if zone is Zone.OVERLAP else set(RESERVED) | b.present_gpus
         role = draw(st.sampled_from([*ROLLOUT_ROLES, *ROLLOUT_ROLES, Role.TRAINING]))
         gpus = _gpus(draw, b.tp or 1, sorted(pool - bound))
-        return ev.WorkerAdded(draw(WORKERS), gpus, role, zone)
+        return ev.WorkerAdded(worker=draw(WORKERS), gpus=gpus, role=role, zone=zone)
     if kind == "worker-removed":
         return ev.WorkerRemoved(_worker(draw, b))
     if kind == "role-changed":
@@ -112,8 +114,10 @@ def candidate(draw: st.DrawFn, b: TableBuilder) -> Any:
         return ev.WorkerFailed(_worker(draw, b), "lost")
     if kind == "plan-begin":
         steps = tuple(_step(draw, b) for _ in range(draw(st.integers(0, 3))))
-        target = Target(Mode.COLOCATED, 0, 0, draw(st.integers(0, 3)))
-        return ev.PlanBegin(b.last_plan + draw(st.integers(0, 2)), "test", target, steps)
+        target = Target(mode=Mode.COLOCATED, N_P=0, N_D=0, N_C=draw(st.integers(0, 3)))
+        return ev.PlanBegin(
+            plan=b.last_plan + draw(st.integers(0, 2)), cause="test", target=target, steps=steps
+        )
     plan_id = plan.plan if plan is not None and draw(st.integers(0, 4)) else draw(st.integers(0, 4))
     if kind == "step-done":
         n = len(plan.steps) if plan is not None else 1

@@ -88,7 +88,9 @@ def test_a_writer_appends_after_the_old_records(v1_log: Path) -> None:
 
 
 def _w(wid: int, gpus: range, role: Role, activity: Activity, zone: Zone, inc: int) -> Worker:
-    return Worker(wid, tuple(gpus), role, activity, zone, inc)
+    return Worker(
+        id=wid, gpus=tuple(gpus), role=role, activity=activity, zone=zone, incarnation=inc
+    )
 
 
 A, I, T, D, O = (
@@ -110,15 +112,23 @@ SNAPSHOT_V1 = ClusterState(
     regranted_gpus=frozenset({16}),
     workers=MappingProxyType(
         {
-            0: _w(0, range(8), Role.TRAINING, I, O, 1),  # lent: a borrow in progress
-            1: _w(1, range(8, 10), Role.PREFILL, A, D, 2),
-            2: _w(2, range(10, 12), Role.DECODE, A, D, 3),
-            3: _w(3, range(12, 14), Role.DECODE, A, D, 4),
-            4: _w(4, range(16, 18), Role.COLOCATED, T, D, 5),  # its GPUs reclaimed
-            5: _w(5, range(0, 2), Role.DECODE, A, O, 7),  # on borrowed training GPUs
-            6: _w(6, range(2, 4), Role.DECODE, A, O, 8),
-            7: _w(7, range(4, 6), Role.COLOCATED, I, O, 9),
-            8: _w(8, range(14, 16), Role.DECODE, T, D, 6),  # under a reclaim notice
+            0: _w(
+                wid=0, gpus=range(8), role=Role.TRAINING, activity=I, zone=O, inc=1
+            ),  # lent: a borrow in progress
+            1: _w(wid=1, gpus=range(8, 10), role=Role.PREFILL, activity=A, zone=D, inc=2),
+            2: _w(wid=2, gpus=range(10, 12), role=Role.DECODE, activity=A, zone=D, inc=3),
+            3: _w(wid=3, gpus=range(12, 14), role=Role.DECODE, activity=A, zone=D, inc=4),
+            4: _w(
+                wid=4, gpus=range(16, 18), role=Role.COLOCATED, activity=T, zone=D, inc=5
+            ),  # its GPUs reclaimed
+            5: _w(
+                wid=5, gpus=range(0, 2), role=Role.DECODE, activity=A, zone=O, inc=7
+            ),  # on borrowed training GPUs
+            6: _w(wid=6, gpus=range(2, 4), role=Role.DECODE, activity=A, zone=O, inc=8),
+            7: _w(wid=7, gpus=range(4, 6), role=Role.COLOCATED, activity=I, zone=O, inc=9),
+            8: _w(
+                wid=8, gpus=range(14, 16), role=Role.DECODE, activity=T, zone=D, inc=6
+            ),  # under a reclaim notice
         }
     ),
     leaving_gpus=MappingProxyType({14: 1_800_000_000.25, 15: 1_800_000_000.25}),
@@ -126,10 +136,10 @@ SNAPSHOT_V1 = ClusterState(
     training_step=1,
     weights_version=2,
     plan=PlanProgress(
-        2,
-        "rebalance",
-        Target(Mode.DISAGGREGATED, 1, 5, 0),
-        (
+        plan=2,
+        cause="rebalance",
+        target=Target(mode=Mode.DISAGGREGATED, N_P=1, N_D=5, N_C=0),
+        steps=(
             Step(StepOp.SET_ROLE, 8, Role.DECODE),
             Step(StepOp.REMOVE, 4),
             Step(StepOp.ACTIVATE, 7),

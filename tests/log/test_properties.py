@@ -49,9 +49,9 @@ def test_valid_sequences_replay_to_the_same_table_after_reopening(case: Any) -> 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "log"
         with FileLog(path, segment_bytes=512) as log:
-            write(log, records, cuts, snaps)
+            write(log=log, records=records, cuts=cuts, snaps=snaps)
         memory = MemoryLog()
-        write(memory, records, cuts, snaps)
+        write(log=memory, records=records, cuts=cuts, snaps=snaps)
         for log in (FileLog(path), MemoryLog(memory.storage)):
             with log:
                 assert [r for _, r in log.read()] == records

@@ -88,9 +88,9 @@ def test_task_sets_sample_reproducibly_without_replacement_per_epoch() -> None:
 
 
 def test_tasks_and_outcomes_are_plain_records() -> None:
-    t = Task("a", "p", "1", {"k": 1, "s": "x"})
+    t = Task(id="a", prompt="p", answer="1", meta={"k": 1, "s": "x"})
     assert from_plain(Task, to_plain(t)) == t
-    o = StepOutcome("obs", 0.5, False, {"tool": "calc"})
+    o = StepOutcome(observation="obs", reward=0.5, done=False, info={"tool": "calc"})
     assert from_plain(StepOutcome, to_plain(o)) == o
 
 

@@ -21,10 +21,10 @@ def sampled(engine: TorchEngine, n: int = 8, group: int = 4) -> list[Trajectory]
         r = engine.generate(GenerateRequest(f"s{i}", prompt, sp)).result(60)
         out.append(
             Trajectory(
-                f"t{i}",
-                f"g{i // group}",
-                "task",
-                (Turn.of(prompt, r),),
+                id=f"t{i}",
+                group_id=f"g{i // group}",
+                task_id="task",
+                turns=(Turn.of(prompt, r),),
                 reward=float(i % 2),
                 done=True,
             )
@@ -37,7 +37,7 @@ def test_trainer_version_0_is_the_engines_version_0(engine: TorchEngine) -> None
     prompt = tuple(engine.tokenizer.encode(PROMPT_TEXT, add_bos=True))
     r = engine.generate(GenerateRequest("g", prompt, SamplingParams(max_new_tokens=16))).result(60)
     assert r.weights_version == 0 == trainer.version
-    traj = Trajectory("t", "g", "x", (Turn.of(prompt, r),))
+    traj = Trajectory(id="t", group_id="g", task_id="x", turns=(Turn.of(prompt, r),))
     assert trainer.logprobs([traj])[0] == pytest.approx(list(r.logprobs), abs=1e-4)
     with torch.no_grad():  # greedy under the trainer's model: the same tokens
         logits = trainer.model(torch.tensor([traj.tokens()])).logits[0]
@@ -81,15 +81,21 @@ def test_off_policy_tokens_are_clipped(engine: TorchEngine) -> None:
     trajs = sampled(engine)
     stale = [
         Trajectory(
-            t.id,
-            t.group_id,
-            t.task_id,
-            tuple(
-                Turn(u.prompt_ids, u.output_ids, tuple(x - 1.0 for x in u.logprobs), 0, "length")
+            id=t.id,
+            group_id=t.group_id,
+            task_id=t.task_id,
+            turns=tuple(
+                Turn(
+                    prompt_ids=u.prompt_ids,
+                    output_ids=u.output_ids,
+                    logprobs=tuple(x - 1.0 for x in u.logprobs),
+                    weights_version=0,
+                    finish_reason="length",
+                )
                 for u in t.turns
             ),
-            t.reward,
-            True,
+            reward=t.reward,
+            done=True,
         )
         for t in trajs
     ]  # the rollout policy was e-times less
@@ -104,17 +110,21 @@ def test_tokens_outside_the_trust_region_give_no_gradient(engine: TorchEngine) -
     shift = {0: +1.0, 1: -1.0}  # ratio = exp(logp - old): 1/e for t0, e for t1
     moved = tuple(
         Trajectory(
-            t.id,
-            t.group_id,
-            t.task_id,
-            tuple(
+            id=t.id,
+            group_id=t.group_id,
+            task_id=t.task_id,
+            turns=tuple(
                 Turn(
-                    u.prompt_ids, u.output_ids, tuple(x + shift[i] for x in u.logprobs), 0, "length"
+                    prompt_ids=u.prompt_ids,
+                    output_ids=u.output_ids,
+                    logprobs=tuple(x + shift[i] for x in u.logprobs),
+                    weights_version=0,
+                    finish_reason="length",
                 )
                 for u in t.turns
             ),
-            t.reward,
-            True,
+            reward=t.reward,
+            done=True,
         )
         for i, t in enumerate(trajs)
     )
@@ -131,7 +141,21 @@ def test_tokens_outside_the_trust_region_give_no_gradient(engine: TorchEngine) -
 
 def test_group_advantages() -> None:
     def t(i: int, g: str, r: float) -> Trajectory:
-        return Trajectory(f"t{i}", g, "x", (Turn((1,), (2,), (-1.0,), 0, "stop"),), r)
+        return Trajectory(
+            id=f"t{i}",
+            group_id=g,
+            task_id="x",
+            turns=(
+                Turn(
+                    prompt_ids=(1,),
+                    output_ids=(2,),
+                    logprobs=(-1.0,),
+                    weights_version=0,
+                    finish_reason="stop",
+                ),
+            ),
+            reward=r,
+        )
 
     adv = group_advantages(
         Batch(0, (t(0, "a", 1.0), t(1, "a", 0.0), t(2, "b", 0.3), t(3, "b", 0.3), t(4, "a", 0.5)))

@@ -90,10 +90,10 @@ def alone(cfg: Any, trajectories: list[Any]) -> dict[str, Any]:
         async def one(t: Any) -> Any:
             env = make_env(cfg.rl.env, max_turns=cfg.rl.max_turns)
             traj = await run_trajectory(
-                env,
-                tasks[t.task_id],
-                generate,
-                builder,
+                env=env,
+                task=tasks[t.task_id],
+                generate=generate,
+                builder=builder,
                 trajectory_id=t.id,
                 group_id=t.group_id,
                 sampling=sp,
@@ -114,15 +114,20 @@ def test_colocated_disaggregated_colocated_with_requests_in_flight(tmp_path: Pat
     rt.start()
     modes = []
     try:
-        s = wait_for(rt, lambda s: s.N_C == 2, 120, "2 colocated workers")
+        s = wait_for(rt=rt, pred=lambda s: s.N_C == 2, timeout=120, what="2 colocated workers")
         modes.append(serving(s))
         in_flight = [generating(rt)]
         rt.event(ev.GpusAdded((3,)))
-        s = wait_for(rt, lambda s: s.mode == "disaggregated", 120, "the split")
+        s = wait_for(rt=rt, pred=lambda s: s.mode == "disaggregated", timeout=120, what="the split")
         modes.append(serving(s))
         in_flight.append(generating(rt))
         rt.event(ev.GpusReclaimed((3,)))
-        s = wait_for(rt, lambda s: s.mode == "colocated" and s.N_C == 2, 120, "colocation")
+        s = wait_for(
+            rt=rt,
+            pred=lambda s: s.mode == "colocated" and s.N_C == 2,
+            timeout=120,
+            what="colocation",
+        )
         modes.append(serving(s))
         batches = [rt.next_batch(timeout_s=240) for _ in range(2)]
         stats = rt.stats()

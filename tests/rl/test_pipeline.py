@@ -30,7 +30,21 @@ class Clock:
 
 def trajectories(gid: str, version: int, size: int = 2) -> list[Trajectory]:
     return [
-        Trajectory(f"{gid}.{k}", gid, "task", (Turn((1,), (2,), (-1.0,), version, "stop"),), 1.0)
+        Trajectory(
+            id=f"{gid}.{k}",
+            group_id=gid,
+            task_id="task",
+            turns=(
+                Turn(
+                    prompt_ids=(1,),
+                    output_ids=(2,),
+                    logprobs=(-1.0,),
+                    weights_version=version,
+                    finish_reason="stop",
+                ),
+            ),
+            reward=1.0,
+        )
         for k in range(size)
     ]
 
@@ -79,7 +93,17 @@ def test_a_batch_reports_its_concurrency_workers_and_prefilled_tokens() -> None:
     async def generate(ids: tuple[int, ...], sp: SamplingParams, tid: str) -> GenerateResult:
         # The worker reused 60 of the 100 prompt tokens from the trajectory's resident prefix,
         # and decoded in 3 iterations that held 12 sequences between them.
-        return GenerateResult(f"r-{tid}", (2,), (-1.0,), FinishReason.STOP, 0, 100, 60, 3, 12)
+        return GenerateResult(
+            rid=f"r-{tid}",
+            output_ids=(2,),
+            logprobs=(-1.0,),
+            finish_reason=FinishReason.STOP,
+            weights_version=0,
+            prompt_tokens=100,
+            cached_tokens=60,
+            decode_steps=3,
+            decode_batch_sum=12,
+        )
 
     p.attach(generate)
     assert p.generate_fn is generate
@@ -109,20 +133,30 @@ def test_a_batch_reports_its_concurrency_workers_and_prefilled_tokens() -> None:
 
 def test_a_batch_occupancy_is_the_mean_over_the_samples_in_its_span() -> None:
     samples = [
-        Sample(0.2, 6, (3, 0, 0), (0, 0, 0)),
-        Sample(0.8, 10, (2, 0, 0), (0, 0, 0)),
-        Sample(5.0, 99, (1, 0, 0), (0, 0, 0)),  # another batch's
+        Sample(at=0.2, in_flight=6, workers=(3, 0, 0), lent=(0, 0, 0)),
+        Sample(at=0.8, in_flight=10, workers=(2, 0, 0), lent=(0, 0, 0)),
+        Sample(at=5.0, in_flight=99, workers=(1, 0, 0), lent=(0, 0, 0)),  # another batch's
     ]
-    now = Sample(1.0, 7, (4, 1, 1), (0, 0, 0))
-    in_flight, workers = batch_occupancy(samples, 0.0, 1.0, -float("inf"), now)
+    now = Sample(at=1.0, in_flight=7, workers=(4, 1, 1), lent=(0, 0, 0))
+    in_flight, workers = batch_occupancy(
+        samples=samples, t0=0.0, t1=1.0, critical_from=-float("inf"), last=now
+    )
     assert in_flight == 8.0
     assert workers == {"colocated": 2.5, "prefill": 0.0, "decode": 0.0}
     # A span shorter than one sample period: the pipeline as it is now.
-    in_flight, workers = batch_occupancy(samples, 0.3, 0.7, -float("inf"), now)
+    in_flight, workers = batch_occupancy(
+        samples=samples, t0=0.3, t1=0.7, critical_from=-float("inf"), last=now
+    )
     assert in_flight == 7.0 and workers == {"colocated": 4.0, "prefill": 1.0, "decode": 1.0}
     # Lent workers count only from when the batch became the one waited for.
-    lent = [Sample(0.2, 4, (3, 0, 0), (2, 0, 0)), Sample(0.8, 4, (3, 0, 0), (2, 0, 0))]
-    assert batch_occupancy(lent, 0.0, 1.0, 0.5, now)[1]["colocated"] == 2.0  # (1 + 3) / 2
+    lent = [
+        Sample(at=0.2, in_flight=4, workers=(3, 0, 0), lent=(2, 0, 0)),
+        Sample(at=0.8, in_flight=4, workers=(3, 0, 0), lent=(2, 0, 0)),
+    ]
+    assert (
+        batch_occupancy(samples=lent, t0=0.0, t1=1.0, critical_from=0.5, last=now)[1]["colocated"]
+        == 2.0
+    )  # (1 + 3) / 2
 
 
 def test_lent_workers_count_for_a_batch_only_once_it_is_the_one_waited_for() -> None:
@@ -244,7 +278,17 @@ def test_a_running_pipeline_times_each_trajectory_and_reports_the_batch_it_decod
         await asyncio.sleep(0.01)
         out = tuple(ByteTokenizer().encode("The answer is 7."))
         lp = tuple(-1.0 for _ in out)
-        return GenerateResult(f"r-{tid}", out, lp, FinishReason.STOP, 0, len(ids), 0, 5, 15)
+        return GenerateResult(
+            rid=f"r-{tid}",
+            output_ids=out,
+            logprobs=lp,
+            finish_reason=FinishReason.STOP,
+            weights_version=0,
+            prompt_tokens=len(ids),
+            cached_tokens=0,
+            decode_steps=5,
+            decode_batch_sum=15,
+        )
 
     p.attach(generate)
     stop = threading.Event()

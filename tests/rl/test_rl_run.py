@@ -105,7 +105,9 @@ def test_rl_run_with_elastic_events(tmp_path: Path) -> None:
         chaos_thread.start()
         for step in range(1, 4):
             batch = rt.next_batch(timeout_s=240)
-            check_batch(batch, 8, 4, trainer.version, staleness=1)
+            check_batch(
+                batch=batch, B=8, group_size=4, trainer_version=trainer.version, staleness=1
+            )
             ids = {t.id for t in batch}
             assert not ids & seen, "a trajectory was handed out twice"
             seen |= ids
@@ -116,7 +118,7 @@ def test_rl_run_with_elastic_events(tmp_path: Path) -> None:
         assert injected, "no elastic event was injected"
         # The async variants drive the same runtime.
         batch = asyncio.run(rt.anext_batch(timeout_s=240))
-        check_batch(batch, 8, 4, trainer.version, staleness=1)
+        check_batch(batch=batch, B=8, group_size=4, trainer_version=trainer.version, staleness=1)
     finally:
         stop.set()
         chaos_thread.join(5)
@@ -166,7 +168,7 @@ def test_embedding_api_against_a_pearld_subprocess(tmp_path: Path) -> None:
         rt = wait_until(connected, 60, "pearld to accept a client", every=0.2)
         trainer = GRPOTrainer(preset="tiny", seed=0, lr=3e-4, device="cpu")
         batch = rt.next_batch(timeout_s=240)
-        check_batch(batch, 8, 4, 0, staleness=1)
+        check_batch(batch=batch, B=8, group_size=4, trainer_version=0, staleness=1)
         with rt.training(1) as step:
             assert step == 1 and returned(rt.status())
             trainer.step(batch)
@@ -175,7 +177,7 @@ def test_embedding_api_against_a_pearld_subprocess(tmp_path: Path) -> None:
         status = rt.status()
         assert status.weights_version == 1 and status.phase == "idle"
         batch = rt.next_batch(timeout_s=240)
-        check_batch(batch, 8, 4, 1, staleness=1)
+        check_batch(batch=batch, B=8, group_size=4, trainer_version=1, staleness=1)
         rt.stop()
     finally:
         os.kill(proc.pid, signal.SIGTERM)

@@ -52,10 +52,10 @@ def rollouts(
             await asyncio.gather(
                 *[
                     run_trajectory(
-                        make_env("tool_use", max_turns=3, latency_s=0.01),
-                        tasks[i % 2],
-                        gen,
-                        builder,
+                        env=make_env("tool_use", max_turns=3, latency_s=0.01),
+                        task=tasks[i % 2],
+                        generate=gen,
+                        builder=builder,
                         trajectory_id=f"t{i}",
                         group_id=f"g{i % 2}",
                         sampling=sp,
@@ -80,10 +80,10 @@ def test_trajectories_from_a_real_engine_are_consistent(engine: TorchEngine) -> 
     b = PromptBuilder(engine.tokenizer, max_len=1024)
     traj = asyncio.run(
         run_trajectory(
-            env,
-            Task("k", "hello"),
-            spy,
-            b,
+            env=env,
+            task=Task("k", "hello"),
+            generate=spy,
+            builder=b,
             trajectory_id="t",
             group_id="g",
             sampling=SamplingParams(max_new_tokens=8),
@@ -91,7 +91,10 @@ def test_trajectories_from_a_real_engine_are_consistent(engine: TorchEngine) -> 
     )
     assert traj.done and not traj.truncated and len(traj.turns) == 3 and traj.reward == 3.0
     for k, turn in enumerate(traj.turns):  # each turn's prompt is the whole history so far
-        prefix = Trajectory("t", "g", "k", traj.turns[:k]).tokens() + turn.prompt_ids
+        prefix = (
+            Trajectory(id="t", group_id="g", task_id="k", turns=traj.turns[:k]).tokens()
+            + turn.prompt_ids
+        )
         assert seen[k] == prefix
         assert env.actions[k] == b.decode(turn.output_ids)
         assert turn.weights_version == 0 and len(turn.logprobs) == len(turn.output_ids)
@@ -105,8 +108,22 @@ def test_an_aborted_generation_resumes_from_its_prefix() -> None:
     async def flaky(ids: tuple[int, ...], sp: SamplingParams, tid: str) -> GenerateResult:
         calls.append((ids, sp.max_new_tokens))
         if len(calls) == 1:  # the worker was removed after 3 tokens
-            return GenerateResult("a", (65, 66, 67), (-1.0,) * 3, FinishReason.ABORT, 4, len(ids))
-        return GenerateResult("b", (68, 69), (-2.0,) * 2, FinishReason.LENGTH, 5, len(ids))
+            return GenerateResult(
+                rid="a",
+                output_ids=(65, 66, 67),
+                logprobs=(-1.0,) * 3,
+                finish_reason=FinishReason.ABORT,
+                weights_version=4,
+                prompt_tokens=len(ids),
+            )
+        return GenerateResult(
+            rid="b",
+            output_ids=(68, 69),
+            logprobs=(-2.0,) * 2,
+            finish_reason=FinishReason.LENGTH,
+            weights_version=5,
+            prompt_tokens=len(ids),
+        )
 
     from pearl.tokenizer import ByteTokenizer
 
@@ -114,10 +131,10 @@ def test_an_aborted_generation_resumes_from_its_prefix() -> None:
     b = PromptBuilder(ByteTokenizer(), max_len=512)
     traj = asyncio.run(
         run_trajectory(
-            env,
-            Task("k", "hi"),
-            flaky,
-            b,
+            env=env,
+            task=Task("k", "hi"),
+            generate=flaky,
+            builder=b,
             trajectory_id="t",
             group_id="g",
             sampling=SamplingParams(max_new_tokens=10),
@@ -135,10 +152,10 @@ def test_the_length_limit_truncates(engine: TorchEngine) -> None:
     env = Recorder(turns=100)
     traj = asyncio.run(
         run_trajectory(
-            env,
-            Task("k", "x" * 10),
-            engine_generate(engine),
-            b,
+            env=env,
+            task=Task("k", "x" * 10),
+            generate=engine_generate(engine),
+            builder=b,
             trajectory_id="t",
             group_id="g",
             sampling=SamplingParams(max_new_tokens=30),

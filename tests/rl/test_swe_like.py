@@ -84,7 +84,7 @@ def test_episodes_are_reproducible_by_seed() -> None:
 
 
 def test_the_reward_is_the_fraction_of_hidden_tests_the_actions_fix() -> None:
-    task = Task("s", "fix it", "ab", {"needles": "ab"})
+    task = Task(id="s", prompt="fix it", answer="ab", meta={"needles": "ab"})
     cfg = SWEConfig.build(turns=2, time_scale=0)
     scores = {}
     for action in ("nothing", "only a", "a and b"):
@@ -105,7 +105,7 @@ def test_keywords_choose_the_action_kind_and_submit_ends_early() -> None:
     ]
     _, outs = play(
         SWELikeEnv(seed=0, turns=10, time_scale=0),
-        Task("s", "p", "z", {"needles": "z"}),
+        Task(id="s", prompt="p", answer="z", meta={"needles": "z"}),
         "submit z",
     )
     assert len(outs) == 1 and outs[0].reward == 1.0 and outs[0].info["final_action"] == "submit"

@@ -205,9 +205,11 @@ def test_word_problems_are_seeded_and_their_answers_are_right() -> None:
 def test_crashes_and_spawn_failures_become_observations(monkeypatch: pytest.MonkeyPatch) -> None:
     from pearl.rl.envs import sandbox
 
-    crashed = sandbox.tool_result(1, b"", b"Traceback...\nSystemError: boom\n", 0.1, 7)
+    crashed = sandbox.tool_result(
+        rc=1, out=b"", err=b"Traceback...\nSystemError: boom\n", seconds=0.1, pid=7
+    )
     assert not crashed.ok and "crashed (exit 1) SystemError: boom" in crashed.output
-    killed = sandbox.tool_result(-11, b"", b"", 0.1, 7)
+    killed = sandbox.tool_result(rc=-11, out=b"", err=b"", seconds=0.1, pid=7)
     assert not killed.ok and killed.killed == "signal 11"
 
     async def no_processes(*args: object, **kw: object) -> None:

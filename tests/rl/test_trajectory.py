@@ -20,7 +20,12 @@ def result(
     reason: FinishReason = FinishReason.LENGTH,
 ) -> GenerateResult:
     return GenerateResult(
-        "r", tuple(out), tuple(-0.5 - i for i in range(len(out))), reason, version, 0
+        rid="r",
+        output_ids=tuple(out),
+        logprobs=tuple(-0.5 - i for i in range(len(out))),
+        finish_reason=reason,
+        weights_version=version,
+        prompt_tokens=0,
     )
 
 
@@ -54,16 +59,44 @@ def test_records_round_trip_through_msgpack() -> None:
 
 def test_inconsistent_records_are_refused() -> None:
     with pytest.raises(SchemaError, match="logprobs"):
-        Turn((1,), (2, 3), (-1.0,), 0, "stop")
+        Turn(
+            prompt_ids=(1,),
+            output_ids=(2, 3),
+            logprobs=(-1.0,),
+            weights_version=0,
+            finish_reason="stop",
+        )
     with pytest.raises(SchemaError, match="done"):
-        three_turns().add_turn(Turn((), (1,), (0.0,), 0, "stop"))
+        three_turns().add_turn(
+            Turn(
+                prompt_ids=(),
+                output_ids=(1,),
+                logprobs=(0.0,),
+                weights_version=0,
+                finish_reason="stop",
+            )
+        )
     with pytest.raises(SchemaError, match="no turn"):
         Trajectory("t", "g", "x").add_step(1.0, 0.0)
 
 
 def test_batches_group_by_group_id_and_know_their_staleness() -> None:
     def traj(i: int, g: str, v: int) -> Trajectory:
-        return Trajectory(f"t{i}", g, "x", (Turn((1,), (2,), (-1.0,), v, "stop"),), 1.0 * i)
+        return Trajectory(
+            id=f"t{i}",
+            group_id=g,
+            task_id="x",
+            turns=(
+                Turn(
+                    prompt_ids=(1,),
+                    output_ids=(2,),
+                    logprobs=(-1.0,),
+                    weights_version=v,
+                    finish_reason="stop",
+                ),
+            ),
+            reward=1.0 * i,
+        )
 
     b = Batch(7, (traj(0, "a", 5), traj(1, "b", 6), traj(2, "a", 6), traj(3, "b", 4)))
     groups = b.groups()

@@ -62,10 +62,10 @@ def rollout(
         async def one(i: int, k: int):
             async with sem:
                 return await run_trajectory(
-                    make_env(ENV),
-                    tasks[i],
-                    generate,
-                    builder,
+                    env=make_env(ENV),
+                    task=tasks[i],
+                    generate=generate,
+                    builder=builder,
                     trajectory_id=f"v{version}s{seed}g{i}.{k}",
                     group_id=f"g{i}",
                     sampling=sp,
@@ -80,11 +80,18 @@ def rollout(
 
 def test_demonstrations_are_correct_tool_call_transcripts_outside_the_held_out_set() -> None:
     builder = PromptBuilder(ByteTokenizer(), max_len=CFG.max_len)
-    held = held_out_tasks(ENV, CFG.held_out, CFG.seed, CFG.train_tasks)
+    held = held_out_tasks(env=ENV, n=CFG.held_out, seed=CFG.seed, train_tasks=CFG.train_tasks)
     train = {t.prompt for t in make_tasks(ENV, n=CFG.train_tasks, seed=CFG.seed)}
     assert len(held) == CFG.held_out and not {t.prompt for t in held} & train
-    tasks = distinct(make_tasks(ENV, n=64, seed=DEMO_SEED), 12, {t.prompt for t in held}, "demo")
-    demos = demonstrations(ENV, tasks, builder, 4, python_share=0.5, seed=0)
+    tasks = distinct(
+        candidates=make_tasks(ENV, n=64, seed=DEMO_SEED),
+        n=12,
+        exclude={t.prompt for t in held},
+        what="demo",
+    )
+    demos = demonstrations(
+        env=ENV, tasks=tasks, builder=builder, max_turns=4, python_share=0.5, seed=0
+    )
     tools = set()
     for task, d in zip(tasks, demos, strict=True):
         text = builder.decode(d.tokens())
@@ -128,7 +135,7 @@ def test_warm_start_solves_some_tasks_but_not_most_at_step_0(warm: WarmStart) ->
 
 @pytest.mark.slow
 def test_grpo_on_the_warm_started_policy_raises_held_out_accuracy(warm: WarmStart) -> None:
-    held = held_out_tasks(ENV, CFG.held_out, CFG.seed, CFG.train_tasks)
+    held = held_out_tasks(env=ENV, n=CFG.held_out, seed=CFG.seed, train_tasks=CFG.train_tasks)
     evaluator = HeldOutEval(ENV, held, model_path=str(warm.path))
     engine = TorchEngine(model_path=str(warm.path), threads=1)
     engine.start()

@@ -26,7 +26,16 @@ def trained(trainer: GRPOTrainer, engine: TorchEngine) -> None:
     for i in range(4):
         sp = SamplingParams(max_new_tokens=12, temperature=1.0, seed=i)
         r = engine.generate(GenerateRequest(f"t{i}", prompt, sp)).result(60)
-        trajs.append(Trajectory(f"t{i}", "g", "x", (Turn.of(prompt, r),), float(i % 2), True))
+        trajs.append(
+            Trajectory(
+                id=f"t{i}",
+                group_id="g",
+                task_id="x",
+                turns=(Turn.of(prompt, r),),
+                reward=float(i % 2),
+                done=True,
+            )
+        )
     trainer.step(Batch(0, tuple(trajs)))
 
 
@@ -44,16 +53,16 @@ def test_a_published_version_loads_into_a_real_engine(engine: TorchEngine, tmp_p
     tokens1, lps1 = greedy(engine, "b")
     assert (tokens1, lps1) != (tokens0, lps0) and engine.weights_version == 1
     traj = Trajectory(
-        "t",
-        "g",
-        "x",
-        (
+        id="t",
+        group_id="g",
+        task_id="x",
+        turns=(
             Turn(
-                tuple(engine.tokenizer.encode("hello there", add_bos=True)),
-                tokens1,
-                lps1,
-                1,
-                "length",
+                prompt_ids=tuple(engine.tokenizer.encode("hello there", add_bos=True)),
+                output_ids=tokens1,
+                logprobs=lps1,
+                weights_version=1,
+                finish_reason="length",
             ),
         ),
     )

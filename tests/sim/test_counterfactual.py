@@ -44,7 +44,12 @@ def record(path: Path, script: list[Any], with_telemetry: bool = True) -> list[A
     """Drive a controller like pearld: log every output, answer every step right away (one
     second later), each script entry an input; returns the records."""
     c = CFG.cluster
-    init = ev.ClusterInit(c.tp, c.training_gpus, c.reserved_gpus, c.preemptible_gpus)
+    init = ev.ClusterInit(
+        tp=c.tp,
+        training_gpus=c.training_gpus,
+        reserved_gpus=c.reserved_gpus,
+        preemptible_gpus=c.preemptible_gpus,
+    )
     records: list[Any] = [init]
     ctl, now = Controller(OWN), 0.0
     out = ctl.recover(fold(records), prior_profile(CFG), now)
@@ -100,7 +105,7 @@ def test_self_replay_reproduces_every_controller_record(tmp_path: Path) -> None:
     rec = fromlog.read(tmp_path / "log")
     assert rec.clock == "telemetry" and len(rec.telemetry) == 4
     name, policy, elastic = choice("own", OWN)
-    run = replay(rec, name, policy, elastic, prior_profile(CFG))
+    run = replay(rec=rec, name=name, policy=policy, elastic=elastic, prior=prior_profile(CFG))
     assert run.errors == [] and run.diverged_at is None
     assert [r for _, r in run.records] == recorded[rec.start - 1 :]
     summary = recorded_summary(rec)
@@ -111,7 +116,9 @@ def test_self_replay_reproduces_every_controller_record(tmp_path: Path) -> None:
 def test_other_policies_decide_otherwise_and_the_document_says_how(tmp_path: Path) -> None:
     record(tmp_path / "log", SCRIPT)
     rec = fromlog.read(tmp_path / "log")
-    doc, summaries = compare(rec, OWN, prior_profile(CFG), ["own", "rlboost", "roll"])
+    doc, summaries = compare(
+        rec=rec, own=OWN, prior=prior_profile(CFG), names=["own", "rlboost", "roll"]
+    )
     assert set(doc["policies"]) == {"own", "rlboost", "roll"} and "recorded" in summaries
     for part in (doc["recorded"], *doc["policies"].values()):
         assert {"throughput_tok_s", "mode_changes", "ratio_changes", "plans"} <= set(part)
@@ -132,7 +139,7 @@ def test_a_log_without_telemetry_falls_back_to_the_priors_and_says_so(tmp_path: 
     record(tmp_path / "log", SCRIPT, with_telemetry=False)
     rec = fromlog.read(tmp_path / "log")
     assert rec.clock == "sequence" and not rec.telemetry
-    doc, _ = compare(rec, OWN, prior_profile(CFG), ["own", "pearl"])
+    doc, _ = compare(rec=rec, own=OWN, prior=prior_profile(CFG), names=["own", "pearl"])
     assert doc["profile"] == "priors" and any("priors" in n for n in doc["notes"])
     assert doc["policies"]["own"]["same_decisions"]
     assert doc["recorded"]["throughput_tok_s"] > 0  # eq. 1-3 on the priors

@@ -43,9 +43,9 @@ def test_single_request_matches_the_cost_model() -> None:
     """One request alone: prefill (one chunk) then r decode iterations, nothing else."""
     ro, clock, done = _cluster([COLOCATED])
     c = ro.costs
-    spec = TrajectorySpec(0, (4000,), (100,), (0.0,))
+    spec = TrajectorySpec(group=0, new=(4000,), gen=(100,), env=(0.0,))
     ro.start([spec])
-    _drive(ro, clock, done, 1)
+    _drive(ro=ro, clock=clock, done=done, n=1)
     prefill = 4000 * c.prefill_token(0, 4000, True) + 4000 / c.chunk_tokens * c.A_prefill
     decode = sum(c.decode_iteration(1, 4000 + k) for k in range(100))
     assert clock.now == pytest.approx(prefill + decode, rel=2e-3)
@@ -53,15 +53,15 @@ def test_single_request_matches_the_cost_model() -> None:
 
 def test_second_turn_prefills_only_new_tokens_when_its_kv_is_resident() -> None:
     ro, clock, done = _cluster([COLOCATED])
-    spec = TrajectorySpec(0, (3000, 500), (50, 50), (1.0, 0.0))
+    spec = TrajectorySpec(group=0, new=(3000, 500), gen=(50, 50), env=(1.0, 0.0))
     ro.start([spec])
-    _drive(ro, clock, done, 1)
+    _drive(ro=ro, clock=clock, done=done, n=1)
     assert ro.stats.prefill_tokens == 3500  # not 3000 + 3050 + 500
 
 
 def test_moving_to_another_worker_prefills_the_whole_context() -> None:
     ro, clock, done = _cluster([COLOCATED, COLOCATED])
-    spec = TrajectorySpec(0, (3000, 500), (50, 50), (1.0, 0.0))
+    spec = TrajectorySpec(group=0, new=(3000, 500), gen=(50, 50), env=(1.0, 0.0))
     (tr,) = ro.start([spec])
     while tr.k == 0:
         e = clock.pop()
@@ -71,7 +71,7 @@ def test_moving_to_another_worker_prefills_the_whole_context() -> None:
     home = tr.home
     assert home is not None
     ro.set_routable({w.wid: COLOCATED for w in ro.workers.values() if w is not home})
-    _drive(ro, clock, done, 1)
+    _drive(ro=ro, clock=clock, done=done, n=1)
     assert ro.stats.prefill_tokens == 3000 + 3050 + 500
 
 
@@ -80,17 +80,17 @@ def test_kv_full_requests_queue_then_run() -> None:
     kv = worker_costs("qwen3-8b", eng).kv_tokens
     big = kv // 3
     ro, clock, done = _cluster([COLOCATED])
-    specs = [TrajectorySpec(0, (big,), (10,), (0.0,)) for _ in range(4)]
+    specs = [TrajectorySpec(group=0, new=(big,), gen=(10,), env=(0.0,)) for _ in range(4)]
     ro.start(specs)
     w = ro.workers[0]
     assert len(w.admit_q) == 2  # two fit, two wait for memory
-    _drive(ro, clock, done, 4)
+    _drive(ro=ro, clock=clock, done=done, n=4)
     assert w.kv_used <= w.kv_cap and not w.admit_q
 
 
 def test_abort_keeps_the_generated_prefix() -> None:
     ro, clock, done = _cluster([COLOCATED, COLOCATED])
-    spec = TrajectorySpec(0, (2000,), (400,), (0.0,))
+    spec = TrajectorySpec(group=0, new=(2000,), gen=(400,), env=(0.0,))
     (tr,) = ro.start([spec])
     w = tr.w
     assert w is not None
@@ -105,7 +105,7 @@ def test_abort_keeps_the_generated_prefix() -> None:
     got = w.generated(tr)
     ro.remove_worker(w.wid)
     assert tr.ctx == 2000 + got and tr.req_gen == 400 - got
-    _drive(ro, clock, done, 1)
+    _drive(ro=ro, clock=clock, done=done, n=1)
     assert tr.generated == 400  # nothing generated twice, nothing lost
 
 
@@ -121,7 +121,7 @@ def test_colocated_insertions_are_measured_as_a_stall_not_as_prefill_compute() -
     # a decoding sequence waits out insertions on its worker: between 0 and every one of them
     assert tel.switch_s is not None and 0 < tel.switch_s < turns * c.insert_s
     # no colocated worker, nothing to measure
-    split = run_static("qwen3-8b", 0, 1, 1, workload=wl, engine=eng, batches=1)
+    split = run_static(model="qwen3-8b", n_c=0, n_p=1, n_d=1, workload=wl, engine=eng, batches=1)
     assert split.telemetry[0].switch_s is None
     assert split.stats[0].prefill_s == pytest.approx(split.stats[0].prefill_time, rel=1e-6)
 
@@ -140,9 +140,11 @@ def test_each_trajectory_reports_its_latency_and_the_batch_its_decode_held() -> 
 
 def test_disaggregated_path_transfers_kv_and_decodes() -> None:
     ro, clock, done = _cluster([PREFILL, DECODE])
-    specs = [TrajectorySpec(0, (3000, 800), (60, 60), (0.5, 0.0)) for _ in range(3)]
+    specs = [
+        TrajectorySpec(group=0, new=(3000, 800), gen=(60, 60), env=(0.5, 0.0)) for _ in range(3)
+    ]
     ro.start(specs)
-    _drive(ro, clock, done, 3)
+    _drive(ro=ro, clock=clock, done=done, n=3)
     assert ro.link.bytes_moved > 0
     assert ro.stats.decode_tokens == pytest.approx(3 * 120, abs=1)
 
@@ -151,8 +153,8 @@ def test_decode_that_keeps_prefixes_moves_only_new_tokens() -> None:
     moved = {}
     for keep in (False, True):
         ro, clock, done = _cluster([PREFILL, DECODE], EngineParams(decode_keeps_prefix=keep))
-        ro.start([TrajectorySpec(0, (3000, 800), (60, 60), (0.5, 0.0))])
-        _drive(ro, clock, done, 1)
+        ro.start([TrajectorySpec(group=0, new=(3000, 800), gen=(60, 60), env=(0.5, 0.0))])
+        _drive(ro=ro, clock=clock, done=done, n=1)
         moved[keep] = ro.link.bytes_moved / ro.costs.K
         # the prefill worker caches the prompt, not the response the decode worker wrote
         assert ro.stats.prefill_tokens == 3000 + 60 + 800
@@ -179,7 +181,7 @@ def test_a_published_version_stalls_every_worker_for_the_broadcast() -> None:
     spans = {}
     for publish in (False, True):
         ro, clock, done = _cluster([COLOCATED])
-        ro.start([TrajectorySpec(0, (2000,), (400,), (0.0,))])
+        ro.start([TrajectorySpec(group=0, new=(2000,), gen=(400,), env=(0.0,))])
         clock.at(0.5, ck.TICK)  # mid-decode
         while not done:
             e = clock.pop()
@@ -210,12 +212,12 @@ def test_weight_sync_can_be_switched_off() -> None:
 def test_prefill_routing_without_affinity_recomputes_the_context() -> None:
     """SGLang's PD balancer picks a prefill worker without regard to cached prefixes: a second
     turn that lands on another prefill worker prefills its whole context again."""
-    spec = TrajectorySpec(0, (3000, 800), (60, 60), (0.5, 0.0))
+    spec = TrajectorySpec(group=0, new=(3000, 800), gen=(60, 60), env=(0.5, 0.0))
     tokens = {}
     for aff in (True, False):
         ro, clock, done = _cluster([PREFILL, PREFILL, DECODE], EngineParams(pd_affinity=aff))
         ro.start([spec])
-        _drive(ro, clock, done, 1)
+        _drive(ro=ro, clock=clock, done=done, n=1)
         tokens[aff] = ro.stats.prefill_tokens
     assert tokens[True] == 3000 + 60 + 800
     assert tokens[False] == 3000 + 3000 + 60 + 800

@@ -79,7 +79,9 @@ def test_the_simulator_scales_out_as_the_amdahl_reading_of_section_3_1() -> None
     points: the simulator's borrowing gain is what §3.1 implies, not a property of its own."""
     cal = CALIBRATED["qwen3-8b"]
     eng = dataclasses.replace(cal.engine, time_scale=1.0)
-    for workers, rel in scale_out("qwen3-8b", (4, 6, 12, 16), cal.workload, eng).items():
+    for workers, rel in scale_out(
+        model="qwen3-8b", workers=(4, 6, 12, 16), wl=cal.workload, eng=eng
+    ).items():
         assert rel == pytest.approx(
             rollout_time(2 * workers, "amdahl") / rollout_time(16, "amdahl"), rel=0.05
         )

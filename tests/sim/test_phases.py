@@ -19,7 +19,7 @@ def test_every_phase_is_reachable_from_wait_and_only_done_is_final() -> None:
 
 
 def test_a_transition_outside_the_table_is_refused() -> None:
-    tr = Traj(0, TrajectorySpec(0, (100,), (10,), (0.0,)))
+    tr = Traj(0, TrajectorySpec(group=0, new=(100,), gen=(10,), env=(0.0,)))
     with pytest.raises(InvariantViolation, match="WAIT -> DECODING"):
         tr.to(Phase.DECODING)
     assert tr.phase is Phase.WAIT

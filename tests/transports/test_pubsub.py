@@ -93,7 +93,7 @@ def test_snapshot_then_every_change_in_order(ctx: Ctx, endpoints: Any, client: C
     for i in range(5):
         owner.set(f"k{i}", i)
     mirror = Mirror()
-    with subscriber(ctx, owner, server, mirror, client) as sub:
+    with subscriber(ctx=ctx, owner=owner, server=server, mirror=mirror, client=client) as sub:
         assert sub.sync() == 5
         assert mirror.data == owner.data and mirror.snapshots == [5]
         for i in range(10):
@@ -118,7 +118,7 @@ def test_snapshot_waits_until_the_subscription_is_live(
     owner.on_subscribe = spy  # type: ignore[method-assign]
     owner.set("a", 1)  # then a quiet publisher: only its greeting tells the subscriber it is in
     mirror = Mirror()
-    with subscriber(ctx, owner, server, mirror, client) as sub:
+    with subscriber(ctx=ctx, owner=owner, server=server, mirror=mirror, client=client) as sub:
         assert sub.sync() == 1
     assert seen_at_snapshot == [1]
 
@@ -141,7 +141,7 @@ def test_changes_published_while_joining_are_not_lost(
     writer.start()
     mirror = Mirror()
     try:
-        with subscriber(ctx, owner, server, mirror, client) as sub:
+        with subscriber(ctx=ctx, owner=owner, server=server, mirror=mirror, client=client) as sub:
             sub.sync()
             pump_until(sub, lambda: len(mirror.seqs) > 200)
             stop.set()
@@ -161,7 +161,7 @@ def test_missing_number_is_a_gap_and_heals_by_resnapshot(
 ) -> None:
     owner, server = endpoints
     mirror = Mirror()
-    with subscriber(ctx, owner, server, mirror, client) as sub:
+    with subscriber(ctx=ctx, owner=owner, server=server, mirror=mirror, client=client) as sub:
         owner.set("a", 1)
         sub.sync()
         with owner.pub.lock:  # a change the subscriber never receives (queue overflow)
@@ -180,7 +180,7 @@ def test_lost_last_change_is_seen_through_the_heartbeat(
 ) -> None:
     owner, server = endpoints
     mirror = Mirror()
-    with subscriber(ctx, owner, server, mirror, client) as sub:
+    with subscriber(ctx=ctx, owner=owner, server=server, mirror=mirror, client=client) as sub:
         sub.sync()
         with owner.pub.lock:
             owner.data["tail"] = 1
@@ -195,7 +195,7 @@ def test_publisher_restart_means_a_new_snapshot(
 ) -> None:
     owner, server = endpoints
     mirror = Mirror()
-    with subscriber(ctx, owner, server, mirror, client) as sub:
+    with subscriber(ctx=ctx, owner=owner, server=server, mirror=mirror, client=client) as sub:
         for i in range(3):
             owner.set("x", i)
         sub.sync()
@@ -211,7 +211,7 @@ def test_publisher_restart_means_a_new_snapshot(
 def test_background_thread(ctx: Ctx, endpoints: Any, client: Client) -> None:
     owner, server = endpoints
     mirror = Mirror()
-    sub = subscriber(ctx, owner, server, mirror, client)
+    sub = subscriber(ctx=ctx, owner=owner, server=server, mirror=mirror, client=client)
     sub.start()
     try:
         for i in range(20):
@@ -226,7 +226,7 @@ def test_a_second_thread_is_refused(ctx: Ctx, endpoints: Any, client: Client) ->
     owner, server = endpoints
     mirror = Mirror()
     errors: list[BaseException] = []
-    with subscriber(ctx, owner, server, mirror, client) as sub:
+    with subscriber(ctx=ctx, owner=owner, server=server, mirror=mirror, client=client) as sub:
         sub.sync()
 
         def other() -> None:

@@ -42,18 +42,25 @@ class SGLangClient:
         return self.base + path
 
     def get(self, path: str, timeout_s: float | None = None) -> Any:
-        return call(self._url(path), "GET", None, timeout_s or self.timeout_s)
+        return call(
+            url=self._url(path), method="GET", payload=None, timeout_s=timeout_s or self.timeout_s
+        )
 
     def post(self, path: str, payload: Any = None, timeout_s: float | None = None) -> Any:
         return call(
-            self._url(path), "POST", {} if payload is None else payload, timeout_s or self.timeout_s
+            url=self._url(path),
+            method="POST",
+            payload={} if payload is None else payload,
+            timeout_s=timeout_s or self.timeout_s,
         )
 
     # -- liveness and identity -----------------------------------------------------------------
 
     def health(self, timeout_s: float = 5.0) -> bool:
         try:
-            status, _ = request(self._url("/health"), "GET", None, timeout_s)
+            status, _ = request(
+                url=self._url("/health"), method="GET", payload=None, timeout_s=timeout_s
+            )
         except EngineError:
             return False
         return status == 200
@@ -74,12 +81,24 @@ class SGLangClient:
             if self.info is not None:
                 return self.info
             endpoints = P.Endpoints()
-            status, raw = request(self._url(endpoints.server_info), "GET", None, self.timeout_s)
+            status, raw = request(
+                url=self._url(endpoints.server_info),
+                method="GET",
+                payload=None,
+                timeout_s=self.timeout_s,
+            )
             if status == 404:
                 endpoints = P.Endpoints.legacy()
-                raw = call(self._url(endpoints.server_info), "GET", None, self.timeout_s)
+                raw = call(
+                    url=self._url(endpoints.server_info),
+                    method="GET",
+                    payload=None,
+                    timeout_s=self.timeout_s,
+                )
             elif not 200 <= status < 300:
-                raise HTTPError("GET", self._url(endpoints.server_info), status, raw)
+                raise HTTPError(
+                    method="GET", url=self._url(endpoints.server_info), status=status, body=raw
+                )
             raw = raw if isinstance(raw, dict) else {}
             version = str(raw.get("version", "0"))
             mode = str(raw.get("disaggregation_mode", "null"))
@@ -88,7 +107,9 @@ class SGLangClient:
                 and bool(raw.get("enable_pd_role_switch"))
                 and mode != "null"
             )
-            self.info = ServerInfo(version, endpoints, mode, switch, raw)
+            self.info = ServerInfo(
+                version=version, endpoints=endpoints, mode=mode, role_switch=switch, raw=raw
+            )
             return self.info
 
     def forget(self) -> None:
@@ -206,7 +227,9 @@ class SGLangClient:
 
     def metrics(self) -> dict[str, float]:
         """``/metrics`` (servers launched with ``--enable-metrics``) summed over label sets."""
-        status, body = request(self._url("/metrics"), "GET", None, self.timeout_s)
+        status, body = request(
+            url=self._url("/metrics"), method="GET", payload=None, timeout_s=self.timeout_s
+        )
         if status != 200 or not isinstance(body, str):
             return {}
         return P.parse_metrics(body)

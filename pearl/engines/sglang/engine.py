@@ -128,7 +128,7 @@ class SGLangEngine(ServerEngine[Call]):
             # relaunched server or elsewhere, within the request's time.
             log.warning("SGLang server lost %s: %s", req.rid, e)
             return aborted_result(req.rid, self._version, len(req.input_ids))
-        result = P.result_of(req.rid, out, role, self._version)
+        result = P.result_of(rid=req.rid, body=out, role=role, version=self._version)
         if (
             role is Role.DECODE
             and result.finish_reason is FinishReason.ABORT
@@ -148,8 +148,15 @@ class SGLangEngine(ServerEngine[Call]):
             return None
         assert self.kv_channel is not None
         if role is Role.PREFILL:
-            return offer_room(self.kv_channel, req, self.spec.host, self.spec.bootstrap_port)
-        return await_room(self.kv_channel, req, lambda: call.aborted, self.cfg.kv_timeout_s)
+            return offer_room(
+                channel=self.kv_channel, req=req, host=self.spec.host, port=self.spec.bootstrap_port
+            )
+        return await_room(
+            channel=self.kv_channel,
+            req=req,
+            aborted=lambda: call.aborted,
+            timeout_s=self.cfg.kv_timeout_s,
+        )
 
     def _abort_running(self, rid: str, call: Call) -> None:
         threading.Thread(
@@ -190,11 +197,11 @@ class SGLangEngine(ServerEngine[Call]):
         check_source(source)
         if isinstance(source, DistributedWeights):
             self.client.update_weights_from_distributed(
-                list(source.names),
-                list(source.dtypes),
-                [list(s) for s in source.shapes],
-                version,
-                source.group_name,
+                names=list(source.names),
+                dtypes=list(source.dtypes),
+                shapes=[list(s) for s in source.shapes],
+                version=version,
+                group_name=source.group_name,
             )
         else:
             path = Path(source)

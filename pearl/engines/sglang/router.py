@@ -60,7 +60,12 @@ def endpoints_of(workers: Iterable[Worker], cfg: SGLangConfig) -> dict[str, Work
         port, boot = worker_ports(cfg, min(w.gpus))
         url = f"http://{cfg.host}:{port}"
         kind = TYPES[w.role]
-        out[url] = WorkerEndpoint(w.id, url, kind, boot if kind == "prefill" else None)
+        out[url] = WorkerEndpoint(
+            worker=w.id,
+            url=url,
+            worker_type=kind,
+            bootstrap_port=boot if kind == "prefill" else None,
+        )
     return out
 
 
@@ -71,17 +76,33 @@ class SGLangRouterClient:
         self.url, self.timeout_s = url.rstrip("/"), timeout_s
 
     def workers(self) -> list[dict[str, Any]]:
-        return list((call(self.url + "/workers", "GET", None, self.timeout_s) or {})["workers"])
+        return list(
+            (
+                call(
+                    url=self.url + "/workers", method="GET", payload=None, timeout_s=self.timeout_s
+                )
+                or {}
+            )["workers"]
+        )
 
     def add(self, ep: WorkerEndpoint) -> str:
-        out = call(self.url + "/workers", "POST", ep.body(), self.timeout_s)
+        out = call(
+            url=self.url + "/workers", method="POST", payload=ep.body(), timeout_s=self.timeout_s
+        )
         return str(out.get("worker_id", ""))
 
     def remove(self, worker_id: str) -> None:
-        call(f"{self.url}/workers/{worker_id}", "DELETE", None, self.timeout_s)
+        call(
+            url=f"{self.url}/workers/{worker_id}",
+            method="DELETE",
+            payload=None,
+            timeout_s=self.timeout_s,
+        )
 
     def generate(self, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        return dict(call(self.url + "/generate", "POST", body, timeout_s))
+        return dict(
+            call(url=self.url + "/generate", method="POST", payload=body, timeout_s=timeout_s)
+        )
 
 
 class SGLangRouterLink:
@@ -223,7 +244,7 @@ class SGLangRouterLink:
         role = Role.COLOCATED if mode == "regular" else Role.DECODE
         try:
             out = self.routers[mode].generate(P.generate_body(req), self.request_timeout_s)
-            done(P.result_of(req.rid, out, role, 0), "", False)
+            done(P.result_of(rid=req.rid, body=out, role=role, version=0), "", False)
         except HTTPError as e:  # no worker yet, a worker left mid-request: route it again
             done(None, str(e), e.status >= 500 or e.status == 404)
         except EngineError as e:
@@ -273,7 +294,7 @@ def launch_router(
     deadline = time.monotonic() + 60.0 if deadline is None else deadline
     while True:
         try:
-            call(f"http://{host}:{port}/workers", "GET", None, 2.0)
+            call(url=f"http://{host}:{port}/workers", method="GET", payload=None, timeout_s=2.0)
             return proc
         except EngineError:
             if not proc.alive() or time.monotonic() > deadline:

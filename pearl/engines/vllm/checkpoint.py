@@ -73,8 +73,10 @@ def preset_dir(preset: str, seed: int, out: str | Path) -> Path:
     out = Path(out)
     if (out / "config.json").is_file():
         return out
-    model = build(preset_config(preset), WeightSource("seed", seed), torch.device("cpu"),
-                  torch.float32)  # fmt: skip
+    model = build(
+        config=preset_config(preset), source=WeightSource("seed", seed),
+        device=torch.device("cpu"), dtype=torch.float32,
+    )  # fmt: skip
     tmp = out.with_name(f".{out.name}.tmp")
     model.save_pretrained(str(tmp), safe_serialization=True)
     tmp.replace(out)

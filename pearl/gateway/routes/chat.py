@@ -41,7 +41,13 @@ def prompt_ids(
     extra = dict(req.chat_template_kwargs or {})
     eos_id = ctx.tok.eos_id
     extra.setdefault("eos_token", ctx.token_text(eos_id) if eos_id >= 0 else "")
-    text = templates.render(ctx.backend.chat_template, messages, tools, extra, generation_prompt)
+    text = templates.render(
+        template=ctx.backend.chat_template,
+        messages=messages,
+        tools=tools,
+        extra=extra,
+        generation_prompt=generation_prompt,
+    )
     return list(ctx.tok.encode(text))
 
 
@@ -79,8 +85,10 @@ async def create(ctx: Context, req: p.ChatRequest, request: Request) -> Response
         usage=bool(req.stream_options and req.stream_options.include_usage),
     )
     if req.stream:
-        return EventStream(chunks(ctx, j, req.model, want, use_tools))
-    resp = response(ctx, j, req.model, await collect(ctx, j), want, use_tools)
+        return EventStream(chunks(ctx=ctx, j=j, model=req.model, want=want, use_tools=use_tools))
+    resp = response(
+        ctx=ctx, j=j, model=req.model, acc=await collect(ctx, j), want=want, use_tools=use_tools
+    )
     return JSONResponse(resp.model_dump(mode="json"))
 
 

@@ -79,16 +79,16 @@ async def create(ctx: Context, req: p.CompletionRequest, request: Request) -> Re
     """The response to ``req``: a JSON body, or a stream of chunks."""
     check_common(ctx, req, fields.COMPLETIONS)
     rid = f"cmpl-{uuid.uuid4().hex}"
-    js = jobs(ctx, req, request, rid)
+    js = jobs(ctx=ctx, req=req, request=request, rid=rid)
     want = Extras(
         token_ids=bool(req.return_token_ids),
         logprobs=req.logprobs is not None,
         usage=bool(req.stream_options and req.stream_options.include_usage),
     )
     if req.stream:
-        return EventStream(chunks(ctx, js, rid, req.model, want))
+        return EventStream(chunks(ctx=ctx, js=js, rid=rid, model=req.model, want=want))
     accs = await gather([collect(ctx, j) for j in js])
-    resp = response(ctx, js, rid, req.model, accs, want)
+    resp = response(ctx=ctx, js=js, rid=rid, model=req.model, accs=accs, want=want)
     return JSONResponse(resp.model_dump(mode="json"))
 
 
@@ -120,7 +120,9 @@ def response(
                 index=k,
                 text=final_text(ctx, j, acc),
                 finish_reason=acc.finish,
-                logprobs=logprobs(ctx, acc.ids, acc.logprobs, 0) if want.logprobs else None,
+                logprobs=logprobs(ctx=ctx, ids=acc.ids, lps=acc.logprobs, offset=0)
+                if want.logprobs
+                else None,
                 token_ids=acc.ids if ids else None,
                 prompt_token_ids=j.prompt_ids if ids else None,
                 weight_version=acc.last_version,
@@ -141,7 +143,9 @@ async def choices(
             index=k,
             text=text,
             finish_reason=d.finish_reason,
-            logprobs=logprobs(ctx, d.token_ids, d.logprobs, offset) if want.logprobs else None,
+            logprobs=logprobs(ctx=ctx, ids=d.token_ids, lps=d.logprobs, offset=offset)
+            if want.logprobs
+            else None,
             token_ids=list(d.token_ids) if want.token_ids else None,
             prompt_token_ids=j.prompt_ids if want.token_ids and first else None,
             weight_version=d.weight_version,
@@ -155,7 +159,7 @@ async def chunks(
 ) -> AsyncIterator[p.CompletionResponse]:
     """The stream's chunks: one per delta of any prompt, then, if asked, a usage chunk."""
     now, accs = int(time.time()), [Acc() for _ in js]
-    its = [choices(ctx, j, k, accs[k], want) for k, j in enumerate(js)]
+    its = [choices(ctx=ctx, j=j, k=k, acc=accs[k], want=want) for k, j in enumerate(js)]
     async for _, choice in merge(its):
         yield p.CompletionResponse(id=rid, created=now, model=model, choices=[choice])
     if want.usage:

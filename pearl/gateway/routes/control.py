@@ -40,10 +40,10 @@ def router(ctx: Context) -> APIRouter:
     async def event(kind: str, request: Request) -> Any:
         if kind not in EVENT_KINDS:
             raise GatewayError(
-                f"unknown event {kind!r}; one of {', '.join(EVENT_KINDS)}",
-                404,
-                "not_found_error",
-                "kind",
+                message=f"unknown event {kind!r}; one of {', '.join(EVENT_KINDS)}",
+                status=404,
+                kind="not_found_error",
+                param="kind",
             )
         fields = event_fields(await request.body())
         return JSONResponse(await ctx.backend.event(kind, fields))

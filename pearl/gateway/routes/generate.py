@@ -123,7 +123,7 @@ async def outputs(
     acc = Acc()
     async for d in deltas(ctx, j):
         acc.add(d)
-        yield response(ctx, j, req, acc, d.finish_reason is not None, t0)
+        yield response(ctx=ctx, j=j, req=req, acc=acc, final=d.finish_reason is not None, t0=t0)
 
 
 async def create(ctx: Context, req: p.GenerateRequest, request: Request) -> Any:
@@ -132,8 +132,8 @@ async def create(ctx: Context, req: p.GenerateRequest, request: Request) -> Any:
     j = job_of(ctx, req, request)
     t0 = time.perf_counter()
     if req.stream:
-        return EventStream(outputs(ctx, j, req, t0))
-    body = response(ctx, j, req, await collect(ctx, j), True, t0)
+        return EventStream(outputs(ctx=ctx, j=j, req=req, t0=t0))
+    body = response(ctx=ctx, j=j, req=req, acc=await collect(ctx, j), final=True, t0=t0)
     return JSONResponse(body.model_dump(mode="json"))
 
 

@@ -89,13 +89,15 @@ async def run_tool(mode: str, code: str, limits: SandboxLimits = SandboxLimits()
             await asyncio.shield(proc.wait())
     if timed_out:
         return ToolRun(
-            False,
-            f"error: the tool ran past its {limits.timeout_s:g} s time limit and was killed",
-            time.monotonic() - t0,
-            proc.pid,
-            "timeout",
+            ok=False,
+            output=f"error: the tool ran past its {limits.timeout_s:g} s time limit and was killed",
+            seconds=time.monotonic() - t0,
+            pid=proc.pid,
+            killed="timeout",
         )
-    return tool_result(proc.returncode, out, err, time.monotonic() - t0, proc.pid)
+    return tool_result(
+        rc=proc.returncode, out=out, err=err, seconds=time.monotonic() - t0, pid=proc.pid
+    )
 
 
 def tool_result(rc: int | None, out: bytes, err: bytes, seconds: float, pid: int) -> ToolRun:
@@ -106,21 +108,30 @@ def tool_result(rc: int | None, out: bytes, err: bytes, seconds: float, pid: int
         sig = -rc
         if sig == signal.SIGXCPU:
             return ToolRun(
-                False,
-                "error: the tool used up its CPU time limit and was killed",
-                seconds,
-                pid,
-                "cpu",
+                ok=False,
+                output="error: the tool used up its CPU time limit and was killed",
+                seconds=seconds,
+                pid=pid,
+                killed="cpu",
             )
         return ToolRun(
-            False, f"error: the tool was killed by signal {sig}", seconds, pid, f"signal {sig}"
+            ok=False,
+            output=f"error: the tool was killed by signal {sig}",
+            seconds=seconds,
+            pid=pid,
+            killed=f"signal {sig}",
         )
     try:
         reply = json.loads(out.decode("utf-8", "replace").strip().splitlines()[-1])
-        return ToolRun(bool(reply["ok"]), str(reply["out"]), seconds, pid)
+        return ToolRun(ok=bool(reply["ok"]), output=str(reply["out"]), seconds=seconds, pid=pid)
     except (IndexError, ValueError, KeyError, TypeError):
         tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
-        return ToolRun(False, f"error: the tool crashed (exit {rc}) {tail[0][:200]}", seconds, pid)
+        return ToolRun(
+            ok=False,
+            output=f"error: the tool crashed (exit {rc}) {tail[0][:200]}",
+            seconds=seconds,
+            pid=pid,
+        )
 
 
 def _kill(pid: int) -> None:

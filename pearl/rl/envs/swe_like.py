@@ -105,18 +105,18 @@ class Dist:
 
 
 def _ln(median: float, sigma: float, lo: float = -math.inf, hi: float = math.inf) -> Dist:
-    return Dist("lognormal", median, sigma, lo, hi)
+    return Dist(kind="lognormal", a=median, b=sigma, lo=lo, hi=hi)
 
 
 @dataclass(frozen=True)
 class SWEConfig:
     turns: Dist = Dist("randint", 3, 8)  # agent actions per episode
-    prompt_bytes: Dist = _ln(1500, 0.5, 200, 8000)  # issue text + repository map
-    file_bytes: Dist = _ln(800, 0.8, 64, 6000)  # a read's "file contents"
-    log_bytes: Dist = _ln(400, 1.0, 64, 6000)  # a test run's "test logs"
+    prompt_bytes: Dist = _ln(median=1500, sigma=0.5, lo=200, hi=8000)  # issue text + repository map
+    file_bytes: Dist = _ln(median=800, sigma=0.8, lo=64, hi=6000)  # a read's "file contents"
+    log_bytes: Dist = _ln(median=400, sigma=1.0, lo=64, hi=6000)  # a test run's "test logs"
     edit_bytes: Dist = Dist("const", 80)  # a patch acknowledgement
-    read_latency_s: Dist = _ln(0.02, 0.5, 0.0, 0.5)
-    test_latency_s: Dist = _ln(0.2, 0.6, 0.0, 2.0)
+    read_latency_s: Dist = _ln(median=0.02, sigma=0.5, lo=0.0, hi=0.5)
+    test_latency_s: Dist = _ln(median=0.2, sigma=0.6, lo=0.0, hi=2.0)
     edit_latency_s: Dist = Dist("const", 0.01)
     mix: tuple[float, float, float] = (0.6, 0.3, 0.1)  # read, test, edit when no keyword says
     time_scale: float = 1.0  # multiplies every latency (0 = no waiting)
@@ -149,11 +149,11 @@ class SWEConfig:
 # hundreds of bytes rather than thousands, and tool latencies of tens of milliseconds.
 SMALL = SWEConfig(
     turns=Dist("randint", 3, 5),
-    prompt_bytes=_ln(300, 0.3, 120, 600),
-    file_bytes=_ln(320, 0.4, 96, 640),
-    log_bytes=_ln(240, 0.5, 64, 640),
-    read_latency_s=_ln(0.03, 0.5, 0.0, 0.2),
-    test_latency_s=_ln(0.08, 0.5, 0.0, 0.4),
+    prompt_bytes=_ln(median=300, sigma=0.3, lo=120, hi=600),
+    file_bytes=_ln(median=320, sigma=0.4, lo=96, hi=640),
+    log_bytes=_ln(median=240, sigma=0.5, lo=64, hi=640),
+    read_latency_s=_ln(median=0.03, sigma=0.5, lo=0.0, hi=0.2),
+    test_latency_s=_ln(median=0.08, sigma=0.5, lo=0.0, hi=0.4),
 )
 
 
@@ -203,7 +203,7 @@ class SWELikeEnv(Environment):
         self.ep = _Episode(task, rng, turns)
         n = int(c.prompt_bytes.sample(rng))
         head = f"Issue: {task.prompt}\nRepository files:\n"
-        return _fill(head, n, rng, _repo_line)
+        return _fill(head=head, n=n, rng=rng, line=_repo_line)
 
     async def step(self, action: str) -> StepOutcome:
         ep = self.ep
@@ -231,12 +231,17 @@ class SWELikeEnv(Environment):
             "test": "$ pytest -x\n",
             "edit": "Applied the patch.\n",
         }[kind]
-        obs = _fill(head, n, rng, line)
+        obs = _fill(head=head, n=n, rng=rng, line=line)
         return StepOutcome(
-            obs,
-            0.0,
-            False,
-            {"kind": kind, "obs_bytes": len(obs.encode()), "latency_s": latency, "turn": ep.turn},
+            observation=obs,
+            reward=0.0,
+            done=False,
+            info={
+                "kind": kind,
+                "obs_bytes": len(obs.encode()),
+                "latency_s": latency,
+                "turn": ep.turn,
+            },
         )
 
     async def _finish(self, kind: str) -> StepOutcome:
@@ -254,17 +259,17 @@ class SWELikeEnv(Environment):
             for i, ok in enumerate(passed)
         )
         obs = _fill(
-            f"$ pytest tests/test_hidden.py\n{summary}",
-            int(c.log_bytes.sample(rng)),
-            rng,
-            _log_line,
+            head=f"$ pytest tests/test_hidden.py\n{summary}",
+            n=int(c.log_bytes.sample(rng)),
+            rng=rng,
+            line=_log_line,
         )
         reward = sum(passed) / len(passed) if passed else 0.0
         return StepOutcome(
-            obs,
-            reward,
-            True,
-            {
+            observation=obs,
+            reward=reward,
+            done=True,
+            info={
                 "kind": "final",
                 "final_action": kind,
                 "passed": sum(passed),
@@ -314,7 +319,9 @@ def swe_tasks(n: int = 64, seed: int = 0, n_tests: int = 4) -> TaskSet:
             f"func_{rng.randrange(100)} in src/mod_{mod}.py returns the wrong value; "
             f"make tests/test_mod_{mod}.py pass."
         )
-        tasks.append(Task(f"swe-{seed}-{i}", prompt, needles, {"needles": needles}))
+        tasks.append(
+            Task(id=f"swe-{seed}-{i}", prompt=prompt, answer=needles, meta={"needles": needles})
+        )
     return TaskSet(tasks, name=f"swe_like(seed={seed})")
 
 

@@ -161,7 +161,7 @@ class ToolUseEnv(Environment):
         if not done and self.turn >= self.max_turns:
             done, info["truncated"] = True, True
         self.done = done
-        return StepOutcome(obs, reward + bonus, done, info)
+        return StepOutcome(observation=obs, reward=reward + bonus, done=done, info=info)
 
 
 _NAMES = ("Ana", "Ben", "Chen", "Dara", "Eli", "Fatima", "Goro", "Hana", "Ivan", "Jamal")
@@ -215,7 +215,9 @@ def arithmetic_tasks(n: int = 256, seed: int = 0, difficulty: int = 1) -> TaskSe
     tasks = []
     for i in range(n):
         text, answer, expr = word_problem(rng, difficulty)
-        tasks.append(Task(f"arith-{seed}-{i}", text, str(answer), {"expression": expr}))
+        tasks.append(
+            Task(id=f"arith-{seed}-{i}", prompt=text, answer=str(answer), meta={"expression": expr})
+        )
     return TaskSet(tasks, name=f"arithmetic(seed={seed})")
 
 
@@ -250,7 +252,9 @@ def count_tasks(n: int = 256, seed: int = 0, hi: int = 9) -> TaskSet:
     tasks = []
     for i in range(n):
         text, answer, expr = count_problem(rng, hi)
-        tasks.append(Task(f"count-{seed}-{i}", text, str(answer), {"expression": expr}))
+        tasks.append(
+            Task(id=f"count-{seed}-{i}", prompt=text, answer=str(answer), meta={"expression": expr})
+        )
     return TaskSet(tasks, name=f"counts(seed={seed})")
 
 

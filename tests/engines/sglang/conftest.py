@@ -71,12 +71,12 @@ def servers() -> Iterator[Servers]:
         )
 
     s = Servers(
-        base,
-        engine(0, NEW, Role.COLOCATED, None),
-        engine(1, NEW, Role.PREFILL, chans[0], role_switch=True),
-        engine(2, NEW, Role.DECODE, chans[1], role_switch=True),
-        engine(3, OLD, Role.COLOCATED, chans[2]),
-        chans,
+        base=base,
+        coloc=engine(0, NEW, Role.COLOCATED, None),
+        prefill=engine(1, NEW, Role.PREFILL, chans[0], role_switch=True),
+        decode=engine(2, NEW, Role.DECODE, chans[1], role_switch=True),
+        old=engine(3, OLD, Role.COLOCATED, chans[2]),
+        channels=chans,
     )
     errors: list[BaseException] = []
 

@@ -97,17 +97,19 @@ def test_generation_is_the_torch_engines(servers: Servers) -> None:
 def test_pd_generation_with_bootstrap_rooms(servers: Servers) -> None:
     prompt = prompt_of(40, 3)
     want = run(servers.coloc, prompt, rid="c", n=12)
-    rp, rd = pd(servers, servers.prefill, servers.decode, prompt, "pd1", 12)
+    rp, rd = pd(
+        s=servers, prefill=servers.prefill, decode=servers.decode, prompt=prompt, rid="pd1", n=12
+    )
     assert rp.finish_reason is FinishReason.PREFILLED and rp.output_ids == want.output_ids[:1]
     assert rd.output_ids == want.output_ids and rd.finish_reason is FinishReason.LENGTH
     # the same raw body to both servers, bootstrap fields added by the caller (SGLang's way)
     body = P.generate_body(GenerateRequest("raw", prompt, SamplingParams(max_new_tokens=12)))
     out = generate_pd(
-        servers.prefill.client,
-        servers.decode.client,
-        body,
-        "127.0.0.1",
-        servers.prefill.spec.bootstrap_port,
+        prefill=servers.prefill.client,
+        decode=servers.decode.client,
+        body=body,
+        bootstrap_host="127.0.0.1",
+        bootstrap_port=servers.prefill.spec.bootstrap_port,
     )
     assert out["output_ids"] == list(want.output_ids)
     recv = servers.decode.telemetry().transfers
@@ -203,7 +205,12 @@ def test_weight_updates_by_version_survive_a_restart(servers: Servers, tmp_path:
 
     e = servers.old
     cfg = M.preset_config("tiny")
-    state = M.build(cfg, M.WeightSource("seed", 1), torch.device("cpu"), torch.float32).state_dict()
+    state = M.build(
+        config=cfg,
+        source=M.WeightSource("seed", 1),
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+    ).state_dict()
     path = tmp_path / "v00000001.safetensors"
     save_file({k: v.contiguous() for k, v in state.items() if k != "lm_head.weight"}, str(path))
     prompt = prompt_of(20, 5)
@@ -236,7 +243,7 @@ def test_role_switch_in_place(servers: Servers) -> None:
     assert (p.server.pid, d.server.pid) == pids  # type: ignore[union-attr]
     assert d.client.detect().mode == "prefill" and p.client.detect().mode == "decode"
     prompt = prompt_of(25, 7)
-    _, rd = pd(servers, d, p, prompt, "swapped", 8)
+    _, rd = pd(s=servers, prefill=d, decode=p, prompt=prompt, rid="swapped", n=8)
     assert rd.output_ids == run(servers.coloc, prompt, rid="c2", n=8).output_ids
     p.set_role(Role.PREFILL)
     d.set_role(Role.DECODE)
@@ -263,11 +270,16 @@ def test_weights_by_broadcast(servers: Servers) -> None:
         kwargs=dict(init_method=f"tcp://127.0.0.1:{port}", world_size=2, rank=0),
     )
     joined.start()
-    e.client.init_weights_update_group("127.0.0.1", port, 1, 2, backend="gloo")
+    e.client.init_weights_update_group(
+        master_address="127.0.0.1", master_port=port, rank_offset=1, world_size=2, backend="gloo"
+    )
     joined.join(30)
     try:
         state = M.build(
-            M.preset_config("tiny"), M.WeightSource("seed", 0), torch.device("cpu"), torch.float32
+            config=M.preset_config("tiny"),
+            source=M.WeightSource("seed", 0),
+            device=torch.device("cpu"),
+            dtype=torch.float32,
         ).state_dict()
         names = sorted(state)
         update = DistributedWeights(

@@ -58,7 +58,7 @@ def test_an_aborted_answer_keeps_its_prefix() -> None:
             "output_token_logprobs": [[-0.1, 4, None], [-0.2, 8, None], [-0.3, 15, None]],
         },
     }
-    r = P.result_of("x", answer, Role.COLOCATED, 0)
+    r = P.result_of(rid="x", body=answer, role=Role.COLOCATED, version=0)
     assert r.finish_reason is FinishReason.ABORT and r.output_ids == (4, 8, 15)
     assert r.logprobs == (-0.1, -0.2, -0.3) and r.weights_version == 7
     assert (r.prompt_tokens, r.cached_tokens) == (6, 2)
@@ -78,7 +78,7 @@ def test_finish_reasons(kind: str, role: Role, want: FinishReason) -> None:
         "output_ids": [1],
         "meta_info": {"finish_reason": {"type": kind}, "weight_version": "default"},
     }
-    r = P.result_of("r", answer, role, 3)
+    r = P.result_of(rid="r", body=answer, role=role, version=3)
     assert r.finish_reason is want and r.weights_version == 3  # non-numeric: the engine's own
 
 

@@ -49,7 +49,13 @@ def routers() -> Iterator[tuple[str, str]]:
 def table(s: Servers, *rows: tuple[Any, str]) -> tuple[Worker, ...]:
     """The given (server engine, role) rows as active workers; GPU id = port offset."""
     return tuple(
-        Worker(i, (e.spec.port - s.base,), Role(role), Activity.ACTIVE, Zone.DEDICATED)
+        Worker(
+            id=i,
+            gpus=(e.spec.port - s.base,),
+            role=Role(role),
+            activity=Activity.ACTIVE,
+            zone=Zone.DEDICATED,
+        )
         for i, (e, role) in enumerate(rows)
     )
 
@@ -65,7 +71,7 @@ def harness(servers: Servers, routers: tuple[str, str]) -> Iterator[SimpleNamesp
     )
     link = SGLangRouterLink(*routers, cfg, admit_timeout_s=20)
     d = base.Directory()
-    router = base.start(d, Router, d, link)
+    router = base.start(d, Router, directory=d, link=link)
     trainer = base.start(d, Trainer, d)
     seq = [0]
 

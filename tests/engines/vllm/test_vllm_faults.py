@@ -42,11 +42,18 @@ def prompt(i: int) -> tuple[int, ...]:
 def pool(engine: Any) -> Iterator[RolloutClient]:
     """The engine as worker 0 of a one-worker pool, routed by a real Router."""
     d = Directory()
-    start(d, Router, d, None, WAIT_S)
+    start(d, Router, directory=d, link=None, wait_s=WAIT_S)
     ref = WorkerActor.start(d, 0, 1, lambda role: engine, lambda v: None, lambda: None)
     d.register(LocalRef(names.worker_name(0), ref))
     ref.proxy().engine = engine
-    w = Worker(0, (0,), Role.COLOCATED, Activity.ACTIVE, Zone.DEDICATED, 1)
+    w = Worker(
+        id=0,
+        gpus=(0,),
+        role=Role.COLOCATED,
+        activity=Activity.ACTIVE,
+        zone=Zone.DEDICATED,
+        incarnation=1,
+    )
     d.tell(names.ROUTER, StateChanged(ClusterView(TableSnapshot(seq=1, workers=(w,)))))
     client = RolloutClient(d, wait_s=WAIT_S)
     stop = threading.Event()

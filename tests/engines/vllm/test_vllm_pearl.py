@@ -164,7 +164,7 @@ def cluster(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         rt.start()
         d: base.Directory = rt.daemon.directory
         trainer = base.start(d, Trainer, d)
-        c = Cluster(rt, trainer.ref.proxy(), port, state)
+        c = Cluster(rt=rt, trainer=trainer.ref.proxy(), base_port=port, state=state)
         c.settled({0, 1, 2})
         yield c
     finally:

@@ -43,7 +43,13 @@ with FileLog(out) as log:
         [
             ev.WeightsPublished(st.weights_version + 1, "file:///w/v"),
             ev.WeightsPublished(st.weights_version + 2),
-            ev.PlanBegin(p, "test", Target(Mode.DISAGGREGATED, 1, 2, 0), (), mandatory=True),
+            ev.PlanBegin(
+                plan=p,
+                cause="test",
+                target=Target(mode=Mode.DISAGGREGATED, N_P=1, N_D=2, N_C=0),
+                steps=(),
+                mandatory=True,
+            ),
             ev.PlanAbort(p, "cancelled"),
         ]
     )
