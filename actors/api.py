@@ -230,7 +230,7 @@ class ApiEndpoint(PearlActor):
             self.server.serve(
                 dispatch(
                     {
-                        Ping: lambda env: Pong(env.msg.nonce),
+                        Ping: lambda env: Pong(nonce=env.msg.nonce),
                         Event: self._event,
                         StatusRequest: lambda env: self.status_msg,
                         Subscribe: lambda env: self.publisher.snapshot(lambda: self.view),  # type: ignore[union-attr]
@@ -272,19 +272,21 @@ class ApiEndpoint(PearlActor):
     def _beat(self, env: Any) -> Welcome:
         # Recorded on the server's thread (the ear beat already): a busy supervisor must not look
         # like a dead host. The reply tells the host whether pearld (this boot) still knows it.
-        return Welcome(self.boot_id, known=self.board.beat(env.msg.worker, env.msg.incarnation))
+        return Welcome(
+            boot_id=self.boot_id, known=self.board.beat(env.msg.worker, env.msg.incarnation)
+        )
 
     def _next_batch(self, env: Any) -> BatchReply:
         if self.batches is None:
             raise PearlError("this pearld runs no rollout pipeline (set [rl] env in its config)")
         # Waits only briefly on the server's thread; clients poll until their own deadline.
         batch = self.batches(min(env.msg.timeout_s, 0.5))
-        return BatchReply(None if batch is None else to_plain(batch))
+        return BatchReply(batch=None if batch is None else to_plain(batch))
 
     def _upload(self, env: Any) -> Result:
         if self.weights is None or len(env.frames) != 1:
             raise PearlError("weights-upload needs one bulk frame and a pearld with a weight store")
-        return Result(self.weights(env.msg.version, bytes(env.frames[0])))
+        return Result(value=self.weights(env.msg.version, bytes(env.frames[0])))
 
     def state_changed(self, msg: StateChanged) -> None:
         """The edge: the typed view becomes the ``pearl status`` object here, once a change. A
@@ -317,7 +319,9 @@ class ApiEndpoint(PearlActor):
         view = status_plain(status)
         with self._view_seq:
             self.seq, self.view = msg.seq, view
-            self.status_msg = Status(status)  # one object per change: its encoding is reused
+            self.status_msg = Status(
+                payload=status
+            )  # one object per change: its encoding is reused
             self._view_seq.notify_all()
         if self.publisher is not None:
             self.publisher.publish(view)

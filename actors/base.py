@@ -96,10 +96,12 @@ class RemoteRef:
         self.name, self.client = name, client
 
     def tell(self, msg: Any) -> None:
-        self.client.request(Call(self.name, "tell", {"msg": to_wire(msg)}))
+        self.client.request(Call(actor=self.name, method="tell", args={"msg": to_wire(msg)}))
 
     def ask(self, msg: Any, timeout_s: float = DEFAULT_ASK_S) -> Any:
-        reply = self.client.request(Call(self.name, "ask", {"msg": to_wire(msg)}), timeout_s)
+        reply = self.client.request(
+            Call(actor=self.name, method="ask", args={"msg": to_wire(msg)}), timeout_s
+        )
         value = reply.value if isinstance(reply, Result) else reply
         return decode_value(value)
 
@@ -218,8 +220,8 @@ def serve_directory(directory: Directory) -> Callable[[Any], Any]:
         ref = directory.get(call.actor)
         if call.method == "tell":
             ref.tell(msg)
-            return Result(None)
-        return Result(encode_value(ref.ask(msg)))
+            return Result(value=None)
+        return Result(value=encode_value(ref.ask(msg)))
 
     return handle
 

@@ -20,7 +20,9 @@ from pearl.core import commands as cmd
 
 
 def _result(c: Any, ok: bool = True, error: str = "") -> cmd.StepResult:
-    return cmd.StepResult(c.plan, c.step, ok=ok, error=error, cancel=getattr(c, "cancel", False))
+    return cmd.StepResult(
+        plan=c.plan, step=c.step, ok=ok, error=error, cancel=getattr(c, "cancel", False)
+    )
 
 
 class InterScaleRebuilder(PearlActor):
@@ -36,7 +38,7 @@ class InterScaleRebuilder(PearlActor):
     def on_stop_worker(self, c: cmd.StopWorker) -> None:
         # A plan step is answered by the worker itself (or, when forced, once it is gone); a stop
         # beside any plan (a reclaimed worker leaving now) is answered when its host has exited.
-        gone = cmd.WorkerDown(c.worker, c.incarnation, "stopped")
+        gone = cmd.WorkerDown(worker=c.worker, incarnation=c.incarnation, reason="stopped")
         report = _result(c) if c.plan else gone
         ref = self.directory.find(names.worker_name(c.worker))
         if ref is not None and not c.force and self.directory.tell(ref.name, c):

@@ -66,7 +66,7 @@ class HostHeart:
         self.client = Client(
             endpoint, ctx=ctx, keys=keys, timeout_s=2.0, retries=1, name=host_name(w, inc)
         )
-        beat = WorkerBeat(w, inc)
+        beat = WorkerBeat(worker=w, incarnation=inc)
         self.beacon = Beacon(
             endpoint,
             lambda: beat,

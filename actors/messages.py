@@ -17,7 +17,7 @@ from transports.protocol import MESSAGES
 
 
 @MESSAGES.add
-class WorkerHello(WireStruct, tag="worker-hello", frozen=True):
+class WorkerHello(WireStruct, tag="worker-hello", frozen=True, kw_only=True):
     """A worker host announces itself to pearld (again after a pearld restart)."""
 
     worker: int
@@ -33,7 +33,7 @@ class WorkerHello(WireStruct, tag="worker-hello", frozen=True):
 
 
 @MESSAGES.add
-class WorkerBeat(WireStruct, tag="worker-beat", frozen=True):
+class WorkerBeat(WireStruct, tag="worker-beat", frozen=True, kw_only=True):
     """Heartbeat of a worker host; the reply carries pearld's boot id (a change means re-hello)."""
 
     worker: int
@@ -41,13 +41,13 @@ class WorkerBeat(WireStruct, tag="worker-beat", frozen=True):
 
 
 @MESSAGES.add
-class Welcome(WireStruct, tag="welcome", frozen=True):
+class Welcome(WireStruct, tag="welcome", frozen=True, kw_only=True):
     boot_id: str
     known: bool = True  # False: the log does not know this worker; it will be stopped
 
 
 @MESSAGES.add
-class RestoreWorker(WireStruct, tag="restore-worker", frozen=True):
+class RestoreWorker(WireStruct, tag="restore-worker", frozen=True, kw_only=True):
     """A restarted worker host: bring the engine up in ``role`` at ``weights_version``."""
 
     worker: int
@@ -58,14 +58,14 @@ class RestoreWorker(WireStruct, tag="restore-worker", frozen=True):
 
 
 @MESSAGES.add
-class Generate(WireStruct, tag="generate", frozen=True):
+class Generate(WireStruct, tag="generate", frozen=True, kw_only=True):
     """Run one request on a worker; its result comes back as ``generate-done``."""
 
     request: GenerateRequest
 
 
 @MESSAGES.add
-class GenerateDone(WireStruct, tag="generate-done", frozen=True):
+class GenerateDone(WireStruct, tag="generate-done", frozen=True, kw_only=True):
     worker: int
     rid: str
     result: GenerateResult | None = None
@@ -76,12 +76,12 @@ class GenerateDone(WireStruct, tag="generate-done", frozen=True):
 
 
 @MESSAGES.add
-class AbortRequest(WireStruct, tag="abort-request", frozen=True):
+class AbortRequest(WireStruct, tag="abort-request", frozen=True, kw_only=True):
     rid: str
 
 
 @MESSAGES.add
-class LoadWeights(WireStruct, tag="load-weights", frozen=True):
+class LoadWeights(WireStruct, tag="load-weights", frozen=True, kw_only=True):
     """Move to weights ``version`` (from the weight store at ``uri``; lazy propagation)."""
 
     version: int
@@ -89,13 +89,13 @@ class LoadWeights(WireStruct, tag="load-weights", frozen=True):
 
 
 @MESSAGES.add
-class EngineTelemetryReport(WireStruct, tag="engine-telemetry", frozen=True):
+class EngineTelemetryReport(WireStruct, tag="engine-telemetry", frozen=True, kw_only=True):
     worker: int
     telemetry: EngineTelemetry
 
 
 @MESSAGES.add
-class StateChanged(WireStruct, tag="state-changed", frozen=True):
+class StateChanged(WireStruct, tag="state-changed", frozen=True, kw_only=True):
     """The Orchestrator's view after a logged change: read its attributes (``view.routable``,
     ``view.table``, ``view.profile``); only the edge renders it as a dict (``status_json``)."""
 
@@ -107,19 +107,19 @@ class StateChanged(WireStruct, tag="state-changed", frozen=True):
 
 
 @MESSAGES.add
-class Supervise(WireStruct, tag="supervise", frozen=True):
+class Supervise(WireStruct, tag="supervise", frozen=True, kw_only=True):
     """Periodic prod for the RoleSupervisor: reap dead hosts, restart with back-off."""
 
 
 @MESSAGES.add
-class TrainerHello(WireStruct, tag="trainer-hello", frozen=True):
+class TrainerHello(WireStruct, tag="trainer-hello", frozen=True, kw_only=True):
     """A trainer (embedding API client) that handles lend / reclaim of the training GPUs."""
 
     address: str
 
 
 @MESSAGES.add
-class Route(WireStruct, tag="route", frozen=True):
+class Route(WireStruct, tag="route", frozen=True, kw_only=True):
     """Ask the Router to run ``request``; the result goes to actor ``reply_to`` as generate-done."""
 
     request: GenerateRequest
@@ -128,7 +128,7 @@ class Route(WireStruct, tag="route", frozen=True):
 
 
 @MESSAGES.add
-class RolloutStep(WireStruct, tag="rollout-step", frozen=True):
+class RolloutStep(WireStruct, tag="rollout-step", frozen=True, kw_only=True):
     """A rollout step ended: what its trajectories did (the Runtime Tracker fits the profile)."""
 
     step: int
@@ -140,21 +140,21 @@ class RolloutStep(WireStruct, tag="rollout-step", frozen=True):
 
 
 @MESSAGES.add
-class NextBatch(WireStruct, tag="next-batch", frozen=True):
+class NextBatch(WireStruct, tag="next-batch", frozen=True, kw_only=True):
     """A trainer asks for the next rollout batch, waiting at most ``timeout_s`` on pearld's side."""
 
     timeout_s: float = 0.5
 
 
 @MESSAGES.add
-class BatchReply(WireStruct, tag="batch", frozen=True):
+class BatchReply(WireStruct, tag="batch", frozen=True, kw_only=True):
     """The batch (``pearl.rl.trajectory.Batch`` as a plain mapping), or None: not ready yet."""
 
     batch: dict[str, Any] | None = None
 
 
 @MESSAGES.add
-class WeightsUpload(WireStruct, tag="weights-upload", frozen=True):
+class WeightsUpload(WireStruct, tag="weights-upload", frozen=True, kw_only=True):
     """Weights ``version`` as one bulk frame (safetensors bytes) for pearld's weight store."""
 
     version: int

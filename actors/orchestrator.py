@@ -131,7 +131,7 @@ class Orchestrator(PearlActor):
         except LogError as e:
             self._refused(e)
             raise
-        return Ack(first if first else self.log.last_seq)
+        return Ack(seq=first if first else self.log.last_seq)
 
     def on_report(self, report: Report) -> None:
         """A report from inside pearld: handled now, or kept (in order) until the disk takes it."""
@@ -254,7 +254,7 @@ class Orchestrator(PearlActor):
         return seqs[0] if seqs else 0
 
     def _broadcast(self) -> ClusterView:
-        changed = StateChanged(self.view())
+        changed = StateChanged(view=self.view())
         for name in LISTENERS:
             self.directory.tell(name, changed)
         return changed.view

@@ -68,8 +68,10 @@ class PipelineActor(PearlActor):
         with self._lock:
             self._futures[rid] = fut
         critical = self.pipeline.is_critical(trajectory_id)
-        req = GenerateRequest(rid, ids, sampling, trajectory=trajectory_id, critical=critical)
-        self.directory.tell(names.ROUTER, Route(req, reply_to=self.name))
+        req = GenerateRequest(
+            rid=rid, input_ids=ids, sampling=sampling, trajectory=trajectory_id, critical=critical
+        )
+        self.directory.tell(names.ROUTER, Route(request=req, reply_to=self.name))
         return await fut
 
     def done(self, msg: GenerateDone) -> None:
@@ -102,7 +104,9 @@ class PipelineActor(PearlActor):
             now = self._loop.time()
             if missing != last or handed != taken or now - told >= PROGRESS_S:
                 eta = self.pipeline.next_batch_eta_s()
-                report = cmd.RolloutProgress(missing, handed_out=handed != taken, eta_s=eta)
+                report = cmd.RolloutProgress(
+                    remaining=missing, handed_out=handed != taken, eta_s=eta
+                )
                 self.directory.tell(names.ORCHESTRATOR, report)
                 last, told, taken = missing, now, handed
 

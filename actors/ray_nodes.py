@@ -170,16 +170,16 @@ def node_events(
         gone = pool & {
             g for nid, n in before.items() if n.alive and not up(now.get(nid)) for g in held(cfg, n)
         }
-    out: list[Any] = [ev.GpusReclaimed(tuple(sorted(gone)))] if gone else []
+    out: list[Any] = [ev.GpusReclaimed(gpus=tuple(sorted(gone)))] if gone else []
     for nid, n in sorted(alive.items()):
         was = before.get(nid) if before is not None else None
         if n.drain_deadline is None or (was is not None and was.drain_deadline is not None):
             continue  # not draining, or its drain was seen already
         gpus = tuple(sorted(pool & set(held(cfg, n)) - leaving - gone))
         if gpus and n.drain_deadline > wall:
-            out.append(ev.GpusReclaiming(gpus, n.drain_deadline))
+            out.append(ev.GpusReclaiming(gpus=gpus, deadline=n.drain_deadline))
         elif gpus:
-            out.append(ev.GpusReclaimed(gpus))
+            out.append(ev.GpusReclaimed(gpus=gpus))
     joined = {
         g
         for nid, n in alive.items()
@@ -189,7 +189,7 @@ def node_events(
     # A node that died and came back within one look: reclaimed above, and added again here.
     added = sorted(joined & set(cfg.cluster.preemptible_gpus) - (present - gone))
     if added:
-        out.append(ev.GpusAdded(tuple(added)))
+        out.append(ev.GpusAdded(gpus=tuple(added)))
     return out
 
 

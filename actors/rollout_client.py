@@ -176,7 +176,7 @@ class RolloutClient:
             if call is None:
                 return
             call.cancelled = True
-        self.directory.tell(names.ROUTER, AbortRequest(rid))
+        self.directory.tell(names.ROUTER, AbortRequest(rid=rid))
 
     def close(self) -> None:
         self.directory.unregister(self.name, self)
@@ -203,7 +203,7 @@ class RolloutClient:
                 ),
             )
             return
-        self.directory.tell(names.ROUTER, Route(request, self.name, wait_s=left))
+        self.directory.tell(names.ROUTER, Route(request=request, reply_to=self.name, wait_s=left))
 
     def _resend(self, call: _Call) -> None:
         """Send what is left of ``call`` again: at once after its first empty ending, else

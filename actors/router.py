@@ -257,7 +257,7 @@ class Router(PearlActor):
 
     def _send(self, worker: int, req: GenerateRequest) -> None:
         self.load[worker] = self.load.get(worker, 0) + 1
-        if not self.directory.tell(names.worker_name(worker), Generate(req)):
+        if not self.directory.tell(names.worker_name(worker), Generate(request=req)):
             self.directory.tell(
                 self.name,
                 GenerateDone(
@@ -311,7 +311,7 @@ class Router(PearlActor):
                 self.migrated += 1
                 log.info("migrating %s off worker %d before its reclaim deadline", rid, wid)
                 for w in p.workers:
-                    self.directory.tell(names.worker_name(w), AbortRequest(p.wire(rid)))
+                    self.directory.tell(names.worker_name(w), AbortRequest(rid=p.wire(rid)))
 
     def done(self, msg: GenerateDone) -> None:
         self.load[msg.worker] = max(0, self.load.get(msg.worker, 0) - 1)
@@ -346,7 +346,7 @@ class Router(PearlActor):
             wire = p.wire(rid)
             for w in p.workers:  # the surviving half of a PD pair: its answer is not wanted
                 if w != msg.worker:
-                    self.directory.tell(names.worker_name(w), AbortRequest(wire))
+                    self.directory.tell(names.worker_name(w), AbortRequest(rid=wire))
             self._again(rid, p, why)
         self._flush()
 
@@ -389,7 +389,7 @@ class Router(PearlActor):
             if w == LINK:
                 self.link.abort(wire)
             else:
-                self.directory.tell(names.worker_name(w), AbortRequest(wire))
+                self.directory.tell(names.worker_name(w), AbortRequest(rid=wire))
         if not p.workers:  # still waiting for a worker: answer now
             self._finish(
                 msg.rid,

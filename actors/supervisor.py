@@ -322,7 +322,9 @@ class RoleSupervisor(PearlActor):
         h = self.hosts.get(c.worker)
         row = self.expected.get(c.worker)
         if h is None or h.retiring or (row is not None and row.incarnation != h.incarnation):
-            result = cmd.StepResult(c.plan, c.step, ok=False, error="worker host not connected")
+            result = cmd.StepResult(
+                plan=c.plan, step=c.step, ok=False, error="worker host not connected"
+            )
             self.directory.tell(names.ORCHESTRATOR, result)
         elif h.ref is not None:
             h.ref.tell(c)
@@ -379,7 +381,7 @@ class RoleSupervisor(PearlActor):
                 msg.pid,
             )
             self.launcher.kill(self.launcher.handle_of(msg), force=True)
-            return Welcome(self.boot_id, known=False)
+            return Welcome(boot_id=self.boot_id, known=False)
         handle = self.launcher.handle_of(msg)
         if (
             h is not None
@@ -399,7 +401,7 @@ class RoleSupervisor(PearlActor):
                 h.handle,
             )
             self.launcher.kill(handle, force=True)
-            return Welcome(self.boot_id, known=False)
+            return Welcome(boot_id=self.boot_id, known=False)
         if h is None or h.incarnation != msg.incarnation:  # adopted after a pearld restart
             assert row is not None
             h = self.hosts[msg.worker] = Host(msg.worker, msg.incarnation, row.gpus)
@@ -447,10 +449,12 @@ class RoleSupervisor(PearlActor):
             )
             pending = [restore, *pending]
         elif msg.engine_ready and row is not None:
-            self.directory.tell(names.ORCHESTRATOR, cmd.WorkerUp(h.worker, h.incarnation))
+            self.directory.tell(
+                names.ORCHESTRATOR, cmd.WorkerUp(worker=h.worker, incarnation=h.incarnation)
+            )
         for c in pending:
             h.ref.tell(c)
-        return Welcome(self.boot_id, known=True)
+        return Welcome(boot_id=self.boot_id, known=True)
 
     def _undeliverable(self, name: str, msg: Any, error: PearlError) -> None:
         """Courier thread: hand the failure to the actor's own thread."""
@@ -597,7 +601,10 @@ class RoleSupervisor(PearlActor):
         self._targets()
         # Its requests will never be answered: the router sends them elsewhere at once.
         self.directory.tell(names.ROUTER, WorkerGone(h.worker, h.incarnation, why))
-        self.directory.tell(names.ORCHESTRATOR, cmd.WorkerDown(h.worker, h.incarnation, why))
+        self.directory.tell(
+            names.ORCHESTRATOR,
+            cmd.WorkerDown(worker=h.worker, incarnation=h.incarnation, reason=why),
+        )
         d = self.cfg.daemon
         if h.restarts >= d.restart_budget:
             self.board.ended("lost")
@@ -605,7 +612,7 @@ class RoleSupervisor(PearlActor):
             lost = f"{why}; gave up after {h.restarts} restarts"
             self.board.fault(h.worker, lost)
             self.directory.tell(names.API, HostsChanged())
-            self.directory.tell(names.ORCHESTRATOR, cmd.WorkerLost(h.worker, lost))
+            self.directory.tell(names.ORCHESTRATOR, cmd.WorkerLost(worker=h.worker, reason=lost))
             return
         backoff = d.restart_backoff_s * 2**h.restarts
         h.restart_at = time.monotonic() + backoff

@@ -109,8 +109,8 @@ class WorkerActor(PearlActor):
             self.directory.tell(
                 names.ORCHESTRATOR,
                 cmd.StepResult(
-                    c.plan,
-                    c.step,
+                    plan=c.plan,
+                    step=c.step,
                     ok=ok,
                     error=error,
                     cancel=getattr(c, "cancel", False),
@@ -155,7 +155,9 @@ class WorkerActor(PearlActor):
             log.error("%s could not start: %s; the host exits", self.name, e)
             self.on_exit()
             return
-        self.directory.tell(names.ORCHESTRATOR, cmd.WorkerUp(self.worker, self.incarnation))
+        self.directory.tell(
+            names.ORCHESTRATOR, cmd.WorkerUp(worker=self.worker, incarnation=self.incarnation)
+        )
 
     def _server_gone(self, why: str) -> None:
         """The engine's server cannot be kept up (watchdog thread): the host ends, so that its
@@ -169,7 +171,9 @@ class WorkerActor(PearlActor):
             if not c.active:
                 self.engine.release_memory()  # type: ignore[union-attr]
                 self.released = True
-            self.directory.tell(names.ORCHESTRATOR, cmd.WorkerUp(self.worker, self.incarnation))
+            self.directory.tell(
+                names.ORCHESTRATOR, cmd.WorkerUp(worker=self.worker, incarnation=self.incarnation)
+            )
         except PearlError as e:  # as a start in the background: its supervisor restarts it
             log.error("%s could not be restored: %s; the host exits", self.name, e)
             self.on_exit()
@@ -282,7 +286,9 @@ class WorkerActor(PearlActor):
             t = self.engine.telemetry()
             self.metrics.observe(t)
             if t.iterations or t.transfers:
-                self.directory.tell(names.TRACKER, EngineTelemetryReport(self.worker, t))
+                self.directory.tell(
+                    names.TRACKER, EngineTelemetryReport(worker=self.worker, telemetry=t)
+                )
 
     def on_stop(self) -> None:
         if self.engine is not None:

@@ -64,7 +64,7 @@ class Reporter:
             name, msg = item
             for attempt in range(20):
                 try:
-                    self.client.request(Call(name, "tell", {"msg": to_wire(msg)}))
+                    self.client.request(Call(actor=name, method="tell", args={"msg": to_wire(msg)}))
                     break
                 except PearlError as e:
                     if attempt == 19:

@@ -268,7 +268,7 @@ def storm(rt: pearl.Runtime, pool: Pool, label: str, cycles: int) -> Callable[[]
 
     def run() -> None:
         for cycle in range(1, cycles + 1):
-            rt.event(ev.GpusAdded(JOINERS))
+            rt.event(ev.GpusAdded(gpus=JOINERS))
 
             def joined() -> bool:
                 on = [w for w in rt.status().workers if set(w.gpus) & set(JOINERS)]
@@ -278,11 +278,11 @@ def storm(rt: pearl.Runtime, pool: Pool, label: str, cycles: int) -> Callable[[]
             pool.refresh()
             if not poll(running_on_joiners, 30, 0.01):  # few sessions may all live elsewhere
                 print(f"  {label} storm cycle {cycle}: no turn ran on a joiner", flush=True)
-            rt.event(ev.GpusReclaimed(JOINERS))
+            rt.event(ev.GpusReclaimed(gpus=JOINERS))
             step = rt.status().training_step + 1
-            rt.event(ev.TrainingBegin(step))
+            rt.event(ev.TrainingBegin(step=step))
             wait_training_may_proceed(rt.status, step, timeout_s=60)
-            rt.event(ev.TrainingFinished(step))
+            rt.event(ev.TrainingFinished(step=step))
             print(f"  {label} storm cycle {cycle}: a reclaim with turns running, a borrow cycle",
                   flush=True)  # fmt: skip
 

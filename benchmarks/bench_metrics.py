@@ -69,7 +69,7 @@ def one_round(c: Client, url: str, events: int, hz: float) -> dict[str, float]:
     acks = []
     try:
         for i in range(events):
-            record = ev.GpusAdded((64, 65)) if i % 2 == 0 else ev.GpusReclaimed((64, 65))
+            record = ev.GpusAdded(gpus=(64, 65)) if i % 2 == 0 else ev.GpusReclaimed(gpus=(64, 65))
             t0 = time.perf_counter()
             c.request(Event.of(record), 5.0)
             acks.append(time.perf_counter() - t0)

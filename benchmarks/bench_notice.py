@@ -238,7 +238,7 @@ def run(setup: Setup, notice_s: float | None) -> dict[str, Any]:
     try:
         pipeline = rt.daemon.batches()
         rec.attach(pipeline)
-        rt.event(ev.GpusAdded(setup.added))
+        rt.event(ev.GpusAdded(gpus=setup.added))
 
         def serving(s: dict[str, Any]) -> bool:
             n = [w for w in s["workers"] if w["role"] != "training" and w["activity"] == "active"]
@@ -301,7 +301,7 @@ def run(setup: Setup, notice_s: float | None) -> dict[str, Any]:
         reclaim_at = first + (notice_s or 0.0)
         if notice_s is not None:
             out["in_flight_at_notice"] = on_leaving()
-            rt.event(ev.GpusReclaiming(setup.reclaimed, time.time() + notice_s))
+            rt.event(ev.GpusReclaiming(gpus=setup.reclaimed, deadline=time.time() + notice_s))
         time.sleep(max(0.0, reclaim_at - 0.05 - time.monotonic()))
         out["in_flight_at_reclaim"] = on_leaving()
         time.sleep(max(0.0, reclaim_at - time.monotonic()))
@@ -309,7 +309,7 @@ def run(setup: Setup, notice_s: float | None) -> dict[str, Any]:
         if set(setup.reclaimed) & present:
             out["reclaim"] = "gpus-reclaimed sent"
             try:
-                rt.event(ev.GpusReclaimed(setup.reclaimed))
+                rt.event(ev.GpusReclaimed(gpus=setup.reclaimed))
             except Exception as e:  # noqa: BLE001 - recorded: the table says what happened
                 out["reclaim"] = f"gpus-reclaimed refused: {e}"
         else:

@@ -182,7 +182,7 @@ class Driver:
     def settle(self) -> None:
         while self.pending:
             c = self.pending.pop(0)
-            self.send(cmd.StepResult(c.plan, c.step, cancel=getattr(c, "cancel", False)))
+            self.send(cmd.StepResult(plan=c.plan, step=c.step, cancel=getattr(c, "cancel", False)))
 
 
 def bench_event_to_plan(tmp: Path, sizes: list[int], repeat: int) -> None:
@@ -194,11 +194,11 @@ def bench_event_to_plan(tmp: Path, sizes: list[int], repeat: int) -> None:
         times = []
         for _ in range(repeat):
             t0 = time.perf_counter()
-            out = d.send(ev.GpusAdded((n, n + 1, n + 2, n + 3)))
+            out = d.send(ev.GpusAdded(gpus=(n, n + 1, n + 2, n + 3)))
             times.append(time.perf_counter() - t0)
             assert any(isinstance(r, ev.PlanBegin) for r in out.records)
             d.settle()
-            d.send(ev.GpusReclaimed((n, n + 1, n + 2, n + 3)))
+            d.send(ev.GpusReclaimed(gpus=(n, n + 1, n + 2, n + 3)))
             d.settle()
         d.log.close()
         print(
@@ -211,9 +211,9 @@ def build_log(cfg: config.Config, state: Path, records: int) -> int:
     d = Driver(cfg, state / "log")
     n = 2 * 2
     while d.log.last_seq < records:
-        d.send(ev.GpusAdded((n, n + 1)))
+        d.send(ev.GpusAdded(gpus=(n, n + 1)))
         d.settle()
-        d.send(ev.GpusReclaimed((n, n + 1)))
+        d.send(ev.GpusReclaimed(gpus=(n, n + 1)))
         d.settle()
     last = d.log.last_seq
     d.log.close()

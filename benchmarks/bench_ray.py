@@ -85,7 +85,7 @@ def event_s(sets: list[str]) -> float:
             rt.start()
             wait_serving(rt, 4)
             t0 = time.monotonic()
-            rt.event(ev.GpusAdded((4, 5, 6, 7)))
+            rt.event(ev.GpusAdded(gpus=(4, 5, 6, 7)))
             wait_serving(rt, 8)
             return time.monotonic() - t0
         finally:

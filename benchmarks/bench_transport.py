@@ -69,7 +69,7 @@ class Rpc:
 
     def __init__(self, ctx: zmq.Context[Any], address: str) -> None:
         handler = dispatch(
-            {Ping: lambda env: Pong(env.msg.nonce), StatusRequest: lambda env: Status()}
+            {Ping: lambda env: Pong(nonce=env.msg.nonce), StatusRequest: lambda env: Status()}
         )
         self.server = Server(address, handler, ctx=ctx)
         self.client = Client(self.server.address, ctx=ctx)
@@ -114,13 +114,13 @@ def main() -> int:
     bare, rpc = BareEcho(ctx, addr()), Rpc(ctx, addr())
     try:
         bare.run(500, bare_payload)  # warm up
-        rpc.run(500, Ping(1))
+        rpc.run(500, Ping(nonce=1))
         # Both endpoints stay up; alternate small blocks so that load from other processes on a
         # shared machine hits every variant alike.
         block = 250
         for _ in range(max(1, args.n // block)):
             res["bare"] += bare.run(block, bare_payload)
-            res["ping"] += rpc.run(block, Ping(1))
+            res["ping"] += rpc.run(block, Ping(nonce=1))
             res["status"] += rpc.run(block, StatusRequest())
     finally:
         bare.close()

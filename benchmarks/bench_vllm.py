@@ -102,7 +102,12 @@ class Workload:
             ctx, mine = self.prompts[a], []
             for t in range(self.turns):
                 sampling = SamplingParams(max_new_tokens=self.tokens, temperature=0.0)
-                req = GenerateRequest(f"{tag}-a{a}-t{t}", ctx, sampling, trajectory=f"{tag}-a{a}")
+                req = GenerateRequest(
+                    rid=f"{tag}-a{a}-t{t}",
+                    input_ids=ctx,
+                    sampling=sampling,
+                    trajectory=f"{tag}-a{a}",
+                )
                 out = generate(a, req)
                 mine += out
                 ctx = ctx + tuple(out) + self.obs[a][t]
@@ -204,7 +209,7 @@ def main() -> int:
             120,
             "turns in flight on the preemptible worker",
         )
-        rt.event(ev.GpusReclaimed((2,)))
+        rt.event(ev.GpusReclaimed(gpus=(2,)))
         runner.join()
         migrated = client.migrated - migrated0
         failed = client.failed - failed0
@@ -214,7 +219,7 @@ def main() -> int:
 
         wait_until(lambda: serving(rt) == {1}, 120, "the reclaim to settle")
         t0 = time.monotonic()
-        rt.event(ev.GpusAdded((2,)))
+        rt.event(ev.GpusAdded(gpus=(2,)))
         wait_until(lambda: serving(rt) == {1, 2}, 900, "the joiner to serve")
         join_s = time.monotonic() - t0
         client.close()

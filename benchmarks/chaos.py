@@ -139,7 +139,7 @@ class Play:
         if s["phase"] == "training":  # a cycle cut short by a kill: finish it
             k = s["training_step"]
             may = s["training_may_proceed"] >= k or self.t.wait_proceed(k, 60.0) is not None
-            if may and self.send(ev.TrainingFinished(k)) is None:
+            if may and self.send(ev.TrainingFinished(step=k)) is None:
                 time.sleep(0.05)  # refused (a disk-full window): the next step tries again
             return
         present = sorted(self.world)
@@ -158,17 +158,17 @@ class Play:
             n = self.rng.choice((1, 1, 2))
             gpus = tuple(sorted(g for p in self.rng.sample(absent, min(n, len(absent))) for g in p))
             self.world |= set(gpus)
-            self.fact(ev.GpusAdded(gpus))
+            self.fact(ev.GpusAdded(gpus=gpus))
         elif what == "reclaim":
             gone = self._some(present)
             self.world -= set(gone)
-            self.fact(ev.GpusReclaimed(gone))
+            self.fact(ev.GpusReclaimed(gpus=gone))
         elif what == "flap":  # gone and back within one look of an event source
             gpus = self._some(present)
             self.world -= set(gpus)
-            self.fact(ev.GpusReclaimed(gpus))
+            self.fact(ev.GpusReclaimed(gpus=gpus))
             self.world |= set(gpus)
-            self.fact(ev.GpusAdded(gpus))
+            self.fact(ev.GpusAdded(gpus=gpus))
             self.flaps += 1
         else:
             self.cycle(s["training_step"] + 1, present)
@@ -183,7 +183,7 @@ class Play:
 
     def cycle(self, k: int, present: list[int]) -> None:
         t0 = time.monotonic()
-        if self.send(ev.TrainingBegin(k)) is None:
+        if self.send(ev.TrainingBegin(step=k)) is None:
             return
         waited = self.t.wait_proceed(k, 90.0)
         t1 = time.monotonic()
@@ -195,13 +195,13 @@ class Play:
         if self.rng.random() < 0.5 and self.t.publish(k, self.blob):
             self.published.add(k)
             version = k
-        if self.send(ev.TrainingFinished(k, version)) is None:
+        if self.send(ev.TrainingFinished(step=k, weights_version=version)) is None:
             return
         self.cycles += 1
         if self.world and self.rng.random() < 0.4:  # the storm's sequence: reclaim during lending
             gone = self._some(sorted(self.world))
             self.world -= set(gone)
-            self.fact(ev.GpusReclaimed(gone))
+            self.fact(ev.GpusReclaimed(gpus=gone))
             if self.rng.random() < 0.6:
                 poll(lambda: self._lending(), 10.0, 0.01)
                 self.cycle(k + 1, [])
@@ -250,7 +250,7 @@ def settle(t: Trainer, timeout: float, seen: dict[str, Any]) -> bool:
         seen.update({k: s.get(k) for k in keys}, reclaiming=s["gpus"]["reclaiming"])
         if s["phase"] == "training":
             if s["training_may_proceed"] >= s["training_step"]:
-                t.event(ev.TrainingFinished(s["training_step"]))
+                t.event(ev.TrainingFinished(step=s["training_step"]))
             return False
         return not (s["transitions"] or s["plan"] or s["gpus"]["reclaiming"] or s["failed"])
 

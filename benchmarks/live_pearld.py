@@ -58,7 +58,9 @@ class Trainer:
         from actors.messages import WeightsUpload
 
         try:
-            self.rt.client.request(WeightsUpload(version), timeout_s, retries=0, frames=(data,))
+            self.rt.client.request(
+                WeightsUpload(version=version), timeout_s, retries=0, frames=(data,)
+            )
         except Exception:
             return False
         return True

@@ -57,7 +57,7 @@ def add_back(t: Trainer, gpus: tuple[int, ...], timeout: float = 60.0) -> bool:
     pearld does not answer or its disk refuses writes."""
 
     def added() -> bool:
-        if t.event(ev.GpusAdded(gpus)) is not None:
+        if t.event(ev.GpusAdded(gpus=gpus)) is not None:
             return True
         return "LogWriteFailed" not in t.last_refusal and bool(t.last_refusal)
 
@@ -75,23 +75,23 @@ def cycle(t: Trainer, rng: random.Random, variant: str) -> dict[str, Any]:
     }
     reclaim = [g for p in pairs.get(variant, [rng.choice([(20, 21), (22, 23)])]) for g in p]
     arrivals = (24, 25, 26, 27) if variant == "with-arrivals" else ()
-    t.event(ev.TrainingFinished(k, k))
+    t.event(ev.TrainingFinished(step=k, weights_version=k))
     if arrivals:
-        t.event(ev.GpusAdded(arrivals))
+        t.event(ev.GpusAdded(gpus=arrivals))
     if variant not in ("after-borrow", "after-begin"):
-        t.event(ev.GpusReclaimed(tuple(reclaim)))
+        t.event(ev.GpusReclaimed(gpus=tuple(reclaim)))
     borrowed = bool(poll(lambda: overlap_serving(t.status()), 30.0, 0.005))
     if variant == "after-borrow":
         time.sleep(rng.uniform(0.0, 0.3))
-        t.event(ev.GpusReclaimed(tuple(reclaim)))
+        t.event(ev.GpusReclaimed(gpus=tuple(reclaim)))
     t0 = time.monotonic()
-    begun = t.event(ev.TrainingBegin(k + 1))
+    begun = t.event(ev.TrainingBegin(step=k + 1))
     if variant == "after-begin":
-        t.event(ev.GpusReclaimed(tuple(reclaim)))
+        t.event(ev.GpusReclaimed(gpus=tuple(reclaim)))
     waited = t.wait_proceed(k + 1, 120.0) if begun is not None else None
     took = None if waited is None else time.monotonic() - t0
     if arrivals:
-        t.event(ev.GpusReclaimed(arrivals))
+        t.event(ev.GpusReclaimed(gpus=arrivals))
     back = add_back(t, tuple(reclaim))
     return {
         "step": k + 1,
@@ -120,10 +120,10 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     try:
         print(f"pearld up in {d.start():.1f}s at {d.endpoint} (state {d.state})", flush=True)
         t = Trainer(d.endpoint)
-        t.event(ev.GpusAdded((20, 21, 22, 23)))
+        t.event(ev.GpusAdded(gpus=(20, 21, 22, 23)))
         if not settle(t):
             raise RuntimeError(f"pearld did not settle after gpus-added:\n{d.tail()}")
-        t.event(ev.TrainingBegin(1))
+        t.event(ev.TrainingBegin(step=1))
         first = t.wait_proceed(1, 120.0)
         took = "never" if first is None else f"{first:.3f}s"
         print(f"training-begin 1 -> may proceed {took}", flush=True)

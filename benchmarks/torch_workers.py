@@ -78,7 +78,11 @@ def worker_main(
     engine.start()
     for i in range(3):  # warm-up: first iterations pay one-off allocation costs
         engine.generate(
-            GenerateRequest(f"warm{i}", tuple(range(1, 200)), SamplingParams(max_new_tokens=16))
+            GenerateRequest(
+                rid=f"warm{i}",
+                input_ids=tuple(range(1, 200)),
+                sampling=SamplingParams(max_new_tokens=16),
+            )
         ).result()
     engine.telemetry()
     gc.freeze()  # the model's and libraries' objects leave the collector's full passes (pauses)

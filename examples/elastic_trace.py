@@ -115,7 +115,7 @@ def main() -> int:
             while next_train <= t_trace:  # training steps that fall before this change
                 time.sleep(max(0.0, t0 + next_train * scale - time.monotonic()))
                 step += 1
-                deliver(client, ev.TrainingBegin(step))
+                deliver(client, ev.TrainingBegin(step=step))
                 began = time.monotonic()
                 while client.request(StatusRequest()).payload.training_may_proceed < step:
                     time.sleep(0.01)
@@ -126,7 +126,7 @@ def main() -> int:
                 )
                 time.sleep(args.train_s)
                 version += 1
-                deliver(client, ev.TrainingFinished(step, version))
+                deliver(client, ev.TrainingFinished(step=step, weights_version=version))
                 next_train += args.train_every_min * 60.0
             if gpus < 0:
                 break
@@ -134,12 +134,12 @@ def main() -> int:
             want = gpus - gpus % 2
             if want > len(present):
                 add = [g for g in PREEMPTIBLE if g not in present][: want - len(present)]
-                deliver(client, ev.GpusAdded(tuple(add)))
+                deliver(client, ev.GpusAdded(gpus=tuple(add)))
                 present += add
                 what = f"+{len(add)} GPUs ({want} preemptible)"
             elif want < len(present):
                 gone, present = present[want:], present[:want]
-                deliver(client, ev.GpusReclaimed(tuple(gone)))
+                deliver(client, ev.GpusReclaimed(gpus=tuple(gone)))
                 what = f"-{len(gone)} GPUs ({want} preemptible)"
             else:
                 continue

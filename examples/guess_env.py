@@ -24,13 +24,18 @@ class GuessDigit(Environment):
     async def step(self, action: str) -> StepOutcome:
         self.turn += 1
         if self.answer in action:
-            return StepOutcome("correct", reward=1.0, done=True)
+            return StepOutcome(observation="correct", reward=1.0, done=True)
         hint = "higher" if any(c.isdigit() and c < self.answer for c in action) else "lower"
-        return StepOutcome(f"no, try {hint}", reward=0.0, done=self.turn >= self.max_turns)
+        return StepOutcome(
+            observation=f"no, try {hint}", reward=0.0, done=self.turn >= self.max_turns
+        )
 
     @staticmethod
     def tasks(n: int = 256, seed: int = 0) -> TaskSet:
         rng = random.Random(seed)
         digits = [str(rng.randrange(10)) for _ in range(n)]
-        prompts = [Task(f"guess-{i}", "Guess my digit (0-9).", d) for i, d in enumerate(digits)]
+        prompts = [
+            Task(id=f"guess-{i}", prompt="Guess my digit (0-9).", answer=d)
+            for i, d in enumerate(digits)
+        ]
         return TaskSet(prompts, name="guess-digit")

@@ -450,7 +450,7 @@ class Daemon:
         from pearl.engines.sglang.router import link_from_config
 
         d, cfg = self.directory, self.cfg
-        initial = StateChanged(cluster_view(recovered.state, boot_id=self.boot_id))
+        initial = StateChanged(view=cluster_view(recovered.state, boot_id=self.boot_id))
         self._api_memo = Memo()
         board = self.board
 

@@ -310,7 +310,7 @@ class RemoteRuntime(_Base):
         from pearl.core.schema import from_plain
         from pearl.rl.trajectory import Batch
 
-        reply = self.client.request(NextBatch(min(timeout_s, 0.5)), timeout_s + 5.0)
+        reply = self.client.request(NextBatch(timeout_s=min(timeout_s, 0.5)), timeout_s + 5.0)
         assert isinstance(reply, BatchReply)
         return None if reply.batch is None else from_plain(Batch, reply.batch)
 
@@ -327,7 +327,7 @@ class RemoteRuntime(_Base):
             with tempfile.TemporaryDirectory(prefix="pearl-upload-") as tmp:
                 data = WeightStore(tmp).publish(version, weights).read_bytes()
         # One retry: the request's 60 s are shared by its attempts, each sending every byte.
-        reply = self.client.request(WeightsUpload(version), 60.0, frames=(data,), retries=1)
+        reply = self.client.request(WeightsUpload(version=version), 60.0, frames=(data,), retries=1)
         return str(reply.value)
 
     def stop(self) -> None:

@@ -59,11 +59,17 @@ def _decode(n: int, gen: int) -> dict[str, float]:
     try:
         prompt = tuple(range(1, 65))
         sampling = SamplingParams(max_new_tokens=gen, temperature=0.0)  # no stop ids
-        for f in [eng.generate(GenerateRequest(f"w{i}", prompt, sampling)) for i in range(n)]:
+        for f in [
+            eng.generate(GenerateRequest(rid=f"w{i}", input_ids=prompt, sampling=sampling))
+            for i in range(n)
+        ]:
             f.result(timeout=600)
         eng.telemetry()  # drop the warm-up's iterations
         cpu0 = time.process_time()
-        for f in [eng.generate(GenerateRequest(f"r{i}", prompt, sampling)) for i in range(n)]:
+        for f in [
+            eng.generate(GenerateRequest(rid=f"r{i}", input_ids=prompt, sampling=sampling))
+            for i in range(n)
+        ]:
             f.result(timeout=600)
         cpu = time.process_time() - cpu0
         its = [

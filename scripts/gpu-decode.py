@@ -42,11 +42,17 @@ def run(n: int, args: argparse.Namespace) -> tuple[float, float, int]:
     try:
         prompt = tuple(range(1, args.prompt + 1))
         sampling = SamplingParams(max_new_tokens=args.gen, temperature=0.0)
-        warm = [eng.generate(GenerateRequest(f"w{i}", prompt, sampling)) for i in range(n)]
+        warm = [
+            eng.generate(GenerateRequest(rid=f"w{i}", input_ids=prompt, sampling=sampling))
+            for i in range(n)
+        ]
         for f in warm:
             f.result(timeout=600)
         eng.telemetry()  # drop the warm-up's iterations
-        futures = [eng.generate(GenerateRequest(f"r{i}", prompt, sampling)) for i in range(n)]
+        futures = [
+            eng.generate(GenerateRequest(rid=f"r{i}", input_ids=prompt, sampling=sampling))
+            for i in range(n)
+        ]
         for f in futures:
             f.result(timeout=600)
         its = [

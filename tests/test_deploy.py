@@ -143,7 +143,7 @@ def pearld_series() -> set[str]:
     view = ClusterView(
         table=TableSnapshot(seq=12, tp=1, workers=workers, training_gpus=(0,)),
         profile=prior_profile(config_mod.load(None)),
-        decision=DecisionView(COLOC2, 90.0, "test"),
+        decision=DecisionView(target=COLOC2, predicted_makespan_s=90.0, reason="test"),
         measured_makespan_s=80.0,
         gate=GateResult(enabled=True, benefit_s=1.0, T_ded=3.0, T_full=2.0, T_toggle=0.05),
         cycle=BorrowCycle(step=1, opened=0.0, closed=1.0, returned=1.07),
@@ -162,13 +162,13 @@ def pearld_series() -> set[str]:
         makespan_s=80.0,
     )
     m.committed(
-        [ev.GpusAdded((3,)), ev.PlanBegin(plan=1, cause="expand", target=COLOC2, steps=())],
+        [ev.GpusAdded(gpus=(3,)), ev.PlanBegin(plan=1, cause="expand", target=COLOC2, steps=())],
         view,
         received=0.0,
     )
-    m.committed([ev.PlanCommit(1), telemetry], view)
+    m.committed([ev.PlanCommit(plan=1), telemetry], view)
     m.committed([ev.PlanBegin(plan=2, cause="rebalance", target=COLOC2, steps=())], view)
-    m.committed([ev.PlanAbort(2, "worker 3 failed")], view)
+    m.committed([ev.PlanAbort(plan=2, reason="worker 3 failed")], view)
     return series_names(m.exposition())
 
 

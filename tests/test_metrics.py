@@ -47,17 +47,19 @@ def test_plans_mode_switches_ratio_changes_and_aborts_are_counted() -> None:
     m = Metrics()
     view = ClusterView()
     m.committed(
-        [ev.GpusAdded((0, 1)), ev.PlanBegin(plan=1, cause="expand", target=COLOC2, steps=())],
+        [ev.GpusAdded(gpus=(0, 1)), ev.PlanBegin(plan=1, cause="expand", target=COLOC2, steps=())],
         view,
         received=0.0,
     )
-    m.committed([ev.PlanCommit(1)], view)
+    m.committed([ev.PlanCommit(plan=1)], view)
     m.committed([ev.PlanBegin(plan=2, cause="rebalance", target=SPLIT_1_1, steps=())], view)
-    m.committed([ev.PlanCommit(2)], view)  # colocated -> disaggregated
+    m.committed([ev.PlanCommit(plan=2)], view)  # colocated -> disaggregated
     m.committed([ev.PlanBegin(plan=3, cause="rebalance", target=SPLIT_2_1, steps=())], view)
-    m.committed([ev.PlanCommit(3)], view)  # 1P1D -> 2P1D
+    m.committed([ev.PlanCommit(plan=3)], view)  # 1P1D -> 2P1D
     m.committed([ev.PlanBegin(plan=4, cause="expand", target=COLOC2, steps=())], view)
-    m.committed([ev.PlanAbort(4, "training-begin: the trainer takes its GPUs back")], view)
+    m.committed(
+        [ev.PlanAbort(plan=4, reason="training-begin: the trainer takes its GPUs back")], view
+    )
     s = samples(m)
     assert s["pearl_plans_total", (("kind", "expand"), ("outcome", "committed"))] == 1
     assert s["pearl_plans_total", (("kind", "rebalance"), ("outcome", "committed"))] == 2
@@ -74,7 +76,9 @@ def test_plans_mode_switches_ratio_changes_and_aborts_are_counted() -> None:
 def test_an_event_waits_for_the_next_plan() -> None:
     m = Metrics()
     view = ClusterView()
-    m.committed([ev.GpusReclaimed((4, 5))], view, received=0.0)  # a plan is in flight: no answer
+    m.committed(
+        [ev.GpusReclaimed(gpus=(4, 5))], view, received=0.0
+    )  # a plan is in flight: no answer
     assert samples(m)["pearl_event_to_plan_seconds_count", ()] == 0
     m.committed([ev.PlanBegin(plan=7, cause="return", target=COLOC2, steps=())], view)
     assert samples(m)["pearl_event_to_plan_seconds_count", ()] == 1
@@ -106,8 +110,8 @@ def test_api_requests_log_appends_and_syncs_are_timed() -> None:
     m.api_request("event", "ok", 0.002)
     m.api_request("event", "rejected", 0.001)
     m.api_request("?", "malformed", 0.0001)
-    m.committed([ev.GpusAdded((0, 1))], ClusterView(), append_s=0.0007)
-    m.committed([ev.PlanCommit(1)], ClusterView())  # no append time given: none observed
+    m.committed([ev.GpusAdded(gpus=(0, 1))], ClusterView(), append_s=0.0007)
+    m.committed([ev.PlanCommit(plan=1)], ClusterView())  # no append time given: none observed
     m.log_synced(0.0004)
     s = samples(m)
     assert s["pearl_api_requests_total", (("command", "event"), ("outcome", "ok"))] == 1

@@ -24,9 +24,11 @@ def feed(h: PlanHistory, plans: list[tuple[Target, str, str]]) -> None:
     ids = count(1)
     for target, cause, end in plans:
         plan = next(ids)
-        view = ClusterView(decision=DecisionView(target, 1.5, f"best: {target}"))
+        view = ClusterView(
+            decision=DecisionView(target=target, predicted_makespan_s=1.5, reason=f"best: {target}")
+        )
         h.committed([ev.PlanBegin(plan=plan, cause=cause, target=target, steps=())], view)
-        done = ev.PlanCommit(plan) if end == "commit" else ev.PlanAbort(plan, end)
+        done = ev.PlanCommit(plan=plan) if end == "commit" else ev.PlanAbort(plan=plan, reason=end)
         h.committed([done], ClusterView())
 
 
@@ -64,7 +66,7 @@ def test_switches_are_committed_plans_that_change_the_mode() -> None:
 
 def test_a_plan_begun_before_this_process_is_not_timed() -> None:
     h = PlanHistory()
-    h.committed([ev.PlanCommit(7)], ClusterView())
+    h.committed([ev.PlanCommit(plan=7)], ClusterView())
     assert h.plans() == []
 
 

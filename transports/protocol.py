@@ -89,17 +89,17 @@ ELASTIC_EVENTS: dict[str, type[ElasticEvent]] = {cls.KIND: cls for cls in _ELAST
 
 
 @MESSAGES.add
-class Ping(WireStruct, tag="ping", frozen=True):
+class Ping(WireStruct, tag="ping", frozen=True, kw_only=True):
     nonce: int = 0
 
 
 @MESSAGES.add
-class Pong(WireStruct, tag="pong", frozen=True):
+class Pong(WireStruct, tag="pong", frozen=True, kw_only=True):
     nonce: int = 0
 
 
 @MESSAGES.add
-class Event(WireStruct, tag="event", frozen=True):
+class Event(WireStruct, tag="event", frozen=True, kw_only=True):
     """An elastic event for the ElasticScheduler: one of :data:`ELASTIC_EVENTS`, typed.
 
     On the wire ``record`` is the record's own mapping (kind, version, fields); msgspec decodes it
@@ -130,14 +130,14 @@ class Event(WireStruct, tag="event", frozen=True):
 
 
 @MESSAGES.add
-class Ack(WireStruct, tag="ack", frozen=True):
+class Ack(WireStruct, tag="ack", frozen=True, kw_only=True):
     """The request is durable: its record has log sequence number ``seq``."""
 
     seq: int
 
 
 @MESSAGES.add
-class Error(WireStruct, tag="error", frozen=True):
+class Error(WireStruct, tag="error", frozen=True, kw_only=True):
     """The request failed; ``code`` is one of :class:`ErrorCode`."""
 
     code: str
@@ -145,26 +145,26 @@ class Error(WireStruct, tag="error", frozen=True):
 
 
 @MESSAGES.add
-class StatusRequest(WireStruct, tag="status-request", frozen=True):
+class StatusRequest(WireStruct, tag="status-request", frozen=True, kw_only=True):
     pass
 
 
 @MESSAGES.add
-class Status(WireStruct, tag="status", frozen=True):
+class Status(WireStruct, tag="status", frozen=True, kw_only=True):
     """The cluster status (None until pearld has published its first state)."""
 
     payload: ClusterStatus | None = None
 
 
 @MESSAGES.add
-class Subscribe(WireStruct, tag="subscribe", frozen=True):
+class Subscribe(WireStruct, tag="subscribe", frozen=True, kw_only=True):
     """Ask for a snapshot of ``topic``; later changes come over PUB/SUB."""
 
     topic: str = "state"
 
 
 @MESSAGES.add
-class Snapshot(WireStruct, tag="snapshot", frozen=True):
+class Snapshot(WireStruct, tag="snapshot", frozen=True, kw_only=True):
     """The whole state of a topic as of change number ``seq`` of publisher ``incarnation``."""
 
     seq: int
@@ -174,7 +174,7 @@ class Snapshot(WireStruct, tag="snapshot", frozen=True):
 
 
 @MESSAGES.add
-class Change(WireStruct, tag="change", frozen=True):
+class Change(WireStruct, tag="change", frozen=True, kw_only=True):
     """Change number ``seq`` of a topic (consecutive within one publisher ``incarnation``)."""
 
     seq: int
@@ -183,7 +183,7 @@ class Change(WireStruct, tag="change", frozen=True):
 
 
 @MESSAGES.add
-class Register(WireStruct, tag="register", frozen=True):
+class Register(WireStruct, tag="register", frozen=True, kw_only=True):
     """A worker host announces itself (again after a pearld restart: same worker, same address)."""
 
     worker: int
@@ -193,7 +193,7 @@ class Register(WireStruct, tag="register", frozen=True):
 
 
 @MESSAGES.add
-class Heartbeat(WireStruct, tag="heartbeat", frozen=True):
+class Heartbeat(WireStruct, tag="heartbeat", frozen=True, kw_only=True):
     """I am alive. From a publisher, ``seq`` is its newest change (subscribers see lost ones)."""
 
     incarnation: int = 0
@@ -201,7 +201,7 @@ class Heartbeat(WireStruct, tag="heartbeat", frozen=True):
 
 
 @MESSAGES.add
-class Call(WireStruct, tag="call", frozen=True):
+class Call(WireStruct, tag="call", frozen=True, kw_only=True):
     """Actor-to-actor message: run ``method(**args)`` on the actor named ``actor``."""
 
     actor: str
@@ -210,7 +210,7 @@ class Call(WireStruct, tag="call", frozen=True):
 
 
 @MESSAGES.add
-class Result(WireStruct, tag="result", frozen=True):
+class Result(WireStruct, tag="result", frozen=True, kw_only=True):
     """Generic reply to a ``call``."""
 
     value: Any = None

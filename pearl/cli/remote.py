@@ -152,9 +152,9 @@ def fetch_status(c: Any) -> ClusterStatus:
 
 def build_event(args: argparse.Namespace, c: Any) -> Any:
     if args.event == "gpus-added":
-        return ev.GpusAdded(parse_gpus(args.gpus, "--gpus"))
+        return ev.GpusAdded(gpus=parse_gpus(args.gpus, "--gpus"))
     if args.event == "gpus-reclaimed":
-        return ev.GpusReclaimed(parse_gpus(args.gpus, "--gpus"))
+        return ev.GpusReclaimed(gpus=parse_gpus(args.gpus, "--gpus"))
     if args.event == "gpus-reclaiming":
         from pearl.core.notice import parse_duration
 
@@ -163,13 +163,13 @@ def build_event(args: argparse.Namespace, c: Any) -> Any:
             gpus=parse_gpus(args.gpus, "--gpus"), deadline=time.time() + seconds
         )
     if args.event == "gpus-reclaim-cancelled":
-        return ev.GpusReclaimCancelled(parse_gpus(args.gpus, "--gpus"))
+        return ev.GpusReclaimCancelled(gpus=parse_gpus(args.gpus, "--gpus"))
     step = args.step
     if step is None:
         status = fetch_status(c)
         step = status.training_step + (1 if args.event == "training-begin" else 0)
     if args.event == "training-begin":
-        return ev.TrainingBegin(step)
+        return ev.TrainingBegin(step=step)
     return ev.TrainingFinished(step=step, weights_version=args.weights_version)
 
 

@@ -30,7 +30,7 @@ class Verdict(enum.StrEnum):
         return cls.APPROVED if enabled else cls.DECLINED
 
 
-class BorrowCycle(Value, frozen=True):
+class BorrowCycle(Value, frozen=True, kw_only=True):
     step: int  # the training step whose end opened the window
     opened: float  # Training Finished
     gate: Verdict = Verdict.NONE

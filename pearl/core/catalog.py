@@ -39,7 +39,7 @@ BYTES_PER_PARAM = 2  # bf16 weights
 BYTES_PER_KV = 2  # bf16 KV cache
 
 
-class GpuSpec(Value, frozen=True):
+class GpuSpec(Value, frozen=True, kw_only=True):
     """One GPU: dense bf16 FLOP/s, HBM bytes/s and bytes, one-way link bytes/s."""
 
     name: str
@@ -104,7 +104,7 @@ GPUS: dict[str, GpuSpec] = {
 }
 
 
-class ModelSpec(Value, frozen=True):
+class ModelSpec(Value, frozen=True, kw_only=True):
     """A decoder-only transformer as its config.json describes it (Qwen3 layout: GQA, SwiGLU)."""
 
     name: str
@@ -179,7 +179,7 @@ class ModelSpec(Value, frozen=True):
 # Values from each model's published config.json (Hugging Face Qwen/<name>).
 MODELS: dict[str, ModelSpec] = {
     "qwen3-0.6b": ModelSpec(
-        "qwen3-0.6b",
+        name="qwen3-0.6b",
         layers=28,
         hidden=1024,
         intermediate=3072,
@@ -190,7 +190,7 @@ MODELS: dict[str, ModelSpec] = {
         tied_embeddings=True,
     ),
     "qwen3-8b": ModelSpec(
-        "qwen3-8b",
+        name="qwen3-8b",
         layers=36,
         hidden=4096,
         intermediate=12288,
@@ -200,7 +200,7 @@ MODELS: dict[str, ModelSpec] = {
         vocab=151936,
     ),
     "qwen3-30b-a3b": ModelSpec(
-        "qwen3-30b-a3b",
+        name="qwen3-30b-a3b",
         layers=48,
         hidden=2048,
         intermediate=6144,
@@ -214,7 +214,7 @@ MODELS: dict[str, ModelSpec] = {
     ),
     # What the CPU test engine runs: a Qwen3-architecture model small enough for two cores.
     "qwen3-tiny": ModelSpec(
-        "qwen3-tiny",
+        name="qwen3-tiny",
         layers=2,
         hidden=64,
         intermediate=128,
@@ -248,7 +248,7 @@ def model_spec(name: str) -> ModelSpec:
     return _lookup(MODELS, name.lower(), "model")
 
 
-class Roofline(Value, frozen=True):
+class Roofline(Value, frozen=True, kw_only=True):
     """Platform parameters of the makespan models for one (model, GPU, tp) worker."""
 
     t_prefill: float  # s per prefill token on one worker

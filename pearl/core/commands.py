@@ -23,7 +23,7 @@ that must not wait for, or cancel, an expansion on other GPUs); its ``step`` nam
 
 
 @COMMANDS.add
-class StartWorker(WireStruct, tag="start-worker", frozen=True):
+class StartWorker(WireStruct, tag="start-worker", frozen=True, kw_only=True):
     """Launch a worker host on ``gpus``, initialise the engine, sync the newest weights (ADD).
 
     ``background``: the step is done once the command is sent; the worker initialises in the
@@ -41,7 +41,7 @@ class StartWorker(WireStruct, tag="start-worker", frozen=True):
 
 
 @COMMANDS.add
-class ActivateWorker(WireStruct, tag="activate-worker", frozen=True):
+class ActivateWorker(WireStruct, tag="activate-worker", frozen=True, kw_only=True):
     """Resume a retained overlap worker's device state in ``role`` at the newest weights."""
 
     worker: int
@@ -52,7 +52,7 @@ class ActivateWorker(WireStruct, tag="activate-worker", frozen=True):
 
 
 @COMMANDS.add
-class StopWorker(WireStruct, tag="stop-worker", frozen=True):
+class StopWorker(WireStruct, tag="stop-worker", frozen=True, kw_only=True):
     """Stop routing, abort in-flight requests keeping their generated prefixes, return the GPUs."""
 
     worker: int
@@ -67,7 +67,7 @@ class StopWorker(WireStruct, tag="stop-worker", frozen=True):
 
 
 @COMMANDS.add
-class DeactivateWorker(WireStruct, tag="deactivate-worker", frozen=True):
+class DeactivateWorker(WireStruct, tag="deactivate-worker", frozen=True, kw_only=True):
     """Drain an overlap worker (aborts keep prefixes), free its device memory, keep its process."""
 
     worker: int
@@ -79,7 +79,7 @@ class DeactivateWorker(WireStruct, tag="deactivate-worker", frozen=True):
 
 
 @COMMANDS.add
-class SetRole(WireStruct, tag="set-role", frozen=True):
+class SetRole(WireStruct, tag="set-role", frozen=True, kw_only=True):
     """Drain or hand over in-flight work, then switch the worker's role."""
 
     worker: int
@@ -89,7 +89,7 @@ class SetRole(WireStruct, tag="set-role", frozen=True):
 
 
 @COMMANDS.add
-class LendTraining(WireStruct, tag="lend-training", frozen=True):
+class LendTraining(WireStruct, tag="lend-training", frozen=True, kw_only=True):
     """The training worker releases device memory so rollout can borrow its GPUs."""
 
     worker: int
@@ -98,7 +98,7 @@ class LendTraining(WireStruct, tag="lend-training", frozen=True):
 
 
 @COMMANDS.add
-class ReclaimTraining(WireStruct, tag="reclaim-training", frozen=True):
+class ReclaimTraining(WireStruct, tag="reclaim-training", frozen=True, kw_only=True):
     """The training worker restores its device state on its GPUs."""
 
     worker: int
@@ -107,7 +107,7 @@ class ReclaimTraining(WireStruct, tag="reclaim-training", frozen=True):
 
 
 @COMMANDS.add
-class SyncWeights(WireStruct, tag="sync-weights", frozen=True):
+class SyncWeights(WireStruct, tag="sync-weights", frozen=True, kw_only=True):
     """Move a serving (or still initialising) worker to weights ``version`` (lazy propagation:
     workers that join later get the newest version with their start or activation)."""
 
@@ -116,14 +116,14 @@ class SyncWeights(WireStruct, tag="sync-weights", frozen=True):
 
 
 @COMMANDS.add
-class TrainingMayProceed(WireStruct, tag="training-may-proceed", frozen=True):
+class TrainingMayProceed(WireStruct, tag="training-may-proceed", frozen=True, kw_only=True):
     """Every borrowed GPU is back: the trainer may run step ``step``."""
 
     step: int
 
 
 @COMMANDS.add
-class RoutingChanged(WireStruct, tag="routing-changed", frozen=True):
+class RoutingChanged(WireStruct, tag="routing-changed", frozen=True, kw_only=True):
     """The routable set changed at a logged commit point (sequence ``seq``)."""
 
     seq: int
@@ -133,7 +133,7 @@ class RoutingChanged(WireStruct, tag="routing-changed", frozen=True):
 
 
 @COMMANDS.add
-class StepResult(WireStruct, tag="step-result", frozen=True):
+class StepResult(WireStruct, tag="step-result", frozen=True, kw_only=True):
     """An executor finished (ok) or failed step ``step`` of ``plan`` (or its cancellation)."""
 
     plan: int
@@ -145,7 +145,7 @@ class StepResult(WireStruct, tag="step-result", frozen=True):
 
 
 @COMMANDS.add
-class WorkerDown(WireStruct, tag="worker-down", frozen=True):
+class WorkerDown(WireStruct, tag="worker-down", frozen=True, kw_only=True):
     """A worker host died or stopped heart-beating; its supervisor will try to restart it."""
 
     worker: int
@@ -154,7 +154,7 @@ class WorkerDown(WireStruct, tag="worker-down", frozen=True):
 
 
 @COMMANDS.add
-class WorkerUp(WireStruct, tag="worker-up", frozen=True):
+class WorkerUp(WireStruct, tag="worker-up", frozen=True, kw_only=True):
     """A worker host (re)registered and serves in the role the table gives it."""
 
     worker: int
@@ -162,7 +162,7 @@ class WorkerUp(WireStruct, tag="worker-up", frozen=True):
 
 
 @COMMANDS.add
-class WorkerLost(WireStruct, tag="worker-lost", frozen=True):
+class WorkerLost(WireStruct, tag="worker-lost", frozen=True, kw_only=True):
     """The supervisor gave up restarting a worker: remove it and keep its GPUs out for a while."""
 
     worker: int
@@ -170,7 +170,7 @@ class WorkerLost(WireStruct, tag="worker-lost", frozen=True):
 
 
 @COMMANDS.add
-class RolloutProgress(WireStruct, tag="rollout-progress", frozen=True):
+class RolloutProgress(WireStruct, tag="rollout-progress", frozen=True, kw_only=True):
     """R of the current batch's B trajectories are not complete yet (for the borrowing gate).
     ``handed_out``: a batch was handed out since the last report, so R now counts the batch after
     it (inside a training-idle window, Training Begin follows). ``eta_s``: seconds until that
@@ -183,7 +183,7 @@ class RolloutProgress(WireStruct, tag="rollout-progress", frozen=True):
 
 
 @COMMANDS.add
-class Tick(WireStruct, tag="tick", frozen=True):
+class Tick(WireStruct, tag="tick", frozen=True, kw_only=True):
     """Time passed: check step deadlines and quarantine expiry."""
 
 

@@ -36,7 +36,7 @@ class DecisionParams(Protocol):
     def prefill_max_utilization(self) -> float: ...
 
 
-class Alternative(Value, frozen=True):
+class Alternative(Value, frozen=True, kw_only=True):
     """One configuration the engine considered."""
 
     mode: Mode

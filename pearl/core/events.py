@@ -28,13 +28,13 @@ from pearl.core.state import Activity, Role, Step, Target, Zone
 RECORDS = Registry("record")
 
 
-class LogRecord(WireStruct, frozen=True, gc=False):
+class LogRecord(WireStruct, frozen=True, gc=False, kw_only=True):
     """Base of the log's records: frozen, holding only scalars, enums and tuples of frozen values,
     so never part of a reference cycle; the cyclic GC does not track them (replay allocates
     millions, and collections over a growing heap were half of its time)."""
 
 
-class ElasticEvent(LogRecord, frozen=True):
+class ElasticEvent(LogRecord, frozen=True, kw_only=True):
     """Base of the elastic events: what the cloud or the trainer changes (the GPU budget or the
     training phase), sent by clients in an ``event`` message; the plan that follows is the
     answer. Every subclass is one of :data:`ELASTIC_EVENTS` (tests/core/test_events.py)."""
@@ -66,7 +66,7 @@ class AbortCause(enum.StrEnum):
 
 
 @RECORDS.add
-class ClusterInit(LogRecord, tag="cluster-init", frozen=True):
+class ClusterInit(LogRecord, tag="cluster-init", frozen=True, kw_only=True):
     """First record of every log: the GPU universe and the tensor-parallel degree."""
 
     tp: int
@@ -76,21 +76,21 @@ class ClusterInit(LogRecord, tag="cluster-init", frozen=True):
 
 
 @RECORDS.add
-class GpusAdded(ElasticEvent, tag="gpus-added", frozen=True):
+class GpusAdded(ElasticEvent, tag="gpus-added", frozen=True, kw_only=True):
     """Preemptible GPUs joined the dedicated rollout zone (inter-scale expansion)."""
 
     gpus: tuple[int, ...]
 
 
 @RECORDS.add
-class GpusReclaimed(ElasticEvent, tag="gpus-reclaimed", frozen=True):
+class GpusReclaimed(ElasticEvent, tag="gpus-reclaimed", frozen=True, kw_only=True):
     """Preemptible GPUs are being taken back; workers on them stop receiving requests at once."""
 
     gpus: tuple[int, ...]
 
 
 @RECORDS.add
-class GpusReclaiming(ElasticEvent, tag="gpus-reclaiming", frozen=True):
+class GpusReclaiming(ElasticEvent, tag="gpus-reclaiming", frozen=True, kw_only=True):
     """A preemption notice: present preemptible GPUs will be reclaimed at ``deadline``.
 
     ``deadline`` is wall-clock time (Unix seconds, ``time.time()``), the one clock a log replayed
@@ -102,21 +102,21 @@ class GpusReclaiming(ElasticEvent, tag="gpus-reclaiming", frozen=True):
 
 
 @RECORDS.add
-class GpusReclaimCancelled(ElasticEvent, tag="gpus-reclaim-cancelled", frozen=True):
+class GpusReclaimCancelled(ElasticEvent, tag="gpus-reclaim-cancelled", frozen=True, kw_only=True):
     """A preemption notice is withdrawn: the GPUs stay and their workers return to service."""
 
     gpus: tuple[int, ...]
 
 
 @RECORDS.add
-class TrainingBegin(ElasticEvent, tag="training-begin", frozen=True):
+class TrainingBegin(ElasticEvent, tag="training-begin", frozen=True, kw_only=True):
     """The trainer wants its GPUs: every borrowed GPU must come back before it proceeds."""
 
     step: int
 
 
 @RECORDS.add
-class TrainingFinished(ElasticEvent, tag="training-finished", frozen=True):
+class TrainingFinished(ElasticEvent, tag="training-finished", frozen=True, kw_only=True):
     """A training step is done; its GPUs may be borrowed until the next training-begin."""
 
     step: int
@@ -124,13 +124,13 @@ class TrainingFinished(ElasticEvent, tag="training-finished", frozen=True):
 
 
 @RECORDS.add
-class WeightsPublished(LogRecord, tag="weights-published", frozen=True):
+class WeightsPublished(LogRecord, tag="weights-published", frozen=True, kw_only=True):
     version: int
     uri: str = ""
 
 
 @RECORDS.add
-class WorkerAdded(LogRecord, tag="worker-added", frozen=True):
+class WorkerAdded(LogRecord, tag="worker-added", frozen=True, kw_only=True):
     """A rollout worker takes a free slot and binds to its GPUs for life (starts transitioning)."""
 
     worker: int
@@ -140,25 +140,25 @@ class WorkerAdded(LogRecord, tag="worker-added", frozen=True):
 
 
 @RECORDS.add
-class WorkerRemoved(LogRecord, tag="worker-removed", frozen=True):
+class WorkerRemoved(LogRecord, tag="worker-removed", frozen=True, kw_only=True):
     worker: int
     reason: str = ""
 
 
 @RECORDS.add
-class RoleChanged(LogRecord, tag="role-changed", frozen=True):
+class RoleChanged(LogRecord, tag="role-changed", frozen=True, kw_only=True):
     worker: int
     role: Role
 
 
 @RECORDS.add
-class ActivityChanged(LogRecord, tag="activity-changed", frozen=True):
+class ActivityChanged(LogRecord, tag="activity-changed", frozen=True, kw_only=True):
     worker: int
     activity: Activity
 
 
 @RECORDS.add
-class WorkerFailed(LogRecord, tag="worker-failed", frozen=True):
+class WorkerFailed(LogRecord, tag="worker-failed", frozen=True, kw_only=True):
     """A worker host died or failed a command; it stops receiving requests."""
 
     worker: int
@@ -167,7 +167,7 @@ class WorkerFailed(LogRecord, tag="worker-failed", frozen=True):
 
 
 @RECORDS.add
-class PlanBegin(LogRecord, tag="plan-begin", frozen=True):
+class PlanBegin(LogRecord, tag="plan-begin", frozen=True, kw_only=True):
     """A reconfiguration plan (W_add, W_remove, rho) as ordered steps toward ``target``."""
 
     plan: int
@@ -178,24 +178,24 @@ class PlanBegin(LogRecord, tag="plan-begin", frozen=True):
 
 
 @RECORDS.add
-class StepDone(LogRecord, tag="step-done", frozen=True):
+class StepDone(LogRecord, tag="step-done", frozen=True, kw_only=True):
     plan: int
     step: int
 
 
 @RECORDS.add
-class PlanCommit(LogRecord, tag="plan-commit", frozen=True):
+class PlanCommit(LogRecord, tag="plan-commit", frozen=True, kw_only=True):
     plan: int
 
 
 @RECORDS.add
-class PlanAbort(LogRecord, tag="plan-abort", frozen=True):
+class PlanAbort(LogRecord, tag="plan-abort", frozen=True, kw_only=True):
     plan: int
     reason: str
 
 
 @RECORDS.add
-class Telemetry(LogRecord, tag="telemetry", frozen=True):
+class Telemetry(LogRecord, tag="telemetry", frozen=True, kw_only=True):
     """One rollout step's workload summary (the Runtime Tracker's input, §4.3.2 and §5).
 
     ``S`` turns of the slowest trajectory, ``delta_L`` new prompt tokens per turn, ``r`` generated

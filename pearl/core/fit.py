@@ -29,7 +29,7 @@ from pearl.core.schema import Value
 MIN_SLOPE_T = 3.0
 
 
-class DecodeFit(Value, frozen=True):
+class DecodeFit(Value, frozen=True, kw_only=True):
     """Least-squares fit of iteration time = A + b * batch size.
 
     ``t`` is the slope's t-statistic b / SE(b) of the unconstrained fit (0 when b was clamped to

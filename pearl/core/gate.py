@@ -31,7 +31,7 @@ from pearl.core.schema import Value
 WINDOW_FRACTION = 0.5  # activation may use at most this share of the training-idle window
 
 
-class GateResult(Value, frozen=True):
+class GateResult(Value, frozen=True, kw_only=True):
     """The gate's verdict and the figures behind it. A figure with no prediction is None, never
     ``inf``: T_ded without dedicated workers, T_full without any worker, and then the benefit
     (borrowing is the only capacity); ``reason`` says which."""

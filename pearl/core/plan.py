@@ -236,13 +236,13 @@ def plan(state: ClusterState, target: Target, m: Membership) -> Plan:
     assert not any(deficit.values()), "every target role is filled"
 
     steps: list[Step] = [
-        Step(StepOp.REMOVE if w.zone is Zone.DEDICATED else StepOp.DEACTIVATE, w.id)
+        Step(op=StepOp.REMOVE if w.zone is Zone.DEDICATED else StepOp.DEACTIVATE, worker=w.id)
         for w in m.leave
     ]
     if m.reclaim is not None:
-        steps.append(Step(StepOp.RECLAIM, m.reclaim))
+        steps.append(Step(op=StepOp.RECLAIM, worker=m.reclaim))
     if m.lend is not None:
-        steps.append(Step(StepOp.LEND, m.lend))
+        steps.append(Step(op=StepOp.LEND, worker=m.lend))
     W_add: list[int] = []
     for w, role in zip(m.reactivate, act_roles, strict=True):
         steps.append(Step(op=StepOp.ACTIVATE, worker=w.id, role=role, gpus=w.gpus, zone=w.zone))
@@ -250,7 +250,7 @@ def plan(state: ClusterState, target: Target, m: Membership) -> Plan:
     for k, (slot, (gpus, zone)) in enumerate(zip(slots, m.new_groups, strict=True)):
         steps.append(Step(op=StepOp.ADD, worker=slot, role=new_roles[k], gpus=gpus, zone=zone))
         W_add.append(slot)
-    steps += [Step(StepOp.SET_ROLE, wid, role) for wid, role in rho]
+    steps += [Step(op=StepOp.SET_ROLE, worker=wid, role=role) for wid, role in rho]
     return Plan(
         target=target,
         W_add=tuple(W_add),

@@ -39,7 +39,7 @@ from pearl.core.fit import MIN_SLOPE_T, DecodeFit, fit_decode, fit_iterations, f
 from pearl.core.schema import Value
 
 
-class WorkloadProfile(Value, frozen=True):
+class WorkloadProfile(Value, frozen=True, kw_only=True):
     """Parameters of eq. 1-3 and 7 for one rollout batch (seconds, tokens, bytes)."""
 
     B: int  # trajectories in the rollout batch
@@ -197,7 +197,7 @@ def prior_profile(cfg: ConfigLike, batch: int | None = None) -> WorkloadProfile:
 # -- raw telemetry of one rollout step ------------------------------------------------------------
 
 
-class TrajectoryStats(Value, frozen=True):
+class TrajectoryStats(Value, frozen=True, kw_only=True):
     """One trajectory of the step: its turns, new prompt and generated tokens, env seconds, and
     the prompt tokens the engines really prefilled for it (None: not measured)."""
 
@@ -211,7 +211,7 @@ class TrajectoryStats(Value, frozen=True):
     latency_s: float | None = None  # from its start to its end (None: not measured)
 
 
-class StepTelemetry(Value, frozen=True):
+class StepTelemetry(Value, frozen=True, kw_only=True):
     """What the workers and the environment measured during one rollout step.
 
     ``decode_batch[i]``/``decode_s[i]``: sequences in decode iteration i and its duration.

@@ -65,7 +65,7 @@ class TrainingPhase(enum.StrEnum):
 ROLLOUT_ROLES = (Role.PREFILL, Role.DECODE, Role.COLOCATED)
 
 
-class Worker(Value, frozen=True, gc=False):
+class Worker(Value, frozen=True, gc=False, kw_only=True):
     id: int
     gpus: tuple[int, ...]
     role: Role
@@ -83,7 +83,7 @@ class Worker(Value, frozen=True, gc=False):
         return self.activity is Activity.ACTIVE and self.role is not Role.TRAINING
 
 
-class Target(Value, frozen=True, gc=False):
+class Target(Value, frozen=True, gc=False, kw_only=True):
     """A rollout configuration pi = (N_P, N_D, N_C): fully colocated or fully disaggregated."""
 
     mode: Mode
@@ -116,7 +116,7 @@ class StepOp(enum.StrEnum):
     RECLAIM = "reclaim"  # the training worker takes its GPUs back
 
 
-class Step(Value, frozen=True, gc=False):
+class Step(Value, frozen=True, gc=False, kw_only=True):
     op: StepOp
     worker: int
     role: Role | None = None
@@ -124,7 +124,7 @@ class Step(Value, frozen=True, gc=False):
     zone: Zone | None = None
 
 
-class PlanProgress(Value, frozen=True, gc=False):
+class PlanProgress(Value, frozen=True, gc=False, kw_only=True):
     """The plan in flight: what ``plan-begin`` announced and which steps are done."""
 
     plan: int
@@ -328,7 +328,8 @@ def _conversions() -> dict[str, tuple[_Conv, _Conv]]:
     return out
 
 
-# Both classes are built from positional values, each in its own field order.
+# Both classes are built from positional values, each in its own field order (so TableSnapshot,
+# a conversion struct and no record, keeps positional fields).
 _FIELDS = tuple(f.name for f in dataclasses.fields(ClusterState))
 _TYPES = typing.get_type_hints(ClusterState)
 _VALUES = operator.attrgetter(*_FIELDS)

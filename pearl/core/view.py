@@ -35,7 +35,7 @@ from pearl.core.state import (
 from pearl.core.status import ClusterStatus
 
 
-class DecisionView(Value, frozen=True):
+class DecisionView(Value, frozen=True, kw_only=True):
     """What ``pearl status`` shows of the decision behind the latest plan."""
 
     target: Target
@@ -43,7 +43,7 @@ class DecisionView(Value, frozen=True):
     reason: str
 
 
-class ClusterView(Value, frozen=True):
+class ClusterView(Value, frozen=True, kw_only=True):
     """The Orchestrator's view after a logged change: the table and the controller beside it."""
 
     table: TableSnapshot = TableSnapshot()
@@ -100,7 +100,11 @@ def cluster_view(
         training_may_proceed=proceeded,
         decision=None
         if d is None
-        else DecisionView(d.target, finite_or_none(d.predicted_makespan_s), d.reason),
+        else DecisionView(
+            target=d.target,
+            predicted_makespan_s=finite_or_none(d.predicted_makespan_s),
+            reason=d.reason,
+        ),
         measured_makespan_s=s.last_makespan_s,
         gate=s.last_gate,
         cycle=s.cycle,

@@ -53,12 +53,12 @@ class Preemptible:
         try:
             if want > len(self.present):
                 add = [g for g in self.ids if g not in self.present][: want - len(self.present)]
-                self.rt.event(ev.GpusAdded(tuple(add)))
+                self.rt.event(ev.GpusAdded(gpus=tuple(add)))
                 self.present += add
                 self.timeline.event(f"+{len(add)} preemptible ({why})")
             elif want < len(self.present):
                 gone, self.present = self.present[want:], self.present[:want]
-                self.rt.event(ev.GpusReclaimed(tuple(gone)))
+                self.rt.event(ev.GpusReclaimed(gpus=tuple(gone)))
                 self.timeline.event(f"-{len(gone)} preemptible ({why})")
         except Exception as e:  # a refused event (e.g. still returning): try the next change
             self.timeline.event(f"event refused: {e}")

@@ -93,7 +93,7 @@ class MetricsDelta:
                     direction=direction,
                 )
             )
-        return EngineTelemetry(tuple(iters), tuple(transfers))
+        return EngineTelemetry(iterations=tuple(iters), transfers=tuple(transfers))
 
 
 __all__ = ["MetricNames", "MetricsDelta"]

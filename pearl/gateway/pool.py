@@ -202,7 +202,9 @@ class PoolBackend:
             stop_ids=tuple(sampling.stop_ids),
             seed=sampling.seed,
         )
-        request = GenerateRequest(rid, tuple(prompt_ids), params, trajectory=session)
+        request = GenerateRequest(
+            rid=rid, input_ids=tuple(prompt_ids), sampling=params, trajectory=session
+        )
         with self._lock:
             key = self.sessions.begin(session, len(prompt_ids))
 

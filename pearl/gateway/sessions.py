@@ -188,7 +188,12 @@ class SessionBook:
         trajectories = tuple(s.stats() for s in done)
         busy = sum(t.latency_s or 0.0 for t in trajectories)
         self.stepped += 1
-        return RolloutStep(next(self.steps), trajectories, makespan, in_flight=busy / makespan)
+        return RolloutStep(
+            step=next(self.steps),
+            trajectories=trajectories,
+            makespan_s=makespan,
+            in_flight=busy / makespan,
+        )
 
     def _close(self, key: str) -> None:
         s = self.open.pop(key)

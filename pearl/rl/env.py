@@ -27,7 +27,7 @@ class EnvError(PearlError):
     """An environment cannot be built or used as asked (unknown name, bad option, bad state)."""
 
 
-class Task(Value, frozen=True):
+class Task(Value, frozen=True, kw_only=True):
     """One task: the prompt an environment starts from and the answer it checks against."""
 
     id: str
@@ -36,7 +36,7 @@ class Task(Value, frozen=True):
     meta: dict[str, Any] = msgspec.field(default_factory=dict)  # str/int/float values
 
 
-class StepOutcome(Value, frozen=True):
+class StepOutcome(Value, frozen=True, kw_only=True):
     """What one environment step returns: the next observation, its reward, and whether it ends."""
 
     observation: str

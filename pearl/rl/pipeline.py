@@ -201,7 +201,10 @@ class Pipeline:
                     self.counts["delivered"] += len(groups)
                     self._step += 1
                     self._training = True
-                    batch = Batch(self._step, tuple(t for g in groups for t in g.trajectories))
+                    batch = Batch(
+                        step=self._step,
+                        trajectories=tuple(t for g in groups for t in g.trajectories),
+                    )
                     spans = [(g.started, g.finished) for g in groups]
                     dropped, self._dropped = self._dropped, 0
                     report = self._meter.report(batch, spans, dropped)

@@ -32,7 +32,12 @@ def engine_generate(engine: Engine, prefix: str = "r") -> GenerateFn:
     async def generate(
         ids: tuple[int, ...], sampling: SamplingParams, trajectory_id: str
     ) -> GenerateResult:
-        req = GenerateRequest(f"{prefix}-{next(counter)}", ids, sampling, trajectory=trajectory_id)
+        req = GenerateRequest(
+            rid=f"{prefix}-{next(counter)}",
+            input_ids=ids,
+            sampling=sampling,
+            trajectory=trajectory_id,
+        )
         return await asyncio.wrap_future(engine.generate(req))
 
     return generate
@@ -58,7 +63,7 @@ async def run_trajectory(
     sp = sampling or SamplingParams(max_new_tokens=64, temperature=1.0)
     if not sp.stop_ids:
         sp = msgspec.structs.replace(sp, stop_ids=builder.stop_ids)
-    traj = Trajectory(trajectory_id, group_id, task.id)
+    traj = Trajectory(id=trajectory_id, group_id=group_id, task_id=task.id)
     t0 = clock()
     try:
         observation = await env.reset(task)

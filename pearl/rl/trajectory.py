@@ -23,7 +23,7 @@ from pearl.core.schema import Value
 from pearl.engines.base import GenerateResult
 
 
-class Turn(Value, frozen=True):
+class Turn(Value, frozen=True, kw_only=True):
     """One generation: the prompt tokens it appended, what it generated, and by which weights."""
 
     prompt_ids: tuple[int, ...]  # appended before generating (observation + chat markers)
@@ -45,15 +45,15 @@ class Turn(Value, frozen=True):
     def of(cls, prompt_ids: tuple[int, ...] | list[int], result: GenerateResult) -> Turn:
         """The turn an engine result describes."""
         return cls(
-            tuple(prompt_ids),
-            tuple(result.output_ids),
-            tuple(result.logprobs),
-            int(result.weights_version),
-            str(result.finish_reason.value),
+            prompt_ids=tuple(prompt_ids),
+            output_ids=tuple(result.output_ids),
+            logprobs=tuple(result.logprobs),
+            weights_version=int(result.weights_version),
+            finish_reason=str(result.finish_reason.value),
         )
 
 
-class Trajectory(Value, frozen=True):
+class Trajectory(Value, frozen=True, kw_only=True):
     """One multi-turn rollout of one task; ``group_id`` ties the GRPO group together."""
 
     id: str
@@ -159,7 +159,7 @@ class Trajectory(Value, frozen=True):
         )
 
 
-class Batch(Value, frozen=True):
+class Batch(Value, frozen=True, kw_only=True):
     """The rollout batch of one training step: B trajectories in groups of G."""
 
     step: int

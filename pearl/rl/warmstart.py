@@ -121,7 +121,7 @@ async def demonstrate(
         env = make_env(env_name, max_turns=max_turns, python_tool=True)
         try:
             new: tuple[int, ...] | None = builder.first(await env.reset(task))
-            traj = Trajectory(f"demo-{task.id}", "demo", task.id)
+            traj = Trajectory(id=f"demo-{task.id}", group_id="demo", task_id=task.id)
             observations = []
             for action in expert_actions(task, tool):
                 assert new is not None

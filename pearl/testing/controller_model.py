@@ -142,27 +142,29 @@ class ControllerModel(RuleBasedStateMachine):
         t = self.table
         absent = [g for g in PREEMPTIBLE if g not in t.present_gpus | t.reclaiming_gpus]
         if absent:
-            assert self._event(ev.GpusAdded(self._pick(absent, start, n)))
+            assert self._event(ev.GpusAdded(gpus=self._pick(absent, start, n)))
 
     @rule(start=st.integers(0, 7), n=st.integers(1, 4))
     def gpus_reclaimed(self, start: int, n: int) -> None:
         present = sorted(self.table.present_gpus)
         if present:
-            assert self._event(ev.GpusReclaimed(self._pick(present, start, n)))
+            assert self._event(ev.GpusReclaimed(gpus=self._pick(present, start, n)))
 
     @rule(gpus=st.sets(st.integers(0, 17), min_size=0, max_size=3), added=st.booleans())
     def arbitrary_gpu_event(self, gpus: set[int], added: bool) -> None:
         """Any GPU set, valid or not: an invalid one is refused and changes nothing."""
         kind = ev.GpusAdded if added else ev.GpusReclaimed
-        self._send(kind(tuple(sorted(gpus))))
+        self._send(kind(gpus=tuple(sorted(gpus))))
 
     @rule()
     def training_begin(self) -> None:
         if self.table.phase is TrainingPhase.TRAINING:
-            self._send(ev.TrainingBegin(self.table.training_step + 1))  # refused: one at a time
+            self._send(
+                ev.TrainingBegin(step=self.table.training_step + 1)
+            )  # refused: one at a time
             return
         self.waiting_since = self.now
-        assert self._event(ev.TrainingBegin(self.table.training_step + 1))
+        assert self._event(ev.TrainingBegin(step=self.table.training_step + 1))
 
     @rule(publish=st.booleans())
     def training_finished(self, publish: bool) -> None:
@@ -170,11 +172,11 @@ class ControllerModel(RuleBasedStateMachine):
         if t.phase is not TrainingPhase.TRAINING or self.proceeded != t.training_step:
             return  # a trainer finishes only a step it was allowed to run
         version = t.weights_version + 1 if publish else None
-        assert self._event(ev.TrainingFinished(t.training_step, version))
+        assert self._event(ev.TrainingFinished(step=t.training_step, weights_version=version))
 
     @rule()
     def weights_published(self) -> None:
-        self._event(ev.WeightsPublished(self.table.weights_version + 1))
+        self._event(ev.WeightsPublished(version=self.table.weights_version + 1))
 
     @rule(
         i=st.integers(0, 63), ok=st.sampled_from([True, True, True, False]), dt=st.floats(0.0, 2.0)
@@ -184,18 +186,26 @@ class ControllerModel(RuleBasedStateMachine):
             return
         c = self.pending.pop(i % len(self.pending))
         if isinstance(c, cmd.StopWorker) and not c.plan:
-            self._send(cmd.WorkerDown(c.worker, 0, "stopped"), dt)  # a stop beside any plan
+            self._send(
+                cmd.WorkerDown(worker=c.worker, incarnation=0, reason="stopped"), dt
+            )  # a stop beside any plan
             return
         if getattr(c, "background", False):  # a joiner in the background: up, or its host died
             if ok:
-                self._send(cmd.WorkerUp(c.worker, c.incarnation), dt)
+                self._send(cmd.WorkerUp(worker=c.worker, incarnation=c.incarnation), dt)
             else:
                 self.down[c.worker] = c.incarnation
-                self._send(cmd.WorkerDown(c.worker, c.incarnation, "host exited"), dt)
+                self._send(
+                    cmd.WorkerDown(
+                        worker=c.worker, incarnation=c.incarnation, reason="host exited"
+                    ),
+                    dt,
+                )
             return
         cancel = getattr(c, "cancel", False)
         self._send(
-            cmd.StepResult(c.plan, c.step, ok=ok or cancel, cancel=cancel, duration_s=dt), dt
+            cmd.StepResult(plan=c.plan, step=c.step, ok=ok or cancel, cancel=cancel, duration_s=dt),
+            dt,
         )
 
     @rule(slow_stops=st.booleans())
@@ -219,24 +229,26 @@ class ControllerModel(RuleBasedStateMachine):
         w = self._rollout_worker(i)
         if w is not None:
             self.down[w.id] = w.incarnation
-            self._event(cmd.WorkerDown(w.id, w.incarnation, "host exited"))
+            self._event(
+                cmd.WorkerDown(worker=w.id, incarnation=w.incarnation, reason="host exited")
+            )
 
     @rule(i=st.integers(0, 15))
     def worker_up(self, i: int) -> None:
         if self.down:
             wid = sorted(self.down)[i % len(self.down)]
-            self._event(cmd.WorkerUp(wid, self.down.pop(wid)))
+            self._event(cmd.WorkerUp(worker=wid, incarnation=self.down.pop(wid)))
 
     @rule(i=st.integers(0, 15))
     def worker_lost(self, i: int) -> None:
         w = self._rollout_worker(i)
         wid = w.id if w is not None else i
         self.down.pop(wid, None)
-        self._event(cmd.WorkerLost(wid, "restart budget spent"))
+        self._event(cmd.WorkerLost(worker=wid, reason="restart budget spent"))
 
     @rule(remaining=st.integers(0, 64))
     def rollout_progress(self, remaining: int) -> None:
-        self._send(cmd.RolloutProgress(remaining))
+        self._send(cmd.RolloutProgress(remaining=remaining))
 
     @rule(dt=st.floats(0.1, TICK_MAX_S))
     def tick(self, dt: float) -> None:

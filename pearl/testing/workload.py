@@ -64,8 +64,8 @@ class Workload:
             ]
         )
         for k, (_, records) in enumerate(steps):
-            yield self._emit([*records, ev.StepDone(self.plan, k)])
-        yield self._emit([ev.PlanCommit(self.plan)])
+            yield self._emit([*records, ev.StepDone(plan=self.plan, step=k)])
+        yield self._emit([ev.PlanCommit(plan=self.plan)])
 
     def _counts(self) -> int:
         return sum(1 for w in self.b.workers.values() if w.role is not Role.TRAINING)
@@ -127,7 +127,7 @@ class Workload:
                     Step(op=StepOp.ADD, worker=wid, role=role, gpus=pair, zone=Zone.DEDICATED),
                     [
                         ev.WorkerAdded(worker=wid, gpus=pair, role=role, zone=Zone.DEDICATED),
-                        ev.ActivityChanged(wid, Activity.ACTIVE),
+                        ev.ActivityChanged(worker=wid, activity=Activity.ACTIVE),
                     ],
                 )
             )
@@ -154,16 +154,29 @@ class Workload:
                 )
             ]
         )
-        yield self._emit([ev.TrainingBegin(self.step)])
+        yield self._emit([ev.TrainingBegin(step=self.step)])
         overlap = [w for w in b.workers.values() if w.zone is Zone.OVERLAP and w.is_rollout]
         steps: list[tuple[Step, list[Any]]] = [
-            (Step(StepOp.DEACTIVATE, w.id), [ev.ActivityChanged(w.id, Activity.INACTIVE)])
+            (
+                Step(op=StepOp.DEACTIVATE, worker=w.id),
+                [ev.ActivityChanged(worker=w.id, activity=Activity.INACTIVE)],
+            )
             for w in overlap
         ]
-        steps.append((Step(StepOp.RECLAIM, 0), [ev.ActivityChanged(0, Activity.ACTIVE)]))
+        steps.append(
+            (
+                Step(op=StepOp.RECLAIM, worker=0),
+                [ev.ActivityChanged(worker=0, activity=Activity.ACTIVE)],
+            )
+        )
         yield from self._run_plan("training-begin", steps)
-        yield self._emit([ev.TrainingFinished(self.step, self.step)])
-        steps = [(Step(StepOp.LEND, 0), [ev.ActivityChanged(0, Activity.INACTIVE)])]
+        yield self._emit([ev.TrainingFinished(step=self.step, weights_version=self.step)])
+        steps = [
+            (
+                Step(op=StepOp.LEND, worker=0),
+                [ev.ActivityChanged(worker=0, activity=Activity.INACTIVE)],
+            )
+        ]
         if not overlap:
             for k in range(self.overlap):
                 gpus = TRAINING[k * TP : (k + 1) * TP]
@@ -181,13 +194,16 @@ class Workload:
                             ev.WorkerAdded(
                                 worker=wid, gpus=gpus, role=Role.DECODE, zone=Zone.OVERLAP
                             ),
-                            ev.ActivityChanged(wid, Activity.ACTIVE),
+                            ev.ActivityChanged(worker=wid, activity=Activity.ACTIVE),
                         ],
                     )
                 )
         else:
             steps += [
-                (Step(StepOp.ACTIVATE, w.id), [ev.ActivityChanged(w.id, Activity.ACTIVE)])
+                (
+                    Step(op=StepOp.ACTIVATE, worker=w.id),
+                    [ev.ActivityChanged(worker=w.id, activity=Activity.ACTIVE)],
+                )
                 for w in overlap
             ]
         yield from self._run_plan("training-finished", steps)
@@ -198,7 +214,7 @@ class Workload:
         if len(absent) < TP:
             return
         k = self.rng.randrange(1, min(4, len(absent) // TP) + 1) * TP
-        yield self._emit([ev.GpusAdded(tuple(absent[:k]))])
+        yield self._emit([ev.GpusAdded(gpus=tuple(absent[:k]))])
         yield from self._grow(tuple(absent[:k]), "gpus-added")
         # rebalance: switch one decode worker to prefill (drain, change role, resume)
         decode = [
@@ -212,11 +228,11 @@ class Workload:
                 "ratio",
                 [
                     (
-                        Step(StepOp.SET_ROLE, w.id, Role.PREFILL),
+                        Step(op=StepOp.SET_ROLE, worker=w.id, role=Role.PREFILL),
                         [
-                            ev.ActivityChanged(w.id, Activity.TRANSITIONING),
-                            ev.RoleChanged(w.id, Role.PREFILL),
-                            ev.ActivityChanged(w.id, Activity.ACTIVE),
+                            ev.ActivityChanged(worker=w.id, activity=Activity.TRANSITIONING),
+                            ev.RoleChanged(worker=w.id, role=Role.PREFILL),
+                            ev.ActivityChanged(worker=w.id, activity=Activity.ACTIVE),
                         ],
                     )
                 ],
@@ -227,9 +243,12 @@ class Workload:
         if not present:
             return
         gone = tuple(self.rng.sample(present, self.rng.randrange(1, min(4, len(present)) + 1)))
-        yield self._emit([ev.GpusReclaimed(gone)])
+        yield self._emit([ev.GpusReclaimed(gpus=gone)])
         owners = sorted({w.id for w in self.b.workers.values() if set(w.gpus) & set(gone)})
-        steps = [(Step(StepOp.REMOVE, wid), [ev.WorkerRemoved(wid, "reclaimed")]) for wid in owners]
+        steps = [
+            (Step(op=StepOp.REMOVE, worker=wid), [ev.WorkerRemoved(worker=wid, reason="reclaimed")])
+            for wid in owners
+        ]
         if steps:
             yield from self._run_plan("gpus-reclaimed", steps)
 
@@ -238,9 +257,17 @@ class Workload:
         if not dedicated:
             return
         w = self.rng.choice(dedicated)
-        yield self._emit([ev.WorkerFailed(w.id, "heartbeat lost", w.incarnation)])
+        yield self._emit(
+            [ev.WorkerFailed(worker=w.id, reason="heartbeat lost", incarnation=w.incarnation)]
+        )
         yield from self._run_plan(
-            "worker-failed", [(Step(StepOp.REMOVE, w.id), [ev.WorkerRemoved(w.id, "failed")])]
+            "worker-failed",
+            [
+                (
+                    Step(op=StepOp.REMOVE, worker=w.id),
+                    [ev.WorkerRemoved(worker=w.id, reason="failed")],
+                )
+            ],
         )
 
 

@@ -26,9 +26,11 @@ def test_an_unencodable_tell_is_dropped_and_the_peer_is_not_blamed() -> None:
     client = Client("tcp://127.0.0.1:9", timeout_s=0.2, retries=0)
     courier = CourierRef("worker/1", client, on_error)
     try:
-        poison = Generate(GenerateRequest("p", (2**64,)))
-        seeded = Generate(GenerateRequest("s", (1,), SamplingParams(seed=2**64)))
-        fine = Generate(GenerateRequest("ok", (1, 2)))
+        poison = Generate(request=GenerateRequest(rid="p", input_ids=(2**64,)))
+        seeded = Generate(
+            request=GenerateRequest(rid="s", input_ids=(1,), sampling=SamplingParams(seed=2**64))
+        )
+        fine = Generate(request=GenerateRequest(rid="ok", input_ids=(1, 2)))
         for msg in (poison, seeded, fine):
             courier.tell(msg)
         assert reported.wait(30), "the unanswered tell was never reported"

@@ -74,11 +74,11 @@ class FakePearld:
 
     def hello(self, env: Any) -> Welcome:
         self.hellos.append(env.msg)
-        return Welcome(self.boot, self.known)
+        return Welcome(boot_id=self.boot, known=self.known)
 
     def beat(self, env: Any) -> Welcome:
         self.beats += 1
-        return Welcome(self.boot, True)
+        return Welcome(boot_id=self.boot, known=True)
 
     def st(self, env: Any) -> Status:
         self.status += 1
@@ -315,8 +315,10 @@ def test_an_undeliverable_request_is_routed_again_not_queued_for_the_restart(
     from pearl.engines.base import GenerateRequest
 
     sup, launcher, now, got = supervised
-    stop = cmd.StopWorker(3)
-    sup.undeliverable(Undeliverable(3, Generate(GenerateRequest("r", (1,))), "no reply"))
+    stop = cmd.StopWorker(worker=3)
+    sup.undeliverable(
+        Undeliverable(3, Generate(request=GenerateRequest(rid="r", input_ids=(1,))), "no reply")
+    )
     sup.undeliverable(Undeliverable(3, stop, "no reply"))
     h = sup.hosts[3]
     assert h.pending == [stop]  # commands wait for the restarted host; the request does not
@@ -331,7 +333,11 @@ def test_a_death_is_counted_by_its_category_and_told_with_its_detail(supervised:
     from pearl.engines.base import GenerateRequest
 
     sup, _, _, got = supervised
-    sup.undeliverable(Undeliverable(3, Generate(GenerateRequest("r", (1,))), "no reply (ZMQ)"))
+    sup.undeliverable(
+        Undeliverable(
+            3, Generate(request=GenerateRequest(rid="r", input_ids=(1,))), "no reply (ZMQ)"
+        )
+    )
     down = [m for m in got if isinstance(m, cmd.WorkerDown)]
     assert [d.reason for d in down] == ["unreachable (no reply (ZMQ))"]
     assert sup.board.deaths == {Death.UNREACHABLE: 1}

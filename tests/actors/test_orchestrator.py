@@ -67,10 +67,10 @@ def test_an_invariant_violation_is_logged_and_recovered_in_place(
             ref.ask(cmd.Tick(), timeout_s=5)
         assert ref.ref.is_alive()
         assert "no worker in slot 99" in caplog.text and "Tick" in caplog.text
-        assert ref.ask(ev.GpusAdded((20, 21)), timeout_s=5).seq > 0
+        assert ref.ask(ev.GpusAdded(gpus=(20, 21)), timeout_s=5).seq > 0
         assert ref.ref.proxy().recoveries.get() == 1
         with pytest.raises(InvalidEvent):  # bad client input still answers with its error
-            ref.ask(ev.GpusAdded((999,)), timeout_s=5)
+            ref.ask(ev.GpusAdded(gpus=(999,)), timeout_s=5)
         assert ref.ref.is_alive()
     finally:
         ref.ref.stop()
@@ -124,11 +124,11 @@ def test_a_full_disk_refuses_events_keeps_reports_and_heals_with_no_restart(tmp_
         with pytest.raises(
             LogWriteFailed, match=r"2 earlier record\(s\) .* wait for the disk first"
         ):
-            ref.ask(ev.GpusAdded((20, 21)), timeout_s=5)
+            ref.ask(ev.GpusAdded(gpus=(20, 21)), timeout_s=5)
         assert ref.ask(StatusRequest(), timeout_s=5).seq == before
         assert ref.ref.is_alive() and log.last_seq == before
         failpoints.disk()
-        ack = ref.ask(ev.GpusAdded((20, 21)), timeout_s=5)
+        ack = ref.ask(ev.GpusAdded(gpus=(20, 21)), timeout_s=5)
         assert ack.seq == before + 3
         assert not ref.ref.proxy().backlog.get()
     finally:

@@ -105,32 +105,32 @@ def test_node_changes_are_the_events_a_cli_sends() -> None:
     now = {n.node_id: n for n in (A, B)}
     # First look: live preemptible GPUs not present are added; a gone node's present ones leave.
     assert node_events(c, None, now, present={0, 1}, leaving=set(), wall=100.0) == [
-        ev.GpusAdded((2, 3))
+        ev.GpusAdded(gpus=(2, 3))
     ]
     dead_c = {**now, "3": node("3", 4, "4-7", alive=False)}
     assert node_events(c, None, dead_c, present={0, 1, 2, 3, 4, 5}, leaving=set(), wall=1.0) == [
-        ev.GpusReclaimed((4, 5))
+        ev.GpusReclaimed(gpus=(4, 5))
     ]
     # Later looks: edges only.
     assert node_events(c, now, now, present={0, 1, 2, 3}, leaving=set(), wall=1.0) == []
     joined = {**now, "3": C}
     assert node_events(c, now, joined, present={0, 1, 2, 3}, leaving=set(), wall=1.0) == [
-        ev.GpusAdded((4, 5, 6, 7))
+        ev.GpusAdded(gpus=(4, 5, 6, 7))
     ]
     died = {"1": A, "2": node("2", 2, "2-3", alive=False)}
     assert node_events(c, now, died, present={0, 1, 2, 3}, leaving=set(), wall=1.0) == [
-        ev.GpusReclaimed((2, 3))
+        ev.GpusReclaimed(gpus=(2, 3))
     ]
     gone = {"1": A}  # vanished from the table: dead too
     assert node_events(c, now, gone, present={0, 1, 2, 3}, leaving=set(), wall=1.0) == [
-        ev.GpusReclaimed((2, 3))
+        ev.GpusReclaimed(gpus=(2, 3))
     ]
     # The reserved node dying is a host loss, not a reclaim.
     assert node_events(c, now, {"2": B}, present={0, 1, 2, 3}, leaving=set(), wall=1.0) == []
     # A drain with a deadline is a preemption notice; without one, a reclaim now; seen once.
     draining = {"1": A, "2": node("2", 2, "2-3", drain_deadline=160.0)}
     notice = node_events(c, now, draining, present={0, 1, 2, 3}, leaving=set(), wall=100.0)
-    assert notice == [ev.GpusReclaiming((2, 3), 160.0)]
+    assert notice == [ev.GpusReclaiming(gpus=(2, 3), deadline=160.0)]
     assert (
         node_events(
             cfg=c, before=draining, now=draining, present={0, 1, 2, 3}, leaving={2, 3}, wall=101.0
@@ -140,7 +140,7 @@ def test_node_changes_are_the_events_a_cli_sends() -> None:
     no_deadline = {"1": A, "2": node("2", 2, "2-3", drain_deadline=0.0)}
     assert node_events(
         cfg=c, before=now, now=no_deadline, present={0, 1, 2, 3}, leaving=set(), wall=100.0
-    ) == [ev.GpusReclaimed((2, 3))]
+    ) == [ev.GpusReclaimed(gpus=(2, 3))]
 
 
 def test_the_hosts_keys_travel_as_text(tmp_path: Path) -> None:
@@ -187,8 +187,8 @@ def test_a_node_that_restarts_within_one_look_is_reclaimed_then_added() -> None:
     before = {"1": A, "2": B}
     restarted = {"1": A, "9": node("9", 2, "2-3")}  # B died; it came back under a new id
     assert node_events(c, before, restarted, present={0, 1, 2, 3}, leaving=set(), wall=1.0) == [
-        ev.GpusReclaimed((2, 3)),
-        ev.GpusAdded((2, 3)),
+        ev.GpusReclaimed(gpus=(2, 3)),
+        ev.GpusAdded(gpus=(2, 3)),
     ]
 
 
@@ -215,7 +215,7 @@ class Scheduler:
         if msg in self.refuse:
             raise InvalidEvent("GPU 2 is already present")
         self.got.append(msg)
-        return Ack(len(self.got))
+        return Ack(seq=len(self.got))
 
 
 def watcher(s: Scheduler, present: set[int]):  # type: ignore[no-untyped-def]
@@ -236,10 +236,17 @@ def test_the_watcher_keeps_what_it_could_not_deliver_and_sends_it_in_order() -> 
     w = watcher(s, {0, 1, 2, 3})
     restarted = {"1": A, "9": node("9", 2, "2-3")}
     w.seen(NodesSeen(restarted))  # pearld does not answer: nothing is lost
-    assert s.got == [] and list(w.outbox) == [ev.GpusReclaimed((2, 3)), ev.GpusAdded((2, 3))]
+    assert s.got == [] and list(w.outbox) == [
+        ev.GpusReclaimed(gpus=(2, 3)),
+        ev.GpusAdded(gpus=(2, 3)),
+    ]
     joined = {**restarted, "3": C}
     w.seen(NodesSeen(joined))  # the next look: the old events first, then the new one
-    assert s.got == [ev.GpusReclaimed((2, 3)), ev.GpusAdded((2, 3)), ev.GpusAdded((4, 5, 6, 7))]
+    assert s.got == [
+        ev.GpusReclaimed(gpus=(2, 3)),
+        ev.GpusAdded(gpus=(2, 3)),
+        ev.GpusAdded(gpus=(4, 5, 6, 7)),
+    ]
     assert not w.outbox and w.present == {0, 1, 2, 3, 4, 5, 6, 7}
     w.seen(NodesSeen(joined))
     assert len(s.got) == 3  # delivered once
@@ -248,7 +255,7 @@ def test_the_watcher_keeps_what_it_could_not_deliver_and_sends_it_in_order() -> 
 def test_the_watcher_drops_only_what_the_table_refuses_as_not_fitting() -> None:
     from actors.ray_nodes import NodesSeen
 
-    s = Scheduler(refuse=(ev.GpusAdded((4, 5, 6, 7)),))
+    s = Scheduler(refuse=(ev.GpusAdded(gpus=(4, 5, 6, 7)),))
     w = watcher(s, {0, 1, 2, 3})
     w.seen(NodesSeen({"1": A, "2": B, "3": C}))
     assert s.got == [] and not w.outbox  # already so in the table: nothing to retry

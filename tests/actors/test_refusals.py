@@ -34,7 +34,7 @@ def test_a_refused_event_is_one_warning_line(caplog: pytest.LogCaptureFixture) -
     caplog.set_level(logging.DEBUG)
     for _ in range(3):
         with pytest.raises(InvalidEvent, match="GPU 30 is not present"):
-            scheduler.ask(ev.GpusReclaimed((30,)), 5.0)
+            scheduler.ask(ev.GpusReclaimed(gpus=(30,)), 5.0)
     lines = [r for r in caplog.records if r.levelno >= logging.INFO]
     assert [(r.levelname, r.getMessage()) for r in lines] == 3 * [
         ("WARNING", "gpus-reclaimed refused: GPU 30 is not present, so it cannot be reclaimed")

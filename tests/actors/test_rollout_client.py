@@ -71,7 +71,7 @@ class ScriptedRouter:
             prompt_tokens=len(req.input_ids),
             cached_tokens=2,
         )
-        self.d.tell(msg.reply_to, GenerateDone(1, req.rid, result))
+        self.d.tell(msg.reply_to, GenerateDone(worker=1, rid=req.rid, result=result))
 
     def ask(self, msg: Any, timeout_s: float = 10.0) -> Any:
         self.tell(msg)
@@ -104,7 +104,7 @@ class Time:
 
 def test_a_refused_request_is_tried_once_and_fails_as_refused() -> None:
     client, router = client_with([("refused",), ("done", 1)])
-    fut = client.generate(GenerateRequest("r", (600,), S(4)))
+    fut = client.generate(GenerateRequest(rid="r", input_ids=(600,), sampling=S(max_new_tokens=4)))
     with pytest.raises(RequestRefused, match="out of vocabulary"):
         fut.result(5)
     assert len(router.seen) == 1 and client.failed == 1
@@ -112,7 +112,7 @@ def test_a_refused_request_is_tried_once_and_fails_as_refused() -> None:
 
 def test_no_worker_in_time_fails_at_once_with_retry_after() -> None:
     client, router = client_with([("expired",), ("done", 1)])
-    fut = client.generate(GenerateRequest("r", (1,), S(4)))
+    fut = client.generate(GenerateRequest(rid="r", input_ids=(1,), sampling=S(max_new_tokens=4)))
     with pytest.raises(NoWorker) as e:
         fut.result(5)
     assert e.value.retry_after_s == 7.0 and len(router.seen) == 1
@@ -123,7 +123,7 @@ def test_empty_endings_back_off_and_share_one_clock_then_fail_with_no_worker() -
     after a back-off that doubles, each Route told the time left, never past ``wait_s``."""
     t = Time()
     client, router = client_with([("abort", 0, 1)] * 20, wait_s=3.0, clock=t.clock, later=t.later)
-    fut = client.generate(GenerateRequest("r", (1,), S(4)))
+    fut = client.generate(GenerateRequest(rid="r", input_ids=(1,), sampling=S(max_new_tokens=4)))
     with pytest.raises(NoWorker, match="within 3 s"):
         fut.result(5)
     assert t.delays == [0.25, 0.5, 1.0, 2.0]  # the first resume at once
@@ -134,13 +134,17 @@ def test_tokens_reset_the_back_off() -> None:
     t = Time()
     script = [("abort", 0, 1), ("abort", 0, 1), ("abort", 2, 1), ("abort", 0, 1), ("done", 1)]
     client, _ = client_with(script, clock=t.clock, later=t.later)
-    out = client.generate(GenerateRequest("r", (1,), S(4))).result(5)
+    out = client.generate(
+        GenerateRequest(rid="r", input_ids=(1,), sampling=S(max_new_tokens=4))
+    ).result(5)
     assert len(out.output_ids) == 4 and t.delays == [0.25]
 
 
 def test_an_aborted_turn_resumes_with_its_prefix_and_the_caller_sees_one_completion() -> None:
     client, router = client_with([("abort", 3, 4), ("error",), ("abort", 2, 5), ("done", 5)])
-    out = client.generate(GenerateRequest("r", (100, 101, 102, 103), S(10))).result(5)
+    out = client.generate(
+        GenerateRequest(rid="r", input_ids=(100, 101, 102, 103), sampling=S(max_new_tokens=10))
+    ).result(5)
     assert out.output_ids == list(range(4, 14))  # positions 4..13: nothing lost or doubled
     assert len(out.logprobs) == 10 and out.finish_reason is FinishReason.LENGTH
     assert out.versions == [(0, 4), (3, 5), (5, 5)]  # where each attempt's tokens began
@@ -154,7 +158,7 @@ def test_an_aborted_turn_resumes_with_its_prefix_and_the_caller_sees_one_complet
 
 def test_a_request_the_router_keeps_failing_fails_its_future() -> None:
     client, _ = client_with([("error",), ("error",)])
-    fut = client.generate(GenerateRequest("r", (1, 2), S(4)))
+    fut = client.generate(GenerateRequest(rid="r", input_ids=(1, 2), sampling=S(max_new_tokens=4)))
     with pytest.raises(EngineError, match="worker 1 is gone"):
         fut.result(5)
     assert client.failed == 1
@@ -162,15 +166,17 @@ def test_a_request_the_router_keeps_failing_fails_its_future() -> None:
 
 def test_one_rid_at_a_time() -> None:
     client, _ = client_with([("hold",)])
-    client.generate(GenerateRequest("r", (1,), S(4)))
+    client.generate(GenerateRequest(rid="r", input_ids=(1,), sampling=S(max_new_tokens=4)))
     with pytest.raises(EngineError, match="already in flight"):
-        client.generate(GenerateRequest("r", (1,), S(4)))
+        client.generate(GenerateRequest(rid="r", input_ids=(1,), sampling=S(max_new_tokens=4)))
 
 
 def test_each_attempt_is_heard_as_it_ends_before_the_future_settles() -> None:
     client, _ = client_with([("abort", 3, 4), ("done", 5)])
     heard: list[Any] = []
-    fut = client.generate(GenerateRequest("r", (100, 101), S(6)), heard.append)
+    fut = client.generate(
+        GenerateRequest(rid="r", input_ids=(100, 101), sampling=S(max_new_tokens=6)), heard.append
+    )
     out = fut.result(5)
     assert [(a.output_ids, a.weights_version, a.resumed) for a in heard] == [
         ((2, 3, 4), 4, 0), ((5, 6, 7), 5, 1)
@@ -182,7 +188,7 @@ def test_each_attempt_is_heard_as_it_ends_before_the_future_settles() -> None:
 
 def test_a_cancelled_request_is_aborted_in_the_pool_and_not_resumed() -> None:
     client, router = client_with([("hold",)])
-    fut = client.generate(GenerateRequest("r", (1, 2), S(8)))
+    fut = client.generate(GenerateRequest(rid="r", input_ids=(1, 2), sampling=S(max_new_tokens=8)))
     client.cancel("r")
     assert router.aborted == ["r"]
     part = GenerateResult(
@@ -193,7 +199,7 @@ def test_a_cancelled_request_is_aborted_in_the_pool_and_not_resumed() -> None:
         weights_version=1,
         prompt_tokens=2,
     )
-    client.tell(GenerateDone(1, "r", part))
+    client.tell(GenerateDone(worker=1, rid="r", result=part))
     out = fut.result(5)  # settled with what it had: no resumption was sent
     assert out.output_ids == [7, 8] and out.finish_reason is FinishReason.ABORT
     assert len(router.seen) == 1 and client.migrated == 0

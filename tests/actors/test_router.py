@@ -52,7 +52,7 @@ class FakeWorker(PearlActor):
             weights_version=0,
             prompt_tokens=len(r.input_ids),
         )
-        self.directory.tell(names.ROUTER, GenerateDone(self.wid, r.rid, out))
+        self.directory.tell(names.ROUTER, GenerateDone(worker=self.wid, rid=r.rid, result=out))
 
     def on_abort(self, msg: AbortRequest) -> None:
         self.log.append((self.wid, "abort", msg.rid))
@@ -118,7 +118,9 @@ def view(d: Directory, rows: list[tuple[int, str, str]], seq: int = 1) -> None:
         )
         for w, r, a in rows
     )
-    d.tell(names.ROUTER, StateChanged(ClusterView(TableSnapshot(seq=seq, workers=workers))))
+    d.tell(
+        names.ROUTER, StateChanged(view=ClusterView(table=TableSnapshot(seq=seq, workers=workers)))
+    )
 
 
 def results(d: Directory, n: int, timeout: float = 5.0) -> list[GenerateDone]:
@@ -138,7 +140,10 @@ def test_only_active_workers_receive_requests(cluster: Any) -> None:
     d, log, _ = cluster
     view(d, [(1, "colocated", "transitioning"), (2, "colocated", "active")])
     for i in range(4):
-        d.tell(names.ROUTER, Route(GenerateRequest(f"r{i}", (5, 6)), "sink"))
+        d.tell(
+            names.ROUTER,
+            Route(request=GenerateRequest(rid=f"r{i}", input_ids=(5, 6)), reply_to="sink"),
+        )
     assert all(r.result is not None for r in results(d, 4))
     assert {w for w, _ in log} == {2}
 
@@ -146,7 +151,7 @@ def test_only_active_workers_receive_requests(cluster: Any) -> None:
 def test_requests_wait_for_routable_workers(cluster: Any) -> None:
     d, log, _ = cluster
     view(d, [(1, "colocated", "transitioning")])
-    d.tell(names.ROUTER, Route(GenerateRequest("r", (5,)), "sink"))
+    d.tell(names.ROUTER, Route(request=GenerateRequest(rid="r", input_ids=(5,)), reply_to="sink"))
     settle(d, names.ROUTER, names.worker_name(1))
     assert log == []
     view(d, [(1, "colocated", "active")], seq=2)
@@ -156,7 +161,9 @@ def test_requests_wait_for_routable_workers(cluster: Any) -> None:
 def test_pd_requests_go_to_a_pair_with_one_transfer_id(cluster: Any) -> None:
     d, log, _ = cluster
     view(d, [(1, "prefill", "active"), (2, "decode", "active")])
-    d.tell(names.ROUTER, Route(GenerateRequest("r", (5, 6, 7)), "sink"))
+    d.tell(
+        names.ROUTER, Route(request=GenerateRequest(rid="r", input_ids=(5, 6, 7)), reply_to="sink")
+    )
     done = results(d, 1)
     assert done[0].worker == 2  # the decode worker's answer is the result
     sent = {w: req for w, req in log}
@@ -168,7 +175,7 @@ def test_a_retryable_failure_is_routed_again(cluster: Any) -> None:
     d, log, fail = cluster
     view(d, [(1, "prefill", "active"), (2, "decode", "active")])
     fail.append(2)  # the decode worker never gets the KV the first time
-    d.tell(names.ROUTER, Route(GenerateRequest("r", (5,)), "sink"))
+    d.tell(names.ROUTER, Route(request=GenerateRequest(rid="r", input_ids=(5,)), reply_to="sink"))
     settle(
         d, names.ROUTER, names.worker_name(1), names.worker_name(2), names.ROUTER
     )  # the failure is back at the router
@@ -186,7 +193,7 @@ def test_a_worker_that_turned_a_request_away_is_avoided_while_another_can_take_i
     d, log, fail = cluster
     view(d, [(1, "colocated", "active"), (2, "colocated", "active")])
     fail.append(1)
-    d.tell(names.ROUTER, Route(GenerateRequest("r", (5,)), "sink"))
+    d.tell(names.ROUTER, Route(request=GenerateRequest(rid="r", input_ids=(5,)), reply_to="sink"))
     settle(d, names.ROUTER, names.worker_name(1), names.ROUTER)
     d.tell(names.ROUTER, Flush())
     assert results(d, 1)[0].worker == 2
@@ -196,8 +203,8 @@ def test_a_worker_that_turned_a_request_away_is_avoided_while_another_can_take_i
 def test_abort_reaches_the_worker(cluster: Any) -> None:
     d, log, _ = cluster
     view(d, [(3, "colocated", "transitioning")])
-    d.tell(names.ROUTER, Route(GenerateRequest("r", (5,)), "sink"))
-    d.tell(names.ROUTER, AbortRequest("r"))
+    d.tell(names.ROUTER, Route(request=GenerateRequest(rid="r", input_ids=(5,)), reply_to="sink"))
+    d.tell(names.ROUTER, AbortRequest(rid="r"))
     done = results(d, 1)
     assert done[0].result is None and "aborted" in done[0].error
 
@@ -232,7 +239,7 @@ class HoldingWorker(PearlActor):
             weights_version=0,
             prompt_tokens=len(r.input_ids),
         )
-        self.directory.tell(names.ROUTER, GenerateDone(self.wid, r.rid, out))
+        self.directory.tell(names.ROUTER, GenerateDone(worker=self.wid, rid=r.rid, result=out))
 
     def release(self, _: Release) -> None:
         held, self.held = self.held, []
@@ -258,7 +265,9 @@ def test_a_request_on_a_host_that_died_is_routed_again_from_the_turn_start(clust
     d, log, _ = cluster
     holding(d, 0, log)
     view(d, [(0, "colocated", "active"), (2, "colocated", "active")])
-    d.tell(names.ROUTER, Route(GenerateRequest("r", (5, 6, 7)), "sink"))
+    d.tell(
+        names.ROUTER, Route(request=GenerateRequest(rid="r", input_ids=(5, 6, 7)), reply_to="sink")
+    )
     settle(d, names.ROUTER, names.worker_name(0), names.worker_name(2))
     assert [q.rid for q in sent_to(log, 0)] == ["r"]  # worker 0 holds it, then its host dies
     d.tell(names.ROUTER, WorkerGone(0, 1, "exited"))
@@ -267,11 +276,11 @@ def test_a_request_on_a_host_that_died_is_routed_again_from_the_turn_start(clust
     retry = sent_to(log, 2)
     assert [q.rid for q in retry] == ["r~1"] and retry[0].input_ids == (5, 6, 7)
     # The gone worker gets nothing until its (new) host says hello, even with the lowest load.
-    d.tell(names.ROUTER, Route(GenerateRequest("s", (5,)), "sink"))
+    d.tell(names.ROUTER, Route(request=GenerateRequest(rid="s", input_ids=(5,)), reply_to="sink"))
     results(d, 2)
     assert [q.rid for q in sent_to(log, 0)] == ["r"]
     d.tell(names.ROUTER, KvAddress(0, "inproc://kv-0"))
-    d.tell(names.ROUTER, Route(GenerateRequest("t", (5,)), "sink"))
+    d.tell(names.ROUTER, Route(request=GenerateRequest(rid="t", input_ids=(5,)), reply_to="sink"))
     settle(d, names.ROUTER, names.worker_name(0))
     assert [q.rid for q in sent_to(log, 0)] == ["r", "t"]
     # A late answer of the attempt given up on is not taken for anything.
@@ -285,7 +294,7 @@ def test_a_dead_prefill_host_aborts_the_decode_half_and_retries(cluster: Any) ->
     holding(d, 0, log)  # prefill: never ships the KV
     holding(d, 4, log)  # decode: waits for it (first attempt), answers the retry
     view(d, [(0, "prefill", "active"), (2, "prefill", "active"), (4, "decode", "active")])
-    d.tell(names.ROUTER, Route(GenerateRequest("r", (5, 6)), "sink"))
+    d.tell(names.ROUTER, Route(request=GenerateRequest(rid="r", input_ids=(5, 6)), reply_to="sink"))
     settle(d, names.ROUTER, names.worker_name(0), names.worker_name(4))
     d.tell(names.ROUTER, WorkerGone(0, 1, "missed heartbeats"))
     done = results(d, 1)
@@ -298,7 +307,7 @@ def test_a_prefill_host_that_dies_after_shipping_leaves_the_decode_alone(cluster
     d, log, _ = cluster
     holding(d, 4, log)
     view(d, [(1, "prefill", "active"), (4, "decode", "active")])
-    d.tell(names.ROUTER, Route(GenerateRequest("r", (5, 6)), "sink"))
+    d.tell(names.ROUTER, Route(request=GenerateRequest(rid="r", input_ids=(5, 6)), reply_to="sink"))
     settle(
         d, names.ROUTER, names.worker_name(1), names.worker_name(4), names.ROUTER
     )  # worker 1 answered: its KV left
@@ -317,7 +326,10 @@ def test_a_request_whose_hosts_keep_dying_backs_off_then_fails_in_its_time(
     d, log, _ = cluster
     holding(d, 0, log, every=True)
     view(d, [(0, "colocated", "active")])
-    d.tell(names.ROUTER, Route(GenerateRequest("r", (5,)), "sink", wait_s=20.0))
+    d.tell(
+        names.ROUTER,
+        Route(request=GenerateRequest(rid="r", input_ids=(5,)), reply_to="sink", wait_s=20.0),
+    )
     settle(d, names.ROUTER, names.worker_name(0))
 
     def dies_and_comes_back() -> None:
@@ -357,7 +369,9 @@ def test_a_request_whose_hosts_keep_dying_backs_off_then_fails_in_its_time(
 def test_a_request_with_no_worker_fails_in_its_time_not_before(cluster: Any, clock: Clock) -> None:
     d, log, _ = cluster
     view(d, [(1, "colocated", "transitioning")])
-    d.tell(names.ROUTER, Route(GenerateRequest("r", (5,)), "sink"))  # the Router's 30 s
+    d.tell(
+        names.ROUTER, Route(request=GenerateRequest(rid="r", input_ids=(5,)), reply_to="sink")
+    )  # the Router's 30 s
     settle(d, names.ROUTER)
     clock.t = 100.0 + 29.9
     d.tell(names.ROUTER, Flush())
@@ -398,7 +412,7 @@ def test_a_refusal_is_final_at_once(cluster: Any, clock: Clock) -> None:
     d.register(LocalRef(names.worker_name(0), RefusingWorker.start(d, 0, log)))
     d.tell(names.ROUTER, KvAddress(0, "inproc://kv-0"))
     view(d, [(0, "colocated", "active")])
-    d.tell(names.ROUTER, Route(GenerateRequest("r", (600,)), "sink"))
+    d.tell(names.ROUTER, Route(request=GenerateRequest(rid="r", input_ids=(600,)), reply_to="sink"))
     done = results(d, 1)
     assert done[0].refused and "out of vocabulary" in done[0].error
     for _ in range(3):
@@ -489,13 +503,20 @@ def changed(routable: list[int], lent: Collection[int] = ()) -> StateChanged:
         )
         for w in routable
     )
-    return StateChanged(ClusterView(TableSnapshot(seq=1, workers=workers)))
+    return StateChanged(view=ClusterView(table=TableSnapshot(seq=1, workers=workers)))
 
 
 def turn(r: Router, trajectory: str, critical: bool = False) -> int:
     """Route a turn of ``trajectory`` through the Router's handler: the worker it was sent to."""
     rid = f"turn-{len(r.pending)}"
-    r.route(Route(GenerateRequest(rid, (5,), trajectory=trajectory, critical=critical), "sink"))
+    r.route(
+        Route(
+            request=GenerateRequest(
+                rid=rid, input_ids=(5,), trajectory=trajectory, critical=critical
+            ),
+            reply_to="sink",
+        )
+    )
     (worker,) = r.pending[rid].workers
     return worker
 
@@ -506,18 +527,20 @@ def test_a_request_no_worker_host_could_be_sent_is_refused_at_once(cluster: Any)
     d, log, _ = cluster
     view(d, [(1, "colocated", "active")])
     poisons = [
-        GenerateRequest("ids", (5, 2**64)),
-        GenerateRequest("seed", (5,), SamplingParams(seed=2**64)),
-        GenerateRequest("stop", (5,), SamplingParams(stop_ids=(-1,))),
-        GenerateRequest("\ud800", (5,)),
+        GenerateRequest(rid="ids", input_ids=(5, 2**64)),
+        GenerateRequest(rid="seed", input_ids=(5,), sampling=SamplingParams(seed=2**64)),
+        GenerateRequest(rid="stop", input_ids=(5,), sampling=SamplingParams(stop_ids=(-1,))),
+        GenerateRequest(rid="\ud800", input_ids=(5,)),
     ]
     for r in poisons:
-        d.tell(names.ROUTER, Route(r, "sink"))
+        d.tell(names.ROUTER, Route(request=r, reply_to="sink"))
     done = results(d, len(poisons))
     assert [(m.rid, m.result, m.refused, m.retryable) for m in done] == [
         (r.rid, None, True, False) for r in poisons
     ]
     assert "token id 18446744073709551616" in done[0].error and "seed" in done[1].error
-    d.tell(names.ROUTER, Route(GenerateRequest("ok", (5, 6)), "sink"))
+    d.tell(
+        names.ROUTER, Route(request=GenerateRequest(rid="ok", input_ids=(5, 6)), reply_to="sink")
+    )
     assert results(d, len(poisons) + 1)[-1].result is not None
     assert [req.rid for _, req in log] == ["ok"]

@@ -89,7 +89,7 @@ def test_a_crashed_host_is_restarted_with_back_off_until_its_budget_is_spent(
     launcher.killed.append(sup.hosts[3].handle)  # one crash more than the budget
     sup.supervise(Supervise())
     lost = [m for m in got if isinstance(m, cmd.WorkerLost)]
-    assert lost == [cmd.WorkerLost(3, "exited; gave up after 2 restarts")]
+    assert lost == [cmd.WorkerLost(worker=3, reason="exited; gave up after 2 restarts")]
     assert 3 not in sup.hosts
     assert sup.board.outcomes() == {"restarts": 2, "lost": 1}  # what pearld's metrics show
     assert sup.board.report()["exited"] == 3
@@ -119,7 +119,9 @@ def test_a_host_that_cannot_be_launched_is_retried_then_lost(
         sup.supervise(Supervise())
     assert sum(isinstance(m, cmd.WorkerDown) for m in got) == 1 + CFG.daemon.restart_budget
     lost = [m for m in got if isinstance(m, cmd.WorkerLost)]
-    assert lost == [cmd.WorkerLost(3, "could not be launched; gave up after 2 restarts")]
+    assert lost == [
+        cmd.WorkerLost(worker=3, reason="could not be launched; gave up after 2 restarts")
+    ]
     assert sup.board.report()["could not be launched"] == 3
 
 
@@ -161,7 +163,7 @@ def test_a_host_that_cannot_start_says_why_in_status_and_log_and_is_retried_with
         zone=Zone.DEDICATED,
         incarnation=13,
     )
-    sup.state_changed(StateChanged(ClusterView(TableSnapshot(seq=9, workers=(row,)))))
+    sup.state_changed(StateChanged(view=ClusterView(table=TableSnapshot(seq=9, workers=(row,)))))
     assert sup.board.faults() == {}
 
 

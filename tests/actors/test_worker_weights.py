@@ -78,10 +78,10 @@ def test_a_pruned_version_gives_the_newest_and_a_race_with_pruning_is_retried() 
 def test_a_released_worker_loads_the_newest_when_activated_not_what_it_was_synced_to() -> None:
     e = Engine()
     actor = worker(e)
-    actor.on_load_weights(LoadWeights(3))
+    actor.on_load_weights(LoadWeights(version=3))
     assert e.loads == []  # v3 will be pruned by the time it is activated
     actor.released = False
-    actor.on_load_weights(LoadWeights(3))
+    actor.on_load_weights(LoadWeights(version=3))
     assert e.loads == [(6, "v6")]
 
 

@@ -20,15 +20,15 @@ from pearl.log import FileLog
 ROOT = Path(__file__).resolve().parents[2]
 RECORDS: list[Any] = [
     ev.ClusterInit(tp=1, training_gpus=(0, 1), reserved_gpus=(2, 3), preemptible_gpus=(4, 5)),
-    ev.GpusAdded((4,)),
+    ev.GpusAdded(gpus=(4,)),
     ev.WorkerAdded(worker=1, gpus=(2,), role=Role.PREFILL, zone=Zone.DEDICATED),
-    ev.ActivityChanged(1, Activity.ACTIVE),
+    ev.ActivityChanged(worker=1, activity=Activity.ACTIVE),
     ev.WorkerAdded(worker=2, gpus=(4,), role=Role.DECODE, zone=Zone.DEDICATED),
-    ev.ActivityChanged(2, Activity.ACTIVE),
-    ev.TrainingBegin(1),
-    ev.TrainingFinished(1, 1),
-    ev.GpusReclaimed((4,)),
-    ev.WorkerRemoved(2, "reclaimed"),
+    ev.ActivityChanged(worker=2, activity=Activity.ACTIVE),
+    ev.TrainingBegin(step=1),
+    ev.TrainingFinished(step=1, weights_version=1),
+    ev.GpusReclaimed(gpus=(4,)),
+    ev.WorkerRemoved(worker=2, reason="reclaimed"),
 ]
 
 

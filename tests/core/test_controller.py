@@ -88,11 +88,20 @@ class Harness:
         self.pending = [c for c in self.pending if not pick(c)]
         for c in chosen:
             if getattr(c, "background", False):  # a joiner in the background says it is up
-                up = cmd.WorkerUp(c.worker, c.incarnation)
-                self.send(up if ok else cmd.WorkerDown(c.worker, c.incarnation, "failed"), dt)
+                up = cmd.WorkerUp(worker=c.worker, incarnation=c.incarnation)
+                self.send(
+                    up
+                    if ok
+                    else cmd.WorkerDown(
+                        worker=c.worker, incarnation=c.incarnation, reason="failed"
+                    ),
+                    dt,
+                )
                 continue
             cancel = getattr(c, "cancel", False)
-            self.send(cmd.StepResult(c.plan, c.step, ok=ok, cancel=cancel, duration_s=dt), dt)
+            self.send(
+                cmd.StepResult(plan=c.plan, step=c.step, ok=ok, cancel=cancel, duration_s=dt), dt
+            )
         return len(chosen)
 
     def settle(self, limit: int = 50) -> None:
@@ -116,7 +125,9 @@ def test_start_brings_up_reserved_workers_in_the_background_each_serving_when_up
     first = h.pending[0].worker
     h.answer(lambda c: c.worker == first)
     assert [w.id for w in h.table.routable()] == [first]  # serves without waiting for the other
-    assert cmd.SyncWeights(first, h.table.weights_version) in h.sent  # versions it missed
+    assert (
+        cmd.SyncWeights(worker=first, version=h.table.weights_version) in h.sent
+    )  # versions it missed
     h.settle()
     assert len(h.table.routable()) == 2 and not h.s.failed
 
@@ -136,12 +147,12 @@ def test_a_split_from_nothing_is_admitted_together() -> None:
 def test_expansion_then_reclaim_keeps_table_valid() -> None:
     h = Harness()
     h.settle()
-    h.send(ev.GpusAdded((8, 9, 10, 11)))
+    h.send(ev.GpusAdded(gpus=(8, 9, 10, 11)))
     assert sum(isinstance(c, cmd.StartWorker) for c in h.pending) == 2
     h.settle()
     assert len(h.table.routable()) == 4
     victim = next(w for w in h.table.routable() if 8 in w.gpus)
-    h.send(ev.GpusReclaimed((8,)))
+    h.send(ev.GpusReclaimed(gpus=(8,)))
     assert victim.id not in {w.id for w in h.table.routable()}  # stops routing at once
     assert any(isinstance(c, cmd.StopWorker) and c.worker == victim.id for c in h.pending)
     h.settle()
@@ -154,10 +165,10 @@ def test_reclaim_of_one_background_joiner_leaves_the_others_initialising() -> No
     the whole expansion was cancelled and a reserved worker's start was thrown away)."""
     h = Harness()
     h.settle()
-    h.send(ev.GpusAdded((8, 9, 10, 11)))
+    h.send(ev.GpusAdded(gpus=(8, 9, 10, 11)))
     joiners = {c.gpus[0]: c.worker for c in h.pending if isinstance(c, cmd.StartWorker)}
     assert h.table.plan is None  # launched: the expansion is over
-    h.send(ev.GpusReclaimed((8,)))
+    h.send(ev.GpusReclaimed(gpus=(8,)))
     assert not any(getattr(c, "cancel", False) for c in h.pending)
     assert not any(isinstance(c, cmd.StopWorker) and c.worker == joiners[10] for c in h.sent)
     h.settle()
@@ -186,12 +197,14 @@ def test_a_split_failing_to_start_is_cancelled_and_quarantined() -> None:
 def test_a_background_joiner_whose_host_is_lost_is_quarantined_and_removed() -> None:
     h = Harness()
     h.settle()
-    h.send(ev.GpusAdded((8, 9, 10, 11)))
+    h.send(ev.GpusAdded(gpus=(8, 9, 10, 11)))
     bad = next(c for c in h.pending if isinstance(c, cmd.StartWorker) and 8 in c.gpus)
     h.answer(lambda c: c is bad, ok=False)  # its host died: WorkerDown, restarts follow
     assert any(isinstance(r, ev.WorkerFailed) and r.worker == bad.worker for r in h.records)
     assert bad.worker not in {w.id for w in h.table.routable()}
-    h.send(cmd.WorkerLost(bad.worker, "restart budget spent"))  # its supervisor gives up
+    h.send(
+        cmd.WorkerLost(worker=bad.worker, reason="restart budget spent")
+    )  # its supervisor gives up
     h.settle()
     assert {8, 9} <= set(h.s.quarantine) and bad.worker not in h.table.workers
     assert len(h.table.routable()) == 3  # the other joiner serves
@@ -206,19 +219,19 @@ def test_borrow_and_mandatory_return_before_training() -> None:
     h.settle()
     overlap = [w for w in h.table.routable() if w.zone is Zone.OVERLAP]
     assert len(overlap) == 2
-    h.send(ev.TrainingBegin(1))
+    h.send(ev.TrainingBegin(step=1))
     assert not any(w.zone is Zone.OVERLAP for w in h.table.routable())  # stop routing at once
     assert all(isinstance(c, cmd.DeactivateWorker) for c in h.pending) and len(h.pending) == 2
     h.answer()
     assert [type(c) for c in h.pending] == [cmd.ReclaimTraining]
     assert not any(isinstance(c, cmd.TrainingMayProceed) for c in h.sent)  # not before GPUs return
     h.answer()
-    assert cmd.TrainingMayProceed(1) in h.sent
+    assert cmd.TrainingMayProceed(step=1) in h.sent
     assert h.table.workers[0].activity is Activity.ACTIVE
     assert all(w.activity is Activity.INACTIVE for w in h.table.rollout_workers(Zone.OVERLAP))
     h.settle()
     # The next borrow reuses the retained overlap processes (activation, not a cold start).
-    h.send(ev.TrainingFinished(1, 1))
+    h.send(ev.TrainingFinished(step=1, weights_version=1))
     h.answer()
     assert {type(c) for c in h.pending} == {cmd.ActivateWorker}
     h.settle()
@@ -228,17 +241,17 @@ def test_borrow_and_mandatory_return_before_training() -> None:
 def test_no_borrowing_means_training_proceeds_at_once() -> None:
     h = Harness(borrow=Borrow.NEVER)
     h.settle()
-    h.send(ev.TrainingBegin(1))
-    assert h.pending == [] and cmd.TrainingMayProceed(1) in h.sent
+    h.send(ev.TrainingBegin(step=1))
+    assert h.pending == [] and cmd.TrainingMayProceed(step=1) in h.sent
 
 
 def test_training_begin_during_borrow_cancels_it_and_returns_on_time() -> None:
     h = Harness(borrow=Borrow.ALWAYS)
     h.answer()  # lend done; overlap workers start
     assert {type(c) for c in h.pending} == {cmd.StartWorker}
-    h.send(ev.TrainingBegin(2))
+    h.send(ev.TrainingBegin(step=2))
     h.settle()
-    assert cmd.TrainingMayProceed(2) in h.sent
+    assert cmd.TrainingMayProceed(step=2) in h.sent
     assert h.table.workers[0].activity is Activity.ACTIVE
     assert all(w.activity is Activity.INACTIVE for w in h.table.rollout_workers(Zone.OVERLAP))
 
@@ -246,24 +259,24 @@ def test_training_begin_during_borrow_cancels_it_and_returns_on_time() -> None:
 def test_return_step_past_deadline_is_forced() -> None:
     h = Harness(borrow=Borrow.ALWAYS)
     h.settle()
-    h.send(ev.TrainingBegin(2))
+    h.send(ev.TrainingBegin(step=2))
     h.pending.clear()  # the overlap workers never answer their deactivation
     h.send(cmd.Tick(), dt=h.ctl.config.timeouts[StepOp.DEACTIVATE] + 1)
     forced = [c for c in h.sent if isinstance(c, cmd.DeactivateWorker) and c.force]
     assert len(forced) == 2
     h.answer()  # the reclaim
-    assert cmd.TrainingMayProceed(2) in h.sent
+    assert cmd.TrainingMayProceed(step=2) in h.sent
 
 
 def test_forced_switch_when_last_decode_worker_is_reclaimed() -> None:
     h = Harness(pd=PD.DISAGGREGATED)
     h.settle()
-    h.send(ev.GpusAdded(tuple(range(8, 16))))
+    h.send(ev.GpusAdded(gpus=tuple(range(8, 16))))
     h.settle()
     assert h.table.role_counts().mode is Mode.DISAGGREGATED
     decode = [w for w in h.table.routable() if w.role is Role.DECODE]
     gpus = tuple(g for w in decode for g in w.gpus if g >= 8)
-    h.send(ev.GpusReclaimed(gpus))
+    h.send(ev.GpusReclaimed(gpus=gpus))
     h.settle()
     after = h.table.role_counts()
     assert after.mode is Mode.COLOCATED or (after.N_P >= 1 and after.N_D >= 1)
@@ -272,10 +285,10 @@ def test_forced_switch_when_last_decode_worker_is_reclaimed() -> None:
 @pytest.mark.parametrize(
     "bad",
     [
-        ev.GpusReclaimed((12,)),  # not present
-        ev.GpusAdded((40,)),  # unknown
-        ev.GpusReclaimed((5,)),  # reserved
-        ev.TrainingFinished(1, 1),  # without a begin
+        ev.GpusReclaimed(gpus=(12,)),  # not present
+        ev.GpusAdded(gpus=(40,)),  # unknown
+        ev.GpusReclaimed(gpus=(5,)),  # reserved
+        ev.TrainingFinished(step=1, weights_version=1),  # without a begin
     ],
 )
 def test_bad_events_change_nothing(bad: Any) -> None:
@@ -290,9 +303,9 @@ def test_bad_events_change_nothing(bad: Any) -> None:
 def test_training_begin_twice_is_rejected() -> None:
     h = Harness()
     h.settle()
-    h.send(ev.TrainingBegin(1))
+    h.send(ev.TrainingBegin(step=1))
     with pytest.raises(InvalidEvent):
-        h.ctl.handle(h.s, ev.TrainingBegin(2), h.now)
+        h.ctl.handle(h.s, ev.TrainingBegin(step=2), h.now)
 
 
 def test_recovery_from_any_prefix_of_the_log_converges() -> None:
@@ -300,20 +313,20 @@ def test_recovery_from_any_prefix_of_the_log_converges() -> None:
     the table ends valid, no plan hangs, and every borrowed GPU is back once training begins."""
     h = Harness(borrow=Borrow.ALWAYS)
     h.settle()
-    h.send(ev.GpusAdded((8, 9, 10, 11)))
+    h.send(ev.GpusAdded(gpus=(8, 9, 10, 11)))
     h.answer(lambda c: isinstance(c, cmd.StartWorker) and 8 in c.gpus)
-    h.send(ev.TrainingBegin(1))
+    h.send(ev.TrainingBegin(step=1))
     h.settle()
-    h.send(ev.TrainingFinished(1, 1))
+    h.send(ev.TrainingFinished(step=1, weights_version=1))
     h.answer()
-    h.send(ev.GpusReclaimed((10,)))
+    h.send(ev.GpusReclaimed(gpus=(10,)))
     h.settle()
     assert len(h.records) > 40
     for cut in range(1, len(h.records) + 1):
         r = Harness(borrow=Borrow.ALWAYS, records=h.records[:cut])
         r.settle()
         if r.table.phase is TrainingPhase.IDLE:
-            r.send(ev.TrainingBegin(r.table.training_step + 1))
+            r.send(ev.TrainingBegin(step=r.table.training_step + 1))
         r.settle()
         assert r.table.workers[0].activity is Activity.ACTIVE, cut
         assert any(isinstance(c, cmd.TrainingMayProceed) for c in r.sent), cut
@@ -346,7 +359,7 @@ def test_apply_all_refuses_records_out_of_order() -> None:
     h = Harness()
     h.settle()
     with pytest.raises(InvariantViolation):
-        apply_all(replay(h.records), [ev.PlanCommit(99)])
+        apply_all(replay(h.records), [ev.PlanCommit(plan=99)])
 
 
 def test_training_begin_leaves_a_dedicated_expansion_alone_when_nothing_is_lent() -> None:
@@ -354,10 +367,10 @@ def test_training_begin_leaves_a_dedicated_expansion_alone_when_nothing_is_lent(
     not cancelled (it used to be, so an expansion longer than a rollout step never finished)."""
     h = Harness(borrow=Borrow.NEVER)
     h.settle()
-    h.send(ev.GpusAdded((8, 9, 10, 11)))
+    h.send(ev.GpusAdded(gpus=(8, 9, 10, 11)))
     assert sum(isinstance(c, cmd.StartWorker) for c in h.pending) == 2
-    h.send(ev.TrainingBegin(1))
-    assert cmd.TrainingMayProceed(1) in h.sent
+    h.send(ev.TrainingBegin(step=1))
+    assert cmd.TrainingMayProceed(step=1) in h.sent
     assert not any(getattr(c, "cancel", False) for c in h.pending)
     h.settle()
     assert not any(isinstance(r, ev.PlanAbort) for r in h.records)
@@ -370,16 +383,16 @@ def test_training_begin_returns_beside_an_expansion_on_other_gpus() -> None:
     h = Harness(borrow=Borrow.ALWAYS)
     h.settle()  # the overlap workers serve: the training GPUs are lent
     assert any(w.routable for w in h.table.rollout_workers(Zone.OVERLAP))
-    h.send(ev.GpusAdded((8, 9, 10, 11)))
+    h.send(ev.GpusAdded(gpus=(8, 9, 10, 11)))
     joiners = [c.worker for c in h.pending if isinstance(c, cmd.StartWorker)]
     assert len(joiners) == 2
-    h.send(ev.TrainingBegin(1))
+    h.send(ev.TrainingBegin(step=1))
     assert not any(getattr(c, "cancel", False) for c in h.pending)
-    assert cmd.TrainingMayProceed(1) not in h.sent
+    assert cmd.TrainingMayProceed(step=1) not in h.sent
     cold = lambda c: isinstance(c, cmd.StartWorker)  # noqa: E731
-    while cmd.TrainingMayProceed(1) not in h.sent and h.answer(lambda c: not cold(c), dt=0.1):
+    while cmd.TrainingMayProceed(step=1) not in h.sent and h.answer(lambda c: not cold(c), dt=0.1):
         pass
-    assert cmd.TrainingMayProceed(1) in h.sent  # the joiners are still starting
+    assert cmd.TrainingMayProceed(step=1) in h.sent  # the joiners are still starting
     assert all(w.activity is Activity.INACTIVE for w in h.table.rollout_workers(Zone.OVERLAP))
     assert all(w.activity is Activity.ACTIVE for w in h.table.training_workers())
     h.settle()
@@ -390,14 +403,14 @@ def test_training_begin_returns_beside_an_expansion_on_other_gpus() -> None:
 def test_training_begin_cancels_a_borrow_still_in_flight() -> None:
     h = Harness(borrow=Borrow.ALWAYS)
     h.settle()
-    h.send(ev.TrainingBegin(1))
+    h.send(ev.TrainingBegin(step=1))
     h.settle()
-    h.send(ev.TrainingFinished(1, 1))
+    h.send(ev.TrainingFinished(step=1, weights_version=1))
     h.answer(lambda c: isinstance(c, cmd.LendTraining))  # activation still running
-    h.send(ev.TrainingBegin(2))
+    h.send(ev.TrainingBegin(step=2))
     assert any(getattr(c, "cancel", False) for c in h.pending)
     h.settle()
-    assert cmd.TrainingMayProceed(2) in h.sent
+    assert cmd.TrainingMayProceed(step=2) in h.sent
 
 
 def test_a_cancelled_activation_releases_in_place_and_is_forced_only_past_its_grace() -> None:
@@ -405,11 +418,11 @@ def test_a_cancelled_activation_releases_in_place_and_is_forced_only_past_its_gr
     start, longer than the window: it was cut short in turn, and ended again."""
     h = Harness(borrow=Borrow.ALWAYS)
     h.settle()
-    h.send(ev.TrainingBegin(1))
+    h.send(ev.TrainingBegin(step=1))
     h.settle()
-    h.send(ev.TrainingFinished(1, 1))
+    h.send(ev.TrainingFinished(step=1, weights_version=1))
     h.answer(lambda c: isinstance(c, cmd.LendTraining))  # activation still running
-    h.send(ev.TrainingBegin(2))
+    h.send(ev.TrainingBegin(step=2))
     cancels = [c for c in h.pending if getattr(c, "cancel", False)]
     assert cancels and all(isinstance(c, cmd.DeactivateWorker) and not c.force for c in cancels)
     h.pending = [c for c in h.pending if not getattr(c, "cancel", False)]  # never answered
@@ -417,7 +430,7 @@ def test_a_cancelled_activation_releases_in_place_and_is_forced_only_past_its_gr
     forced = [c for c in h.sent if isinstance(c, cmd.DeactivateWorker) and c.cancel and c.force]
     assert sorted(c.worker for c in forced) == sorted(c.worker for c in cancels)
     h.settle()
-    assert cmd.TrainingMayProceed(2) in h.sent
+    assert cmd.TrainingMayProceed(step=2) in h.sent
 
 
 def test_an_unanswered_cancel_of_a_finished_activation_is_forced_past_its_grace() -> None:
@@ -427,14 +440,14 @@ def test_an_unanswered_cancel_of_a_finished_activation_is_forced_past_its_grace(
     return, waits forever (seen in a 5-minute chaos run: training step 58 never proceeded)."""
     h = Harness(borrow=Borrow.ALWAYS)
     h.settle()
-    h.send(ev.TrainingBegin(1))
+    h.send(ev.TrainingBegin(step=1))
     h.settle()
-    h.send(ev.TrainingFinished(1, 1))
+    h.send(ev.TrainingFinished(step=1, weights_version=1))
     h.answer(lambda c: isinstance(c, cmd.LendTraining))
     first = next(c for c in h.pending if isinstance(c, cmd.ActivateWorker))
     h.answer(lambda c: c is first)  # one activation done, the others still running
     assert first.step in h.table.plan.done
-    h.send(ev.TrainingBegin(2))
+    h.send(ev.TrainingBegin(step=2))
     cancelled = {c.worker for c in h.pending if getattr(c, "cancel", False)}
     assert first.worker in cancelled
     h.pending = [c for c in h.pending if not getattr(c, "cancel", False)]  # never answered
@@ -442,21 +455,21 @@ def test_an_unanswered_cancel_of_a_finished_activation_is_forced_past_its_grace(
     forced = {c.worker for c in h.sent if isinstance(c, cmd.DeactivateWorker) and c.force}
     assert forced == cancelled
     h.settle()
-    assert cmd.TrainingMayProceed(2) in h.sent
+    assert cmd.TrainingMayProceed(step=2) in h.sent
 
 
 def test_new_weights_reach_serving_workers_and_later_joiners() -> None:
     h = Harness(borrow=Borrow.NEVER)
     h.settle()
     h.sent.clear()
-    h.send(ev.WeightsPublished(3, "store/v3"))
+    h.send(ev.WeightsPublished(version=3, uri="store/v3"))
     synced = sorted(c.worker for c in h.sent if isinstance(c, cmd.SyncWeights) and c.version == 3)
     assert synced == sorted(w.id for w in h.table.routable())
-    h.send(ev.GpusAdded((8, 9)))
+    h.send(ev.GpusAdded(gpus=(8, 9)))
     start = [c for c in h.pending if isinstance(c, cmd.StartWorker)]
     assert start and all(c.weights_version == 3 for c in start)  # lazy: the newest at admission
     with pytest.raises(InvalidEvent, match="older"):
-        h.ctl.handle(h.s, ev.WeightsPublished(2), h.now)
+        h.ctl.handle(h.s, ev.WeightsPublished(version=2), h.now)
 
 
 def test_reclaim_beside_an_expansion_leaves_its_joiner_initialising() -> None:
@@ -464,12 +477,12 @@ def test_reclaim_beside_an_expansion_leaves_its_joiner_initialising() -> None:
     otherwise starve rollout of new workers (every expansion cancelled before it ends)."""
     h = Harness()
     h.settle()
-    h.send(ev.GpusAdded((8, 9, 10, 11)))
+    h.send(ev.GpusAdded(gpus=(8, 9, 10, 11)))
     h.settle()
     victim = next(w for w in h.table.routable() if 10 in w.gpus)
-    h.send(ev.GpusAdded((12, 13)))
+    h.send(ev.GpusAdded(gpus=(12, 13)))
     joiner = next(c for c in h.pending if isinstance(c, cmd.StartWorker))
-    h.send(ev.GpusReclaimed((10,)))
+    h.send(ev.GpusReclaimed(gpus=(10,)))
     assert victim.id not in {w.id for w in h.table.routable()}  # unroutable at once
     assert not any(getattr(c, "cancel", False) for c in h.sent)
     assert not any(isinstance(c, cmd.StopWorker) and c.worker == joiner.worker for c in h.sent)
@@ -482,11 +495,11 @@ def test_reclaim_beside_an_expansion_leaves_its_joiner_initialising() -> None:
 def test_eviction_past_its_deadline_is_forced() -> None:
     h = Harness()
     h.settle()
-    h.send(ev.GpusAdded((8, 9)))
+    h.send(ev.GpusAdded(gpus=(8, 9)))
     h.settle()
     victim = next(w for w in h.table.routable() if 8 in w.gpus)
-    h.send(ev.GpusAdded((10, 11)))
-    h.send(ev.GpusReclaimed((8,)))
+    h.send(ev.GpusAdded(gpus=(10, 11)))
+    h.send(ev.GpusReclaimed(gpus=(8,)))
     h.send(cmd.Tick(), dt=h.ctl.config.timeouts[StepOp.REMOVE] + 1)
     assert any(isinstance(c, cmd.StopWorker) and c.force and c.worker == victim.id for c in h.sent)
     assert victim.id not in h.table.workers and 8 not in h.table.reclaiming_gpus
@@ -501,17 +514,17 @@ def test_reclaim_during_borrowing_then_training_begin_returns_fast_and_removes_o
 
     h = Harness(borrow=Borrow.ALWAYS)
     h.settle()
-    h.send(ev.GpusAdded((8, 9, 10, 11)))
+    h.send(ev.GpusAdded(gpus=(8, 9, 10, 11)))
     h.settle()
-    h.send(ev.TrainingBegin(1))
+    h.send(ev.TrainingBegin(step=1))
     h.settle()
-    h.send(ev.TrainingFinished(1, 1))
-    h.send(ev.GpusReclaimed((8, 9)))
+    h.send(ev.TrainingFinished(step=1, weights_version=1))
+    h.send(ev.GpusReclaimed(gpus=(8, 9)))
     victim = next(w.id for w in h.table.workers.values() if 8 in w.gpus)
     assert victim in h.s.evicting
     slow = lambda c: isinstance(c, cmd.StopWorker) and c.worker == victim  # noqa: E731
     h.answer(lambda c: not slow(c))  # the borrow plan completes; the victim is still stopping
-    h.send(ev.TrainingBegin(2), dt=0.1)
+    h.send(ev.TrainingBegin(step=2), dt=0.1)
     began = h.now
 
     def proceeded() -> list[int]:
@@ -524,7 +537,7 @@ def test_reclaim_during_borrowing_then_training_begin_returns_fast_and_removes_o
     h.send(cmd.Tick(), dt=31.0)  # the stop outlived its deadline: forced, removed once
     h.settle()
     assert victim not in h.table.workers and h.table.plan is None
-    h.send(ev.GpusAdded((8, 9)))
+    h.send(ev.GpusAdded(gpus=(8, 9)))
     h.settle()
     assert victim in h.table.workers  # its slot is reused by the new worker on GPUs 8-9
     h.send(cmd.Tick(), dt=40.0)  # no old claim on the slot removes the new worker
@@ -535,16 +548,16 @@ def test_reclaim_during_borrowing_then_training_begin_returns_fast_and_removes_o
 def test_worker_lost_after_it_left_does_not_evict_the_next_worker_in_its_slot() -> None:
     h = Harness()
     h.settle()
-    h.send(ev.GpusAdded((8, 9)))
+    h.send(ev.GpusAdded(gpus=(8, 9)))
     h.settle()
     wid = next(w.id for w in h.table.workers.values() if 8 in w.gpus)
-    h.send(ev.GpusReclaimed((8, 9)))
+    h.send(ev.GpusReclaimed(gpus=(8, 9)))
     h.settle()
-    h.send(cmd.WorkerDown(wid, 0, "stopped"))
+    h.send(cmd.WorkerDown(worker=wid, incarnation=0, reason="stopped"))
     assert wid not in h.table.workers
-    h.send(cmd.WorkerLost(wid, "gave up"))  # late: the worker is gone already
+    h.send(cmd.WorkerLost(worker=wid, reason="gave up"))  # late: the worker is gone already
     assert wid not in h.s.lost
-    h.send(ev.GpusAdded((8, 9)))
+    h.send(ev.GpusAdded(gpus=(8, 9)))
     h.settle()
     assert any(8 in w.gpus for w in h.table.routable())
 
@@ -574,18 +587,18 @@ def test_a_borrow_cut_short_raises_T_toggle_until_the_gate_declines() -> None:
 
     h = Harness(borrow=Borrow.GATED)
     h.settle()
-    h.send(ev.TrainingBegin(1))
+    h.send(ev.TrainingBegin(step=1))
     h.settle()
     T0 = h.s.profile.T_toggle
     activate = lambda c: isinstance(c, cmd.ActivateWorker)  # noqa: E731
     step = 1
     verdicts = []
     for _ in range(3):  # 30 s windows; activation never finishes inside one
-        h.send(ev.TrainingFinished(step, step), dt=1.0)
+        h.send(ev.TrainingFinished(step=step, weights_version=step), dt=1.0)
         verdicts.append(h.s.last_gate.enabled)
         h.answer(lambda c: not activate(c), dt=1.0)  # the lend is quick; activation is not
         step += 1
-        h.send(ev.TrainingBegin(step), dt=28.0)
+        h.send(ev.TrainingBegin(step=step), dt=28.0)
         h.pending = [c for c in h.pending if not activate(c)]  # the slow activation never answers
         h.settle()
         if verdicts[-1]:  # the borrow was cut short by the trainer, and says so
@@ -597,18 +610,18 @@ def test_a_borrow_cut_short_raises_T_toggle_until_the_gate_declines() -> None:
     assert "window" in h.s.last_gate.reason
     aborts = sum(isinstance(r, ev.PlanAbort) for r in h.records)
     # Once declined, no borrow plan is started only to be aborted.
-    h.send(ev.TrainingFinished(step, step), dt=1.0)
+    h.send(ev.TrainingFinished(step=step, weights_version=step), dt=1.0)
     assert h.table.plan is None and not h.s.last_gate.enabled
     step += 1
-    h.send(ev.TrainingBegin(step), dt=200.0)  # a long window: borrowing could pay again
+    h.send(ev.TrainingBegin(step=step), dt=200.0)  # a long window: borrowing could pay again
     h.settle()
     h.send(_telemetry(h, step))
     high = h.s.profile.T_toggle
-    h.send(ev.TrainingFinished(step, step), dt=1.0)
+    h.send(ev.TrainingFinished(step=step, weights_version=step), dt=1.0)
     assert h.s.last_gate.enabled
     h.settle()  # this cycle completes: activation and hand-off take a few seconds
     step += 1
-    h.send(ev.TrainingBegin(step), dt=30.0)
+    h.send(ev.TrainingBegin(step=step), dt=30.0)
     h.settle()
     h.send(_telemetry(h, step))
     assert h.s.profile.T_toggle < high
@@ -622,13 +635,13 @@ def test_a_borrow_cycle_reports_what_happened_and_nothing_else() -> None:
 
     h = Harness(borrow=Borrow.ALWAYS)
     h.settle()
-    h.send(ev.TrainingBegin(1))
+    h.send(ev.TrainingBegin(step=1))
     h.settle()
     first = h.s.cycle  # the window since pearld started, before any training step
     assert first.step == 0 and first.activated == 2 and first.returning == 2
-    h.send(ev.TrainingFinished(1, 1), dt=1.0)
+    h.send(ev.TrainingFinished(step=1, weights_version=1), dt=1.0)
     h.settle()  # lend + activation, one simulated second per answer
-    h.send(ev.TrainingBegin(2), dt=10.0)
+    h.send(ev.TrainingBegin(step=2), dt=10.0)
     h.settle()
     c = h.s.cycle.to_json()
     assert c["gate"] == "approved" and c["lent"] == 1 and c["activated"] == 2
@@ -637,9 +650,9 @@ def test_a_borrow_cycle_reports_what_happened_and_nothing_else() -> None:
     assert c["window_s"] == pytest.approx(c["activation_s"] + c["served_s"])
 
     # Cut short: Training Begin arrives before activation completes.
-    h.send(ev.TrainingFinished(2, 2), dt=1.0)
+    h.send(ev.TrainingFinished(step=2, weights_version=2), dt=1.0)
     h.answer(lambda c: isinstance(c, cmd.LendTraining))
-    h.send(ev.TrainingBegin(3), dt=1.0)
+    h.send(ev.TrainingBegin(step=3), dt=1.0)
     h.settle()
     c = h.s.cycle.to_json()
     assert c["aborted"] == "training-begin" and c["activated"] == 0 and c["served_s"] is None
@@ -648,11 +661,11 @@ def test_a_borrow_cycle_reports_what_happened_and_nothing_else() -> None:
     # Never borrowed: nothing lent, nothing returned.
     h2 = Harness(borrow=Borrow.NEVER)
     h2.settle()
-    h2.send(ev.TrainingBegin(1))
+    h2.send(ev.TrainingBegin(step=1))
     h2.settle()
-    h2.send(ev.TrainingFinished(1, 1), dt=1.0)
+    h2.send(ev.TrainingFinished(step=1, weights_version=1), dt=1.0)
     h2.settle()
-    h2.send(ev.TrainingBegin(2), dt=5.0)
+    h2.send(ev.TrainingBegin(step=2), dt=5.0)
     c = h2.s.cycle.to_json()
     assert c["gate"] == "declined" and c["plan"] is None and c["lent"] == 0
     assert c["activated"] == 0 and c["returning"] == 0 and c["return_s"] == 0.0
@@ -666,13 +679,13 @@ def test_a_retained_worker_whose_activation_fails_is_not_reactivated_at_once() -
 
     h = Harness(borrow=Borrow.ALWAYS)
     h.settle()
-    h.send(ev.TrainingBegin(1))
+    h.send(ev.TrainingBegin(step=1))
     h.settle()
-    h.send(ev.TrainingFinished(1, 1))
+    h.send(ev.TrainingFinished(step=1, weights_version=1))
     h.settle()  # overlap workers exist and are retained from here on
-    h.send(ev.TrainingBegin(2))
+    h.send(ev.TrainingBegin(step=2))
     h.settle()
-    h.send(ev.TrainingFinished(2, 2))
+    h.send(ev.TrainingFinished(step=2, weights_version=2))
     h.answer(lambda c: isinstance(c, cmd.LendTraining))
     victim = next(c.worker for c in h.pending if isinstance(c, cmd.ActivateWorker))
     attempts = 0
@@ -690,11 +703,13 @@ def test_a_retained_worker_whose_activation_fails_is_not_reactivated_at_once() -
 def test_a_version_published_after_training_finished_named_it_reaches_serving_workers() -> None:
     h = Harness(borrow=Borrow.NEVER)
     h.settle()
-    h.send(ev.TrainingBegin(1))
+    h.send(ev.TrainingBegin(step=1))
     h.settle()
-    h.send(ev.TrainingFinished(1, 1))  # names version 1 before its snapshot is stored
+    h.send(
+        ev.TrainingFinished(step=1, weights_version=1)
+    )  # names version 1 before its snapshot is stored
     h.sent.clear()
-    h.send(ev.WeightsPublished(1, "store/v1"))
+    h.send(ev.WeightsPublished(version=1, uri="store/v1"))
     synced = sorted(c.worker for c in h.sent if isinstance(c, cmd.SyncWeights) and c.version == 1)
     assert synced == sorted(w.id for w in h.table.routable())
 
@@ -705,12 +720,12 @@ def test_a_worker_that_failed_before_a_restart_serves_again_when_its_host_is_bac
     h = Harness()
     h.settle()
     w = h.table.routable()[0]
-    h.send(cmd.WorkerDown(w.id, w.incarnation, "host exited"))
+    h.send(cmd.WorkerDown(worker=w.id, incarnation=w.incarnation, reason="host exited"))
     assert not h.table.workers[w.id].routable
     out = h.ctl.recover(replay(h.records), prior_profile(CFG), h.now)  # pearld restarts
     h.pending = []
     h._take(out)
-    h.send(cmd.WorkerUp(w.id, w.incarnation))
+    h.send(cmd.WorkerUp(worker=w.id, incarnation=w.incarnation))
     assert h.table.workers[w.id].routable
 
 
@@ -724,16 +739,18 @@ def test_a_controller_that_never_settles_says_so_instead_of_stopping_silently(
     # A bug that makes "a plan began" true without beginning one: the loop would spin forever.
     monkeypatch.setattr(ctl.Controller, "_begin_next_plan", lambda self, tx: True)
     with pytest.raises(InvariantViolation, match=f"within {ctl.MAX_ADVANCE_PASSES} passes"):
-        h.send(ev.GpusAdded((8, 9)))
+        h.send(ev.GpusAdded(gpus=(8, 9)))
 
 
 def test_a_worker_lost_for_good_is_removed_and_its_gpus_quarantined() -> None:
     h = Harness()
     h.settle()
-    h.send(ev.GpusAdded((8, 9)))
+    h.send(ev.GpusAdded(gpus=(8, 9)))
     h.settle()
     wid = next(w.id for w in h.table.workers.values() if 8 in w.gpus)
-    h.send(cmd.WorkerLost(wid, "exited; gave up after 3 restarts"))  # the restart budget is spent
+    h.send(
+        cmd.WorkerLost(worker=wid, reason="exited; gave up after 3 restarts")
+    )  # the restart budget is spent
     h.settle()
     assert wid not in h.table.workers
     assert {8, 9} <= set(h.s.quarantine)
@@ -770,11 +787,11 @@ def test_no_role_switch_while_training_gpus_are_lent() -> None:
     h.send(cmd.Tick())
     h.settle()
     assert {w.role for w in h.table.routable()} == {Role.COLOCATED}
-    h.send(ev.TrainingBegin(1))
+    h.send(ev.TrainingBegin(step=1))
     h.settle()
     policy.want[0] = True
     window = len(h.sent)
-    h.send(ev.TrainingFinished(1, 1))  # the window opens: borrow, no switch
+    h.send(ev.TrainingFinished(step=1, weights_version=1))  # the window opens: borrow, no switch
     h.settle()
     overlap = [w for w in h.table.routable() if w.zone is Zone.OVERLAP]
     assert overlap and {w.role for w in h.table.routable()} == {Role.COLOCATED}
@@ -782,9 +799,9 @@ def test_no_role_switch_while_training_gpus_are_lent() -> None:
     ids = {w.id for w in overlap}
     assert not [c for c in h.sent[window:] if isinstance(c, cmd.SyncWeights) and c.worker in ids]
     assert not any(isinstance(c, cmd.SetRole) for c in h.sent)
-    h.send(ev.TrainingBegin(2))  # the return; then the switch the engine wants
+    h.send(ev.TrainingBegin(step=2))  # the return; then the switch the engine wants
     h.settle()
-    assert cmd.TrainingMayProceed(2) in h.sent
+    assert cmd.TrainingMayProceed(step=2) in h.sent
     assert h.table.role_counts().mode is Mode.DISAGGREGATED
     assert not any(isinstance(r, ev.PlanAbort) for r in h.records)
 
@@ -799,23 +816,23 @@ def test_no_borrow_begins_in_a_window_the_pipeline_expects_to_close() -> None:
 
     h = Harness(borrow=Borrow.GATED)
     h.settle()
-    h.send(ev.TrainingBegin(1))
+    h.send(ev.TrainingBegin(step=1))
     h.settle()
     h.s = dataclasses.replace(h.s, profile=msgspec.structs.replace(h.s.profile, T_toggle=0.05))
     plans = sum(isinstance(r, ev.PlanBegin) for r in h.records)
-    h.send(cmd.RolloutProgress(4, eta_s=0.06))  # 4 left, all due within 60 ms
-    h.send(ev.TrainingFinished(1, 1), dt=0.02)
+    h.send(cmd.RolloutProgress(remaining=4, eta_s=0.06))  # 4 left, all due within 60 ms
+    h.send(ev.TrainingFinished(step=1, weights_version=1), dt=0.02)
     g = h.s.last_gate
     assert not g.enabled and "expected complete in 0.04 s" in g.reason, g.reason
     assert g.window_left_s == pytest.approx(0.04)
     assert h.s.cycle.to_json()["window_left_s"] == pytest.approx(0.04)  # reported as it was
     assert h.table.plan is None and sum(isinstance(r, ev.PlanBegin) for r in h.records) == plans
-    h.send(ev.TrainingBegin(2), dt=0.04)
+    h.send(ev.TrainingBegin(step=2), dt=0.04)
     h.settle()
     assert not any(isinstance(r, ev.PlanAbort) for r in h.records)
     # A window with time left is borrowed for as before.
-    h.send(cmd.RolloutProgress(4, eta_s=1.5))
-    h.send(ev.TrainingFinished(2, 2), dt=0.2)
+    h.send(cmd.RolloutProgress(remaining=4, eta_s=1.5))
+    h.send(ev.TrainingFinished(step=2, weights_version=2), dt=0.2)
     assert h.s.last_gate.enabled, h.s.last_gate.reason
     assert h.s.last_gate.window_left_s == pytest.approx(1.3)
 
@@ -831,51 +848,57 @@ def test_a_window_on_a_ready_batch_is_not_measured_and_no_borrow_begins_at_a_han
 
     h = Harness(borrow=Borrow.GATED)
     h.settle()
-    h.send(ev.TrainingBegin(1))
+    h.send(ev.TrainingBegin(step=1))
     h.settle()
     p = msgspec.structs.replace(h.s.profile, T_toggle=0.05)
     h.s = dataclasses.replace(h.s, profile=p)
-    h.send(cmd.RolloutProgress(0))  # the next batch is complete: nothing to win
-    h.send(ev.TrainingFinished(1, 1), dt=1.0)
+    h.send(cmd.RolloutProgress(remaining=0))  # the next batch is complete: nothing to win
+    h.send(ev.TrainingFinished(step=1, weights_version=1), dt=1.0)
     assert not h.s.last_gate.enabled and h.table.plan is None
-    h.send(ev.TrainingBegin(2), dt=0.005)
+    h.send(ev.TrainingBegin(step=2), dt=0.005)
     h.send(_telemetry(h, 2))
     assert h.s.profile.T_window == 0.0  # not measured: it says nothing of a borrow's window
-    h.send(cmd.RolloutProgress(h.s.profile.B))
-    h.send(ev.TrainingFinished(2, 2), dt=2.0)
+    h.send(cmd.RolloutProgress(remaining=h.s.profile.B))
+    h.send(ev.TrainingFinished(step=2, weights_version=2), dt=2.0)
     assert h.s.last_gate.enabled, h.s.last_gate.reason
     h.settle()
-    h.send(ev.TrainingBegin(3), dt=5.7)
+    h.send(ev.TrainingBegin(step=3), dt=5.7)
     h.settle()
     h.send(_telemetry(h, 3))
     assert h.s.profile.T_window == pytest.approx(5.7 + 2 * 1.0, abs=3.0)  # measured
     p = msgspec.structs.replace(h.s.profile, T_toggle=0.05)  # that cycle's hand-off took 2 s
     h.s = dataclasses.replace(h.s, profile=p)
     plans = sum(isinstance(r, ev.PlanBegin) for r in h.records)
-    h.send(cmd.RolloutProgress(0))  # complete again: the gate declines at Training Finished
-    h.send(ev.TrainingFinished(3, 3), dt=2.0)
+    h.send(
+        cmd.RolloutProgress(remaining=0)
+    )  # complete again: the gate declines at Training Finished
+    h.send(ev.TrainingFinished(step=3, weights_version=3), dt=2.0)
     assert not h.s.last_gate.enabled and h.table.plan is None
-    h.send(cmd.RolloutProgress(4), dt=0.1)  # ready groups dropped as stale: more work, not the end
+    h.send(
+        cmd.RolloutProgress(remaining=4), dt=0.1
+    )  # ready groups dropped as stale: more work, not the end
     assert h.s.last_gate.enabled, h.s.last_gate.reason
     h.settle()
-    h.send(ev.TrainingBegin(4), dt=1.0)
+    h.send(ev.TrainingBegin(step=4), dt=1.0)
     h.settle()
     h.send(_telemetry(h, 4))
     plans = sum(isinstance(r, ev.PlanBegin) for r in h.records)
-    h.send(cmd.RolloutProgress(0))
-    h.send(ev.TrainingFinished(4, 4), dt=2.0)
-    h.send(cmd.RolloutProgress(h.s.profile.B, handed_out=True), dt=0.1)  # R counts the next
+    h.send(cmd.RolloutProgress(remaining=0))
+    h.send(ev.TrainingFinished(step=4, weights_version=4), dt=2.0)
+    h.send(
+        cmd.RolloutProgress(remaining=h.s.profile.B, handed_out=True), dt=0.1
+    )  # R counts the next
     assert not h.s.last_gate.enabled and "handed out" in h.s.last_gate.reason
     h.send(_telemetry(h, 5))
     assert not h.s.last_gate.enabled and "handed out" in h.s.last_gate.reason
     assert h.table.plan is None and sum(isinstance(r, ev.PlanBegin) for r in h.records) == plans
     # The other order: the telemetry of the hand-out first.
-    h.send(ev.TrainingBegin(5), dt=0.1)
+    h.send(ev.TrainingBegin(step=5), dt=0.1)
     h.settle()
-    h.send(cmd.RolloutProgress(0))
-    h.send(ev.TrainingFinished(5, 5), dt=2.0)
+    h.send(cmd.RolloutProgress(remaining=0))
+    h.send(ev.TrainingFinished(step=5, weights_version=5), dt=2.0)
     h.send(_telemetry(h, 6), dt=0.5)
-    h.send(cmd.RolloutProgress(h.s.profile.B))
+    h.send(cmd.RolloutProgress(remaining=h.s.profile.B))
     assert not h.s.last_gate.enabled and "handed out" in h.s.last_gate.reason
     assert h.table.plan is None and sum(isinstance(r, ev.PlanBegin) for r in h.records) == plans
 
@@ -888,10 +911,12 @@ def test_stopping_a_host_the_log_does_not_know_fails_no_worker_of_the_table() ->
     h.settle()
     w = h.table.routable()[0]
     stale = w.incarnation + 100
-    h.send(cmd.WorkerUp(w.id, stale))
+    h.send(cmd.WorkerUp(worker=w.id, incarnation=stale))
     (stop,) = [c for c in h.sent if isinstance(c, cmd.StopWorker) and c.worker == w.id]
     assert stop.force and stop.incarnation == stale
     failed = sum(isinstance(r, ev.WorkerFailed) for r in h.records)
-    h.send(cmd.WorkerDown(w.id, stop.incarnation, "stopped"))  # what the executor reports
+    h.send(
+        cmd.WorkerDown(worker=w.id, incarnation=stop.incarnation, reason="stopped")
+    )  # what the executor reports
     assert sum(isinstance(r, ev.WorkerFailed) for r in h.records) == failed
     assert h.table.workers[w.id].routable

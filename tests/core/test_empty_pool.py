@@ -60,14 +60,14 @@ class Checked(Harness):
             assert across(item) == item, type(item).__name__
         view = cluster_view(out.state, boot_id="b")
         finite_json(view)
-        assert across(StateChanged(view)) == StateChanged(view)
+        assert across(StateChanged(view=view)) == StateChanged(view=view)
         status = cluster_status(view)  # raised on an inf before issue 41's fix
-        assert across(Status(status)) == Status(status)
+        assert across(Status(payload=status)) == Status(payload=status)
         plain = finite_json(status)
         assert plain == status_plain(status)
         json.dumps(status_json(view), allow_nan=False)
         assert status_of(plain) == status  # what `pearl status --json` and `watch` decode
-        for msg in (Snapshot(out.state.table.seq, plain), Change(seq=1, payload=plain)):
+        for msg in (Snapshot(seq=out.state.table.seq, payload=plain), Change(seq=1, payload=plain)):
             assert across(msg) == msg
         d = out.state.last_decision
         if d is not None:
@@ -79,12 +79,12 @@ class Checked(Harness):
 def empty_pool(borrow: Borrow) -> Checked:
     """Preemptible GPUs only: all of them reclaimed, then training takes its GPUs back."""
     h = Checked(cfg("cluster.reserved_gpus=", "cluster.initial_preemptible="), borrow)
-    h.send(ev.GpusAdded((2, 3, 4, 5)))
+    h.send(ev.GpusAdded(gpus=(2, 3, 4, 5)))
     h.settle()
     assert len(h.table.routable()) >= 4
-    h.send(ev.GpusReclaimed((2, 3, 4, 5)), dt=1.0)
+    h.send(ev.GpusReclaimed(gpus=(2, 3, 4, 5)), dt=1.0)
     h.settle()
-    h.send(ev.TrainingBegin(1), dt=1.0)
+    h.send(ev.TrainingBegin(step=1), dt=1.0)
     h.settle()
     return h
 
@@ -99,9 +99,11 @@ def test_an_empty_pool_has_no_prediction_and_says_why(borrow: Borrow) -> None:
     assert s.decision.predicted_makespan_s is None and s.decision.reason == NO_PREDICTION
     # The status of every step in between crossed the codec too.
     assert h.checked >= 6
-    h.send(ev.TrainingFinished(1, 1), dt=1.0)  # training idle again: lent or not, no crash
+    h.send(
+        ev.TrainingFinished(step=1, weights_version=1), dt=1.0
+    )  # training idle again: lent or not, no crash
     h.settle()
-    h.send(ev.GpusAdded((2, 3)), dt=1.0)  # and it comes back
+    h.send(ev.GpusAdded(gpus=(2, 3)), dt=1.0)  # and it comes back
     h.settle()
     d = h.statuses[-1].decision
     assert d is not None and d.predicted_makespan_s is not None and d.predicted_makespan_s > 0
@@ -111,9 +113,11 @@ def test_a_pool_of_borrowed_workers_only_gates_without_infinity() -> None:
     """No dedicated worker: T_ded has no prediction, borrowing is the only capacity."""
     h = Checked(cfg("cluster.reserved_gpus=", "cluster.initial_preemptible="), Borrow.GATED)
     h.settle()
-    h.send(ev.TrainingBegin(1), dt=1.0)
+    h.send(ev.TrainingBegin(step=1), dt=1.0)
     h.settle()
-    h.send(ev.TrainingFinished(1, 1), dt=1.0)  # the window opens: the gate runs on N_ded = 0
+    h.send(
+        ev.TrainingFinished(step=1, weights_version=1), dt=1.0
+    )  # the window opens: the gate runs on N_ded = 0
     h.settle()
     g = h.s.last_gate
     assert g is not None and g.T_ded is None and g.benefit_s is None and g.enabled
@@ -128,26 +132,28 @@ def test_a_pool_of_borrowed_workers_only_gates_without_infinity() -> None:
 def test_a_pool_of_one() -> None:
     h = Checked(cfg("cluster.reserved_gpus=6", "cluster.initial_preemptible="), Borrow.GATED)
     h.settle()
-    h.send(ev.TrainingBegin(1), dt=1.0)  # the borrowed workers go back
+    h.send(ev.TrainingBegin(step=1), dt=1.0)  # the borrowed workers go back
     h.settle()
     assert [w.gpus for w in h.table.routable()] == [(6,)]
     d = h.statuses[-1].decision
     assert d is not None and d.target == "1C" and d.predicted_makespan_s is not None
-    h.send(ev.TrainingFinished(1, 1), dt=1.0)
+    h.send(ev.TrainingFinished(step=1, weights_version=1), dt=1.0)
     h.settle()
     h.settle()
     assert h.s.last_gate is not None and h.s.last_gate.T_ded is not None
-    h.send(ev.TrainingBegin(2), dt=1.0)
+    h.send(ev.TrainingBegin(step=2), dt=1.0)
     h.settle()
     # Its host is killed until its supervisor gives up (issue 41's second way to an empty pool).
     (one,) = h.table.routable()
-    h.send(cmd.WorkerDown(one.id, one.incarnation, "exit -9"), dt=1.0)
-    h.send(cmd.WorkerLost(one.id, "4 restarts failed"), dt=1.0)
+    h.send(cmd.WorkerDown(worker=one.id, incarnation=one.incarnation, reason="exit -9"), dt=1.0)
+    h.send(cmd.WorkerLost(worker=one.id, reason="4 restarts failed"), dt=1.0)
     h.settle()
     assert h.table.routable() == []
     d = h.statuses[-1].decision
     assert d is not None and d.predicted_makespan_s is None and d.reason == NO_PREDICTION
-    h.send(ev.TrainingFinished(2, 2), dt=1.0)  # only borrowed workers left to gate on
+    h.send(
+        ev.TrainingFinished(step=2, weights_version=2), dt=1.0
+    )  # only borrowed workers left to gate on
     h.settle()
     g = h.s.last_gate
     assert g is not None and g.T_ded is None and g.benefit_s is None

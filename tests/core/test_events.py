@@ -36,8 +36,8 @@ EXAMPLES: list[Any] = [
         target=Target(mode=Mode.DISAGGREGATED, N_P=1, N_D=2, N_C=0),
         steps=(
             Step(op=StepOp.ADD, worker=4, role=Role.DECODE, gpus=(4, 5), zone=Zone.DEDICATED),
-            Step(StepOp.SET_ROLE, 1, Role.PREFILL),
-            Step(StepOp.LEND, 0),
+            Step(op=StepOp.SET_ROLE, worker=1, role=Role.PREFILL),
+            Step(op=StepOp.LEND, worker=0),
         ),
         mandatory=True,
     ),

@@ -39,7 +39,7 @@ def grown() -> Clocked:
     """4 reserved-zone + preemptible workers serving: 2 on GPUs 4-7, 2 on 8-11."""
     h = Clocked()
     h.settle()
-    h.send(ev.GpusAdded((8, 9, 10, 11)))
+    h.send(ev.GpusAdded(gpus=(8, 9, 10, 11)))
     h.settle()
     assert len(h.table.routable()) == 4
     return h
@@ -54,25 +54,25 @@ def on(h: Harness, gpu: int) -> int:
 
 def test_notice_marks_gpus_leaving_and_stops_new_turns_then_cancel_clears() -> None:
     h = grown()
-    t = apply(h.table, ev.GpusReclaiming((8, 9), T0 + 30), h.table.seq + 1)
+    t = apply(h.table, ev.GpusReclaiming(gpus=(8, 9), deadline=T0 + 30), h.table.seq + 1)
     validate(t)
     w = t.workers[on(h, 8)]
     assert w.activity is Activity.TRANSITIONING and dict(t.leaving_gpus) == {8: T0 + 30, 9: T0 + 30}
     assert t.to_json()["gpus"]["leaving"] == [{"gpus": [8, 9], "deadline": T0 + 30}]
     assert 8 in t.present_gpus  # usable until the deadline
-    t2 = apply(t, ev.GpusReclaimCancelled((8, 9)))
+    t2 = apply(t, ev.GpusReclaimCancelled(gpus=(8, 9)))
     assert not t2.leaving_gpus and t2.to_json()["gpus"]["leaving"] == []
 
 
 @pytest.mark.parametrize(
     ("record", "match"),
     [
-        (ev.GpusReclaiming((12, 13), T0 + 30), "GPU 12 is not present"),
-        (ev.GpusReclaiming((4, 5), T0 + 30), "GPU 4 is reserved, not preemptible"),
-        (ev.GpusReclaiming((0,), T0 + 30), "GPU 0 is a training GPU"),
-        (ev.GpusReclaiming((8, 8), T0 + 30), "names a GPU twice"),
-        (ev.GpusReclaiming((), T0 + 30), "names no GPU"),
-        (ev.GpusReclaimCancelled((10,)), "GPU 10 has no pending reclaim notice"),
+        (ev.GpusReclaiming(gpus=(12, 13), deadline=T0 + 30), "GPU 12 is not present"),
+        (ev.GpusReclaiming(gpus=(4, 5), deadline=T0 + 30), "GPU 4 is reserved, not preemptible"),
+        (ev.GpusReclaiming(gpus=(0,), deadline=T0 + 30), "GPU 0 is a training GPU"),
+        (ev.GpusReclaiming(gpus=(8, 8), deadline=T0 + 30), "names a GPU twice"),
+        (ev.GpusReclaiming(gpus=(), deadline=T0 + 30), "names no GPU"),
+        (ev.GpusReclaimCancelled(gpus=(10,)), "GPU 10 has no pending reclaim notice"),
     ],
 )
 def test_bad_notices_are_refused_and_change_nothing(record: object, match: str) -> None:
@@ -85,25 +85,25 @@ def test_bad_notices_are_refused_and_change_nothing(record: object, match: str) 
 
 def test_second_notice_for_the_same_gpus_is_an_error() -> None:
     h = grown()
-    h.send(ev.GpusReclaiming((8, 9), h.wall + 30))
+    h.send(ev.GpusReclaiming(gpus=(8, 9), deadline=h.wall + 30))
     with pytest.raises(InvalidNotice, match="already has a reclaim notice.*cancelled"):
-        h.send(ev.GpusReclaiming((9, 10), h.wall + 60))
+        h.send(ev.GpusReclaiming(gpus=(9, 10), deadline=h.wall + 60))
     assert set(h.table.leaving_gpus) == {8, 9}
 
 
 def test_deadline_in_the_past_or_over_an_hour_is_an_error() -> None:
     h = grown()
     with pytest.raises(InvalidNotice, match="in the past"):
-        h.send(ev.GpusReclaiming((8, 9), h.wall - 1))
+        h.send(ev.GpusReclaiming(gpus=(8, 9), deadline=h.wall - 1))
     with pytest.raises(InvalidNotice, match="more than the 3600 s"):
-        h.send(ev.GpusReclaiming((8, 9), h.wall + 3601))
+        h.send(ev.GpusReclaiming(gpus=(8, 9), deadline=h.wall + 3601))
     assert not h.table.leaving_gpus
     assert issubclass(InvalidNotice, InvalidEvent) and issubclass(InvalidNotice, PearlError)
 
 
 def test_notice_survives_snapshot_and_view_round_trips() -> None:
     h = grown()
-    h.send(ev.GpusReclaiming((8, 9), h.wall + 30))
+    h.send(ev.GpusReclaiming(gpus=(8, 9), deadline=h.wall + 30))
     t = h.table
     assert snapshot.state_from_snapshot(snapshot.state_to_snapshot(t)) == t
     assert TableSnapshot.of(t).state() == t
@@ -119,7 +119,7 @@ def test_notice_survives_snapshot_and_view_round_trips() -> None:
 def test_notice_plans_for_the_budget_after_the_deadline_at_once() -> None:
     h = grown()
     leaving = {on(h, 8), on(h, 10)}
-    h.send(ev.GpusReclaiming((8, 9, 10, 11), h.wall + 30))
+    h.send(ev.GpusReclaiming(gpus=(8, 9, 10, 11), deadline=h.wall + 30))
     p = h.table.plan
     # The replacement plan begins now (a re-role of the survivors, or nothing to change) and
     # never names the leaving workers: they finish their turns where they are.
@@ -134,7 +134,7 @@ def test_notice_plans_for_the_budget_after_the_deadline_at_once() -> None:
 def test_deadline_is_treated_as_the_reclaim_and_nothing_waits_for_it() -> None:
     h = grown()
     leaving = {on(h, 8), on(h, 10)}
-    h.send(ev.GpusReclaiming((8, 9, 10, 11), h.wall + 30))
+    h.send(ev.GpusReclaiming(gpus=(8, 9, 10, 11), deadline=h.wall + 30))
     h.settle()
     h.send(cmd.Tick(), dt=10)
     assert h.table.leaving_gpus and not h.table.reclaiming_gpus  # not yet
@@ -157,22 +157,22 @@ def test_the_clouds_reclaim_after_the_deadline_is_the_same_reclaim() -> None:
     # acknowledged and changes nothing. A second one, or one after the GPUs came back and left
     # for good, is an error again.
     h = grown()
-    h.send(ev.GpusReclaiming((8, 9), h.wall + 30))
+    h.send(ev.GpusReclaiming(gpus=(8, 9), deadline=h.wall + 30))
     h.settle()
     h.send(cmd.Tick(), dt=30 - notice.STOP_LEAD_S)
     h.settle()
     before = len(h.records)
-    h.send(ev.GpusReclaimed((8, 9)), dt=1)
+    h.send(ev.GpusReclaimed(gpus=(8, 9)), dt=1)
     assert len(h.records) == before and {8, 9}.isdisjoint(h.table.present_gpus)
     with pytest.raises(InvalidEvent, match="not present"):
-        h.send(ev.GpusReclaimed((8,)), dt=1)
+        h.send(ev.GpusReclaimed(gpus=(8,)), dt=1)
 
 
 def test_reclaim_before_the_deadline_ends_the_notice() -> None:
     h = grown()
-    h.send(ev.GpusReclaiming((8, 9), h.wall + 120))
+    h.send(ev.GpusReclaiming(gpus=(8, 9), deadline=h.wall + 120))
     h.settle()
-    h.send(ev.GpusReclaimed((8, 9)), dt=5)
+    h.send(ev.GpusReclaimed(gpus=(8, 9)), dt=5)
     h.settle()
     assert not h.table.leaving_gpus and {8, 9}.isdisjoint(h.table.present_gpus)
     assert len(h.table.routable()) == 3
@@ -181,9 +181,9 @@ def test_reclaim_before_the_deadline_ends_the_notice() -> None:
 def test_withdrawn_notice_returns_the_workers_to_service() -> None:
     h = grown()
     leaving = {on(h, 8), on(h, 10)}
-    h.send(ev.GpusReclaiming((8, 9, 10, 11), h.wall + 60))
+    h.send(ev.GpusReclaiming(gpus=(8, 9, 10, 11), deadline=h.wall + 60))
     h.settle()
-    h.send(ev.GpusReclaimCancelled((8, 9, 10, 11)), dt=5)
+    h.send(ev.GpusReclaimCancelled(gpus=(8, 9, 10, 11)), dt=5)
     h.settle()
     assert leaving <= {w.id for w in h.table.routable()}
     assert len(h.table.routable()) == 4 and not h.table.leaving_gpus
@@ -194,9 +194,9 @@ def test_withdrawn_notice_returns_the_workers_to_service() -> None:
 def test_a_joiner_on_noticed_gpus_never_serves_and_leaves_at_the_deadline() -> None:
     h = Clocked()
     h.settle()
-    h.send(ev.GpusAdded((8, 9, 10, 11)))
+    h.send(ev.GpusAdded(gpus=(8, 9, 10, 11)))
     joiner = next(c.worker for c in h.pending if isinstance(c, cmd.StartWorker) and 8 in c.gpus)
-    h.send(ev.GpusReclaiming((8, 9), h.wall + 30))
+    h.send(ev.GpusReclaiming(gpus=(8, 9), deadline=h.wall + 30))
     h.settle()  # its host comes up meanwhile: not admitted
     assert all(8 not in w.gpus for w in h.table.routable()) and len(h.table.routable()) == 3
     h.send(cmd.Tick(), dt=31)
@@ -207,7 +207,7 @@ def test_a_joiner_on_noticed_gpus_never_serves_and_leaves_at_the_deadline() -> N
 def test_recovery_restores_pending_notices_and_their_deadlines() -> None:
     h = grown()
     deadline = h.wall + 30
-    h.send(ev.GpusReclaiming((8, 9), deadline))
+    h.send(ev.GpusReclaiming(gpus=(8, 9), deadline=deadline))
     h.settle()
     table = replay(h.records)
     assert dict(table.leaving_gpus) == {8: deadline, 9: deadline}
@@ -224,11 +224,11 @@ def test_recovery_restores_pending_notices_and_their_deadlines() -> None:
 def test_leaving_worker_that_restarts_is_not_readmitted() -> None:
     h = grown()
     wid = on(h, 8)
-    h.send(ev.GpusReclaiming((8, 9), h.wall + 60))
+    h.send(ev.GpusReclaiming(gpus=(8, 9), deadline=h.wall + 60))
     h.settle()
     inc = h.table.workers[wid].incarnation
-    h.send(cmd.WorkerDown(wid, inc, "crashed"))
-    h.send(cmd.WorkerUp(wid, inc))
+    h.send(cmd.WorkerDown(worker=wid, incarnation=inc, reason="crashed"))
+    h.send(cmd.WorkerUp(worker=wid, incarnation=inc))
     assert h.table.workers[wid].activity is Activity.TRANSITIONING
 
 

@@ -45,7 +45,7 @@ def tables(draw: st.DrawFn) -> ClusterState:
     ]
     present = draw(st.lists(st.sampled_from(preempt), unique=True, max_size=len(preempt)))
     if present:
-        recs.append(ev.GpusAdded(tuple(present)))
+        recs.append(ev.GpusAdded(gpus=tuple(present)))
     dedicated = sorted(reserved + tuple(present))
     groups = [tuple(dedicated[i : i + tp]) for i in range(0, len(dedicated) - tp + 1, tp)]
     used = draw(st.lists(st.booleans(), min_size=len(groups), max_size=len(groups)))
@@ -55,12 +55,12 @@ def tables(draw: st.DrawFn) -> ClusterState:
             role = draw(st.sampled_from(ROLLOUT_ROLES))
             recs += [
                 ev.WorkerAdded(worker=slot, gpus=g, role=role, zone=Zone.DEDICATED),
-                ev.ActivityChanged(slot, Activity.ACTIVE),
+                ev.ActivityChanged(worker=slot, activity=Activity.ACTIVE),
             ]
             slot += 1
     s = replay(recs)
     if n_train and draw(st.booleans()):  # lend the training GPUs to some overlap workers
-        s = apply(s, ev.ActivityChanged(0, Activity.INACTIVE))
+        s = apply(s, ev.ActivityChanged(worker=0, activity=Activity.INACTIVE))
         tgroups = [tuple(range(i, i + tp)) for i in range(0, n_train, tp)]
         for g in tgroups:
             if draw(st.booleans()):
@@ -70,13 +70,13 @@ def tables(draw: st.DrawFn) -> ClusterState:
                     s,
                     [
                         ev.WorkerAdded(worker=slot, gpus=g, role=role, zone=Zone.OVERLAP),
-                        ev.ActivityChanged(slot, act),
+                        ev.ActivityChanged(worker=slot, activity=act),
                     ],
                 )
                 slot += 1
     reclaim = [g for g in present if draw(st.booleans())]
     if reclaim:
-        s = apply(s, ev.GpusReclaimed(tuple(reclaim)))
+        s = apply(s, ev.GpusReclaimed(gpus=tuple(reclaim)))
     return s
 
 
@@ -146,7 +146,7 @@ def test_reclaim_removes_worker_and_keeps_others() -> None:
             ev.ClusterInit(
                 tp=2, training_gpus=(), reserved_gpus=(0, 1), preemptible_gpus=(2, 3, 4, 5)
             ),
-            ev.GpusAdded((2, 3, 4, 5)),
+            ev.GpusAdded(gpus=(2, 3, 4, 5)),
             *[
                 r
                 for wid, g, role in (
@@ -156,10 +156,10 @@ def test_reclaim_removes_worker_and_keeps_others() -> None:
                 )
                 for r in (
                     ev.WorkerAdded(worker=wid, gpus=g, role=role, zone=Zone.DEDICATED),
-                    ev.ActivityChanged(wid, Activity.ACTIVE),
+                    ev.ActivityChanged(worker=wid, activity=Activity.ACTIVE),
                 )
             ],
-            ev.GpusReclaimed((4,)),
+            ev.GpusReclaimed(gpus=(4,)),
         ]
     )
     assert s.workers[3].activity is Activity.TRANSITIONING  # stops routing at once
@@ -179,7 +179,7 @@ def test_borrow_lends_training_first_then_return_reclaims() -> None:
                 tp=2, training_gpus=(0, 1, 2, 3), reserved_gpus=(4, 5), preemptible_gpus=()
             ),
             ev.WorkerAdded(worker=1, gpus=(4, 5), role=Role.COLOCATED, zone=Zone.DEDICATED),
-            ev.ActivityChanged(1, Activity.ACTIVE),
+            ev.ActivityChanged(worker=1, activity=Activity.ACTIVE),
         ]
     )
     m = membership(s, borrow=True)
@@ -189,7 +189,7 @@ def test_borrow_lends_training_first_then_return_reclaims() -> None:
     lent = execute(s, p)
     assert lent.workers[0].activity is Activity.INACTIVE and len(lent.routable()) == 3
 
-    back = apply(lent, ev.TrainingBegin(1))
+    back = apply(lent, ev.TrainingBegin(step=1))
     assert all(w.zone is Zone.DEDICATED for w in back.routable())  # overlap workers stop at once
     m2 = membership(back, borrow=False)
     assert m2.reclaim == 0 and len(m2.leave) == 2
@@ -204,7 +204,7 @@ def test_borrow_lends_training_first_then_return_reclaims() -> None:
     assert out.phase is TrainingPhase.TRAINING
 
     # The next borrow reactivates the retained workers instead of starting new ones.
-    done = apply(out, ev.TrainingFinished(1, 1))
+    done = apply(out, ev.TrainingFinished(step=1, weights_version=1))
     m3 = membership(done, borrow=True)
     assert sorted(w.id for w in m3.reactivate) == [2, 3] and not m3.new_groups
 
@@ -219,7 +219,7 @@ def test_target_size_must_match_membership() -> None:
 def test_cannot_borrow_during_training() -> None:
     s = apply(
         replay([ev.ClusterInit(tp=1, training_gpus=(0,), reserved_gpus=(1,), preemptible_gpus=())]),
-        ev.TrainingBegin(1),
+        ev.TrainingBegin(step=1),
     )
     with pytest.raises(InfeasibleConfiguration):
         membership(s, borrow=True)

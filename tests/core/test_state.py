@@ -57,14 +57,14 @@ def rejects(state: ClusterState, record: Any, match: str, kind: type = Invariant
 def dedicated(wid: int, gpu: int, role: Role = Role.DECODE) -> list[Any]:
     return [
         ev.WorkerAdded(worker=wid, gpus=(gpu,), role=role, zone=Zone.DEDICATED),
-        ev.ActivityChanged(wid, A),
+        ev.ActivityChanged(worker=wid, activity=A),
     ]
 
 
 LENT = [
-    ev.ActivityChanged(0, I),
+    ev.ActivityChanged(worker=0, activity=I),
     ev.WorkerAdded(worker=5, gpus=(0,), role=Role.DECODE, zone=Zone.OVERLAP),
-    ev.ActivityChanged(5, A),
+    ev.ActivityChanged(worker=5, activity=A),
 ]
 
 
@@ -94,16 +94,16 @@ def test_cluster_init_is_checked() -> None:
         ev.ClusterInit(tp=1, training_gpus=(0, 1), reserved_gpus=(1, 2), preemptible_gpus=()),
         r"\[1\] are both training",
     )
-    rejects(ClusterState(), ev.GpusAdded((6,)), "not initialised")
+    rejects(ClusterState(), ev.GpusAdded(gpus=(6,)), "not initialised")
 
 
 def test_seq_must_follow_the_last_record() -> None:
     s = table()
     with pytest.raises(InvariantViolation, match="sequence 3 does not follow 1"):
-        apply(s, ev.GpusAdded((6,)), seq=3)
-    assert apply(s, ev.GpusAdded((6,)), seq=2).seq == 2
+        apply(s, ev.GpusAdded(gpus=(6,)), seq=3)
+    assert apply(s, ev.GpusAdded(gpus=(6,)), seq=2).seq == 2
     with pytest.raises(InvariantViolation, match="does not follow"):
-        apply_all(ClusterState(), [INIT, ev.GpusAdded((6,))], first_seq=2)
+        apply_all(ClusterState(), [INIT, ev.GpusAdded(gpus=(6,))], first_seq=2)
 
 
 def test_no_gpu_is_bound_to_two_rollout_workers() -> None:
@@ -153,108 +153,128 @@ def test_overlap_worker_is_active_only_while_training_lends_its_gpus() -> None:
     assert s.workers[5].activity is A and s.workers[0].activity is I
     validate(s)
     # the trainer cannot take the GPUs back while the overlap worker holds them
-    rejects(s, ev.ActivityChanged(0, A), "still hold them")
+    rejects(s, ev.ActivityChanged(worker=0, activity=A), "still hold them")
     # training-begin stops routing to overlap workers at once; they cannot come back
-    s = apply(s, ev.TrainingBegin(1))
+    s = apply(s, ev.TrainingBegin(step=1))
     assert s.phase is TrainingPhase.TRAINING and s.workers[5].activity is T
-    rejects(s, ev.ActivityChanged(5, A), "while training needs its GPUs")
-    rejects(s, ev.TrainingFinished(1), "still being returned")
-    s = apply_all(s, [ev.ActivityChanged(5, I), ev.ActivityChanged(0, A)])
-    s = apply(s, ev.TrainingFinished(1, 2))
+    rejects(s, ev.ActivityChanged(worker=5, activity=A), "while training needs its GPUs")
+    rejects(s, ev.TrainingFinished(step=1), "still being returned")
+    s = apply_all(
+        s, [ev.ActivityChanged(worker=5, activity=I), ev.ActivityChanged(worker=0, activity=A)]
+    )
+    s = apply(s, ev.TrainingFinished(step=1, weights_version=2))
     assert s.phase is TrainingPhase.IDLE and s.weights_version == 2
     validate(s)
 
 
 def test_training_phase_rules() -> None:
-    s = table(ev.TrainingBegin(1))
-    rejects(state=s, record=ev.TrainingBegin(2), match="still running", kind=InvalidEvent)
-    rejects(state=s, record=ev.TrainingFinished(2), match="step 1 is running", kind=InvalidEvent)
+    s = table(ev.TrainingBegin(step=1))
+    rejects(state=s, record=ev.TrainingBegin(step=2), match="still running", kind=InvalidEvent)
+    rejects(
+        state=s, record=ev.TrainingFinished(step=2), match="step 1 is running", kind=InvalidEvent
+    )
     rejects(
         state=table(),
-        record=ev.TrainingFinished(0),
+        record=ev.TrainingFinished(step=0),
         match="without a training-begin",
         kind=InvalidEvent,
     )
-    s = apply(s, ev.TrainingFinished(1, 3))
-    rejects(state=s, record=ev.TrainingBegin(0), match="already ran", kind=InvalidEvent)
+    s = apply(s, ev.TrainingFinished(step=1, weights_version=3))
+    rejects(state=s, record=ev.TrainingBegin(step=0), match="already ran", kind=InvalidEvent)
     rejects(
-        state=s, record=ev.TrainingBegin(1), match="next step is 2", kind=InvalidEvent
+        state=s, record=ev.TrainingBegin(step=1), match="next step is 2", kind=InvalidEvent
     )  # a re-sent step
     rejects(
-        state=s, record=ev.WeightsPublished(2), match="older than the current 3", kind=InvalidEvent
+        state=s,
+        record=ev.WeightsPublished(version=2),
+        match="older than the current 3",
+        kind=InvalidEvent,
     )
 
 
 def test_reclaimed_gpus_stop_routing_and_return_with_their_worker() -> None:
-    s = table(ev.GpusAdded((6, 7)), *dedicated(1, 6), *dedicated(2, 2))
-    rejects(state=s, record=ev.GpusAdded((6,)), match="already present", kind=InvalidEvent)
-    rejects(state=s, record=ev.GpusAdded((5,)), match="not a preemptible GPU", kind=InvalidEvent)
+    s = table(ev.GpusAdded(gpus=(6, 7)), *dedicated(1, 6), *dedicated(2, 2))
+    rejects(state=s, record=ev.GpusAdded(gpus=(6,)), match="already present", kind=InvalidEvent)
     rejects(
-        state=s, record=ev.GpusReclaimed((2,)), match="reserved, not preemptible", kind=InvalidEvent
+        state=s, record=ev.GpusAdded(gpus=(5,)), match="not a preemptible GPU", kind=InvalidEvent
     )
-    rejects(state=s, record=ev.GpusReclaimed((8,)), match="not present", kind=InvalidEvent)
-    rejects(state=s, record=ev.GpusReclaimed((7, 7)), match="names a GPU twice", kind=InvalidEvent)
-    s = apply(s, ev.GpusReclaimed((6, 7)))
+    rejects(
+        state=s,
+        record=ev.GpusReclaimed(gpus=(2,)),
+        match="reserved, not preemptible",
+        kind=InvalidEvent,
+    )
+    rejects(state=s, record=ev.GpusReclaimed(gpus=(8,)), match="not present", kind=InvalidEvent)
+    rejects(
+        state=s, record=ev.GpusReclaimed(gpus=(7, 7)), match="names a GPU twice", kind=InvalidEvent
+    )
+    s = apply(s, ev.GpusReclaimed(gpus=(6, 7)))
     assert s.workers[1].activity is T and s.reclaiming_gpus == {6} and s.present_gpus == set()
-    rejects(s, ev.ActivityChanged(1, A), r"GPUs \[6\] were reclaimed")
+    rejects(s, ev.ActivityChanged(worker=1, activity=A), r"GPUs \[6\] were reclaimed")
     rejects(
         s,
         ev.WorkerAdded(worker=3, gpus=(7,), role=Role.DECODE, zone=Zone.DEDICATED),
         "not available",
     )
-    s = apply(s, ev.WorkerRemoved(1))
+    s = apply(s, ev.WorkerRemoved(worker=1))
     assert 1 not in s.workers and s.reclaiming_gpus == set()
     validate(s)
-    s = apply(s, ev.GpusAdded((6,)))  # the reclaim has finished: it may come back
+    s = apply(s, ev.GpusAdded(gpus=(6,)))  # the reclaim has finished: it may come back
     assert s.present_gpus == {6}
-    rejects(state=s, record=ev.GpusAdded((6,)), match="GPU 6 is already present", kind=InvalidEvent)
+    rejects(
+        state=s, record=ev.GpusAdded(gpus=(6,)), match="GPU 6 is already present", kind=InvalidEvent
+    )
 
 
 def test_a_gpu_granted_again_while_its_old_worker_leaves_is_a_fact() -> None:
     """Reclaimed and re-granted faster than a worker stops: the grant is logged, the GPU waits
     (regranted, no new worker on it) and is present the moment its old worker is gone."""
-    s = apply(table(ev.GpusAdded((6, 7)), *dedicated(1, 6)), ev.GpusReclaimed((6, 7)))
-    s = apply(s, ev.GpusAdded((6, 7)))  # 7 was free: present now; 6 waits for worker 1
+    s = apply(table(ev.GpusAdded(gpus=(6, 7)), *dedicated(1, 6)), ev.GpusReclaimed(gpus=(6, 7)))
+    s = apply(s, ev.GpusAdded(gpus=(6, 7)))  # 7 was free: present now; 6 waits for worker 1
     assert (s.present_gpus, s.reclaiming_gpus, s.regranted_gpus) == ({7}, {6}, {6})
     validate(s)
-    rejects(state=s, record=ev.GpusAdded((6,)), match="GPU 6 is already present", kind=InvalidEvent)
+    rejects(
+        state=s, record=ev.GpusAdded(gpus=(6,)), match="GPU 6 is already present", kind=InvalidEvent
+    )
     rejects(
         s,
         ev.WorkerAdded(worker=3, gpus=(6,), role=Role.DECODE, zone=Zone.DEDICATED),
         "not available",
     )
-    rejects(s, ev.ActivityChanged(1, A), r"GPUs \[6\] were reclaimed")
-    left = apply(s, ev.WorkerRemoved(1))
+    rejects(s, ev.ActivityChanged(worker=1, activity=A), r"GPUs \[6\] were reclaimed")
+    left = apply(s, ev.WorkerRemoved(worker=1))
     assert (left.present_gpus, left.reclaiming_gpus, left.regranted_gpus) == ({6, 7}, set(), set())
     validate(left)
     # Reclaimed again before worker 1 left: the second grant is over, the first reclaim goes on.
-    again = apply(s, ev.GpusReclaimed((6,)))
+    again = apply(s, ev.GpusReclaimed(gpus=(6,)))
     assert (again.reclaiming_gpus, again.regranted_gpus) == ({6}, set())
-    assert apply(again, ev.WorkerRemoved(1)).present_gpus == {7}
+    assert apply(again, ev.WorkerRemoved(worker=1)).present_gpus == {7}
     # A notice for it is a fact as well: it comes in leaving, and no worker starts on it.
-    noticed = apply(s, ev.GpusReclaiming((6,), 1e12))
+    noticed = apply(s, ev.GpusReclaiming(gpus=(6,), deadline=1e12))
     validate(noticed)
-    gone = apply(noticed, ev.WorkerRemoved(1))
+    gone = apply(noticed, ev.WorkerRemoved(worker=1))
     assert 6 in gone.present_gpus and 6 in gone.leaving_gpus
     validate(gone)
 
 
 def test_active_workers_must_drain_before_removal_or_role_change() -> None:
     s = table(*dedicated(1, 2))
-    rejects(s, ev.WorkerRemoved(1), "stop routing to it")
-    rejects(s, ev.RoleChanged(1, Role.PREFILL), "drain it before")
-    rejects(s, ev.WorkerRemoved(0), "training workers cannot be removed")
-    rejects(s, ev.RoleChanged(0, Role.DECODE), "fixed at cluster-init")
-    rejects(s, ev.ActivityChanged(9, A), "no worker in slot 9")
-    s = apply_all(s, [ev.ActivityChanged(1, T), ev.RoleChanged(1, Role.PREFILL)])
+    rejects(s, ev.WorkerRemoved(worker=1), "stop routing to it")
+    rejects(s, ev.RoleChanged(worker=1, role=Role.PREFILL), "drain it before")
+    rejects(s, ev.WorkerRemoved(worker=0), "training workers cannot be removed")
+    rejects(s, ev.RoleChanged(worker=0, role=Role.DECODE), "fixed at cluster-init")
+    rejects(s, ev.ActivityChanged(worker=9, activity=A), "no worker in slot 9")
+    s = apply_all(
+        s, [ev.ActivityChanged(worker=1, activity=T), ev.RoleChanged(worker=1, role=Role.PREFILL)]
+    )
     assert s.workers[1].role is Role.PREFILL
     assert s.workers[1].incarnation == 2  # bound for life: role changes keep the incarnation
 
 
 def test_worker_failed_stops_routing() -> None:
-    s = apply(table(*dedicated(1, 2)), ev.WorkerFailed(1, "gone"))
+    s = apply(table(*dedicated(1, 2)), ev.WorkerFailed(worker=1, reason="gone"))
     assert s.workers[1].activity is T and s.routable() == []
-    rejects(s, ev.WorkerFailed(4, "?"), "unknown worker 4")
+    rejects(s, ev.WorkerFailed(worker=4, reason="?"), "unknown worker 4")
 
 
 def test_plans_are_transactions() -> None:
@@ -263,27 +283,30 @@ def test_plans_are_transactions() -> None:
     s = table(ev.PlanBegin(plan=1, cause="grow", target=target, steps=steps))
     assert s.plan is not None and not s.plan.complete
     rejects(s, ev.PlanBegin(plan=2, cause="again", target=target, steps=()), "still in flight")
-    rejects(s, ev.PlanCommit(1), r"steps \[0\] are not done")
-    rejects(s, ev.StepDone(1, 1), "has no step 1")
-    rejects(s, ev.StepDone(2, 0), "not in flight")
-    s = apply(s, ev.StepDone(1, 0))
-    rejects(s, ev.StepDone(1, 0), "already done")
-    s = apply(s, ev.PlanCommit(1))
+    rejects(s, ev.PlanCommit(plan=1), r"steps \[0\] are not done")
+    rejects(s, ev.StepDone(plan=1, step=1), "has no step 1")
+    rejects(s, ev.StepDone(plan=2, step=0), "not in flight")
+    s = apply(s, ev.StepDone(plan=1, step=0))
+    rejects(s, ev.StepDone(plan=1, step=0), "already done")
+    s = apply(s, ev.PlanCommit(plan=1))
     assert s.plan is None and s.last_plan == 1
     rejects(s, ev.PlanBegin(plan=1, cause="old id", target=target, steps=()), "must increase")
     rejects(
         s,
-        ev.PlanBegin(plan=2, cause="x", target=target, steps=(Step(StepOp.REMOVE, 7),)),
+        ev.PlanBegin(plan=2, cause="x", target=target, steps=(Step(op=StepOp.REMOVE, worker=7),)),
         "unknown worker 7",
     )
     rejects(
         s,
-        ev.PlanBegin(plan=2, cause="x", target=target, steps=(Step(StepOp.ADD, 0),)),
+        ev.PlanBegin(plan=2, cause="x", target=target, steps=(Step(op=StepOp.ADD, worker=0),)),
         "slot is taken",
     )
     s = apply_all(
         s,
-        [ev.PlanBegin(plan=2, cause="x", target=target, steps=()), ev.PlanAbort(2, "changed mind")],
+        [
+            ev.PlanBegin(plan=2, cause="x", target=target, steps=()),
+            ev.PlanAbort(plan=2, reason="changed mind"),
+        ],
     )
     assert s.plan is None and s.last_plan == 2
 
@@ -334,7 +357,7 @@ def test_the_builder_and_the_snapshot_keep_every_field_and_copy_what_changes() -
         plan=5,
         cause="rebalance",
         target=Target(mode=Mode.DISAGGREGATED, N_P=0, N_D=1, N_C=0),
-        steps=(Step(StepOp.REMOVE, 3),),
+        steps=(Step(op=StepOp.REMOVE, worker=3),),
     )
     t = ClusterState(
         seq=7,

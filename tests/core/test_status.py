@@ -31,7 +31,7 @@ def test_the_status_reply_crosses_the_codec_typed() -> None:
         endpoint="tcp://127.0.0.1:7440",
         worker_metrics={"3": "127.0.0.1:9100"},
     )
-    back = Codec().decode(Codec().encode(Status(status))).msg
+    back = Codec().decode(Codec().encode(Status(payload=status))).msg
     assert isinstance(back, Status) and isinstance(back.payload, ClusterStatus)
     s = back.payload
     assert s == status and s.training_may_proceed == 3 and s.seq == h.table.seq

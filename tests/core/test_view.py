@@ -53,11 +53,13 @@ def borrowing() -> Harness:
     """A controller in the middle of things: GPUs added, a plan in flight, a borrow cycle."""
     h = Harness(borrow=Borrow.ALWAYS)
     h.settle()
-    h.send(ev.TrainingBegin(1))
+    h.send(ev.TrainingBegin(step=1))
     h.settle()
-    h.send(ev.TrainingFinished(1, 1))  # the next borrow plan begins: lent, activating
+    h.send(
+        ev.TrainingFinished(step=1, weights_version=1)
+    )  # the next borrow plan begins: lent, activating
     h.answer(lambda c: isinstance(c, cmd.LendTraining))
-    h.send(ev.GpusAdded((8, 9)))  # its expansion waits for that plan
+    h.send(ev.GpusAdded(gpus=(8, 9)))  # its expansion waits for that plan
     return h
 
 
@@ -70,7 +72,7 @@ def test_the_snapshot_gives_the_table_back() -> None:
 
 def test_the_view_crosses_the_message_codec_unchanged() -> None:
     h = borrowing()
-    msg = StateChanged(cluster_view(h.s, proceeded=2, boot_id="b", recoveries=1))
+    msg = StateChanged(view=cluster_view(h.s, proceeded=2, boot_id="b", recoveries=1))
     back = MESSAGES.decode(msgpack.unpackb(msgpack.packb(to_wire(msg))))
     assert back == msg and back.seq == h.table.seq
     assert back.view.table.state() == h.table
@@ -92,7 +94,7 @@ def test_a_hand_built_view_needs_only_its_workers() -> None:
         Worker(id=2, gpus=(2,), role=Role.DECODE, activity=Activity.INACTIVE, zone=Zone.DEDICATED),
         Worker(id=0, gpus=(0,), role=Role.TRAINING, activity=Activity.ACTIVE, zone=Zone.OVERLAP),
     )
-    v = ClusterView(TableSnapshot(seq=4, workers=w))
+    v = ClusterView(table=TableSnapshot(seq=4, workers=w))
     assert v.seq == 4 and [x.id for x in v.routable] == [1]
     assert v.serving == Target(mode=Mode.DISAGGREGATED, N_P=1, N_D=0, N_C=0)
     assert [x.id for x in v.rollout] == [1, 2]
@@ -148,12 +150,12 @@ def test_status_names_stranded_gpus_and_the_budget_of_its_decision() -> None:
     it; the decision shown says which budget it was made for, and whether that is today's."""
     h = Harness()
     h.settle()
-    h.send(ev.GpusAdded((8, 9, 10, 11)))
+    h.send(ev.GpusAdded(gpus=(8, 9, 10, 11)))
     h.settle()
     out = status_json(cluster_view(h.s))
     assert out["budget"]["stranded_gpus"] == [] and out["budget"]["workers"] == 4
     assert out["decision"]["workers"] == 4 and out["decision"]["current"] is True
-    h.send(ev.GpusReclaimed((10,)))
+    h.send(ev.GpusReclaimed(gpus=(10,)))
     h.settle()
     out = status_json(cluster_view(h.s))
     assert out["budget"]["stranded_gpus"] == [11] and out["budget"]["workers"] == 3
@@ -161,7 +163,7 @@ def test_status_names_stranded_gpus_and_the_budget_of_its_decision() -> None:
     # Once the return is done, the controller decides for the budget after it (a decision that
     # plans nothing is still the one status shows).
     assert d["workers"] == 3 and d["current"] is True
-    h.send(ev.GpusAdded((10,)))  # back: 10 and 11 form a group again
+    h.send(ev.GpusAdded(gpus=(10,)))  # back: 10 and 11 form a group again
     h.settle()
     assert status_json(cluster_view(h.s))["budget"]["stranded_gpus"] == []
 

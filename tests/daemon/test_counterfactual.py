@@ -26,14 +26,14 @@ def test_a_recorded_pearld_run_replays_exactly_under_its_own_policy(
     d: Pearld = pearld_factory()
     d.settled(60)
     script: list[Any] = [
-        ev.GpusAdded((8, 9, 10, 11)),
-        ev.TrainingBegin(1),
-        ev.TrainingFinished(1, 1),
-        ev.GpusAdded((12, 13, 14, 15)),
-        ev.GpusReclaimed((12, 13)),
-        ev.TrainingBegin(2),
-        ev.TrainingFinished(2, 2),
-        ev.GpusReclaimed((8, 9)),
+        ev.GpusAdded(gpus=(8, 9, 10, 11)),
+        ev.TrainingBegin(step=1),
+        ev.TrainingFinished(step=1, weights_version=1),
+        ev.GpusAdded(gpus=(12, 13, 14, 15)),
+        ev.GpusReclaimed(gpus=(12, 13)),
+        ev.TrainingBegin(step=2),
+        ev.TrainingFinished(step=2, weights_version=2),
+        ev.GpusReclaimed(gpus=(8, 9)),
     ]
     for i, event in enumerate(script):
         d.event(event)

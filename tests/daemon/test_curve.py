@@ -101,7 +101,7 @@ def test_pearld_with_keys_serves_and_only_keyed_clients_get_in(keyed: Any, tmp_p
         assert watch.stdout is not None
         first = watch.stdout.readline()  # the snapshot
         assert '"seq"' in first, watch.stderr.read() if watch.stderr else ""
-        seq = d.event(ev.GpusAdded((8, 9, 10, 11)))
+        seq = d.event(ev.GpusAdded(gpus=(8, 9, 10, 11)))
         out, err = watch.communicate(timeout=30)
         assert watch.returncode == 0, err
         assert "nothing heard" not in err

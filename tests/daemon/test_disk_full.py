@@ -31,26 +31,26 @@ def test_a_disk_fault_window_refuses_truthfully_and_heals_with_no_restart(
     d: Pearld = pearld_factory("daemon.borrow=always")
     s = d.settled()
     assert s["budget"]["lent"]  # training GPUs lent after a step, as in the report
-    d.event(ev.TrainingBegin(1))
+    d.event(ev.TrainingBegin(step=1))
     wait_until(lambda: d.status()["training_may_proceed"] == 1, 20, "training may proceed")
-    d.event(ev.TrainingFinished(1, 1))
+    d.event(ev.TrainingFinished(step=1, weights_version=1))
     before = d.settled()["seq"]
 
     flag.write_text(fault)
     for _attempt in range(3):  # the trainer retries; each refusal says why and changes nothing
         with pytest.raises(RemoteError, match=says):
-            d.event(ev.TrainingBegin(2))
+            d.event(ev.TrainingBegin(step=2))
     with pytest.raises(RemoteError, match=says):
-        d.event(ev.GpusAdded((8, 9)))
+        d.event(ev.GpusAdded(gpus=(8, 9)))
     s = d.status()
     assert (s["seq"], s["phase"], s["training_step"]) == (before, "idle", 1)
     assert d.proc is not None and d.proc.poll() is None
 
     flag.unlink()  # the disk heals: the same pearld takes events again
-    seq = wait_until(lambda: _try(d, ev.TrainingBegin(2)), 20, "training-begin to be accepted")
+    seq = wait_until(lambda: _try(d, ev.TrainingBegin(step=2)), 20, "training-begin to be accepted")
     assert seq > before
     wait_until(lambda: d.status()["training_may_proceed"] == 2, 20, "training may proceed")
-    d.event(ev.TrainingFinished(2, 2))
+    d.event(ev.TrainingFinished(step=2, weights_version=2))
     d.settled()
     assert d.proc.poll() is None and d.starts == 1
     assert d.stop() == 0

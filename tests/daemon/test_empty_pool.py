@@ -33,15 +33,15 @@ def test_reclaiming_every_rollout_gpu_leaves_pearld_serving(pearld_factory: Any)
         "cluster.reserved_gpus=", "cluster.initial_preemptible=8-15", "daemon.borrow=never"
     )
     d.settled()
-    d.event(ev.GpusReclaimed(tuple(range(8, 16))))
-    d.event(ev.TrainingBegin(1))
+    d.event(ev.GpusReclaimed(gpus=tuple(range(8, 16))))
+    d.event(ev.TrainingBegin(step=1))
     wait_until(lambda: empty(d.status()), 30, "an empty pool")
     assert d.settled()["decision"]["reason"] == NO_PREDICTION
     no_crash(d)
     assert d.stop() == 0
     d.start()  # the same state directory: it died again within 6 s before the fix
     wait_until(lambda: empty(d.status()), 30, "the empty pool again")
-    d.event(ev.GpusAdded((8, 9)))  # and serves again when GPUs come
+    d.event(ev.GpusAdded(gpus=(8, 9)))  # and serves again when GPUs come
     wait_until(lambda: d.settled()["budget"]["workers"] == 1, 30, "a worker again")
     no_crash(d)
 

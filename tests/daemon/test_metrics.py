@@ -100,7 +100,7 @@ def test_metrics_follow_a_scripted_run(pearld_factory: Any) -> None:
 
     # Training Begin takes the lent GPUs back: one return plan, one return latency observed.
     returns0 = value(m, "pearl_borrow_return_seconds", "pearl_borrow_return_seconds_count")
-    d.event(ev.TrainingBegin(1))
+    d.event(ev.TrainingBegin(step=1))
     wait_until(lambda: d.status()["training_may_proceed"] == 1, 20, "training may proceed")
     s = d.settled()
     m = scrape(url)
@@ -114,7 +114,7 @@ def test_metrics_follow_a_scripted_run(pearld_factory: Any) -> None:
 
     # A join while training runs: one event, one expansion plan committed (it re-roles the
     # serving workers too: a mode switch, one), one event -> plan latency observed.
-    d.event(ev.GpusAdded((8, 9, 10, 11, 12, 13)))
+    d.event(ev.GpusAdded(gpus=(8, 9, 10, 11, 12, 13)))
     s = d.settled()
     m = scrape(url)
     assert value(m, "pearl_log_seq") == s["seq"]
@@ -132,7 +132,7 @@ def test_metrics_follow_a_scripted_run(pearld_factory: Any) -> None:
     activations0 = value(
         m, "pearl_borrow_activation_seconds", "pearl_borrow_activation_seconds_count"
     )
-    d.event(ev.TrainingFinished(1, 1))
+    d.event(ev.TrainingFinished(step=1, weights_version=1))
     wait_until(
         lambda: (d.status()["borrow"]["current"] or {}).get("activation_s") is not None,
         20,
@@ -151,11 +151,11 @@ def test_metrics_follow_a_scripted_run(pearld_factory: Any) -> None:
 
     # A reclaim while training runs again: the workers on those GPUs leave in a return plan
     # and the mode switches back.
-    d.event(ev.TrainingBegin(2))
+    d.event(ev.TrainingBegin(step=2))
     wait_until(lambda: d.status()["training_may_proceed"] == 2, 20, "training may proceed")
     d.settled()
     switches = value(scrape(url), "pearl_mode_switches", "pearl_mode_switches_total")
-    d.event(ev.GpusReclaimed((8, 9, 10, 11, 12, 13)))
+    d.event(ev.GpusReclaimed(gpus=(8, 9, 10, 11, 12, 13)))
     s = d.settled()
     m = scrape(url)
     assert s["mode"] == "colocated"

@@ -36,7 +36,7 @@ NOTICED = (8, 9)
 
 def start(factory: Any) -> tuple[Pearld, Any]:
     d: Pearld = factory(*PIPELINE)
-    d.event(ev.GpusAdded((8, 9, 10, 11)))
+    d.event(ev.GpusAdded(gpus=(8, 9, 10, 11)))
     wait_until(lambda: len(routable(d)) == 4, 60, "4 workers serving")
     return d, pearl.connect(d.endpoint)
 
@@ -137,7 +137,7 @@ def test_notice_then_reclaim_before_deadline_withdrawal_and_errors(pearld_factor
     assert leaving(d) == [{"gpus": [8, 9], "deadline": deadline}]
 
     batches_complete(rt, 2)  # rollout goes on on the workers that stay
-    d.event(ev.GpusReclaimed(NOTICED))
+    d.event(ev.GpusReclaimed(gpus=NOTICED))
     wait_until(lambda: wid not in {w["id"] for w in d.status()["workers"]}, 30, "worker gone")
     s = d.settled(60)
     assert s["gpus"]["leaving"] == [] and not set(NOTICED) & set(s["gpus"]["present"])
@@ -145,9 +145,9 @@ def test_notice_then_reclaim_before_deadline_withdrawal_and_errors(pearld_factor
 
     # A withdrawn notice returns the workers to service.
     other = worker_on(d, 10)
-    d.event(ev.GpusReclaiming((10, 11), time.time() + 90))
+    d.event(ev.GpusReclaiming(gpus=(10, 11), deadline=time.time() + 90))
     wait_until(lambda: other not in routable(d), 30, "worker 10-11 out of routing")
-    d.event(ev.GpusReclaimCancelled((10, 11)))
+    d.event(ev.GpusReclaimCancelled(gpus=(10, 11)))
     wait_until(lambda: other in routable(d) and not leaving(d), 30, "worker back in service")
     batches_complete(rt, 2)
     same_as_replay(d)
@@ -160,7 +160,7 @@ def test_deadline_passes_nothing_runs_there_after_it(pearld_factory: Any) -> Non
     wid = worker_on(d, 8)
     pid = host_pid(d, wid)
     deadline = time.time() + 4.0
-    d.event(ev.GpusReclaiming(NOTICED, deadline))
+    d.event(ev.GpusReclaiming(gpus=NOTICED, deadline=deadline))
     batches_complete(rt, 2)  # turns moved early resume from their prefix; none fails
     # Treated as arrived at the deadline: the worker's host is gone then (a loaded machine may
     # take a moment to reap it), its GPUs are not present any more.
@@ -184,7 +184,7 @@ def test_pearld_killed_with_a_notice_pending_restores_it(pearld_factory: Any) ->
     batches_complete(rt, 1)
     rt.stop()
     deadline = time.time() + 25.0
-    d.event(ev.GpusReclaiming(NOTICED, deadline))
+    d.event(ev.GpusReclaiming(gpus=NOTICED, deadline=deadline))
     wait_until(lambda: leaving(d), 30, "the notice in status")
     d.kill9()
     d.start(60)

@@ -51,7 +51,7 @@ def test_cli_events_status_and_replay_agree(pearld_factory: Any) -> None:
     s = d.settled()
     assert len(routable(s)) == 4
     logged = dict(d.records())
-    assert logged[seq] == ev.GpusAdded((8, 9, 10, 11))  # acknowledged only once durable
+    assert logged[seq] == ev.GpusAdded(gpus=(8, 9, 10, 11))  # acknowledged only once durable
 
     r = cli("event", "gpus-reclaimed", "--gpus", "9", endpoint=d.endpoint)
     assert r.returncode == 0, r.stderr
@@ -100,19 +100,19 @@ def test_bad_input_is_one_line_and_changes_nothing(
 def test_training_begin_twice_is_refused(pearld_factory: Any) -> None:
     d: Pearld = pearld_factory("daemon.borrow=never")
     d.settled()
-    d.event(ev.TrainingBegin(1))
+    d.event(ev.TrainingBegin(step=1))
     with pytest.raises(RemoteError, match="training-begin while training step 1"):
-        d.event(ev.TrainingBegin(2))
+        d.event(ev.TrainingBegin(step=2))
 
 
 def test_status_right_after_an_ack_shows_the_event(pearld_factory: Any) -> None:
     d: Pearld = pearld_factory("daemon.borrow=never")
     d.settled()
     for step in range(1, 21):  # the view is updated asynchronously: a lost race shows within 20
-        seq = d.event(ev.TrainingBegin(step))
+        seq = d.event(ev.TrainingBegin(step=step))
         s = d.status()
         assert s["seq"] >= seq and s["phase"] == "training", (step, seq, s["seq"])
-        seq = d.event(ev.TrainingFinished(step, None))
+        seq = d.event(ev.TrainingFinished(step=step, weights_version=None))
         s = d.status()
         assert s["seq"] >= seq and s["phase"] == "idle", (step, seq, s["seq"])
 
@@ -157,7 +157,7 @@ def test_borrow_cycle_returns_gpus_before_training(pearld_factory: Any) -> None:
     d: Pearld = pearld_factory("daemon.borrow=always")
     s = d.settled()
     assert len(routable(s)) == 4 and s["budget"]["lent"]
-    d.event(ev.TrainingBegin(1))
+    d.event(ev.TrainingBegin(step=1))
     s = wait_until(lambda: (x := d.status())["training_may_proceed"] == 1 and x, 20, "proceed")
     trainer = next(w for w in s["workers"] if w["role"] == "training")
     assert trainer["activity"] == "active"
@@ -166,7 +166,7 @@ def test_borrow_cycle_returns_gpus_before_training(pearld_factory: Any) -> None:
         for w in s["workers"]
         if w["zone"] == "overlap" and w["role"] != "training"
     )
-    d.event(ev.TrainingFinished(1, 1))
+    d.event(ev.TrainingFinished(step=1, weights_version=1))
     s = d.settled()
     assert len(routable(s)) == 4 and s["weights_version"] == 1
 
@@ -206,7 +206,7 @@ def test_concurrent_clients_serialise_into_a_valid_sequence(pearld_factory: Any)
 
         with Client(d.endpoint, timeout_s=5.0) as c:
             for _ in range(3):
-                for rec in (ev.GpusAdded(pair), ev.GpusReclaimed(pair)):
+                for rec in (ev.GpusAdded(gpus=pair), ev.GpusReclaimed(gpus=pair)):
                     # Facts, each taken at once: a GPU re-added while its worker still leaves
                     # it waits in the table, not in the client.
                     seq = c.request(Event.of(rec)).seq
@@ -231,12 +231,12 @@ def test_gpus_reclaimed_and_granted_again_at_once_end_up_serving(pearld_factory:
     GPUs wait for their old workers to go, and new workers serve on them."""
     d: Pearld = pearld_factory("daemon.borrow=never")
     d.settled()
-    d.event(ev.GpusAdded((8, 9, 10, 11)))
+    d.event(ev.GpusAdded(gpus=(8, 9, 10, 11)))
     s = d.settled()
     old = {w["gpus"][0]: w["incarnation"] for w in routable(s) if w["gpus"][0] >= 8}
     assert sorted(old) == [8, 10]  # TP 2
-    d.event(ev.GpusReclaimed((8, 9)))
-    d.event(ev.GpusAdded((8, 9)))  # no refusal, whatever the old workers are doing
+    d.event(ev.GpusReclaimed(gpus=(8, 9)))
+    d.event(ev.GpusAdded(gpus=(8, 9)))  # no refusal, whatever the old workers are doing
     s = d.settled()
     serving = {w["gpus"][0]: w["incarnation"] for w in routable(s)}
     assert {8, 10} <= set(serving) and serving[8] != old[8] and serving[10] == old[10]

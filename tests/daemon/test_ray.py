@@ -190,7 +190,7 @@ def test_hosts_run_on_their_gpus_nodes_and_a_re_role_plan_spans_nodes(
         rt.start()
         s = settled(rt)
         assert [w["role"] for w in serving(s)] == ["colocated"] * 2
-        seq = rt.event(ev.GpusAdded((2, 3)))  # node B's GPUs: 2 -> 4 workers, a mode switch
+        seq = rt.event(ev.GpusAdded(gpus=(2, 3)))  # node B's GPUs: 2 -> 4 workers, a mode switch
         s = settled_with(rt, 4)
         roles = {w["id"]: w["role"] for w in serving(s)}
         assert sorted(roles.values()) == ["decode", "decode", "prefill", "prefill"], roles
@@ -209,8 +209,10 @@ def test_hosts_run_on_their_gpus_nodes_and_a_re_role_plan_spans_nodes(
         sink = Sink()
         rt.daemon.directory.register(sink)
         for i in range(8):
-            request = GenerateRequest(f"x{i}", (1, 2, 3, 4), SamplingParams(max_new_tokens=4))
-            rt.daemon.directory.tell(names.ROUTER, Route(request, reply_to="sink"))
+            request = GenerateRequest(
+                rid=f"x{i}", input_ids=(1, 2, 3, 4), sampling=SamplingParams(max_new_tokens=4)
+            )
+            rt.daemon.directory.tell(names.ROUTER, Route(request=request, reply_to="sink"))
         wait_until(lambda: len(sink.got) == 8, 30, "8 requests answered")
         assert all(d.result is not None and not d.error for d in sink.got.values()), sink.got
     finally:
@@ -248,8 +250,10 @@ def test_a_kv_hand_off_between_torch_hosts_on_two_nodes(sim: Sim, tmp_path: Path
         sink = Sink()
         rt.daemon.directory.register(sink)
         prompt = tuple(range(5, 40))  # prefilled on one node, its KV decoded on the other
-        request = GenerateRequest("kv", prompt, SamplingParams(max_new_tokens=6, temperature=0.0))
-        rt.daemon.directory.tell(names.ROUTER, Route(request, reply_to="sink"))
+        request = GenerateRequest(
+            rid="kv", input_ids=prompt, sampling=SamplingParams(max_new_tokens=6, temperature=0.0)
+        )
+        rt.daemon.directory.tell(names.ROUTER, Route(request=request, reply_to="sink"))
         done = wait_until(lambda: sink.got.get("kv"), 60, "the request to be answered")
         assert not done.error and done.result is not None, done
         assert done.result.prompt_tokens == len(prompt) and len(done.result.output_ids) == 6
@@ -341,7 +345,7 @@ def test_node_loss_and_arrival_are_elastic_events(
         rt.start()
         settled_with(rt, 4)
         first = [r for _, r in rt.daemon.event_log.read() if isinstance(r, ev.GpusAdded)]
-        assert first == [ev.GpusAdded((2, 3))]  # node B, found live at start
+        assert first == [ev.GpusAdded(gpus=(2, 3))]  # node B, found live at start
         pipeline = rt.daemon.batches()
         ids = {t.id for _ in range(2) for t in rt.next_batch(timeout_s=60)}
 
@@ -366,7 +370,7 @@ def test_node_loss_and_arrival_are_elastic_events(
         assert not {2, 3} & set(s["gpus"]["present"]), s["gpus"]
         assert all(not {2, 3} & set(w["gpus"]) for w in s["workers"])
         logged = [r for _, r in rt.daemon.event_log.read() if isinstance(r, ev.GpusReclaimed)]
-        assert logged == [ev.GpusReclaimed((2, 3))]
+        assert logged == [ev.GpusReclaimed(gpus=(2, 3))]
         for _ in range(2):  # the rollouts go on; the prefixes of lost turns were resubmitted
             batch = rt.next_batch(timeout_s=60)
             assert all(t.done for t in batch)
@@ -382,7 +386,7 @@ def test_node_loss_and_arrival_are_elastic_events(
         c_node = sim.cluster.add_node(num_cpus=1, num_gpus=2, labels={"pearl-gpus": "4-5"})
         s = settled_with(rt, 4)
         added = [r for _, r in rt.daemon.event_log.read() if isinstance(r, ev.GpusAdded)]
-        assert added == [ev.GpusAdded((2, 3)), ev.GpusAdded((4, 5))]
+        assert added == [ev.GpusAdded(gpus=(2, 3)), ev.GpusAdded(gpus=(4, 5))]
         nodes = rt.daemon.board.nodes()
         assert {nodes[w["id"]] for w in serving(s) if w["gpus"][0] >= 4} == {c_node.node_id}
         assert any("gpus-added 4-5 logged" in r.getMessage() for r in caplog.records)
@@ -405,7 +409,7 @@ def test_node_loss_and_arrival_are_elastic_events(
             10,
             "a logged gpus-reclaiming",
         )
-        assert notice == [ev.GpusReclaiming((4, 5), int(deadline * 1000) / 1000)]
+        assert notice == [ev.GpusReclaiming(gpus=(4, 5), deadline=int(deadline * 1000) / 1000)]
     finally:
         rt.stop()
         if c_node is not None:

@@ -32,13 +32,15 @@ def next_event(rng: random.Random, s: dict[str, Any]) -> Any:
     options: list[Any] = []
     if len(absent) >= 2:
         pair = rng.sample(absent, 2)
-        options.append(ev.GpusAdded(tuple(sorted(pair))))
+        options.append(ev.GpusAdded(gpus=tuple(sorted(pair))))
     if s["gpus"]["present"]:
-        options.append(ev.GpusReclaimed((rng.choice(s["gpus"]["present"]),)))
+        options.append(ev.GpusReclaimed(gpus=(rng.choice(s["gpus"]["present"]),)))
     if s["phase"] == "idle":
-        options.append(ev.TrainingBegin(s["training_step"] + 1))
+        options.append(ev.TrainingBegin(step=s["training_step"] + 1))
     elif s["training_may_proceed"] >= s["training_step"]:
-        options.append(ev.TrainingFinished(s["training_step"], s["weights_version"] + 1))
+        options.append(
+            ev.TrainingFinished(step=s["training_step"], weights_version=s["weights_version"] + 1)
+        )
     return rng.choice(options)
 
 

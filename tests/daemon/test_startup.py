@@ -175,8 +175,8 @@ def test_a_corrupted_log_is_one_line_and_leaves_the_lock_free(tmp_path: Path) ->
     with FileLog(d.state / "log", create=True) as log:
         log.append(init_records(cfg))
         for _ in range(3):
-            log.append([ev.GpusAdded((8, 9))])
-            log.append([ev.GpusReclaimed((8, 9))])
+            log.append([ev.GpusAdded(gpus=(8, 9))])
+            log.append([ev.GpusReclaimed(gpus=(8, 9))])
     seg = min((d.state / "log").glob("*.seg"))
     raw = bytearray(seg.read_bytes())
     raw[20] ^= 0xFF  # inside the first record: valid frames follow, so not a torn tail

@@ -25,9 +25,9 @@ def test_gpu_churn_leaves_a_bounded_workers_folder(pearld_factory: Any) -> None:
     d: Pearld = pearld_factory("daemon.borrow=never")
     d.settled()
     for _ in range(CYCLES):
-        d.event(ev.GpusAdded((8, 9)))
+        d.event(ev.GpusAdded(gpus=(8, 9)))
         wait_until(lambda: serving(d.status(), 8), 30, "a worker serving on GPUs 8-9")
-        d.event(ev.GpusReclaimed((8, 9)))
+        d.event(ev.GpusReclaimed(gpus=(8, 9)))
         d.settled()
     files = wf.scan(d.state / "workers")
     slots = {f.worker for f in files}

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 def tell(d: Pearld, actor: str, msg: Any) -> None:
     assert d.client is not None
-    d.client.request(Call(actor, "tell", {"msg": to_wire(msg)}))
+    d.client.request(Call(actor=actor, method="tell", args={"msg": to_wire(msg)}))
 
 
 def targets(d: Pearld) -> list[dict[str, Any]] | None:
@@ -82,8 +82,10 @@ def test_worker_hosts_serve_metrics_and_targets_follow_them(pearld_factory: Any)
 
     # Requests run: the engines' telemetry moves their hosts' counters.
     for i in range(4):
-        request = GenerateRequest(f"m{i}", (1, 2, 3), SamplingParams(max_new_tokens=8))
-        tell(d, names.ROUTER, Route(request, reply_to="nobody"))  # the results go nowhere
+        request = GenerateRequest(
+            rid=f"m{i}", input_ids=(1, 2, 3), sampling=SamplingParams(max_new_tokens=8)
+        )
+        tell(d, names.ROUTER, Route(request=request, reply_to="nobody"))  # the results go nowhere
 
     def total(counter: str) -> float:  # over the hosts: the router spreads the requests
         return sum(
@@ -105,11 +107,11 @@ def test_worker_hosts_serve_metrics_and_targets_follow_them(pearld_factory: Any)
     assert total("pearl_worker_iterations") > 0
 
     # A join: its host becomes a target; a reclaim: it leaves targets.json.
-    d.event(ev.GpusAdded((8, 9)))
+    d.event(ev.GpusAdded(gpus=(8, 9)))
     s = wait_until(lambda: listed(d), 30, "the joiner to be listed", every=0.2)
     joined = [i for i, w in rollout(s).items() if set(w["gpus"]) <= {8, 9}]
     assert joined and set(joined) <= set(workers_in(targets(d)))
-    d.event(ev.GpusReclaimed((8, 9)))
+    d.event(ev.GpusReclaimed(gpus=(8, 9)))
     s = wait_until(lambda: listed(d), 30, "the reclaimed worker to leave", every=0.2)
     assert not set(joined) & set(workers_in(targets(d)))
     assert set(workers_in(targets(d))) == set(rollout(s))

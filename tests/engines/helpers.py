@@ -83,7 +83,7 @@ def run(
 ) -> GenerateResult:
     """Generate one request to completion."""
     sp = SamplingParams(**sampling)
-    return engine.generate(GenerateRequest(rid, prompt, sp)).result(timeout)
+    return engine.generate(GenerateRequest(rid=rid, input_ids=prompt, sampling=sp)).result(timeout)
 
 
 def prompt_of(n: int, salt: int = 0) -> tuple[int, ...]:

@@ -16,9 +16,9 @@ def mixed_requests(n: int, seed: int = 0) -> list[GenerateRequest]:
     rng = random.Random(seed)
     return [
         GenerateRequest(
-            f"q{i}",
-            prompt_of(rng.randint(1, 160), i),
-            SamplingParams(max_new_tokens=rng.randint(1, 24)),
+            rid=f"q{i}",
+            input_ids=prompt_of(rng.randint(1, 160), i),
+            sampling=SamplingParams(max_new_tokens=rng.randint(1, 24)),
         )
         for i in range(n)
     ]
@@ -51,7 +51,11 @@ def test_many_concurrent_requests_complete_and_match_unbatched(engines: Engines)
 
 def test_chunked_prefill_interleaves_with_decode(engines: Engines) -> None:
     e = engines.make(token_budget=32)
-    short = e.generate(GenerateRequest("short", prompt_of(4), SamplingParams(max_new_tokens=400)))
+    short = e.generate(
+        GenerateRequest(
+            rid="short", input_ids=prompt_of(4), sampling=SamplingParams(max_new_tokens=400)
+        )
+    )
     wait_until(
         lambda: any(it.decode_batch for it in e.telemetry().iterations),
         30,
@@ -70,7 +74,9 @@ def test_chunked_prefill_interleaves_with_decode(engines: Engines) -> None:
 
 def test_preemption_under_memory_pressure_loses_nothing(engines: Engines) -> None:
     reqs = [
-        GenerateRequest(f"p{i}", prompt_of(40, i), SamplingParams(max_new_tokens=40))
+        GenerateRequest(
+            rid=f"p{i}", input_ids=prompt_of(40, i), sampling=SamplingParams(max_new_tokens=40)
+        )
         for i in range(8)
     ]
     ref = engines.make()
@@ -86,7 +92,11 @@ def test_a_request_larger_than_the_pool_fails_clearly(engines: Engines) -> None:
     ref = engines.make()
     per_page = ref.kv_usage()["bytes_per_page"]  # type: ignore[attr-defined]
     e = engines.make(kv_budget_bytes=per_page * 4)
-    fut = e.generate(GenerateRequest("big", prompt_of(100), SamplingParams(max_new_tokens=2)))
+    fut = e.generate(
+        GenerateRequest(
+            rid="big", input_ids=prompt_of(100), sampling=SamplingParams(max_new_tokens=2)
+        )
+    )
     with pytest.raises(Exception, match="kv_budget_bytes"):
         fut.result(10)
     r = run(e, prompt_of(30), rid="grows", max_new_tokens=60)  # 90 tokens > 64 in the pool

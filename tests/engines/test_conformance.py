@@ -55,7 +55,7 @@ def test_stop_ids_end_generation_at_the_first_stop(engines: Engines) -> None:
 def test_logprobs_can_be_left_out(engines: Engines) -> None:
     e = engines.make()
     sp = SamplingParams(max_new_tokens=4)
-    req = GenerateRequest("n", prompt_of(8), sp, return_logprobs=False)
+    req = GenerateRequest(rid="n", input_ids=prompt_of(8), sampling=sp, return_logprobs=False)
     assert e.generate(req).result(30).logprobs == ()
 
 
@@ -72,8 +72,8 @@ def test_paused_generation_holds_requests_in_flight_until_continued(engines: Eng
     e = engines.make()
     e.pause_generation()
     sp = SamplingParams(max_new_tokens=4)
-    held = e.generate(GenerateRequest("held", prompt_of(8), sp))
-    other = e.generate(GenerateRequest("other", prompt_of(9), sp))
+    held = e.generate(GenerateRequest(rid="held", input_ids=prompt_of(8), sampling=sp))
+    other = e.generate(GenerateRequest(rid="other", input_ids=prompt_of(9), sampling=sp))
     e.abort("held")
     r = held.result(30)  # the abort was handled; no iteration ran before or since
     assert r.finish_reason is FinishReason.ABORT and len(r.output_ids) == 0
@@ -85,7 +85,9 @@ def test_paused_generation_holds_requests_in_flight_until_continued(engines: Eng
 def test_abort_returns_the_generated_prefix(engines: Engines) -> None:
     e = engines.make()
     prompt = prompt_of(10, 2)
-    fut = e.generate(GenerateRequest("long", prompt, SamplingParams(max_new_tokens=LONG)))
+    fut = e.generate(
+        GenerateRequest(rid="long", input_ids=prompt, sampling=SamplingParams(max_new_tokens=LONG))
+    )
     wait_decoding(e)
     e.abort("long")
     r = fut.result(30)
@@ -102,7 +104,7 @@ def test_release_resume_keeps_serving_at_the_same_version(engines: Engines) -> N
     before = run(e, prompt_of(16), max_new_tokens=8)
     e.release_memory()
     with pytest.raises(EngineError, match="resume_memory"):
-        e.generate(GenerateRequest("x", prompt_of(16)))
+        e.generate(GenerateRequest(rid="x", input_ids=prompt_of(16)))
     e.resume_memory()
     after = run(e, prompt_of(16), rid="after", max_new_tokens=8)
     assert after.output_ids == before.output_ids and after.weights_version == 0
@@ -110,7 +112,11 @@ def test_release_resume_keeps_serving_at_the_same_version(engines: Engines) -> N
 
 def test_release_aborts_in_flight_requests_with_their_prefix(engines: Engines) -> None:
     e = engines.make()
-    fut = e.generate(GenerateRequest("long", prompt_of(10), SamplingParams(max_new_tokens=LONG)))
+    fut = e.generate(
+        GenerateRequest(
+            rid="long", input_ids=prompt_of(10), sampling=SamplingParams(max_new_tokens=LONG)
+        )
+    )
     wait_decoding(e)
     e.release_memory()
     r = fut.result(5)
@@ -152,9 +158,13 @@ def test_disaggregated_generation_matches_colocated(engines: Engines) -> None:
         prompt = prompt_of(n, i)
         want = run(coloc, prompt, rid=f"c{i}", max_new_tokens=10)
         sp = SamplingParams(max_new_tokens=10)
-        fd = decode.generate(GenerateRequest(f"r{i}", prompt, sp, transfer_id=f"t{i}"))
+        fd = decode.generate(
+            GenerateRequest(rid=f"r{i}", input_ids=prompt, sampling=sp, transfer_id=f"t{i}")
+        )
         rp = prefill.generate(
-            GenerateRequest(f"r{i}", prompt, sp, transfer_id=f"t{i}", kv_peer=peer)
+            GenerateRequest(
+                rid=f"r{i}", input_ids=prompt, sampling=sp, transfer_id=f"t{i}", kv_peer=peer
+            )
         ).result(30)
         assert rp.finish_reason is FinishReason.PREFILLED
         assert rp.output_ids == want.output_ids[:1]
@@ -176,15 +186,21 @@ def test_kv_may_arrive_before_the_decode_request(engines: Engines) -> None:
     prompt, sp = prompt_of(33), SamplingParams(max_new_tokens=6)
     peer = decode.kv_channel.address  # type: ignore[attr-defined]
     # The prefill answers once its KV is sent: before the decode request exists.
-    prefill.generate(GenerateRequest("r", prompt, sp, transfer_id="early", kv_peer=peer)).result(30)
-    rd = decode.generate(GenerateRequest("r", prompt, sp, transfer_id="early")).result(30)
+    prefill.generate(
+        GenerateRequest(rid="r", input_ids=prompt, sampling=sp, transfer_id="early", kv_peer=peer)
+    ).result(30)
+    rd = decode.generate(
+        GenerateRequest(rid="r", input_ids=prompt, sampling=sp, transfer_id="early")
+    ).result(30)
     assert rd.output_ids == run(coloc, prompt, max_new_tokens=6).output_ids
 
 
 def test_decode_without_kv_times_out(engines: Engines) -> None:
     decode = engines.make(Role.DECODE, kv_timeout_s=0.3)
     t0 = time.monotonic()
-    fut = decode.generate(GenerateRequest("lost", prompt_of(8), transfer_id="never-sent"))
+    fut = decode.generate(
+        GenerateRequest(rid="lost", input_ids=prompt_of(8), transfer_id="never-sent")
+    )
     with pytest.raises(KVTimeout, match="never-sent"):
         fut.result(10)
     assert 0.25 < time.monotonic() - t0 < 5
@@ -194,17 +210,21 @@ def test_decode_without_kv_times_out(engines: Engines) -> None:
 def test_roles_check_their_requests(engines: Engines) -> None:
     prefill = engines.make(Role.PREFILL)
     with pytest.raises(EngineError, match="kv_peer"):
-        prefill.generate(GenerateRequest("p", prompt_of(4), transfer_id="t"))
+        prefill.generate(GenerateRequest(rid="p", input_ids=prompt_of(4), transfer_id="t"))
     decode = engines.make(Role.DECODE)
     with pytest.raises(EngineError, match="transfer_id"):
-        decode.generate(GenerateRequest("d", prompt_of(4)))
+        decode.generate(GenerateRequest(rid="d", input_ids=prompt_of(4)))
     with pytest.raises(EngineError, match="kv_channel"):
         engines.make(Role.PREFILL, kv_channel=None, start=False)
 
 
 def test_set_role_requires_an_idle_engine(engines: Engines) -> None:
     e = engines.make(kv_channel=engines.channel())
-    fut = e.generate(GenerateRequest("long", prompt_of(6), SamplingParams(max_new_tokens=LONG)))
+    fut = e.generate(
+        GenerateRequest(
+            rid="long", input_ids=prompt_of(6), sampling=SamplingParams(max_new_tokens=LONG)
+        )
+    )
     wait_decoding(e, 2)
     with pytest.raises(EngineError, match="drain"):
         e.set_role(Role.DECODE)
@@ -219,23 +239,37 @@ def test_set_role_requires_an_idle_engine(engines: Engines) -> None:
 
 def test_drain_waits_for_in_flight_requests(engines: Engines) -> None:
     e = engines.make()
-    fut = e.generate(GenerateRequest("long", prompt_of(6), SamplingParams(max_new_tokens=LONG)))
+    fut = e.generate(
+        GenerateRequest(
+            rid="long", input_ids=prompt_of(6), sampling=SamplingParams(max_new_tokens=LONG)
+        )
+    )
     assert e.drain(0.05) is False and e.in_flight() == ["long"]
     e.abort("long")
     assert e.drain(10) is True and fut.result(1).finish_reason is FinishReason.ABORT
-    fut2 = e.generate(GenerateRequest("short", prompt_of(6), SamplingParams(max_new_tokens=3)))
+    fut2 = e.generate(
+        GenerateRequest(
+            rid="short", input_ids=prompt_of(6), sampling=SamplingParams(max_new_tokens=3)
+        )
+    )
     assert e.drain(30) is True and fut2.done()
 
 
 def test_malformed_requests_are_refused(engines: Engines) -> None:
     e = engines.make()
     with pytest.raises(EngineError, match="empty"):
-        e.generate(GenerateRequest("e", ()))
+        e.generate(GenerateRequest(rid="e", input_ids=()))
     with pytest.raises(EngineError, match="max_new_tokens"):
-        e.generate(GenerateRequest("m", (1, 2), SamplingParams(max_new_tokens=0)))
-    fut = e.generate(GenerateRequest("dup", prompt_of(4), SamplingParams(max_new_tokens=LONG)))
+        e.generate(
+            GenerateRequest(rid="m", input_ids=(1, 2), sampling=SamplingParams(max_new_tokens=0))
+        )
+    fut = e.generate(
+        GenerateRequest(
+            rid="dup", input_ids=prompt_of(4), sampling=SamplingParams(max_new_tokens=LONG)
+        )
+    )
     with pytest.raises(EngineError, match="already in flight"):
-        e.generate(GenerateRequest("dup", prompt_of(4)))
+        e.generate(GenerateRequest(rid="dup", input_ids=prompt_of(4)))
     e.abort("dup")
     fut.result(10)
 
@@ -253,9 +287,13 @@ def test_telemetry_reports_iterations_once(engines: Engines) -> None:
 
 def test_stop_is_idempotent_and_final(engines: Engines) -> None:
     e = engines.make()
-    fut = e.generate(GenerateRequest("long", prompt_of(6), SamplingParams(max_new_tokens=LONG)))
+    fut = e.generate(
+        GenerateRequest(
+            rid="long", input_ids=prompt_of(6), sampling=SamplingParams(max_new_tokens=LONG)
+        )
+    )
     e.stop()
     e.stop()
     assert fut.result(5).finish_reason is FinishReason.ABORT
     with pytest.raises(EngineError, match="not running"):
-        e.generate(GenerateRequest("x", prompt_of(3)))
+        e.generate(GenerateRequest(rid="x", input_ids=prompt_of(3)))

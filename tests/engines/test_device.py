@@ -215,7 +215,9 @@ def _slot(share: float, name: str, go: Any, results: Any) -> None:
     def batch(tag: str) -> int:
         sp = SamplingParams(max_new_tokens=NEW, temperature=1.0, seed=1)
         futs = [
-            engine.generate(GenerateRequest(f"{tag}{i}", tuple(range(i, i + PROMPT)), sp))
+            engine.generate(
+                GenerateRequest(rid=f"{tag}{i}", input_ids=tuple(range(i, i + PROMPT)), sampling=sp)
+            )
             for i in range(REQUESTS)
         ]
         return sum(len(f.result(120).output_ids) for f in futs)

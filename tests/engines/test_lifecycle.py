@@ -66,13 +66,21 @@ def test_an_engine_walks_its_lifecycle() -> None:
     assert e.state is S.SERVING
     assert run(e, prompt_of(8), max_new_tokens=2).output_ids
     # Draining: in-flight requests finish, new ones are refused, then it serves again.
-    slow = e.generate(GenerateRequest("slow", prompt_of(8), SamplingParams(max_new_tokens=400)))
+    slow = e.generate(
+        GenerateRequest(
+            rid="slow", input_ids=prompt_of(8), sampling=SamplingParams(max_new_tokens=400)
+        )
+    )
     states: list[EngineState] = []
     drainer = threading.Thread(target=lambda: states.append(S.SERVING) if e.drain(30) else None)
     drainer.start()
     wait_until(lambda: e.state is S.DRAINING, 5, "draining", every=0.001)
     with pytest.raises(EngineError, match="draining"):
-        e.generate(GenerateRequest("new", prompt_of(8), SamplingParams(max_new_tokens=2)))
+        e.generate(
+            GenerateRequest(
+                rid="new", input_ids=prompt_of(8), sampling=SamplingParams(max_new_tokens=2)
+            )
+        )
     slow.result(30)
     drainer.join(30)
     assert states == [S.SERVING] and e.state is S.SERVING

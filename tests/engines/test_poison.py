@@ -23,7 +23,9 @@ from .helpers import Engines, prompt_of, run
 
 
 def req(rid: str, ids: tuple[int, ...] = (1, 2, 3), **sampling: Any) -> GenerateRequest:
-    return GenerateRequest(rid, ids, SamplingParams(**{"max_new_tokens": 4, **sampling}))
+    return GenerateRequest(
+        rid=rid, input_ids=ids, sampling=SamplingParams(**{"max_new_tokens": 4, **sampling})
+    )
 
 
 @pytest.mark.parametrize(
@@ -38,7 +40,10 @@ def req(rid: str, ids: tuple[int, ...] = (1, 2, 3), **sampling: Any) -> Generate
         (req("r", temperature=float("nan")), "temperature"),
         (req("r", top_p=float("inf")), "top_p"),
         (req("\ud800"), "not valid text"),
-        (GenerateRequest("r", (1,), trajectory="a\udfffb"), "trajectory is not valid text"),
+        (
+            GenerateRequest(rid="r", input_ids=(1,), trajectory="a\udfffb"),
+            "trajectory is not valid text",
+        ),
     ],
 )
 def test_a_request_that_cannot_cross_a_process_is_refused(

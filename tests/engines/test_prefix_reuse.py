@@ -10,7 +10,12 @@ from .helpers import Engines, prompt_of
 def turn(
     engine: Engine, rid: str, prompt: tuple[int, ...], trajectory: str, new: int = 6
 ) -> GenerateResult:
-    req = GenerateRequest(rid, prompt, SamplingParams(max_new_tokens=new), trajectory=trajectory)
+    req = GenerateRequest(
+        rid=rid,
+        input_ids=prompt,
+        sampling=SamplingParams(max_new_tokens=new),
+        trajectory=trajectory,
+    )
     return engine.generate(req).result(60)
 
 

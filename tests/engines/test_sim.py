@@ -38,7 +38,9 @@ def test_a_tracker_fits_back_the_cost_model() -> None:
     futs = [
         e.generate(
             GenerateRequest(
-                f"r{i}", prompt_of(10 + 7 * i), SamplingParams(max_new_tokens=5 + 3 * i)
+                rid=f"r{i}",
+                input_ids=prompt_of(10 + 7 * i),
+                sampling=SamplingParams(max_new_tokens=5 + 3 * i),
             )
         )
         for i in range(12)
@@ -55,7 +57,11 @@ def test_a_tracker_fits_back_the_cost_model() -> None:
 def test_generation_and_memory_operations_take_scaled_model_time() -> None:
     e = engine(0.01)
     t0 = time.monotonic()
-    e.generate(GenerateRequest("r", prompt_of(100), SamplingParams(max_new_tokens=50))).result(30)
+    e.generate(
+        GenerateRequest(
+            rid="r", input_ids=prompt_of(100), sampling=SamplingParams(max_new_tokens=50)
+        )
+    ).result(30)
     took = time.monotonic() - t0
     model_s = COST.iteration_s(0, 100) + 49 * COST.iteration_s(1, 0)  # 1.05 s of model time
     assert 0.9 * model_s * 0.01 < took < 0.5 + 3 * model_s * 0.01  # slack: a shared 2-core VM
@@ -75,8 +81,14 @@ def test_kv_transfers_carry_meta_only_and_report_modelled_bytes() -> None:
     p = engine(kv_channel=hub.channel("p"), role=Role.PREFILL)
     d = engine(kv_channel=hub.channel("d"), role=Role.DECODE)
     sp = SamplingParams(max_new_tokens=4)
-    fut = d.generate(GenerateRequest("r", prompt_of(40), sp, transfer_id="t"))
-    p.generate(GenerateRequest("r", prompt_of(40), sp, transfer_id="t", kv_peer="local://d"))
+    fut = d.generate(
+        GenerateRequest(rid="r", input_ids=prompt_of(40), sampling=sp, transfer_id="t")
+    )
+    p.generate(
+        GenerateRequest(
+            rid="r", input_ids=prompt_of(40), sampling=sp, transfer_id="t", kv_peer="local://d"
+        )
+    )
     assert len(fut.result(10).output_ids) == 4
     (sent,), (got,) = p.telemetry().transfers, d.telemetry().transfers
     assert sent.bytes == got.bytes == 40 * COST.kv_bytes_per_token

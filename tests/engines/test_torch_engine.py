@@ -239,7 +239,7 @@ def test_bad_configuration_is_refused_clearly() -> None:
         with pytest.raises(EngineError, match="CUDA is not available"):
             TorchEngine(device="cuda")
     with pytest.raises(EngineError, match="not running"):
-        TorchEngine().generate(GenerateRequest("x", (1,), SamplingParams()))
+        TorchEngine().generate(GenerateRequest(rid="x", input_ids=(1,), sampling=SamplingParams()))
 
 
 def test_byte_tokenizer_round_trips_text() -> None:

@@ -37,7 +37,13 @@ class Trainer(base.PearlActor):
         self.sends[rid] = self.sends.get(rid, 0) + 1
         sampling = SamplingParams(max_new_tokens=n - len(so_far), temperature=0.0)
         self.d.tell(
-            names.ROUTER, Route(GenerateRequest(rid, prompt + tuple(so_far), sampling), self.name)
+            names.ROUTER,
+            Route(
+                request=GenerateRequest(
+                    rid=rid, input_ids=prompt + tuple(so_far), sampling=sampling
+                ),
+                reply_to=self.name,
+            ),
         )
 
     def done(self, msg: GenerateDone) -> None:

@@ -162,7 +162,7 @@ def test_events_are_built_from_their_kind_and_refusals_are_409() -> None:
     # The Orchestrator tells its listeners each change: step 1 begins, a boundary, "s" ends.
     begun = TableSnapshot(phase=TrainingPhase.TRAINING, training_step=1)
     for _ in range(2):  # told again (another change during the step): still one boundary
-        backend.directory.tell(names.GATEWAY, StateChanged(ClusterView(begun)))
+        backend.directory.tell(names.GATEWAY, StateChanged(view=ClusterView(table=begun)))
     assert len(tracker.steps) == 1 and tracker.steps[0].trajectories[0].turns == 1
 
 

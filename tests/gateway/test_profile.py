@@ -95,9 +95,9 @@ def test_three_batches_of_gateway_traffic_set_the_profile_the_controller_decides
     steps = []
     for k in range(1, BATCHES + 1):
         assert asyncio.run(batch(rt.gateway_url, model, k)) == []
-        rt.event(ev.TrainingBegin(k))  # the batch's sessions end at the boundary: one step
+        rt.event(ev.TrainingBegin(step=k))  # the batch's sessions end at the boundary: one step
         wait_training_may_proceed(rt.status, k, timeout_s=60)
-        rt.event(ev.TrainingFinished(k))
+        rt.event(ev.TrainingFinished(step=k))
         steps.append(rt.daemon.gateway_backend.sessions.stepped)
     assert steps == [1, 2, 3]  # one rollout step per batch
 

@@ -52,7 +52,7 @@ def _gpus(draw: st.DrawFn, n: int, pool: list[int]) -> tuple[int, ...]:
 def _step(draw: st.DrawFn, b: TableBuilder) -> Step:
     op = draw(st.sampled_from(list(StepOp)))
     wid = draw(WORKERS) if op is StepOp.ADD else _worker(draw, b)
-    return Step(op, wid, draw(st.sampled_from([None, *ROLLOUT_ROLES])))
+    return Step(op=op, worker=wid, role=draw(st.sampled_from([None, *ROLLOUT_ROLES])))
 
 
 @st.composite
@@ -88,9 +88,9 @@ def candidate(draw: st.DrawFn, b: TableBuilder) -> Any:
     bound = {g for w in b.workers.values() if w.role is not Role.TRAINING for g in w.gpus}
     plan = b.plan
     if kind == "gpus-added":
-        return ev.GpusAdded(_gpus(draw, draw(st.integers(1, 2)), absent))
+        return ev.GpusAdded(gpus=_gpus(draw, draw(st.integers(1, 2)), absent))
     if kind == "gpus-reclaimed":
-        return ev.GpusReclaimed(_gpus(draw, draw(st.integers(1, 2)), present))
+        return ev.GpusReclaimed(gpus=_gpus(draw, draw(st.integers(1, 2)), present))
     if kind == "worker-added":
         zone = draw(st.sampled_from(list(Zone)))
         pool = set(TRAINING) if zone is Zone.OVERLAP else set(RESERVED) | b.present_gpus
@@ -98,20 +98,24 @@ def candidate(draw: st.DrawFn, b: TableBuilder) -> Any:
         gpus = _gpus(draw, b.tp or 1, sorted(pool - bound))
         return ev.WorkerAdded(worker=draw(WORKERS), gpus=gpus, role=role, zone=zone)
     if kind == "worker-removed":
-        return ev.WorkerRemoved(_worker(draw, b))
+        return ev.WorkerRemoved(worker=_worker(draw, b))
     if kind == "role-changed":
-        return ev.RoleChanged(_worker(draw, b), draw(st.sampled_from(list(Role))))
+        return ev.RoleChanged(worker=_worker(draw, b), role=draw(st.sampled_from(list(Role))))
     if kind == "activity-changed":
-        return ev.ActivityChanged(_worker(draw, b), draw(st.sampled_from(list(Activity))))
+        return ev.ActivityChanged(
+            worker=_worker(draw, b), activity=draw(st.sampled_from(list(Activity)))
+        )
     if kind == "training-begin":
-        return ev.TrainingBegin(b.training_step + draw(st.integers(-1, 1)))
+        return ev.TrainingBegin(step=b.training_step + draw(st.integers(-1, 1)))
     if kind == "training-finished":
         version = draw(st.sampled_from([None, b.weights_version, b.weights_version + 1, 0]))
-        return ev.TrainingFinished(b.training_step + draw(st.integers(-1, 0)), version)
+        return ev.TrainingFinished(
+            step=b.training_step + draw(st.integers(-1, 0)), weights_version=version
+        )
     if kind == "weights-published":
-        return ev.WeightsPublished(b.weights_version + draw(st.integers(-1, 2)))
+        return ev.WeightsPublished(version=b.weights_version + draw(st.integers(-1, 2)))
     if kind == "worker-failed":
-        return ev.WorkerFailed(_worker(draw, b), "lost")
+        return ev.WorkerFailed(worker=_worker(draw, b), reason="lost")
     if kind == "plan-begin":
         steps = tuple(_step(draw, b) for _ in range(draw(st.integers(0, 3))))
         target = Target(mode=Mode.COLOCATED, N_P=0, N_D=0, N_C=draw(st.integers(0, 3)))
@@ -122,13 +126,15 @@ def candidate(draw: st.DrawFn, b: TableBuilder) -> Any:
     if kind == "step-done":
         n = len(plan.steps) if plan is not None else 1
         return ev.StepDone(
-            plan_id,
-            draw(st.integers(0, n - 1) if n and draw(st.integers(0, 3)) else st.integers(-1, n)),
+            plan=plan_id,
+            step=draw(
+                st.integers(0, n - 1) if n and draw(st.integers(0, 3)) else st.integers(-1, n)
+            ),
         )
     if kind == "plan-commit":
-        return ev.PlanCommit(plan_id)
+        return ev.PlanCommit(plan=plan_id)
     if kind == "plan-abort":
-        return ev.PlanAbort(plan_id, "test")
+        return ev.PlanAbort(plan=plan_id, reason="test")
     if kind == "telemetry":
         return ev.Telemetry(
             step=b.training_step,

@@ -159,7 +159,9 @@ def test_concurrent_appends_through_a_disk_full_window(tmp_path: Path, seed: int
         assert failed, "the disk never filled"
         assert sorted(acked) == list(range(1, len(acked) + 1))
         assert log.append([ev.WeightsPublished(version=10**6)]) == [len(acked) + 1]
-    assert replayed(path) == [acked[s] for s in sorted(acked)] + [ev.WeightsPublished(10**6)]
+    assert replayed(path) == [acked[s] for s in sorted(acked)] + [
+        ev.WeightsPublished(version=10**6)
+    ]
 
 
 def test_a_failed_rotation_does_not_fail_the_durable_append(tmp_path: Path, monkeypatch) -> None:

@@ -79,7 +79,7 @@ def test_a_writer_appends_after_the_old_records(v1_log: Path) -> None:
     with FileLog(v1_log) as log:
         assert log.repaired is None
         state = log.load().state
-        new = ev.WeightsPublished(state.weights_version + 1, "file:///w/new")
+        new = ev.WeightsPublished(version=state.weights_version + 1, uri="file:///w/new")
         assert log.append([new]) == [state.seq + 1]
     with FileLog(v1_log, readonly=True) as log:
         assert log.last_seq == EXPECTED["last_seq"] + 1
@@ -140,9 +140,9 @@ SNAPSHOT_V1 = ClusterState(
         cause="rebalance",
         target=Target(mode=Mode.DISAGGREGATED, N_P=1, N_D=5, N_C=0),
         steps=(
-            Step(StepOp.SET_ROLE, 8, Role.DECODE),
-            Step(StepOp.REMOVE, 4),
-            Step(StepOp.ACTIVATE, 7),
+            Step(op=StepOp.SET_ROLE, worker=8, role=Role.DECODE),
+            Step(op=StepOp.REMOVE, worker=4),
+            Step(op=StepOp.ACTIVATE, worker=7),
         ),
         done=(0,),
     ),
@@ -161,7 +161,10 @@ def test_a_format_1_snapshot_file_loads() -> None:
 def test_a_format_1_snapshot_in_a_log_resumes_like_a_full_replay(tmp_path: Path) -> None:
     """The old snapshot as a log's starting point: snapshot + tail equals replaying everything."""
     records = make_snapshot_v1.RECORDS
-    tail = [ev.WorkerRemoved(4), ev.StepDone(2, 1)]  # GPU 16 present again, 17 gone
+    tail = [
+        ev.WorkerRemoved(worker=4),
+        ev.StepDone(plan=2, step=1),
+    ]  # GPU 16 present again, 17 gone
     with FileLog(tmp_path / "log") as log:
         log.append(records)
         (tmp_path / "log" / snapshot.file_name(33)).write_bytes(

@@ -33,11 +33,13 @@ class Echo(Environment):
 
     async def step(self, action: str) -> StepOutcome:
         self.n += 1
-        return StepOutcome(action.upper(), float(len(action)), self.n >= self.turns)
+        return StepOutcome(
+            observation=action.upper(), reward=float(len(action)), done=self.n >= self.turns
+        )
 
 
 def echo_tasks(n: int, seed: int) -> TaskSet:
-    return TaskSet([Task(f"e{seed}-{i}", f"say {i}") for i in range(n)], "echo")
+    return TaskSet([Task(id=f"e{seed}-{i}", prompt=f"say {i}") for i in range(n)], "echo")
 
 
 def test_the_built_ins_are_registered() -> None:
@@ -50,7 +52,7 @@ def test_users_register_their_own_environment() -> None:
     env = make_env("echo-test", turns=1)
     assert isinstance(env, Echo) and env.turns == 1
     out = asyncio.run(env.step("hi"))
-    assert out == StepOutcome("HI", 2.0, True)
+    assert out == StepOutcome(observation="HI", reward=2.0, done=True)
     assert [t.id for t in make_tasks("echo-test", n=2, seed=7)] == ["e7-0", "e7-1"]
     with pytest.raises(EnvError, match="already registered"):
         register_env("echo-test", Echo)
@@ -82,7 +84,7 @@ def test_task_sets_sample_reproducibly_without_replacement_per_epoch() -> None:
     with pytest.raises(EnvError, match="no task"):
         ts.get("x")
     with pytest.raises(EnvError, match="duplicate"):
-        TaskSet([Task("a", "p"), Task("a", "q")])
+        TaskSet([Task(id="a", prompt="p"), Task(id="a", prompt="q")])
     with pytest.raises(EnvError, match="empty"):
         TaskSet([]).sample(1, seed=0)
 

@@ -18,7 +18,7 @@ def sampled(engine: TorchEngine, n: int = 8, group: int = 4) -> list[Trajectory]
     out = []
     for i in range(n):
         sp = SamplingParams(max_new_tokens=20, temperature=1.0, seed=i)
-        r = engine.generate(GenerateRequest(f"s{i}", prompt, sp)).result(60)
+        r = engine.generate(GenerateRequest(rid=f"s{i}", input_ids=prompt, sampling=sp)).result(60)
         out.append(
             Trajectory(
                 id=f"t{i}",
@@ -35,7 +35,9 @@ def sampled(engine: TorchEngine, n: int = 8, group: int = 4) -> list[Trajectory]
 def test_trainer_version_0_is_the_engines_version_0(engine: TorchEngine) -> None:
     trainer = GRPOTrainer(device="cpu")
     prompt = tuple(engine.tokenizer.encode(PROMPT_TEXT, add_bos=True))
-    r = engine.generate(GenerateRequest("g", prompt, SamplingParams(max_new_tokens=16))).result(60)
+    r = engine.generate(
+        GenerateRequest(rid="g", input_ids=prompt, sampling=SamplingParams(max_new_tokens=16))
+    ).result(60)
     assert r.weights_version == 0 == trainer.version
     traj = Trajectory(id="t", group_id="g", task_id="x", turns=(Turn.of(prompt, r),))
     assert trainer.logprobs([traj])[0] == pytest.approx(list(r.logprobs), abs=1e-4)
@@ -52,7 +54,7 @@ def test_a_step_changes_the_weights_and_favours_rewarded_sequences(engine: Torch
     trainer = GRPOTrainer(device="cpu", lr=3e-4)
     before_w = {k: v.clone() for k, v in trainer.state_dict().items()}
     before = trainer.logprobs(trajs)
-    m = trainer.step(Batch(0, tuple(trajs)))
+    m = trainer.step(Batch(step=0, trajectories=tuple(trajs)))
     after = trainer.logprobs(trajs)
     changed = [k for k, v in trainer.state_dict().items() if not torch.equal(v, before_w[k])]
     assert len(changed) == len(before_w)
@@ -67,7 +69,7 @@ def test_a_step_changes_the_weights_and_favours_rewarded_sequences(engine: Torch
 
 
 def test_steps_are_deterministic(engine: TorchEngine) -> None:
-    batch = Batch(0, tuple(sampled(engine)))
+    batch = Batch(step=0, trajectories=tuple(sampled(engine)))
     a, b = GRPOTrainer(device="cpu", lr=1e-3), GRPOTrainer(device="cpu", lr=1e-3)
     ma, mb = a.step(batch), b.step(batch)
     assert {k: v for k, v in ma.items() if k != "seconds"} == {
@@ -99,7 +101,7 @@ def test_off_policy_tokens_are_clipped(engine: TorchEngine) -> None:
         )
         for t in trajs
     ]  # the rollout policy was e-times less
-    m = GRPOTrainer(device="cpu").step(Batch(0, tuple(stale)))
+    m = GRPOTrainer(device="cpu").step(Batch(step=0, trajectories=tuple(stale)))
     assert m["ratio"] == pytest.approx(2.718, rel=0.01) and m["clip_frac"] > 0.3
 
 
@@ -130,11 +132,11 @@ def test_tokens_outside_the_trust_region_give_no_gradient(engine: TorchEngine) -
     )
     trainer = GRPOTrainer(device="cpu", lr=1e-3)
     before = {k: v.clone() for k, v in trainer.state_dict().items()}
-    m = trainer.step(Batch(0, moved))
+    m = trainer.step(Batch(step=0, trajectories=moved))
     assert m["clip_frac"] == 1.0 and m["grad_norm"] == 0.0
     assert all(torch.equal(v, before[k]) for k, v in trainer.state_dict().items())
     wide = GRPOTrainer(device="cpu", lr=1e-3, clip_eps=0.9, clip_eps_high=5.0).step(
-        Batch(0, moved)
+        Batch(step=0, trajectories=moved)
     )  # the same tokens inside a wider region do move the policy
     assert wide["clip_frac"] == 0.0 and wide["grad_norm"] > 0
 
@@ -158,7 +160,16 @@ def test_group_advantages() -> None:
         )
 
     adv = group_advantages(
-        Batch(0, (t(0, "a", 1.0), t(1, "a", 0.0), t(2, "b", 0.3), t(3, "b", 0.3), t(4, "a", 0.5)))
+        Batch(
+            step=0,
+            trajectories=(
+                t(0, "a", 1.0),
+                t(1, "a", 0.0),
+                t(2, "b", 0.3),
+                t(3, "b", 0.3),
+                t(4, "a", 0.5),
+            ),
+        )
     )
     assert adv["t0"] == pytest.approx(1.2247, abs=1e-3)
     assert adv["t1"] == pytest.approx(-1.2247, abs=1e-3) and adv["t4"] == pytest.approx(0.0)
@@ -166,7 +177,7 @@ def test_group_advantages() -> None:
 
 
 def test_kl_and_entropy_terms(engine: TorchEngine) -> None:
-    batch = Batch(0, tuple(sampled(engine, n=4)))
+    batch = Batch(step=0, trajectories=tuple(sampled(engine, n=4)))
     trainer = GRPOTrainer(device="cpu", lr=1e-3, kl_coef=0.1, entropy_coef=0.01)
     first = trainer.step(batch)
     second = trainer.step(batch)
@@ -175,4 +186,4 @@ def test_kl_and_entropy_terms(engine: TorchEngine) -> None:
     with pytest.raises(TrainerError, match="unknown GRPO option"):
         GRPOTrainer(learning_rate=1.0)
     with pytest.raises(TrainerError, match="no generated token"):
-        trainer.step(Batch(1, (Trajectory("e", "g", "x"),)))
+        trainer.step(Batch(step=1, trajectories=(Trajectory(id="e", group_id="g", task_id="x"),)))

@@ -54,11 +54,11 @@ def settle(rt: Any, gpu: int, present: bool) -> None:
 
 
 def join_and_leave(rt: Any, gpu: int, during: Any = None) -> None:
-    rt.event(ev.GpusAdded((gpu,)))
+    rt.event(ev.GpusAdded(gpus=(gpu,)))
     if during is not None:
         during()  # while the host boots and its StartWorker is on its way
     settle(rt, gpu, present=True)
-    rt.event(ev.GpusReclaimed((gpu,)))
+    rt.event(ev.GpusReclaimed(gpus=(gpu,)))
     settle(rt, gpu, present=False)
 
 

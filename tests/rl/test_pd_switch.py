@@ -117,11 +117,11 @@ def test_colocated_disaggregated_colocated_with_requests_in_flight(tmp_path: Pat
         s = wait_for(rt=rt, pred=lambda s: s.N_C == 2, timeout=120, what="2 colocated workers")
         modes.append(serving(s))
         in_flight = [generating(rt)]
-        rt.event(ev.GpusAdded((3,)))
+        rt.event(ev.GpusAdded(gpus=(3,)))
         s = wait_for(rt=rt, pred=lambda s: s.mode == "disaggregated", timeout=120, what="the split")
         modes.append(serving(s))
         in_flight.append(generating(rt))
-        rt.event(ev.GpusReclaimed((3,)))
+        rt.event(ev.GpusReclaimed(gpus=(3,)))
         s = wait_for(
             rt=rt,
             pred=lambda s: s.mode == "colocated" and s.N_C == 2,

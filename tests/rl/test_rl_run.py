@@ -84,14 +84,14 @@ def test_rl_run_with_elastic_events(tmp_path: Path) -> None:
             try:
                 if present and rng.random() < 0.5:
                     gone = rng.choice(present)
-                    rt.event(ev.GpusReclaimed((gone,)))
+                    rt.event(ev.GpusReclaimed(gpus=(gone,)))
                     present.remove(gone)
                     injected.append(("reclaimed", gone))
                 else:
                     free = [g for g in (3, 4, 5) if g not in present]
                     if free:
                         g = rng.choice(free)
-                        rt.event(ev.GpusAdded((g,)))
+                        rt.event(ev.GpusAdded(gpus=(g,)))
                         present.append(g)
                         injected.append(("added", g))
             except pearl.PearlError:

@@ -37,7 +37,9 @@ class Recorder(Environment):
 
     async def step(self, action: str) -> StepOutcome:
         self.actions.append(action)
-        return StepOutcome(f"obs {len(self.actions)}", 1.0, len(self.actions) >= self.turns)
+        return StepOutcome(
+            observation=f"obs {len(self.actions)}", reward=1.0, done=len(self.actions) >= self.turns
+        )
 
 
 def rollouts(
@@ -81,7 +83,7 @@ def test_trajectories_from_a_real_engine_are_consistent(engine: TorchEngine) -> 
     traj = asyncio.run(
         run_trajectory(
             env=env,
-            task=Task("k", "hello"),
+            task=Task(id="k", prompt="hello"),
             generate=spy,
             builder=b,
             trajectory_id="t",
@@ -132,7 +134,7 @@ def test_an_aborted_generation_resumes_from_its_prefix() -> None:
     traj = asyncio.run(
         run_trajectory(
             env=env,
-            task=Task("k", "hi"),
+            task=Task(id="k", prompt="hi"),
             generate=flaky,
             builder=b,
             trajectory_id="t",
@@ -153,7 +155,7 @@ def test_the_length_limit_truncates(engine: TorchEngine) -> None:
     traj = asyncio.run(
         run_trajectory(
             env=env,
-            task=Task("k", "x" * 10),
+            task=Task(id="k", prompt="x" * 10),
             generate=engine_generate(engine),
             builder=b,
             trajectory_id="t",
@@ -169,7 +171,7 @@ def test_one_asynchronous_rl_step_end_to_end(engine: TorchEngine, tmp_path: Path
     builder = PromptBuilder(engine.tokenizer, max_len=512)
     store = WeightStore(tmp_path)
     trainer = GRPOTrainer(device="cpu", lr=1e-3)
-    batch = Batch(0, tuple(rollouts(engine, 8, builder)))
+    batch = Batch(step=0, trajectories=tuple(rollouts(engine, 8, builder)))
     assert {t.min_version for t in batch} == {0} and len(batch.groups()) == 2
     assert all(t.done and t.n_generated > 0 for t in batch)
     assert len({t.reward for t in batch}) > 1  # shaping gives the groups reward variance

@@ -21,7 +21,7 @@ from pearl.rl.envs.tool_use import (
 
 from .conftest import sandbox_children
 
-TASK = Task("t", "What is 6 times 7?", "42")
+TASK = Task(id="t", prompt="What is 6 times 7?", answer="42")
 
 
 def episode(env: ToolUseEnv, actions: list[str], task: Task = TASK) -> list:

@@ -30,7 +30,7 @@ def result(
 
 
 def three_turns() -> Trajectory:
-    t = Trajectory("t0", "g0", "task")
+    t = Trajectory(id="t0", group_id="g0", task_id="task")
     t = t.add_turn(Turn.of([1, 2, 3], result([10, 11], 4))).add_step(0.25, 0.1)
     t = t.add_turn(Turn.of([4, 5], result([12], 5, FinishReason.ABORT)))
     t = t.add_turn(Turn.of([], result([13, 14], 6, FinishReason.STOP))).add_step(1.0, 0.2)
@@ -51,7 +51,9 @@ def test_tokens_mask_logprobs_and_versions_are_aligned() -> None:
 
 
 def test_records_round_trip_through_msgpack() -> None:
-    b = Batch(3, (three_turns(), Trajectory("t1", "g0", "task")))
+    b = Batch(
+        step=3, trajectories=(three_turns(), Trajectory(id="t1", group_id="g0", task_id="task"))
+    )
     wire = msgpack.packb(to_plain(b))
     back = from_plain(Batch, msgpack.unpackb(wire))
     assert back == b and back.trajectories[0].tokens() == b.trajectories[0].tokens()
@@ -77,7 +79,7 @@ def test_inconsistent_records_are_refused() -> None:
             )
         )
     with pytest.raises(SchemaError, match="no turn"):
-        Trajectory("t", "g", "x").add_step(1.0, 0.0)
+        Trajectory(id="t", group_id="g", task_id="x").add_step(1.0, 0.0)
 
 
 def test_batches_group_by_group_id_and_know_their_staleness() -> None:
@@ -98,7 +100,9 @@ def test_batches_group_by_group_id_and_know_their_staleness() -> None:
             reward=1.0 * i,
         )
 
-    b = Batch(7, (traj(0, "a", 5), traj(1, "b", 6), traj(2, "a", 6), traj(3, "b", 4)))
+    b = Batch(
+        step=7, trajectories=(traj(0, "a", 5), traj(1, "b", 6), traj(2, "a", 6), traj(3, "b", 4))
+    )
     groups = b.groups()
     assert list(groups) == ["a", "b"]
     assert [t.id for t in groups["a"]] == ["t0", "t2"] and [t.id for t in groups["b"]] == [
@@ -117,7 +121,7 @@ def test_incremental_prompts_equal_the_whole_history_rendered() -> None:
     b = builder(max_len=1000, template=ChatTemplate(system="be brief"))
     tok = ByteTokenizer()
     first = b.first("2+2?")
-    t = Trajectory("t", "g", "x").add_turn(
+    t = Trajectory(id="t", group_id="g", task_id="x").add_turn(
         Turn.of(first, result(tok.encode("<calc>2+2</calc>"), 0))
     )
     nxt = b.next(t, "<result>4</result>")
@@ -137,7 +141,7 @@ def test_incremental_prompts_equal_the_whole_history_rendered() -> None:
 
 def test_a_turn_that_stopped_on_eos_is_not_closed_again() -> None:
     b, tok = builder(), ByteTokenizer()
-    t = Trajectory("t", "g", "x").add_turn(
+    t = Trajectory(id="t", group_id="g", task_id="x").add_turn(
         Turn.of(b.first("hi"), result([*tok.encode("ok"), tok.eos_id], 0, FinishReason.STOP))
     )
     nxt = b.next(t, "more")
@@ -153,7 +157,7 @@ def test_a_turn_that_stopped_on_eos_is_not_closed_again() -> None:
 )
 def test_a_trajectory_never_exceeds_max_len(obs: list[str], gen: list[int], max_len: int) -> None:
     b = builder(max_len=max_len, min_new_tokens=4)
-    t = Trajectory("t", "g", "x")
+    t = Trajectory(id="t", group_id="g", task_id="x")
     new: tuple[int, ...] | None = b.first(obs[0])
     for k in range(6):
         assert new is not None

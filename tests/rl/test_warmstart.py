@@ -148,7 +148,7 @@ def test_grpo_on_the_warm_started_policy_raises_held_out_accuracy(warm: WarmStar
             trajs = rollout(
                 engine, [next(stream) for _ in range(4)], group=4, seed=step, version=step - 1
             )
-            metrics = trainer.step(Batch(step, tuple(trajs)))
+            metrics = trainer.step(Batch(step=step, trajectories=tuple(trajs)))
             rewards.append(metrics["reward_mean"])
             engine.load_weights(step, trainer.state_dict())
         after = evaluator.evaluate(trainer.state_dict(), 8)["accuracy"]

@@ -16,7 +16,9 @@ from pearl.rl import Batch, GRPOTrainer, Trajectory, Turn, WeightStore, WeightSt
 
 def greedy(engine: TorchEngine, rid: str) -> tuple[tuple[int, ...], tuple[float, ...]]:
     prompt = tuple(engine.tokenizer.encode("hello there", add_bos=True))
-    r = engine.generate(GenerateRequest(rid, prompt, SamplingParams(max_new_tokens=12))).result(60)
+    r = engine.generate(
+        GenerateRequest(rid=rid, input_ids=prompt, sampling=SamplingParams(max_new_tokens=12))
+    ).result(60)
     return r.output_ids, r.logprobs
 
 
@@ -25,7 +27,7 @@ def trained(trainer: GRPOTrainer, engine: TorchEngine) -> None:
     trajs = []
     for i in range(4):
         sp = SamplingParams(max_new_tokens=12, temperature=1.0, seed=i)
-        r = engine.generate(GenerateRequest(f"t{i}", prompt, sp)).result(60)
+        r = engine.generate(GenerateRequest(rid=f"t{i}", input_ids=prompt, sampling=sp)).result(60)
         trajs.append(
             Trajectory(
                 id=f"t{i}",
@@ -36,7 +38,7 @@ def trained(trainer: GRPOTrainer, engine: TorchEngine) -> None:
                 done=True,
             )
         )
-    trainer.step(Batch(0, tuple(trajs)))
+    trainer.step(Batch(step=0, trajectories=tuple(trajs)))
 
 
 def test_a_published_version_loads_into_a_real_engine(engine: TorchEngine, tmp_path: Path) -> None:

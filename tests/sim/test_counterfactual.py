@@ -70,32 +70,40 @@ def record(path: Path, script: list[Any], with_telemetry: bool = True) -> list[A
             x = pending.pop(0)
             now += 1.0
             if getattr(x, "background", False):  # a joiner in the background is up
-                s = take(ctl.handle(s, cmd.WorkerUp(x.worker, x.incarnation), now))
+                s = take(
+                    ctl.handle(s, cmd.WorkerUp(worker=x.worker, incarnation=x.incarnation), now)
+                )
             elif x.plan == cmd.BESIDE:
-                s = take(ctl.handle(s, cmd.StepResult(cmd.BESIDE, x.step), now))
+                s = take(ctl.handle(s, cmd.StepResult(plan=cmd.BESIDE, step=x.step), now))
             elif x.plan > 0 and not getattr(x, "force", False):
                 cancel = bool(getattr(x, "cancel", False))
-                s = take(ctl.handle(s, cmd.StepResult(x.plan, x.step, cancel=cancel), now))
+                s = take(
+                    ctl.handle(s, cmd.StepResult(plan=x.plan, step=x.step, cancel=cancel), now)
+                )
             elif isinstance(x, cmd.StopWorker) and x.worker in s.evicting:
-                s = take(ctl.handle(s, cmd.WorkerDown(x.worker, 0, "stopped"), now))
+                s = take(
+                    ctl.handle(
+                        s, cmd.WorkerDown(worker=x.worker, incarnation=0, reason="stopped"), now
+                    )
+                )
     with FileLog(path, create=True) as log:
         log.append(records)
     return records
 
 
 SCRIPT: list[Any] = [
-    ev.GpusAdded((8, 9, 10, 11)),
+    ev.GpusAdded(gpus=(8, 9, 10, 11)),
     telemetry(1, 120.0),
-    ev.TrainingBegin(1),
-    ev.TrainingFinished(1, 1),
+    ev.TrainingBegin(step=1),
+    ev.TrainingFinished(step=1, weights_version=1),
     telemetry(2, 100.0, theta=2.0, b=0.0),  # a decode-heavy workload: the ratio moves
-    ev.TrainingBegin(2),
-    ev.GpusAdded((12, 13, 14, 15)),
-    ev.TrainingFinished(2, 2),
+    ev.TrainingBegin(step=2),
+    ev.GpusAdded(gpus=(12, 13, 14, 15)),
+    ev.TrainingFinished(step=2, weights_version=2),
     telemetry(3, 90.0, t_prefill=0.0),
-    ev.GpusReclaimed((12, 13)),
-    ev.TrainingBegin(3),
-    ev.TrainingFinished(3, 3),
+    ev.GpusReclaimed(gpus=(12, 13)),
+    ev.TrainingBegin(step=3),
+    ev.TrainingFinished(step=3, weights_version=3),
     telemetry(4, 95.0),
 ]
 

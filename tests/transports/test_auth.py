@@ -30,7 +30,7 @@ from transports.pubsub import Publisher
 from transports.rpc import Client, RequestTimeout, Server, dispatch
 
 Ctx = zmq.Context[Any]
-HANDLER = dispatch({Ping: lambda env: Pong(env.msg.nonce)})
+HANDLER = dispatch({Ping: lambda env: Pong(nonce=env.msg.nonce)})
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,12 @@ def replies() -> list[Envelope]:
 def beacon(address: str, ctx: Any, got: list[Envelope], interval_s: float = 0.1) -> Beacon:
     n = iter(range(1, 10**6))
     return Beacon(
-        address, lambda: Ping(next(n)), got.append, interval_s=interval_s, name="host-beat", ctx=ctx
+        address,
+        lambda: Ping(nonce=next(n)),
+        got.append,
+        interval_s=interval_s,
+        name="host-beat",
+        ctx=ctx,
     )
 
 
@@ -40,7 +45,7 @@ def slow_server(ctx: zmq.Context[Any]) -> Iterator[tuple[Server, Liveness, threa
     def ping(env: Any) -> Pong:
         if env.msg.nonce == 0:
             release.wait(1.5)
-        return Pong(env.msg.nonce)
+        return Pong(nonce=env.msg.nonce)
 
     s = Server("tcp://127.0.0.1:*", dispatch({Ping: ping}), ctx=ctx, liveness=live)
     yield s, live, release
@@ -58,7 +63,7 @@ def test_beats_keep_their_schedule_and_a_server_behind_judges_no_one(
     def hold_the_server() -> None:
         with Client(server.address, ctx=ctx, timeout_s=5.0, retries=0) as other:
             t0 = time.monotonic()
-            other.request(Ping(0))  # the server is stuck for 1.5 s: 15 intervals
+            other.request(Ping(nonce=0))  # the server is stuck for 1.5 s: 15 intervals
             stuck.append(time.monotonic() - t0)
 
     try:
@@ -109,7 +114,7 @@ def test_silence_replaces_the_socket_and_beats_resume_when_the_peer_comes(
         # nobody there: > 3 intervals of silence, more than once
         wait_until(lambda: b.reconnects >= 1 and b.silent_s() >= 0.5, 5, "a reconnect")
         assert b.replies == 0
-        with Server(address, dispatch({Ping: lambda env: Pong(env.msg.nonce)}), ctx=ctx):
+        with Server(address, dispatch({Ping: lambda env: Pong(nonce=env.msg.nonce)}), ctx=ctx):
             wait_until(lambda: b.replies > 0, 3.0, "a reply", every=0.02)
             assert b.silent_s() < 0.5
     finally:

@@ -142,7 +142,7 @@ def test_encode_refuses_what_peers_could_not_decode() -> None:
     with pytest.raises(ProtocolError, match="not a registered kind"):
         codec.encode(object())
     with pytest.raises(ProtocolError, match="cannot encode"):
-        codec.encode(Result({"x": object()}))
+        codec.encode(Result(value={"x": object()}))
     with pytest.raises(ProtocolError, match="envelope"):
         codec.encode(Error(code="x", message="y" * 300))
 

@@ -18,7 +18,7 @@ from transports.protocol import Ping, Pong
 from transports.rpc import RequestTimeout, Server, dispatch
 
 Ctx = zmq.Context[Any]
-HANDLER = dispatch({Ping: lambda env: Pong(env.msg.nonce)})
+HANDLER = dispatch({Ping: lambda env: Pong(nonce=env.msg.nonce)})
 
 
 @pytest.fixture

@@ -64,15 +64,15 @@ class Api:
         if env.msg.method == "boom":
             raise RuntimeError("kaboom")
         if env.msg.method == "bulk":
-            return Reply(Result(len(env.frames)), [bytes(f)[::-1] for f in env.frames])
+            return Reply(Result(value=len(env.frames)), [bytes(f)[::-1] for f in env.frames])
         if env.msg.method == "unsendable":
-            return Result({"x": object()})
-        return Result(env.msg.args)
+            return Result(value={"x": object()})
+        return Result(value=env.msg.args)
 
     def handler(self) -> Callable[[Envelope], Any]:
         return dispatch(
             {
-                Ping: lambda env: Pong(env.msg.nonce),
+                Ping: lambda env: Pong(nonce=env.msg.nonce),
                 StatusRequest: lambda env: Status(),
                 Event: self.event,
                 Call: self.call,
@@ -119,12 +119,16 @@ def test_request_reply(client: Client, api: Api) -> None:
     assert client.request(Event.of(GpusAdded(gpus=(8, 9)))) == Ack(seq=1)
     assert api.events == [GpusAdded(gpus=(8, 9))]
     assert client.request(StatusRequest()) == Status()
-    assert client.request(Call("sched", "echo", {"a": [1, 2]})) == Result({"a": [1, 2]})
+    assert client.request(Call(actor="sched", method="echo", args={"a": [1, 2]})) == Result(
+        value={"a": [1, 2]}
+    )
 
 
 def test_bulk_frames_both_ways(client: Client) -> None:
-    env = client.request_envelope(Call("w", "bulk", {}), frames=[b"abc", memoryview(b"xyz")])
-    assert env.msg == Result(2)
+    env = client.request_envelope(
+        Call(actor="w", method="bulk", args={}), frames=[b"abc", memoryview(b"xyz")]
+    )
+    assert env.msg == Result(value=2)
     assert [bytes(f) for f in env.frames] == [b"cba", b"zyx"]
 
 
@@ -133,10 +137,10 @@ def test_handler_errors_become_error_replies(client: Client, server: Server) -> 
         client.request(Event.of(TrainingBegin(step=1001)))
     assert e.value.code == ErrorCode.REJECTED and "InvalidEvent" in str(e.value)
     with pytest.raises(RemoteError) as e:
-        client.request(Call("w", "boom", {}))
+        client.request(Call(actor="w", method="boom", args={}))
     assert e.value.code == ErrorCode.INTERNAL and "kaboom" in str(e.value)
     with pytest.raises(RemoteError) as e:
-        client.request(Call("w", "unsendable", {}))
+        client.request(Call(actor="w", method="unsendable", args={}))
     assert e.value.code == ErrorCode.INTERNAL
     with pytest.raises(RemoteError) as e:
         client.request(Pong())  # valid kind, not served
@@ -284,7 +288,7 @@ def test_a_whole_timeout_retry_is_answered_from_the_reply_cache(
     def slow(env: Envelope) -> Pong:  # answers only once the first attempt gave up on it
         calls.append(env.msg.nonce)
         assert gave_up.wait(10.0)
-        return Pong(env.msg.nonce)
+        return Pong(nonce=env.msg.nonce)
 
     told = Told()
     logging.getLogger("transports.rpc").addHandler(told)
@@ -402,7 +406,7 @@ def test_the_observer_hears_every_message_with_its_kind_and_outcome(ctx: Ctx, ap
         with pytest.raises(RemoteError):
             c.request(Event.of(TrainingBegin(step=1001)))
         with pytest.raises(RemoteError):
-            c.request(Call("w", "boom", {}))
+            c.request(Call(actor="w", method="boom", args={}))
         with pytest.raises(RemoteError):
             c.request(Pong())
         raw = ctx.socket(zmq.DEALER)

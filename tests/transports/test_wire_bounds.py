@@ -89,9 +89,9 @@ def test_an_event_message_refuses_a_record_that_is_not_elastic() -> None:
 
 def test_a_client_cannot_build_an_event_out_of_bounds() -> None:
     with pytest.raises(SchemaError, match=r"^training step 0 is out of range"):
-        Event.of(ev.TrainingBegin(0))
+        Event.of(ev.TrainingBegin(step=0))
     with pytest.raises(SchemaError, match=r"^weights version 18446744073709551615 is out"):
-        Event.of(ev.TrainingFinished(1, 2**64 - 1))
+        Event.of(ev.TrainingFinished(step=1, weights_version=2**64 - 1))
 
 
 def test_a_weights_upload_with_an_absurd_version_is_refused_before_it_is_stored() -> None:
@@ -102,7 +102,7 @@ def test_a_weights_upload_with_an_absurd_version_is_refused_before_it_is_stored(
     assert "weights version 18446744073709551615 is out of range" in str(e.value)
     assert "nothing was stored or logged" in str(e.value)
     with pytest.raises(SchemaError):
-        WeightsUpload(-1)
+        WeightsUpload(version=-1)
     assert Codec().decode(frames("weights-upload", {**body, "version": 3})).msg.version == 3
 
 
@@ -127,10 +127,10 @@ class Directory:
 @pytest.mark.parametrize(
     "record",
     [
-        ev.TrainingBegin(0),
-        ev.TrainingBegin(2**64 - 1),
-        ev.WeightsPublished(2**63),
-        ev.GpusAdded((-1,)),
+        ev.TrainingBegin(step=0),
+        ev.TrainingBegin(step=2**64 - 1),
+        ev.WeightsPublished(version=2**63),
+        ev.GpusAdded(gpus=(-1,)),
     ],
     ids=str,
 )
@@ -140,5 +140,5 @@ def test_the_scheduler_refuses_in_process_events_out_of_bounds(record: Any) -> N
     with pytest.raises(SchemaError, match="is out of range"):
         scheduler.event(record)
     assert directory.orchestrator.asked == []  # never reached the log
-    assert scheduler.event(ev.TrainingBegin(1)) == "ack"
-    assert directory.orchestrator.asked == [ev.TrainingBegin(1)]
+    assert scheduler.event(ev.TrainingBegin(step=1)) == "ack"
+    assert directory.orchestrator.asked == [ev.TrainingBegin(step=1)]

@@ -139,7 +139,10 @@ def request_of(body: dict[str, Any]) -> tuple[GenerateRequest, Bootstrap | None]
         )
         rid = str(body.get("rid") or f"req-{secrets.token_hex(6)}")
         req = GenerateRequest(
-            rid, tuple(ids), sampling, return_logprobs=bool(body.get("return_logprob", False))
+            rid=rid,
+            input_ids=tuple(ids),
+            sampling=sampling,
+            return_logprobs=bool(body.get("return_logprob", False)),
         )
         boot = None
         if body.get("bootstrap_room") is not None:

@@ -34,9 +34,9 @@ LONG = 3000
 def run(
     e: SGLangEngine, prompt: tuple[int, ...], rid: str = "r", n: int = 8, **kw: object
 ) -> GenerateResult:
-    return e.generate(GenerateRequest(rid, prompt, SamplingParams(max_new_tokens=n), **kw)).result(
-        60
-    )  # type: ignore[arg-type]
+    return e.generate(
+        GenerateRequest(rid=rid, input_ids=prompt, sampling=SamplingParams(max_new_tokens=n), **kw)
+    ).result(60)  # type: ignore[arg-type]
 
 
 def reference(prompt: tuple[int, ...], n: int, weights: object = None) -> GenerateResult:
@@ -46,9 +46,9 @@ def reference(prompt: tuple[int, ...], n: int, weights: object = None) -> Genera
     try:
         if weights is not None:
             e.load_weights(1, weights)
-        return e.generate(GenerateRequest("ref", prompt, SamplingParams(max_new_tokens=n))).result(
-            60
-        )
+        return e.generate(
+            GenerateRequest(rid="ref", input_ids=prompt, sampling=SamplingParams(max_new_tokens=n))
+        ).result(60)
     finally:
         e.stop()
 
@@ -63,8 +63,14 @@ def pd(
 ) -> tuple[GenerateResult, GenerateResult]:
     sp = SamplingParams(max_new_tokens=n)
     peer = decode.kv_channel.address  # type: ignore[union-attr]
-    fd = decode.generate(GenerateRequest(rid, prompt, sp, transfer_id=f"{rid}#0"))
-    fp = prefill.generate(GenerateRequest(rid, prompt, sp, transfer_id=f"{rid}#0", kv_peer=peer))
+    fd = decode.generate(
+        GenerateRequest(rid=rid, input_ids=prompt, sampling=sp, transfer_id=f"{rid}#0")
+    )
+    fp = prefill.generate(
+        GenerateRequest(
+            rid=rid, input_ids=prompt, sampling=sp, transfer_id=f"{rid}#0", kv_peer=peer
+        )
+    )
     return fp.result(60), fd.result(60)
 
 
@@ -87,11 +93,13 @@ def test_generation_is_the_torch_engines(servers: Servers) -> None:
     assert got.prompt_tokens == 24 and got.weights_version == 0
     stop = want.output_ids[4]
     r = servers.coloc.generate(
-        GenerateRequest("s", prompt, SamplingParams(max_new_tokens=10, stop_ids=(stop,)))
+        GenerateRequest(
+            rid="s", input_ids=prompt, sampling=SamplingParams(max_new_tokens=10, stop_ids=(stop,))
+        )
     ).result(60)
     assert r.finish_reason is FinishReason.STOP and r.output_ids[-1] == stop
     with pytest.raises(EngineError, match="empty"):
-        servers.coloc.generate(GenerateRequest("e", ()))
+        servers.coloc.generate(GenerateRequest(rid="e", input_ids=()))
 
 
 def test_pd_generation_with_bootstrap_rooms(servers: Servers) -> None:
@@ -103,7 +111,9 @@ def test_pd_generation_with_bootstrap_rooms(servers: Servers) -> None:
     assert rp.finish_reason is FinishReason.PREFILLED and rp.output_ids == want.output_ids[:1]
     assert rd.output_ids == want.output_ids and rd.finish_reason is FinishReason.LENGTH
     # the same raw body to both servers, bootstrap fields added by the caller (SGLang's way)
-    body = P.generate_body(GenerateRequest("raw", prompt, SamplingParams(max_new_tokens=12)))
+    body = P.generate_body(
+        GenerateRequest(rid="raw", input_ids=prompt, sampling=SamplingParams(max_new_tokens=12))
+    )
     out = generate_pd(
         prefill=servers.prefill.client,
         decode=servers.decode.client,
@@ -122,18 +132,24 @@ def test_decode_without_a_prefill_side_times_out_retryably(servers: Servers) -> 
     e.cfg = dataclasses.replace(old, kv_timeout_s=0.3)
     try:
         with pytest.raises(KVTimeout, match="never got the request"):
-            e.generate(GenerateRequest("lost", prompt_of(5), transfer_id="nobody")).result(10)
+            e.generate(
+                GenerateRequest(rid="lost", input_ids=prompt_of(5), transfer_id="nobody")
+            ).result(10)
     finally:
         e.cfg = old
     with pytest.raises(EngineError, match="kv_peer"):
-        servers.prefill.generate(GenerateRequest("p", prompt_of(4), transfer_id="t"))
+        servers.prefill.generate(GenerateRequest(rid="p", input_ids=prompt_of(4), transfer_id="t"))
 
 
 def test_abort_returns_the_prefix(servers: Servers) -> None:
     e = servers.coloc
     prompt = prompt_of(10, 2)
-    fut = e.generate(GenerateRequest("r1", prompt, SamplingParams(max_new_tokens=LONG)))
-    other = e.generate(GenerateRequest("r10", prompt, SamplingParams(max_new_tokens=LONG)))
+    fut = e.generate(
+        GenerateRequest(rid="r1", input_ids=prompt, sampling=SamplingParams(max_new_tokens=LONG))
+    )
+    other = e.generate(
+        GenerateRequest(rid="r10", input_ids=prompt, sampling=SamplingParams(max_new_tokens=LONG))
+    )
     wait_tokens(e.client, 5)
     e.abort("r1")
     r = fut.result(30)
@@ -150,7 +166,11 @@ def test_abort_returns_the_prefix(servers: Servers) -> None:
 def test_release_and_resume(servers: Servers) -> None:
     e = servers.coloc
     before = run(e, prompt_of(16), n=6)
-    busy = e.generate(GenerateRequest("busy", prompt_of(8), SamplingParams(max_new_tokens=LONG)))
+    busy = e.generate(
+        GenerateRequest(
+            rid="busy", input_ids=prompt_of(8), sampling=SamplingParams(max_new_tokens=LONG)
+        )
+    )
     wait_tokens(e.client, 3)
     e.release_memory()  # aborts the running request first: SGLang releases only when idle
     r = busy.result(10)
@@ -164,7 +184,9 @@ def test_release_and_resume(servers: Servers) -> None:
 def test_the_facade_refuses_to_release_a_busy_server(servers: Servers) -> None:
     c = servers.coloc.client
     body = P.generate_body(
-        GenerateRequest("raw-busy", prompt_of(6), SamplingParams(max_new_tokens=LONG))
+        GenerateRequest(
+            rid="raw-busy", input_ids=prompt_of(6), sampling=SamplingParams(max_new_tokens=LONG)
+        )
     )
     t = threading.Thread(target=c.generate, args=(body,), daemon=True)
     t.start()
@@ -233,7 +255,7 @@ def test_weight_updates_by_version_survive_a_restart(servers: Servers, tmp_path:
 def test_role_switch_in_place(servers: Servers) -> None:
     p, d = servers.prefill, servers.decode
     pids = (p.server.pid, d.server.pid)  # type: ignore[union-attr]
-    busy = d.generate(GenerateRequest("wait", prompt_of(4), transfer_id="never"))
+    busy = d.generate(GenerateRequest(rid="wait", input_ids=prompt_of(4), transfer_id="never"))
     with pytest.raises(EngineError, match="drain"):
         d.set_role(Role.PREFILL)
     d.abort("wait")

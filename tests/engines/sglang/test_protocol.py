@@ -13,9 +13,11 @@ from pearl.engines.sglang.engine import METRICS
 
 def test_generate_body_is_sglangs() -> None:
     req = GenerateRequest(
-        "t3-turn1",
-        (5, 6, 7),
-        SamplingParams(max_new_tokens=9, temperature=0.7, top_p=0.9, stop_ids=(2,), seed=11),
+        rid="t3-turn1",
+        input_ids=(5, 6, 7),
+        sampling=SamplingParams(
+            max_new_tokens=9, temperature=0.7, top_p=0.9, stop_ids=(2,), seed=11
+        ),
     )
     body = P.generate_body(req, P.Bootstrap("10.0.0.5", 8998, 12345))
     assert body == {

@@ -77,7 +77,9 @@ def harness(servers: Servers, routers: tuple[str, str]) -> Iterator[SimpleNamesp
 
     def publish(workers: tuple[Worker, ...]) -> None:
         seq[0] += 1
-        router.tell(StateChanged(ClusterView(TableSnapshot(seq=seq[0], workers=workers))))
+        router.tell(
+            StateChanged(view=ClusterView(table=TableSnapshot(seq=seq[0], workers=workers)))
+        )
 
     yield SimpleNamespace(
         link=link,
@@ -108,7 +110,9 @@ def test_colocated_then_pd_requests_through_the_real_router(
     prompts = {f"c{i}": prompt_of(12 + i, i) for i in range(4)}
     want = {
         rid: s.coloc.generate(
-            GenerateRequest(f"ref-{rid}", p, SamplingParams(max_new_tokens=N_TOKENS))
+            GenerateRequest(
+                rid=f"ref-{rid}", input_ids=p, sampling=SamplingParams(max_new_tokens=N_TOKENS)
+            )
         )
         .result(60)
         .output_ids
@@ -168,7 +172,11 @@ def test_workers_join_and_leave_during_a_run_and_nothing_is_lost(
     st = answers(h, n, timeout=120)
     for rid, p in prompts.items():
         ref = (
-            s.old.generate(GenerateRequest(f"ref-{rid}", p, SamplingParams(max_new_tokens=long)))
+            s.old.generate(
+                GenerateRequest(
+                    rid=f"ref-{rid}", input_ids=p, sampling=SamplingParams(max_new_tokens=long)
+                )
+            )
             .result(60)
             .output_ids
         )
@@ -204,9 +212,14 @@ def test_abort_through_the_link_keeps_the_prefix(
         seen.append((result, error))
         ev.set()
 
-    h.link.submit(GenerateRequest("long", prompt_of(6), SamplingParams(max_new_tokens=3000)), done)
+    h.link.submit(
+        GenerateRequest(
+            rid="long", input_ids=prompt_of(6), sampling=SamplingParams(max_new_tokens=3000)
+        ),
+        done,
+    )
     wait(lambda: SGLangClient(s.coloc.spec.url).metrics()["sglang:num_running_reqs"] > 0)
-    h.router.tell(AbortRequest("nothing-pending"))  # unknown rids are ignored
+    h.router.tell(AbortRequest(rid="nothing-pending"))  # unknown rids are ignored
     h.link.abort("long")
     assert ev.wait(30)
     result, _ = seen[0]

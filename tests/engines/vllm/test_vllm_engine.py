@@ -24,7 +24,9 @@ PROMPT = (5, 17, 42, 99, 3, 250, 7, 64)
 
 
 def greedy(rid: str, prompt: tuple[int, ...] = PROMPT, n: int = 24) -> GenerateRequest:
-    return GenerateRequest(rid, prompt, SamplingParams(max_new_tokens=n, temperature=0.0))
+    return GenerateRequest(
+        rid=rid, input_ids=prompt, sampling=SamplingParams(max_new_tokens=n, temperature=0.0)
+    )
 
 
 def test_generation_through_the_engine_is_the_servers_own(engine: Any) -> None:
@@ -44,7 +46,11 @@ def test_generation_through_the_engine_is_the_servers_own(engine: Any) -> None:
 def test_stop_ids_end_a_request_and_nothing_else_does(engine: Any) -> None:
     ref = engine.generate(greedy("s0")).result(120).output_ids
     stop = ref[5]
-    req = GenerateRequest("s1", PROMPT, SamplingParams(24, 0.0, stop_ids=(stop,)))
+    req = GenerateRequest(
+        rid="s1",
+        input_ids=PROMPT,
+        sampling=SamplingParams(max_new_tokens=24, temperature=0.0, stop_ids=(stop,)),
+    )
     out = engine.generate(req).result(120)
     first = ref.index(stop)
     assert out.finish_reason is FinishReason.STOP and out.output_ids == ref[: first + 1]

@@ -54,7 +54,7 @@ def pool(engine: Any) -> Iterator[RolloutClient]:
         zone=Zone.DEDICATED,
         incarnation=1,
     )
-    d.tell(names.ROUTER, StateChanged(ClusterView(TableSnapshot(seq=1, workers=(w,)))))
+    d.tell(names.ROUTER, StateChanged(view=ClusterView(table=TableSnapshot(seq=1, workers=(w,)))))
     client = RolloutClient(d, wait_s=WAIT_S)
     stop = threading.Event()
 
@@ -85,8 +85,8 @@ def completions_posted(engine: Any) -> int:
 @pytest.mark.parametrize(
     "sampling",
     [
-        SamplingParams(4, stop_ids=(999_999,)),  # refused inside a 200 stream
-        SamplingParams(4000),  # refused with a 400 status: beyond max_model_len
+        SamplingParams(max_new_tokens=4, stop_ids=(999_999,)),  # refused inside a 200 stream
+        SamplingParams(max_new_tokens=4000),  # refused with a 400 status: beyond max_model_len
     ],
     ids=["in-stream", "status"],
 )
@@ -94,11 +94,17 @@ def test_a_refused_request_reaches_the_server_once_and_fails_as_refused(
     engine: Any, pool: RolloutClient, sampling: SamplingParams
 ) -> None:
     before = completions_posted(engine)
-    fut = pool.generate(GenerateRequest(f"poison-{sampling.max_new_tokens}", (5, 6), sampling))
+    fut = pool.generate(
+        GenerateRequest(
+            rid=f"poison-{sampling.max_new_tokens}", input_ids=(5, 6), sampling=sampling
+        )
+    )
     with pytest.raises(RequestRefused, match="refused the request \\(400\\)"):
         fut.result(120)
     rid = f"after-{sampling.max_new_tokens}"
-    ok = pool.generate(GenerateRequest(rid, (5, 6), SamplingParams(4)))
+    ok = pool.generate(
+        GenerateRequest(rid=rid, input_ids=(5, 6), sampling=SamplingParams(max_new_tokens=4))
+    )
     assert len(ok.result(120).output_ids) == 4  # the server serves on
     wait_until(lambda: completions_posted(engine) >= before + 2, 30, "the access log")
     assert completions_posted(engine) == before + 2  # the refused one once, and the good one
@@ -108,10 +114,13 @@ def test_a_killed_server_fails_none_of_16_requests_in_flight(
     engine: Any, pool: RolloutClient
 ) -> None:
     n = 48
-    whole = {f"u{i}": engine.generate(GenerateRequest(f"u{i}", prompt(i), SamplingParams(n)))
-             for i in range(16)}  # fmt: skip
+    sp = SamplingParams(max_new_tokens=n)
+    whole = {
+        f"u{i}": engine.generate(GenerateRequest(rid=f"u{i}", input_ids=prompt(i), sampling=sp))
+        for i in range(16)
+    }
     reference = {rid[1:]: f.result(300).output_ids for rid, f in whole.items()}
-    futs = {f"{i}": pool.generate(GenerateRequest(f"k{i}", prompt(i), SamplingParams(n)))
+    futs = {f"{i}": pool.generate(GenerateRequest(rid=f"k{i}", input_ids=prompt(i), sampling=sp))
             for i in range(16)}  # fmt: skip
 
     def streaming() -> bool:

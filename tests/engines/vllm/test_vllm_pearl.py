@@ -208,7 +208,7 @@ def test_a_reclaim_moves_turns_with_their_prefix_and_they_end_as_unmigrated(
     call(c.url(2) + "/pause?mode=keep", "POST", {})
     moving = streaming_on_2()
     assert moving, "every turn on the preemptible worker ended before its server paused"
-    c.rt.event(ev.GpusReclaimed((2,)))
+    c.rt.event(ev.GpusReclaimed(gpus=(2,)))
     got = c.answers(set(want), timeout=240)
     assert got["finished"] == want  # every turn equals its unmigrated greedy run
     assert not got["errors"], got["errors"]  # no request failed
@@ -233,7 +233,7 @@ def test_a_worker_that_joins_serves_the_published_weights_from_the_start(
     state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
     c.rt.publish_weights(state, 1)
     wait_until(lambda: status_plain(c.rt.status())["weights_version"] == 1, 60, "weights version 1")
-    c.rt.event(ev.GpusAdded((3,)))
+    c.rt.event(ev.GpusAdded(gpus=(3,)))
     first = wait_until(lambda: 3 in c.serving(), 600, "the joiner to serve")
     # The moment the table routes to it, its server already holds version 1.
     assert call(c.url(3) + "/weight_info")["weight_version"] == "1", first
@@ -275,7 +275,7 @@ def test_seeded_sampling_reproduces_itself_and_kills_no_engine(cluster: Cluster)
 
     def run(i: int) -> tuple[int, ...]:
         sampling = SamplingParams(max_new_tokens=8, temperature=1.0, seed=i // 2)
-        req = GenerateRequest(f"s{i}", prompts[i // 2], sampling)
+        req = GenerateRequest(rid=f"s{i}", input_ids=prompts[i // 2], sampling=sampling)
         return tuple(client.completion(body(req), 120).run().token_ids)
 
     with ThreadPoolExecutor(48) as pool:

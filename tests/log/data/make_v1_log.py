@@ -41,8 +41,8 @@ with FileLog(out) as log:
     p = st.last_plan + 1
     log.append(
         [
-            ev.WeightsPublished(st.weights_version + 1, "file:///w/v"),
-            ev.WeightsPublished(st.weights_version + 2),
+            ev.WeightsPublished(version=st.weights_version + 1, uri="file:///w/v"),
+            ev.WeightsPublished(version=st.weights_version + 2),
             ev.PlanBegin(
                 plan=p,
                 cause="test",
@@ -50,7 +50,7 @@ with FileLog(out) as log:
                 steps=(),
                 mandatory=True,
             ),
-            ev.PlanAbort(p, "cancelled"),
+            ev.PlanAbort(plan=p, reason="cancelled"),
         ]
     )
     st = log.load().state
