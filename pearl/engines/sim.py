@@ -153,7 +153,9 @@ class SimEngine(InProcessEngine):
         if isinstance(seq.state, tuple):
             drawn, model = seq.state
             where = struct.pack("<qq", self._version, position)
-            return draw(drawn=drawn + where, model=model + where, seq=seq, vocab=self.cost.vocab_size)
+            return draw(
+                drawn=drawn + where, model=model + where, seq=seq, vocab=self.cost.vocab_size
+            )
         h = hashlib.blake2b(
             seq.state + struct.pack("<qq", self._version, position), digest_size=16
         ).digest()
