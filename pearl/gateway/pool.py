@@ -90,17 +90,19 @@ def served_model(cfg: Config) -> str:
 
 def served_vocab(cfg: Config, tokenizer: Any) -> int:
     """The vocabulary of the model the workers serve, which every token id of a request must be
-    below: sim, ``engine.sim.vocab`` else the sim's own; vLLM and SGLang, their model directory's
-    ``config.json``; without one (and torch), the preset's, or its directory's. Where none says,
-    the tokenizer's, else 2**63 (what a worker host can be sent)."""
+    below: sim (or the facade serving it), ``engine.sim.vocab`` else the sim's own; vLLM and
+    SGLang, their model directory's ``config.json``; without one (and torch), the preset's, or
+    its directory's. Where none says, the tokenizer's, else 2**63 (what a worker host can be
+    sent)."""
     e = cfg.engine
     kind = str(getattr(e.kind, "value", e.kind))
-    if kind == "sim":
+    servers = {"vllm": e.vllm.model_path, "sglang": e.sglang.model_path}
+    # A server engine's model path "sim" is the facade serving the sim engine's cost model.
+    if kind == "sim" or servers.get(kind) == "sim":
         from pearl.engines.sim import SimCost
 
         return int(e.sim.vocab) or SimCost.vocab_size
     preset = str(e.torch.preset)
-    servers = {"vllm": e.vllm.model_path, "sglang": e.sglang.model_path}
     directory = str(servers.get(kind) or (preset if "/" in preset else ""))
     if not directory:
         from pearl.engines.torch.model import PRESETS
