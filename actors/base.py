@@ -24,13 +24,14 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
+from types import TracebackType
 from typing import Any, ClassVar, Protocol
 
 import pykka
 
 from pearl.core.errors import PearlError
 from pearl.core.schema import to_wire
-from transports.codec import Unencodable, lookup
+from transports.codec import Envelope, Unencodable, lookup
 from transports.protocol import Call, Result
 from transports.rpc import Client
 
@@ -61,9 +62,9 @@ class ActorUnavailable(PearlError):
 class Ref(Protocol):
     name: str
 
-    def tell(self, msg: Any) -> None: ...
+    def tell(self, msg: object) -> None: ...
 
-    def ask(self, msg: Any, timeout_s: float = DEFAULT_ASK_S) -> Any: ...
+    def ask(self, msg: object, timeout_s: float = DEFAULT_ASK_S) -> Any: ...
 
 
 class LocalRef:
@@ -72,13 +73,13 @@ class LocalRef:
     def __init__(self, name: str, ref: pykka.ActorRef[Any]) -> None:
         self.name, self.ref = name, ref
 
-    def tell(self, msg: Any) -> None:
+    def tell(self, msg: object) -> None:
         try:
             self.ref.tell(msg)
         except pykka.ActorDeadError:
             raise ActorUnavailable(f"actor {self.name} has stopped") from None
 
-    def ask(self, msg: Any, timeout_s: float = DEFAULT_ASK_S) -> Any:
+    def ask(self, msg: object, timeout_s: float = DEFAULT_ASK_S) -> Any:
         try:
             return self.ref.ask(msg, timeout=timeout_s)
         except pykka.ActorDeadError:
@@ -95,10 +96,10 @@ class RemoteRef:
     def __init__(self, name: str, client: Client) -> None:
         self.name, self.client = name, client
 
-    def tell(self, msg: Any) -> None:
+    def tell(self, msg: object) -> None:
         self.client.request(Call(actor=self.name, method="tell", args={"msg": to_wire(msg)}))
 
-    def ask(self, msg: Any, timeout_s: float = DEFAULT_ASK_S) -> Any:
+    def ask(self, msg: object, timeout_s: float = DEFAULT_ASK_S) -> Any:
         reply = self.client.request(
             Call(actor=self.name, method="ask", args={"msg": to_wire(msg)}), timeout_s
         )
@@ -113,16 +114,16 @@ class CourierRef(RemoteRef):
     peer's: it is logged and dropped, and the peer stays reachable."""
 
     def __init__(
-        self, name: str, client: Client, on_error: Callable[[str, Any, PearlError], None]
+        self, name: str, client: Client, on_error: Callable[[str, object, PearlError], None]
     ) -> None:
         super().__init__(name, client)
         self.on_error = on_error
-        self._q: queue.Queue[Any] = queue.Queue()
+        self._q: queue.Queue[object] = queue.Queue()
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"courier {name}", daemon=True)
         self._thread.start()
 
-    def tell(self, msg: Any) -> None:
+    def tell(self, msg: object) -> None:
         self._q.put(msg)
 
     def _run(self) -> None:
@@ -147,7 +148,7 @@ class CourierRef(RemoteRef):
 _CLOSE = object()
 
 
-def decode_value(value: Any) -> Any:
+def decode_value(value: object) -> object:
     """A wire mapping of a registered kind becomes its record; anything else passes through."""
     if isinstance(value, dict) and "kind" in value:
         reg = lookup(value["kind"])
@@ -156,7 +157,7 @@ def decode_value(value: Any) -> Any:
     return value
 
 
-def encode_value(value: Any) -> Any:
+def encode_value(value: object) -> object:
     return to_wire(value) if hasattr(value, "KIND") else value
 
 
@@ -191,7 +192,7 @@ class Directory:
         with self._lock:
             return sorted(self._refs)
 
-    def tell(self, name: str, msg: Any) -> bool:
+    def tell(self, name: str, msg: object) -> bool:
         """Best-effort tell; False when the actor is missing or gone."""
         ref = self.find(name)
         if ref is None:
@@ -209,10 +210,10 @@ class Directory:
             return False
 
 
-def serve_directory(directory: Directory) -> Callable[[Any], Any]:
+def serve_directory(directory: Directory) -> Callable[[Envelope], Result]:
     """An rpc handler for ``call`` messages: deliver the message to a local actor."""
 
-    def handle(env: Any) -> Any:
+    def handle(env: Envelope) -> Result:
         call = env.msg
         if not isinstance(call, Call) or call.method not in ("tell", "ask"):
             raise PearlError(f"expected a call with method tell or ask, got {env.kind}")
@@ -237,7 +238,7 @@ class PearlActor(pykka.ThreadingActor):
     handles: ClassVar[dict[type, Handler]] = {}
     name: ClassVar[str] = "actor"
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
+    def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         for msg_type, handler in cls.handles.items():
             if not callable(handler):
@@ -245,7 +246,7 @@ class PearlActor(pykka.ThreadingActor):
                     f"{cls.__name__}.handles[{msg_type.__name__}] must be a method, got {handler!r}"
                 )
 
-    def on_receive(self, message: Any) -> Any:
+    def on_receive(self, message: object) -> object:
         for cls in type(message).__mro__:
             handler = self.handles.get(cls)
             if handler is not None:
@@ -254,12 +255,19 @@ class PearlActor(pykka.ThreadingActor):
         log.error("%s ignores a %s it does not handle", self.name, type(message).__name__)
         return None
 
-    def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
+    def on_failure(
+        self,
+        exception_type: type[BaseException] | None,
+        exception_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
         # The actor stops; pearld's supervision sees it dead and starts it again.
         log.error("actor %s failed: %s", self.name, exception_value)
 
 
-def start(directory: Directory, cls: type[PearlActor], /, *args: Any, **kwargs: Any) -> LocalRef:
+def start(
+    directory: Directory, cls: type[PearlActor], /, *args: object, **kwargs: object
+) -> LocalRef:
     """Start an actor, register it under its name, and confirm it is alive (``kwargs`` are its
     constructor's; ``directory`` may be one of them)."""
     ref = LocalRef(cls.name, cls.start(*args, **kwargs))

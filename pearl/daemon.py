@@ -31,14 +31,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pykka
 
 from actors import names
 from pearl import config as config_mod
 from pearl.core import events as ev
-from pearl.core.controller import Controller, ControllerConfig
+from pearl.core.controller import Controller, ControllerConfig, Output
 from pearl.core.errors import ConfigError, LogLocked, PearlError
 from pearl.core.policy import Policy
 from pearl.core.profile import prior_profile
@@ -50,6 +50,8 @@ if TYPE_CHECKING:
     import socket
 
     from actors.api import ApiSockets, Memo
+    from actors.base import LocalRef
+    from actors.launcher import Launcher
     from actors.ray_launcher import RayLauncher
     from pearl.gateway.pool import PoolBackend
     from pearl.gateway.serve import GatewayServer
@@ -58,6 +60,9 @@ if TYPE_CHECKING:
     from transports.auth import ServerKeys
 
 log = logging.getLogger("pearl.daemon")
+
+#: how to (re)start one actor: its ref once alive (the orchestrator's takes a recovery)
+Factory = Callable[..., "LocalRef"]
 
 
 class StructuredFormatter(logging.Formatter):
@@ -79,22 +84,26 @@ def policy_of(cfg: config_mod.Config) -> Policy:
     return Policy.of_config(cfg)
 
 
-def init_records(cfg: config_mod.Config) -> list[Any]:
+def cluster_init(cfg: config_mod.Config) -> ev.ClusterInit:
+    """The log's first record for this config."""
     c = cfg.cluster
-    out: list[Any] = [
-        ev.ClusterInit(
-            tp=c.tp,
-            training_gpus=c.training_gpus,
-            reserved_gpus=c.reserved_gpus,
-            preemptible_gpus=c.preemptible_gpus,
-        )
-    ]
+    return ev.ClusterInit(
+        tp=c.tp,
+        training_gpus=c.training_gpus,
+        reserved_gpus=c.reserved_gpus,
+        preemptible_gpus=c.preemptible_gpus,
+    )
+
+
+def init_records(cfg: config_mod.Config) -> list[ev.ClusterInit | ev.GpusAdded]:
+    c = cfg.cluster
+    out: list[ev.ClusterInit | ev.GpusAdded] = [cluster_init(cfg)]
     if c.initial_preemptible:
         out.append(ev.GpusAdded(gpus=c.initial_preemptible))
     return out
 
 
-def cluster_diff(logged: Any, configured: ev.ClusterInit) -> str:
+def cluster_diff(logged: object, configured: ev.ClusterInit) -> str:
     """Where a log's ``cluster-init`` and the config's differ, in config keys:
     ``cluster.tp=2; this config has cluster.tp=4``."""
     if not isinstance(logged, ev.ClusterInit):
@@ -135,7 +144,7 @@ def open_log(cfg: config_mod.Config, state_dir: Path) -> FileLog:
             event_log.append(init_records(cfg))
         else:
             first = next(iter(event_log.read(1, 1)))[1]
-            expected = init_records(cfg)[0]
+            expected = cluster_init(cfg)
             if first != expected:
                 raise ConfigError(
                     f"{state_dir} holds the log of another cluster: it was created with "
@@ -191,11 +200,11 @@ class Daemon:
         self.address = self.endpoint  # a wildcard port is fixed once the API has bound
         self.keep_workers = keep_workers
         self.boot_id = secrets.token_hex(8)
-        self.refs: list[Any] = []  # the running actors, in start order
+        self.refs: list[LocalRef] = []  # the running actors, in start order
         self._stop = threading.Event()
         self.failed = threading.Event()  # set when an actor cannot be kept alive
         self._restarts: dict[str, list[float]] = {}
-        self.factories: dict[str, Any] = {}
+        self.factories: dict[str, Factory] = {}
         self.pipeline: Pipeline | None = None
         self.keys: ServerKeys | None = None
         self._ticker: threading.Thread | None = None
@@ -204,8 +213,10 @@ class Daemon:
         self._api_live: ApiSockets | None = None  # those the running API actor serves on
         self._api_memo: Memo | None = None  # the latest view, across API restarts
         self.failure = ""  # why pearld gave up on an actor (one line), when failed is set
-        self.directory: Any = None
-        self.launcher: Any = None
+        from actors.base import Directory
+
+        self.directory = Directory()  # the actors' (a fresh one each start)
+        self.launcher: Launcher | None = None
         self._ray: RayLauncher | None = None  # joined at start, until the launcher part takes it
         self._up: list[tuple[str, Callable[[bool], None]]] = []  # started parts, in order
         from actors.supervisor import Liveboard
@@ -220,7 +231,7 @@ class Daemon:
         self._gateway_sock: socket.socket | None = None  # bound at start, until served on
         self._gateway_key: str | None = None
 
-    def _recover(self) -> tuple[Any, Any]:
+    def _recover(self) -> tuple[Controller, Output]:
         """Replay the log (snapshot + tail), refit the profile, let the controller recover."""
         assert self.event_log is not None
         t0 = time.monotonic()
@@ -436,7 +447,7 @@ class Daemon:
         if self._ticker is not None:
             self._ticker.join(5.0)
 
-    def _factories(self, recovered: Any) -> dict[str, Any]:
+    def _factories(self, recovered: Output) -> dict[str, Factory]:
         """How to (re)start each actor, in dependency order."""
         from actors import base
         from actors.api import REBIND_S, ApiEndpoint, ApiSockets, Memo
@@ -454,7 +465,7 @@ class Daemon:
         self._api_memo = Memo()
         board = self.board
 
-        def supervisor() -> Any:
+        def supervisor() -> LocalRef:
             return base.start(
                 d,
                 RoleSupervisor,
@@ -469,7 +480,7 @@ class Daemon:
                 metrics=self.metrics_server.address if self.metrics_server is not None else "",
             )
 
-        def api() -> Any:
+        def api() -> LocalRef:
             take = self.pipeline.take if self.pipeline is not None else None
             bound, self._api_sockets = self._api_sockets, None  # at start; a restart binds anew
             if bound is None:  # a restart: free the address the failed endpoint held, rebind
@@ -496,7 +507,9 @@ class Daemon:
             self.address = ref.ref.proxy().address.get()
             return ref
 
-        def orchestrator(controller: Any = None, out: Any = None) -> Any:
+        def orchestrator(
+            controller: Controller | None = None, out: Output | None = None
+        ) -> LocalRef:
             if controller is None:  # a restart: the log is the truth
                 controller, out = self._recover()
             ref = base.start(
@@ -513,7 +526,7 @@ class Daemon:
             ref.ask(Boot(), 30.0)  # log and send what recovery decided, now it has a name
             return ref
 
-        specs: dict[str, Any] = {
+        specs: dict[str, Factory] = {
             names.SUPERVISOR: supervisor,
             names.REBUILDER: lambda: base.start(d, InterScaleRebuilder, d),
             names.TOGGLE: lambda: base.start(d, IntraScaleToggleManager, d),
@@ -547,8 +560,10 @@ class Daemon:
         specs[names.ORCHESTRATOR] = orchestrator
         # after the orchestrator booted
         if cfg.daemon.launcher is config_mod.Launcher.RAY and cfg.ray.node_events:
+            from actors.ray_launcher import RayLauncher
             from actors.ray_nodes import RayNodeWatcher, read_nodes
 
+            assert isinstance(self.launcher, RayLauncher)  # joined at start
             ray = self.launcher.ray
             specs[names.NODES] = lambda: base.start(
                 d,
@@ -560,7 +575,7 @@ class Daemon:
             )
         return specs
 
-    def batches(self) -> Any:
+    def batches(self) -> Pipeline:
         """The rollout pipeline's batches (``take(timeout_s)``), for an in-process trainer."""
         if self.pipeline is None:
             raise PearlError("no rollout pipeline: set [rl] env in the config")

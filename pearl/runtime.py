@@ -22,7 +22,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from actors import names
 from pearl.core import events as ev
@@ -30,9 +30,17 @@ from pearl.core.errors import PearlError
 from pearl.core.status import ClusterStatus
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    import torch
+
     from pearl.config import Config
     from pearl.plans import PlanSpan
     from pearl.rl.pipeline import PipelineStats
+    from pearl.rl.trajectory import Batch
+
+#: what :meth:`publish_weights` takes: a state dict, or a file in the weight store's format
+Weights: TypeAlias = "Mapping[str, torch.Tensor] | str | Path"
 
 TRAINING_WAIT_S = 600.0  # a return is bounded by step deadlines; this only guards a dead daemon
 
@@ -79,7 +87,7 @@ class _Base(ABC):
     _published_version: int = 0
 
     @abstractmethod
-    def _event(self, record: Any) -> int:
+    def _event(self, record: ev.Elastic) -> int:
         """Send an elastic event; its log sequence number once durable."""
 
     @abstractmethod
@@ -87,11 +95,11 @@ class _Base(ABC):
         """The cluster status (typed; ``pearl status --json`` prints its mapping)."""
 
     @abstractmethod
-    def _next_batch(self, timeout_s: float) -> Any | None:
+    def _next_batch(self, timeout_s: float) -> Batch | None:
         """A ready batch, or None after ``timeout_s``."""
 
     @abstractmethod
-    def _publish(self, version: int, weights: Any) -> str:
+    def _publish(self, version: int, weights: Weights) -> str:
         """Store weights ``version`` and log it."""
 
     @abstractmethod
@@ -101,12 +109,12 @@ class _Base(ABC):
     def start(self) -> _Base:
         return self
 
-    def event(self, record: Any) -> int:
+    def event(self, record: ev.Elastic) -> int:
         """Send an elastic event (gpus-added, gpus-reclaimed, ...); its sequence number once
         durable. ``training()`` sends the training notifications for you."""
         return self._event(record)
 
-    def next_batch(self, timeout_s: float | None = None) -> Any:
+    def next_batch(self, timeout_s: float | None = None) -> Batch:
         """The next rollout batch (:class:`pearl.rl.trajectory.Batch`); waits for it."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
@@ -138,7 +146,7 @@ class _Base(ABC):
                 version = max(self.status().weights_version, self._published_version)
             self._event(ev.TrainingFinished(step=step, weights_version=version))
 
-    def publish_weights(self, weights: Any, version: int) -> str:
+    def publish_weights(self, weights: Weights, version: int) -> str:
         """Write weights ``version`` (a state dict or a file path) to the weight store and tell
         pearld; serving workers move to it, joiners start from it. Returns its location."""
         where = self._publish(version, weights)
@@ -150,10 +158,10 @@ class _Base(ABC):
     async def astart(self) -> _Base:
         return await asyncio.to_thread(self.start)
 
-    async def anext_batch(self, timeout_s: float | None = None) -> Any:
+    async def anext_batch(self, timeout_s: float | None = None) -> Batch:
         return await asyncio.to_thread(self.next_batch, timeout_s)
 
-    async def apublish_weights(self, weights: Any, version: int) -> str:
+    async def apublish_weights(self, weights: Weights, version: int) -> str:
         return await asyncio.to_thread(self.publish_weights, weights, version)
 
     async def astatus(self) -> ClusterStatus:
@@ -226,10 +234,10 @@ class Runtime(_Base):
             self._started = True
         return self
 
-    def _ask(self, name: str, msg: Any, timeout_s: float = 30.0) -> Any:
+    def _ask(self, name: str, msg: object, timeout_s: float = 30.0) -> Any:
         return self.daemon.directory.get(name).ask(msg, timeout_s)
 
-    def _event(self, record: Any) -> int:
+    def _event(self, record: ev.Elastic | ev.WeightsPublished) -> int:
         return int(self._ask(names.SCHEDULER, record).seq)
 
     def status(self) -> ClusterStatus:
@@ -252,10 +260,10 @@ class Runtime(_Base):
             pipeline=None if pipeline is None else pipeline.stats(),
         )
 
-    def _next_batch(self, timeout_s: float) -> Any | None:
+    def _next_batch(self, timeout_s: float) -> Batch | None:
         return self.daemon.batches().take(timeout_s)
 
-    def _publish(self, version: int, weights: Any) -> str:
+    def _publish(self, version: int, weights: Weights) -> str:
         from pearl.rl.weights import WeightStore
 
         path = WeightStore(self.state_dir / "weights").publish(version, weights)
@@ -291,7 +299,7 @@ class RemoteRuntime(_Base):
             name="trainer",
         )
 
-    def _event(self, record: Any) -> int:
+    def _event(self, record: ev.Elastic) -> int:
         from transports.protocol import Event
 
         return int(self.client.request(Event.of(record)).seq)
@@ -305,7 +313,7 @@ class RemoteRuntime(_Base):
         status: ClusterStatus = payload
         return status
 
-    def _next_batch(self, timeout_s: float) -> Any | None:
+    def _next_batch(self, timeout_s: float) -> Batch | None:
         from actors.messages import BatchReply, NextBatch
         from pearl.core.schema import from_plain
         from pearl.rl.trajectory import Batch
@@ -314,7 +322,7 @@ class RemoteRuntime(_Base):
         assert isinstance(reply, BatchReply)
         return None if reply.batch is None else from_plain(Batch, reply.batch)
 
-    def _publish(self, version: int, weights: Any) -> str:
+    def _publish(self, version: int, weights: Weights) -> str:
         from actors.messages import WeightsUpload
 
         if isinstance(weights, str | Path) and Path(weights).is_file():

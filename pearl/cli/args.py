@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import argparse
 import re
+from typing import TypeAlias
+
+#: what ``register(subparsers)`` of every sub-command module receives
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 _INT = re.compile(r"-?[0-9]+", re.ASCII)
 
@@ -26,4 +30,4 @@ def integer(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{s[:37]!r}... has too many digits") from None
 
 
-__all__ = ["integer"]
+__all__ = ["Subparsers", "integer"]

@@ -12,10 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from typing import Any
 
 from pearl import config
-from pearl.cli.args import integer
+from pearl.cli.args import Subparsers, integer
 from pearl.core.decision import Decision, decide
 from pearl.core.errors import ConfigError
 from pearl.core.gate import GateResult, borrow_gate
@@ -23,7 +22,7 @@ from pearl.core.profile import WorkloadProfile, prior_profile
 from pearl.core.schema import to_plain
 
 
-def register(sub: Any) -> None:
+def register(sub: Subparsers) -> None:
     p = sub.add_parser(
         "decide",
         help="predict makespans and pick the PD mode and ratio for a GPU budget",

@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from typing import Any
+
+from pearl.cli.args import Subparsers
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: Subparsers) -> None:
     p = subparsers.add_parser("demo", help="run asynchronous agentic RL on an elastic pool")
     p.add_argument("--config", default="configs/local-cpu.toml", help="default: %(default)s")
     p.add_argument("--steps", type=int, default=16, help="training steps (default: %(default)s)")

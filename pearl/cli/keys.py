@@ -10,12 +10,12 @@ hosts their keys, and ``pearl --keys-dir DIR`` clients connect.
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
+from pearl.cli.args import Subparsers
 from transports.auth import AUTHORIZED_DIR, CLIENT, WORKER, generate
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: Subparsers) -> None:
     p = subparsers.add_parser("keys", help="CURVE keys for pearld, its worker hosts and clients")
     sub = p.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
     g = sub.add_parser(

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from pearl.cli.args import Subparsers
 from pearl.config import format_gpus as _span
 from pearl.core.errors import LogError
 from pearl.core.events import Record
@@ -27,7 +28,7 @@ from pearl.log.verify import verify
 Handler = Callable[[argparse.Namespace], int]
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: Subparsers) -> None:
     p = subparsers.add_parser("log", help="inspect an event log (verify, show, replay)")
     sub = p.add_subparsers(dest="log_command", metavar="ACTION", required=True)
 

@@ -15,13 +15,17 @@ import json
 import os
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pearl.cli.args import integer
+from pearl.cli.args import Subparsers, integer
 from pearl.config import DEFAULT_ENDPOINT, format_gpus, parse_gpus
 from pearl.core import events as ev
 from pearl.core.errors import PearlError
 from pearl.core.status import ClusterStatus, status_plain
+
+if TYPE_CHECKING:
+    from transports.diagnose import DiagnosingClient
+    from transports.rpc import Client
 
 EVENTS = tuple(c.KIND for c in ev.ELASTIC_EVENTS)  # the subcommands of `pearl event`
 RETURN_WAIT_S = 60.0  # training-begin: how long to wait for borrowed workers, by default
@@ -73,7 +77,7 @@ def _training_begin(p: argparse.ArgumentParser) -> None:
     )
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: Subparsers) -> None:
     e = subparsers.add_parser("event", help="send an elastic event to pearld")
     kinds = e.add_subparsers(dest="event", metavar="EVENT", required=True)
     for kind in EVENTS:
@@ -119,7 +123,7 @@ def register(subparsers: Any) -> None:
     w.set_defaults(handler=cmd_watch)
 
 
-def client(args: argparse.Namespace) -> Any:
+def client(args: argparse.Namespace) -> DiagnosingClient:
     """A client of pearld whose timeouts say why (authentication failed, or unreachable)."""
     from transports.auth import ClientKeys
     from transports.diagnose import DiagnosingClient
@@ -140,7 +144,7 @@ def client(args: argparse.Namespace) -> Any:
     )
 
 
-def fetch_status(c: Any) -> ClusterStatus:
+def fetch_status(c: Client) -> ClusterStatus:
     from transports.protocol import StatusRequest
 
     payload = c.request(StatusRequest()).payload
@@ -150,7 +154,7 @@ def fetch_status(c: Any) -> ClusterStatus:
     return status
 
 
-def build_event(args: argparse.Namespace, c: Any) -> Any:
+def build_event(args: argparse.Namespace, c: Client) -> ev.Elastic:
     if args.event == "gpus-added":
         return ev.GpusAdded(gpus=parse_gpus(args.gpus, "--gpus"))
     if args.event == "gpus-reclaimed":
@@ -187,7 +191,7 @@ def cmd_event(args: argparse.Namespace) -> int:
     return 0
 
 
-def await_return(c: Any, step: int, t0: float, timeout_s: float) -> str:
+def await_return(c: Client, step: int, t0: float, timeout_s: float) -> str:
     """Wait for pearld's go-ahead for training ``step`` (sent at ``t0``); what came back, and
     how long it took."""
     from pearl.runtime import TrainingTimeout, wait_training_may_proceed

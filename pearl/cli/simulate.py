@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from pearl.cli.args import Subparsers
 from pearl.core.errors import ConfigError
 from pearl.sim import availability as av
 from pearl.sim import experiments as ex
@@ -35,7 +36,7 @@ from pearl.sim.scenario import MAIN_POLICIES, MODELS, POLICIES, scenario
 EXPERIMENTS = ("ablation", "ratio", "sensitivity")
 
 
-def register(sub: Any) -> None:
+def register(sub: Subparsers) -> None:
     p = sub.add_parser(
         "simulate",
         help="replay a GPU availability trace at paper scale and compare policies",

@@ -22,12 +22,17 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TextIO
 
+from pearl.cli.args import Subparsers
 from pearl.cli.remote import _reachable, client, connection_options, fetch_status
 from pearl.config import format_gpus
 from pearl.core.errors import PearlError
 from pearl.core.status import status_plain
+
+if TYPE_CHECKING:
+    from transports.pubsub import Subscriber
+    from transports.rpc import Client
 
 EVENTS_SHOWN = 8  # changes listed at the bottom of the screen
 WIDTH = 100  # frame width when stdout is not a terminal
@@ -39,7 +44,7 @@ HIDE, SHOW = "\x1b[?25l", "\x1b[?25h"
 Event = dict[str, Any]  # {"time": epoch seconds, "seq": log seq or None, "text": str}
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "top", help="a live view: workers, ratio, decision, gate, borrow cycles, last changes"
     )
@@ -64,7 +69,7 @@ def register(subparsers: Any) -> None:
 # -- rendering (pure) -----------------------------------------------------------------------------
 
 
-def _get(d: Any, *keys: Any) -> Any:
+def _get(d: object, *keys: str | int) -> Any:
     """``d[k1][k2]...``, or None where a key (or a level) is missing."""
     for k in keys:
         if isinstance(d, dict):
@@ -76,22 +81,22 @@ def _get(d: Any, *keys: Any) -> Any:
     return d
 
 
-def _dict(x: Any) -> dict[str, Any]:
+def _dict(x: object) -> dict[str, Any]:
     return x if isinstance(x, dict) else {}
 
 
-def _v(x: Any) -> str:
+def _v(x: object) -> str:
     return "-" if x is None or x == "" else str(x)
 
 
-def _secs(x: Any, digits: int = 1) -> str:
+def _secs(x: object, digits: int = 1) -> str:
     """``12.3s``; ``-`` for None or anything not a number."""
     if isinstance(x, bool) or not isinstance(x, int | float):
         return "-"
     return f"{x:.{digits}f}s"
 
 
-def _span(gpus: Any) -> str:
+def _span(gpus: object) -> str:
     """``[0, 1, 2, 3, 8]`` -> ``0-3,8``; ``-`` for none; anything that is not GPU ids as it is."""
     if not isinstance(gpus, list | tuple) or not gpus:
         return "-"
@@ -100,7 +105,7 @@ def _span(gpus: Any) -> str:
     return format_gpus(gpus)
 
 
-def _clock(t: Any) -> str:
+def _clock(t: object) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t)) if isinstance(t, int | float) else "-"
 
 
@@ -122,7 +127,7 @@ def _routable(w: dict[str, Any]) -> bool:
     return w.get("activity") == "active" and w.get("role") in ROLES[:3]
 
 
-def _target_n(target: Any) -> int | None:
+def _target_n(target: object) -> int | None:
     """Workers of a target as status writes it: ``4C`` -> 4, ``3P7D`` -> 10."""
     if not isinstance(target, str):
         return None
@@ -223,7 +228,7 @@ def _gate(s: dict[str, Any]) -> list[str]:
     ]
 
 
-def _cycle(name: str, c: Any) -> str:
+def _cycle(name: str, c: object) -> str:
     if not isinstance(c, dict):
         return f"borrow {name}: -"
     out = (
@@ -491,7 +496,7 @@ class Changes:
     def __init__(self, keep: int = EVENTS_SHOWN) -> None:
         self.events: deque[Event] = deque(maxlen=keep)
         self.note = ""
-        self.sub: Any = None
+        self.sub: Subscriber | None = None
         self._view: dict[str, Any] | None = None
         self._failing = False
         self._silent = False
@@ -511,7 +516,7 @@ class Changes:
         self.add("; ".join(describe(self._view, payload)) or "state changed", log_seq)
         self._view = payload
 
-    def subscribe(self, c: Any, status: dict[str, Any], endpoint: str, keys_dir: str) -> None:
+    def subscribe(self, c: Client, status: dict[str, Any], endpoint: str, keys_dir: str) -> None:
         from transports.pubsub import Subscriber
 
         pub = status.get("pub_endpoint")
@@ -562,7 +567,7 @@ class Changes:
 # -- the command ----------------------------------------------------------------------------------
 
 
-def _poll(c: Any, timeout_s: float) -> dict[str, Any]:
+def _poll(c: Client, timeout_s: float) -> dict[str, Any]:
     from transports.protocol import StatusRequest
 
     payload = c.request(StatusRequest(), timeout_s, retries=0).payload
@@ -599,7 +604,7 @@ def cmd_top(args: argparse.Namespace) -> int:
 
 
 def _loop(
-    args: argparse.Namespace, c: Any, status: dict[str, Any], changes: Changes, tty: bool
+    args: argparse.Namespace, c: Client, status: dict[str, Any], changes: Changes, tty: bool
 ) -> None:
     """Frames until ``--count`` (or ``--once``): poll the status, drain the changes, redraw."""
     interval = max(args.interval, 0.05)
@@ -630,7 +635,7 @@ def _loop(
         _sleep_until(now + interval, changes.drain)
 
 
-def _show(out: Any, frame: str, tty: bool, first: bool) -> None:
+def _show(out: TextIO, frame: str, tty: bool, first: bool) -> None:
     if tty:  # home, each line over the old one, then erase what the old frame had below
         out.write(HOME + "".join(f"{line}{EOL}\n" for line in frame.split("\n")) + BELOW)
     else:
