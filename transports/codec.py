@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
 
 import msgpack
 import msgspec
@@ -24,8 +24,14 @@ import msgspec
 from pearl.core.commands import COMMANDS
 from pearl.core.errors import ProtocolError
 from pearl.core.events import RECORDS
-from pearl.core.schema import Registry
+from pearl.core.schema import Registry, WireStruct
 from transports.protocol import MESSAGES, PROTOCOL_VERSION, ErrorCode, Limits
+
+if TYPE_CHECKING:
+    import zmq
+
+#: one frame of a message: bytes (or a buffer of them), a zero-copy view, or a received zmq.Frame
+Frame: TypeAlias = "bytes | bytearray | memoryview | zmq.Frame"
 
 REGISTRIES: tuple[Registry, ...] = (MESSAGES, COMMANDS, RECORDS)
 """Where a kind is looked up, in this order (kinds are unique across them)."""
@@ -58,14 +64,14 @@ class Envelope:
     id: int = 0
     corr: int = 0
     sender: str = ""
-    frames: tuple[Any, ...] = ()  # bytes or memoryview (zero-copy views of received frames)
+    frames: tuple[bytes | memoryview, ...] = ()  # zero-copy views of received frames
 
     @property
     def kind(self) -> str:
         return str(self.msg.KIND)
 
 
-def lookup(kind: Any) -> Registry | None:
+def lookup(kind: object) -> Registry | None:
     """The registry that knows ``kind``, or None."""
     if type(kind) is not str:
         return None
@@ -85,15 +91,20 @@ def registries_overlap() -> set[str]:
     return dup
 
 
-def _no_ext(code: int, data: bytes) -> Any:
+def _no_ext(code: int, data: bytes) -> NoReturn:
     raise ValueError(f"msgpack extension type {code} is not allowed")
 
 
-def nbytes(frame: Any) -> int:
-    """Size in bytes of a frame (bytes, memoryview, zmq.Frame or any buffer)."""
-    if isinstance(frame, bytes | bytearray):
+def nbytes(frame: Frame) -> int:
+    """Size in bytes of a frame (bytes, memoryview or zmq.Frame)."""
+    if isinstance(frame, bytes):
         return len(frame)
-    return memoryview(frame).nbytes
+    return _view(frame).nbytes
+
+
+def _view(frame: bytearray | memoryview | zmq.Frame) -> memoryview:
+    """A zero-copy view of a frame (a zmq.Frame's is its own buffer)."""
+    return memoryview(frame) if isinstance(frame, bytearray | memoryview) else frame.buffer
 
 
 class Codec:
@@ -117,13 +128,13 @@ class Codec:
 
     def encode(
         self,
-        msg: Any,
+        msg: WireStruct,
         *,
         id: int = 0,
         corr: int = 0,
         sender: str = "",
-        frames: Sequence[Any] = (),
-    ) -> list[Any]:
+        frames: Sequence[Frame] = (),
+    ) -> list[Frame]:
         """Frames for ``msg``: the packed envelope, then ``frames`` untouched (zero-copy)."""
         kind = getattr(msg, "KIND", None)
         reg = lookup(kind)
@@ -145,7 +156,7 @@ class Codec:
 
     # -- decode --------------------------------------------------------------------------------
 
-    def decode(self, frames: Sequence[Any]) -> Envelope:
+    def decode(self, frames: Sequence[Frame]) -> Envelope:
         """Check sizes, unpack and validate; raise :class:`BadMessage` on anything wrong."""
         self._check_sizes(frames, outgoing=False)
         try:
@@ -192,10 +203,10 @@ class Codec:
             msg = reg.decode(body)
         except Exception as e:  # SchemaError, or a record's own check failing on odd input
             raise BadMessage(ErrorCode.SCHEMA, f"{kind!r}: {e}", corr) from None
-        bulk = tuple(f if isinstance(f, bytes) else memoryview(f) for f in frames[1:])
+        bulk = tuple(f if isinstance(f, bytes) else _view(f) for f in frames[1:])
         return Envelope(msg=msg, id=env["id"], corr=env["corr"], sender=env["sender"], frames=bulk)
 
-    def _check_sizes(self, frames: Sequence[Any], outgoing: bool) -> None:
+    def _check_sizes(self, frames: Sequence[Frame], outgoing: bool) -> None:
         lim = self.limits
         what = "outgoing" if outgoing else "incoming"
         n = len(frames)

@@ -35,11 +35,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import zmq
 
 from pearl.core.errors import PearlError, ProtocolError
+from pearl.core.schema import WireStruct
 from transports.auth import (
     ClientKeys,
     ServerKeys,
@@ -48,7 +49,7 @@ from transports.auth import (
     secure_client,
     secure_server,
 )
-from transports.codec import BadMessage, Codec, Envelope
+from transports.codec import BadMessage, Codec, Envelope, Frame
 from transports.heartbeat import Listener
 from transports.protocol import (
     POLL_MS,
@@ -69,11 +70,12 @@ REPLY_CACHE = 1024  # recent replies kept for retried requests
 class Reply:
     """A reply message with bulk frames sent after its envelope (zero-copy)."""
 
-    msg: Any
-    frames: Sequence[Any] = ()
+    msg: WireStruct
+    frames: Sequence[Frame] = ()
 
 
-Handler = Callable[[Envelope], Any]
+#: answers a request: its reply (a message, or one with bulk frames), or None for no reply
+Handler = Callable[[Envelope], "WireStruct | Reply | None"]
 # Told (message kind, outcome, seconds) for every message a Server answers: the outcome is "ok" or
 # the error reply's ErrorCode; a message that does not decode has the kind MALFORMED.
 Observer = Callable[[str, str, float], None]
@@ -93,14 +95,14 @@ class RequestTimeout(PearlError):
     """No reply after every retry."""
 
 
-def _unserved(env: Envelope) -> Any:
+def _unserved(env: Envelope) -> NoReturn:
     raise PearlError(f"{env.kind!r} reached a server with no handler")  # never: serve() sets one
 
 
-def dispatch(table: Mapping[type, Callable[[Envelope], Any]]) -> Handler:
+def dispatch(table: Mapping[type, Handler]) -> Handler:
     """A handler calling ``table[type(env.msg)]``; other kinds get an ``unexpected`` error."""
 
-    def handle(env: Envelope) -> Any:
+    def handle(env: Envelope) -> WireStruct | Reply | None:
         fn = table.get(type(env.msg))
         if fn is None:
             served = sorted(t.KIND for t in table)  # type: ignore[attr-defined]
@@ -148,7 +150,7 @@ class Server:
         # The server keys its reply cache by (sender, id): a new client under a reused name (a
         # CLI run, a restarted worker host) must not meet the replies of an earlier one.
         self._ids = itertools.count(secrets.randbits(40) + 1)
-        self._cache: OrderedDict[tuple[str, int], list[Any]] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, int], list[Frame]] = OrderedDict()
         self._domain: str | None = None
         self._sock = _socket(self.ctx, zmq.ROUTER, self.codec.limits)
         self._wake_addr = f"inproc://pearl-server-wake-{id(self)}-{secrets.token_hex(4)}"
@@ -233,7 +235,7 @@ class Server:
                 except Exception:  # never let one message take the server down
                     log.exception("rpc server %s: failed to answer a message", self.name)
 
-    def _serve(self, parts: list[Any]) -> None:
+    def _serve(self, parts: list[zmq.Frame]) -> None:
         t0 = time.perf_counter()
         kind, outcome = MALFORMED, ErrorCode.INTERNAL  # unless _answer says how it went
         try:
@@ -242,7 +244,7 @@ class Server:
             if self.observer is not None:
                 self.observer(kind, outcome, time.perf_counter() - t0)
 
-    def _answer(self, parts: list[Any]) -> tuple[str, str]:
+    def _answer(self, parts: list[zmq.Frame]) -> tuple[str, str]:
         """Answer one message; (its kind, how it went: "ok" or the error reply's code)."""
         identity = parts[0].bytes
         try:
@@ -310,7 +312,7 @@ class Server:
             self._remember(key, frames)
         self._sock.send_multipart([identity, *frames])
 
-    def _remember(self, key: tuple[str, int], frames: list[Any]) -> None:
+    def _remember(self, key: tuple[str, int], frames: list[Frame]) -> None:
         self._cache[key] = frames
         if len(self._cache) > REPLY_CACHE:
             self._cache.popitem(last=False)
@@ -371,7 +373,7 @@ class Client:
     def _request_ends(self) -> None:
         """Hook: a request was answered or given up on (under the client's lock)."""
 
-    def _timeout(self, msg: Any, timeout: float, tries: int) -> RequestTimeout:
+    def _timeout(self, msg: WireStruct, timeout: float, tries: int) -> RequestTimeout:
         """The error for a request nobody answered (under the client's lock, before the client
         moves to a new socket)."""
         took = (
@@ -394,11 +396,11 @@ class Client:
 
     def request(
         self,
-        msg: Any,
+        msg: WireStruct,
         timeout_s: float | None = None,
         *,
         retries: int | None = None,
-        frames: Sequence[Any] = (),
+        frames: Sequence[Frame] = (),
     ) -> Any:
         """Send ``msg``, return the reply message; an ``error`` reply raises RemoteError."""
         env = self.request_envelope(msg, timeout_s, retries=retries, frames=frames)
@@ -408,11 +410,11 @@ class Client:
 
     def request_envelope(
         self,
-        msg: Any,
+        msg: WireStruct,
         timeout_s: float | None = None,
         *,
         retries: int | None = None,
-        frames: Sequence[Any] = (),
+        frames: Sequence[Frame] = (),
     ) -> Envelope:
         """Like :meth:`request` but returns the whole reply (bulk frames, sender); no raise."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
@@ -427,7 +429,9 @@ class Client:
             finally:
                 self._request_ends()
 
-    def _attempts(self, msg: Any, out: list[Any], rid: int, timeout: float, tries: int) -> Envelope:
+    def _attempts(
+        self, msg: WireStruct, out: list[Frame], rid: int, timeout: float, tries: int
+    ) -> Envelope:
         """Send ``out`` (request ``rid``) up to ``tries`` times, under the client's lock: its
         reply, or RequestTimeout."""
         end = time.monotonic() + timeout if self.whole_timeout else None
@@ -474,7 +478,7 @@ class Client:
                 return env
             log.debug("dropping stale reply %d (waiting for %d)", env.corr, rid)
 
-    def send(self, msg: Any, frames: Sequence[Any] = ()) -> bool:
+    def send(self, msg: WireStruct, frames: Sequence[Frame] = ()) -> bool:
         """One-way message (heartbeat, event without ack); False if it could not be queued."""
         with self._lock:
             if self._sock is None:
