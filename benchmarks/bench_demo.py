@@ -54,10 +54,11 @@ def main() -> int:
     )
     ap.add_argument("--json", type=Path, help="write the figures as JSON to this file")
     ap.add_argument("--keep", type=Path, help="keep each run's directory (report.json) under DIR")
-    ap.add_argument("--small", action="store_true", help="1 step, one round (a smoke run)")
+    ap.add_argument("--small", action="store_true", help="1 step of 8 trajectories (a smoke run)")
     args = ap.parse_args()
-    if args.small:
+    if args.small:  # every policy still runs; only the batch is cut (its --set still wins)
         args.steps, args.rounds = 1, 1
+        args.set = ["workload.batch=8", "rl.max_new_tokens=16", *args.set]
     if args.keep is not None and args.keep.exists() and any(args.keep.iterdir()):
         ap.error(f"--keep {args.keep}: not empty (each run needs a fresh directory)")
     trace_s = 4.0 * args.steps
