@@ -18,7 +18,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import zmq
@@ -40,7 +41,9 @@ from pearl.core.schema import to_plain
 from pearl.core.status import status_plain
 from pearl.core.view import cluster_status
 from transports.auth import ServerKeys
+from transports.codec import Envelope
 from transports.protocol import (
+    Ack,
     Call,
     Event,
     Ping,
@@ -52,6 +55,9 @@ from transports.protocol import (
 )
 from transports.pubsub import Publisher
 from transports.rpc import Observer, Server, dispatch
+
+if TYPE_CHECKING:
+    from pearl.rl.trajectory import Batch
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +203,7 @@ class ApiEndpoint(PearlActor):
         boot_id: str,
         board: Liveboard,
         keys: ServerKeys | None = None,
-        batches: Callable[[float], Any] | None = None,
+        batches: Callable[[float], Batch | None] | None = None,
         weights: Callable[[int, bytes], str] | None = None,
         observer: Observer | None = None,  # told every message answered (pearld's metrics)
         bound: ApiSockets | None = None,  # bound by pearld before it started (None: bind here)
@@ -256,8 +262,8 @@ class ApiEndpoint(PearlActor):
         assert self.server is not None
         return self.server.address
 
-    def _event(self, env: Any) -> Any:
-        ack = self.directory.get(names.SCHEDULER).ask(env.msg.decoded, EVENT_TIMEOUT_S)
+    def _event(self, env: Envelope) -> Ack:
+        ack: Ack = self.directory.get(names.SCHEDULER).ask(env.msg.decoded, EVENT_TIMEOUT_S)
         # Read your writes: the orchestrator tells this actor the new view before it acks, but
         # asynchronously; a status asked right after the ack must already show the event.
         seq = getattr(ack, "seq", 0)
@@ -265,25 +271,25 @@ class ApiEndpoint(PearlActor):
             self._view_seq.wait_for(lambda: self.seq >= seq, VIEW_WAIT_S)
         return ack
 
-    def _hello(self, env: Any) -> Welcome:
+    def _hello(self, env: Envelope) -> Welcome:
         welcome: Welcome = self.directory.get(names.SUPERVISOR).ask(env.msg, 10.0)
         return welcome
 
-    def _beat(self, env: Any) -> Welcome:
+    def _beat(self, env: Envelope) -> Welcome:
         # Recorded on the server's thread (the ear beat already): a busy supervisor must not look
         # like a dead host. The reply tells the host whether pearld (this boot) still knows it.
         return Welcome(
             boot_id=self.boot_id, known=self.board.beat(env.msg.worker, env.msg.incarnation)
         )
 
-    def _next_batch(self, env: Any) -> BatchReply:
+    def _next_batch(self, env: Envelope) -> BatchReply:
         if self.batches is None:
             raise PearlError("this pearld runs no rollout pipeline (set [rl] env in its config)")
         # Waits only briefly on the server's thread; clients poll until their own deadline.
         batch = self.batches(min(env.msg.timeout_s, 0.5))
         return BatchReply(batch=None if batch is None else to_plain(batch))
 
-    def _upload(self, env: Any) -> Result:
+    def _upload(self, env: Envelope) -> Result:
         if self.weights is None or len(env.frames) != 1:
             raise PearlError("weights-upload needs one bulk frame and a pearld with a weight store")
         return Result(value=self.weights(env.msg.version, bytes(env.frames[0])))
@@ -333,7 +339,12 @@ class ApiEndpoint(PearlActor):
     def on_stop(self) -> None:
         self.sockets.close()
 
-    def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
+    def on_failure(
+        self,
+        exception_type: type[BaseException] | None,
+        exception_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
         super().on_failure(exception_type, exception_value, traceback)
         # Free the address for the endpoint that replaces this one (pykka calls no on_stop).
         try:
