@@ -61,6 +61,7 @@ class Completion:
     # (index of the first token, weights version) for each attempt that generated tokens
     versions: list[tuple[int, int]] = field(default_factory=list)
     finish_reason: FinishReason | None = None
+    top_logprobs: list[tuple[tuple[int, float], ...]] = field(default_factory=list)  # per token
     resumed: int = 0  # times it was sent again with its prefix (migrations)
     recomputed_tokens: int = 0  # prompt tokens the resumed attempts prefilled (cache misses)
     errors: list[str] = field(default_factory=list)
@@ -84,6 +85,7 @@ class Attempt:
     finish_reason: FinishReason | None
     decode_steps: int = 0
     decode_batch_sum: int = 0
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()  # per token, when asked
 
 
 @dataclass
@@ -246,6 +248,7 @@ class RolloutClient:
             out.versions.append((len(out.output_ids), r.weights_version))
         out.output_ids += r.output_ids
         out.logprobs += r.logprobs
+        out.top_logprobs += r.top_logprobs
         left = req.sampling.max_new_tokens - len(out.output_ids)
         resume = r.finish_reason is FinishReason.ABORT and left > 0 and not call.cancelled
         if not resume:
@@ -258,6 +261,7 @@ class RolloutClient:
                     cached_tokens=r.cached_tokens, recomputed_tokens=recomputed,
                     resumed=out.resumed, finish_reason=out.finish_reason,
                     decode_steps=r.decode_steps, decode_batch_sum=r.decode_batch_sum,
+                    top_logprobs=r.top_logprobs,
                 )
             )  # fmt: skip
         if resume:
@@ -275,9 +279,11 @@ class RolloutClient:
         sampling = msgspec.structs.replace(
             req.sampling, max_new_tokens=req.sampling.max_new_tokens - len(done)
         )
+        # ``generated``: the prefix is output, not prompt (a grammar resumes after it).
         return msgspec.structs.replace(
-            req, input_ids=req.input_ids + tuple(done), sampling=sampling
-        )
+            req, input_ids=req.input_ids + tuple(done), sampling=sampling,
+            generated=req.generated + len(done),
+        )  # fmt: skip
 
     def _settle(self, call: _Call, error: Exception | None) -> None:
         with self._lock:

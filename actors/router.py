@@ -63,7 +63,7 @@ from actors.messages import AbortRequest, Generate, GenerateDone, Route, StateCh
 from actors.retries import FIRST_BACKOFF_S, MAX_BACKOFF_S, RETRY_AFTER_S, WAIT_S, Pending
 from pearl.core import notice
 from pearl.core.errors import RequestRefused
-from pearl.core.routing import choose_worker
+from pearl.core.routing import Choice, choose_worker
 from pearl.core.state import Zone
 from pearl.engines.base import GenerateRequest, check_request
 
@@ -136,6 +136,7 @@ class Router(PearlActor):
         # trajectory -> the worker that prefilled its last turn (holds its prefix), LRU order
         self.homes: OrderedDict[str, int] = OrderedDict()
         self.affine = 0  # turns sent back to their trajectory's worker
+        self.groups: OrderedDict[str, int] = OrderedDict()  # n > 1: a request's samples' worker
         self.lent: set[int] = set()  # routable workers on the trainer's GPUs (borrowed)
 
     def state_changed(self, msg: StateChanged) -> None:
@@ -194,11 +195,20 @@ class Router(PearlActor):
         self.pending[rid] = Pending(msg, original=msg.request, deadline=self.clock() + wait)
         self._dispatch(rid)
 
-    def _pick(self, pool: list[int], trajectory: str = "", critical: bool = False) -> int:
+    def _pick(
+        self, pool: list[int], trajectory: str = "", critical: bool = False, group: str = ""
+    ) -> int:
         """The worker of ``pool`` that :func:`~pearl.core.routing.choose_worker` picks for a turn
         of ``trajectory`` (none: the least loaded), remembered as the trajectory's home."""
         home = self.homes.get(trajectory) if trajectory else None
         choice = choose_worker(pool, self.load, home=home, lent=self.lent, critical=critical)
+        if group:  # the samples of one request (n > 1) go together: they share the prefill
+            if (together := self.groups.get(group)) in pool:
+                choice = Choice(together)
+            self.groups[group] = choice.worker
+            self.groups.move_to_end(group)
+            if len(self.groups) > HOMES:
+                self.groups.popitem(last=False)
         if not trajectory:
             return choice.worker
         self.affine += choice.affine  # back home over a less loaded worker
@@ -221,11 +231,11 @@ class Router(PearlActor):
             for pool in (self.view.colocated, self.view.prefill, self.view.decode)
         )
         if colocated:
-            w = self._pick(colocated, req.trajectory, req.critical)
+            w = self._pick(colocated, req.trajectory, critical=req.critical, group=req.group)
             p.workers = (w,)
             self._send(w, req)
         elif prefill and decode and all(d in self.kv for d in decode):
-            pw = self._pick(prefill, req.trajectory, req.critical)
+            pw = self._pick(prefill, req.trajectory, critical=req.critical, group=req.group)
             dw = self._pick(decode, critical=req.critical)
             transfer = f"{rid}#{p.attempt}"
             p.workers = (pw, dw)

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from pearl.core.errors import EngineError, KVTimeout, RequestRefused
 from pearl.core.schema import Value
 from pearl.core.state import Role
+from pearl.engines.grammar import Grammar
 from pearl.engines.lifecycle import EngineState, Lifecycle
 
 
@@ -36,11 +37,31 @@ class FinishReason(enum.StrEnum):
 
 
 class SamplingParams(Value, frozen=True, kw_only=True):
+    """How tokens are drawn, with vLLM's fields, defaults and semantics (vLLM's order: min_tokens
+    and logit_bias, then the penalties, then greedy or temperature, min_p, top_k and top_p)."""
+
     max_new_tokens: int = 64
     temperature: float = 0.0  # 0 means greedy
     top_p: float = 1.0
     stop_ids: tuple[int, ...] = ()
     seed: int | None = None
+    top_k: int = 0  # the k most likely tokens; 0 or -1: all
+    min_p: float = 0.0  # drop tokens below min_p times the most likely one's probability
+    presence_penalty: float = 0.0  # [-2, 2], subtracted once per token the output holds
+    frequency_penalty: float = 0.0  # [-2, 2], subtracted per occurrence in the output
+    repetition_penalty: float = 1.0  # > 0: prompt and output tokens' logits / (or *) it
+    min_tokens: int = 0  # the stop ids cannot be sampled before this many tokens
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]) added
+    grammar: Grammar | None = None  # structured outputs: the output follows it (grammar.py)
+
+    @property
+    def plain(self) -> bool:
+        """No field beyond temperature and top_p changes the distribution."""
+        return (
+            self.top_k in (0, -1) and not self.min_p and not self.presence_penalty
+            and not self.frequency_penalty and self.repetition_penalty == 1.0
+            and not self.min_tokens and not self.logit_bias
+        )  # fmt: skip
 
 
 class GenerateRequest(Value, frozen=True, kw_only=True):
@@ -54,6 +75,13 @@ class GenerateRequest(Value, frozen=True, kw_only=True):
     # The trajectory is on the rollout's critical path: its group is one the next batch (the one
     # the trainer waits for) still needs. The Router gives such turns the lent workers.
     critical: bool = False
+    top_logprobs: int = 0  # alternatives returned per output token, most likely first (<= 20)
+    # Samples of one request (n > 1): sequences of one group share their prompt's prefill on
+    # one worker (one computes it, the others copy its K/V); the Router keeps them together.
+    group: str = ""
+    # A resumed request: the last ``generated`` ids of input_ids are output an earlier attempt
+    # generated; penalties and min_tokens count them as output.
+    generated: int = 0
 
 
 class GenerateResult(Value, frozen=True, kw_only=True):
@@ -68,6 +96,9 @@ class GenerateResult(Value, frozen=True, kw_only=True):
     # decode really shared (the Runtime Tracker's kappa); 0 where the engine does not say.
     decode_steps: int = 0
     decode_batch_sum: int = 0
+    # Per output token, the request's top_logprobs most likely (token id, logprob) pairs
+    # (empty when not requested).
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()
 
 
 class IterationStat(Value, frozen=True, kw_only=True):
@@ -247,6 +278,44 @@ def check_request(req: GenerateRequest, max_seq_len: int = 0, vocab_size: int = 
             f"request {req.rid}: need temperature >= 0 and 0 < top_p <= 1, got "
             f"{sp.temperature}, {sp.top_p}"
         )
+    problem = sampling_problem(sp, vocab_size)
+    if problem is None and not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
+        problem = f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {req.top_logprobs}"
+    if problem is None and not 0 <= req.generated < len(req.input_ids):
+        problem = f"generated must be in [0, {len(req.input_ids)}), got {req.generated}"
+    if problem is not None:
+        raise RequestRefused(f"request {req.rid}: {problem}")
+
+
+MAX_TOP_LOGPROBS = 20  # alternatives per token, as vLLM's default max_logprobs and OpenAI's
+
+
+def sampling_problem(sp: SamplingParams, vocab_size: int = 0) -> str | None:
+    """What is wrong with vLLM's sampling fields of ``sp`` (vLLM's ranges), or None."""
+    finite = all(
+        math.isfinite(x)
+        for x in (sp.min_p, sp.presence_penalty, sp.frequency_penalty, sp.repetition_penalty)
+    )
+    if not finite:
+        return "min_p and the penalties must be finite"
+    if sp.top_k < -1:
+        return f"top_k must be -1 or 0 (all tokens) or at least 1, got {sp.top_k}"
+    if not 0 <= sp.min_p <= 1:
+        return f"min_p must be in [0, 1], got {sp.min_p}"
+    for name in ("presence_penalty", "frequency_penalty"):
+        if not -2 <= getattr(sp, name) <= 2:
+            return f"{name} must be in [-2, 2], got {getattr(sp, name)}"
+    if sp.repetition_penalty <= 0:
+        return f"repetition_penalty must be > 0, got {sp.repetition_penalty}"
+    if not 0 <= sp.min_tokens <= INT64_MAX:
+        return f"min_tokens must be >= 0, got {sp.min_tokens}"
+    limit = vocab_size or INT64_MAX + 1
+    for token, bias in sp.logit_bias:
+        if not 0 <= token < limit:
+            return f"logit_bias names token id {token}, outside [0, {limit - 1}]"
+        if not (math.isfinite(bias) and -100 <= bias <= 100):
+            return f"logit_bias of token {token} must be in [-100, 100], got {bias}"
+    return None
 
 
 class Drainable:
@@ -378,7 +447,9 @@ __all__ = [
     "KVChannel",
     "KVTimeout",
     "KVTransferStat",
+    "MAX_TOP_LOGPROBS",
     "RequestRefused",
     "SamplingParams",
     "check_request",
+    "sampling_problem",
 ]

@@ -21,6 +21,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
+from pearl.core.errors import RequestRefused
 from pearl.core.state import Role
 from pearl.engines.base import (
     EngineBase,
@@ -34,11 +35,13 @@ from pearl.engines.base import (
     KVTransferStat,
 )
 from pearl.engines.blocks import KVBlocks
+from pearl.engines.grammar import Constrained, GrammarBook
 from pearl.engines.handoff import KVHandoff
 from pearl.engines.lifecycle import EngineState, Lifecycle
 from pearl.engines.model_backend import ModelBackend, ServingConfig
 from pearl.engines.scheduler import Scheduler
-from pearl.engines.sequence import Phase, Segment, Seq
+from pearl.engines.sequence import Phase, Sample, Segment, Seq
+from pearl.tokenizer import ByteTokenizer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -75,6 +78,7 @@ class InProcessEngine(EngineBase, ModelBackend):
             else None
         )
         self.sched: Scheduler | None = None  # None while released
+        self._grammars: GrammarBook | None = None  # structured outputs: built on first use
         self.max_seq_len = 0
 
     # -- the contract --------------------------------------------------------------------------
@@ -247,7 +251,9 @@ class InProcessEngine(EngineBase, ModelBackend):
     def _make_pool(self) -> None:
         blocks = KVBlocks(self.cfg.kv_budget_bytes, self._bytes_per_token(), self.cfg.page_size)
         self._allocate_kv(blocks.n_pages)
-        self.sched = Scheduler(blocks, self.cfg.token_budget, self.cfg.max_running)
+        self.sched = Scheduler(
+            blocks, self.cfg.token_budget, self.cfg.max_running, copy_kv=self._copy_kv
+        )
 
     def _in_flight_seqs(self) -> list[Seq]:
         with self._cv:
@@ -331,12 +337,12 @@ class InProcessEngine(EngineBase, ModelBackend):
             elif (reason := seq.stop_reason(self.max_seq_len)) is not None:
                 self._finish(seq, reason)
 
-    def _isolate(self, segments: list[Segment]) -> tuple[list[Segment], list[tuple[int, float]]]:
+    def _isolate(self, segments: list[Segment]) -> tuple[list[Segment], list[Sample]]:
         """After a failed batch: run each sequence's segment alone (its K/V is written again, the
         same values); one that still fails fails its request alone. Returns the segments that
         ran and their samples, in order."""
         kept: list[Segment] = []
-        samples: list[tuple[int, float]] = []
+        samples: list[Sample] = []
         for g in segments:
             try:
                 out = self._forward([g])
@@ -354,6 +360,10 @@ class InProcessEngine(EngineBase, ModelBackend):
             return
         try:
             self._new_sequence(seq)
+            seq.grammar = self._constrain(seq.req)
+        except RequestRefused as e:  # a grammar that does not compile: final, not retried
+            self._fail(seq, e)
+            return
         except Exception as e:  # the request's own fault (a seed its backend refuses)
             self._fail(seq, EngineError(f"request {seq.rid}: {type(e).__name__}: {e}"))
             return
@@ -363,6 +373,18 @@ class InProcessEngine(EngineBase, ModelBackend):
         else:
             assert self.sched is not None
             self.sched.enqueue(seq)
+
+    def _constrain(self, req: GenerateRequest) -> Constrained | None:
+        """The matcher of a request under a grammar (structured outputs), advanced over the
+        output an earlier attempt kept (its last ``generated`` prompt ids); else None."""
+        g = req.sampling.grammar
+        if g is None:
+            return None
+        if self._grammars is None:
+            tok = getattr(self, "tokenizer", None) or ByteTokenizer()
+            self._grammars = GrammarBook(tok, int(getattr(self, "vocab_size", tok.vocab_size)))
+        kept = req.input_ids[len(req.input_ids) - req.generated :] if req.generated else ()
+        return self._grammars.start(g, kept)
 
     def _ship(self, seq: Seq) -> None:
         """Prefill role: the first token is sampled, the K/V goes to the decode worker."""

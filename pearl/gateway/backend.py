@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from pearl.engines.grammar import Grammar
 from pearl.tokenizer import Tokenizer
 
 
@@ -51,6 +52,17 @@ class Sampling:
     top_p: float = 1.0
     seed: int | None = None
     stop_ids: tuple[int, ...] = ()
+    # vLLM's sampling fields, its defaults (pearl.engines.base.SamplingParams says how)
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    top_logprobs: int = 0  # alternatives per generated token (Delta.top_logprobs)
+    group: str = ""  # the samples of one request (n > 1): one worker, one prefill
+    grammar: Grammar | None = None  # structured outputs (pearl.gateway.structured)
 
 
 @dataclass(frozen=True)
@@ -65,6 +77,8 @@ class Delta:
     # are its totals (Usage).
     recomputed_tokens: int = 0  # prompt tokens re-prefilled because the request moved
     migrations: int = 0  # times the request moved to another worker before this delta
+    # per token, the (token id, raw logprob) alternatives asked for, most likely first
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()
 
 
 @dataclass

@@ -60,10 +60,6 @@ def _empty(v: Any) -> bool:
     return v in ({}, [], "")
 
 
-def _text_format(v: Any) -> bool:
-    return isinstance(v, dict) and v.get("type") == "text"
-
-
 @dataclass(frozen=True)
 class Refused:
     """A field PEARL does not implement yet: ``why`` ends the 400's message; ``noop`` accepts
@@ -75,40 +71,21 @@ class Refused:
 
 
 _SAMPLING = "vLLM's sampling fields are not implemented yet (issue 43)"
-_STRUCTURED = "structured outputs are not implemented yet (issue 43)"
 
-# Fields that would change the output and that PEARL does not implement yet. The later items of
-# issue 43 remove these entries one by one as they implement them.
+# Fields that would change the output and that PEARL does not implement.
 REFUSED: dict[str, Refused] = {
     # n > 1 samples
-    "n": Refused("n > 1 is not supported yet: one choice per request", _is(1)),
     "best_of": Refused("best_of > 1 is not supported", _is(1)),
     "use_beam_search": Refused("beam search is not supported", _is(False)),
     "length_penalty": Refused("length_penalty is beam search's, not supported", _is(1, 1.0)),
     # top logprobs
-    "top_logprobs": Refused(
-        "top_logprobs is not supported yet (only the sampled tokens' logprobs: logprobs=true)",
-        _is(0),
-        frozenset({CHAT}),
-    ),
-    "logprobs": Refused(
-        "logprobs=N>0 asks for top alternatives, which are not returned yet; "
-        "logprobs=0 returns the sampled tokens' logprobs",
-        _is(0),
-        frozenset({COMPLETIONS}),
-    ),
     "prompt_logprobs": Refused("prompt logprobs are not returned"),
     "return_tokens_as_token_ids": Refused(
-        "return_tokens_as_token_ids is not supported", _is(False)
-    ),
+        "return_tokens_as_token_ids is supported by /v1/completions only",
+        _is(False),
+        frozenset({CHAT}),
+    ),  # fmt: skip
     # vLLM's sampling fields
-    "presence_penalty": Refused(f"{_SAMPLING}: presence_penalty (only 0)", _is(0)),
-    "frequency_penalty": Refused(f"{_SAMPLING}: frequency_penalty (only 0)", _is(0)),
-    "repetition_penalty": Refused(f"{_SAMPLING}: repetition_penalty (only 1)", _is(1)),
-    "logit_bias": Refused(f"{_SAMPLING}: logit_bias", _empty),
-    "top_k": Refused(f"{_SAMPLING}: top_k (only -1 or 0: all tokens)", _is(-1, 0)),
-    "min_p": Refused(f"{_SAMPLING}: min_p (only 0)", _is(0)),
-    "min_tokens": Refused(f"{_SAMPLING}: min_tokens (only 0)", _is(0)),
     "bad_words": Refused(f"{_SAMPLING}: bad_words", _empty),
     "allowed_token_ids": Refused(f"{_SAMPLING}: allowed_token_ids"),
     "logits_processors": Refused(f"{_SAMPLING}: logits_processors"),
@@ -120,21 +97,8 @@ REFUSED: dict[str, Refused] = {
         f"{_SAMPLING}: include_stop_str_in_output (only false)", _is(False)
     ),
     "truncate_prompt_tokens": Refused("truncate_prompt_tokens is not supported"),
-    # structured outputs
-    "response_format": Refused(
-        f"{_STRUCTURED}: response_format (only type 'text')", _text_format, frozenset({CHAT})
-    ),
-    "tool_choice": Refused(
-        f"{_STRUCTURED}: tool_choice must be 'auto' or 'none'",
-        _is("auto", "none"),
-        frozenset({CHAT}),
-    ),
-    "structured_outputs": Refused(f"{_STRUCTURED}: structured_outputs"),
-    "guided_json": Refused(f"{_STRUCTURED}: guided_json"),
-    "guided_regex": Refused(f"{_STRUCTURED}: guided_regex"),
-    "guided_choice": Refused(f"{_STRUCTURED}: guided_choice"),
-    "guided_grammar": Refused(f"{_STRUCTURED}: guided_grammar"),
-    "structural_tag": Refused(f"{_STRUCTURED}: structural_tag"),
+    # structured outputs (pearl.gateway.structured implements the others)
+    "structural_tag": Refused("structural_tag is not supported (structured outputs)"),
     # what the prompt is made of
     "echo": Refused("echo is not supported", _is(False)),
     "suffix": Refused("suffix is not supported", _empty, frozenset({COMPLETIONS})),

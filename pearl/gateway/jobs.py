@@ -9,8 +9,9 @@ that fits its context and a limit that fits beside it.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import Request
 
@@ -116,12 +117,15 @@ def job(
     stop: stops_mod.Stops = (),
     stop_param: str = "stop_token_ids",
     prompt_param: str | None = None,
+    knobs: Mapping[str, Any] | None = None,
+    top_logprobs: int = 0,
 ) -> Job:
     """A validated request: the prompt's ids and ``stop_ids`` are the model's, the prompt
     fits, the limit (``param``) fits beside it, and it stops at ``stop_ids``, (``eos``) the
     tokenizer's EOS, where it has one, and ``stop`` strings. ``stop_param`` and
     ``prompt_param`` name the fields in an error; the request id is ``rid`` or
-    ``prefix``-random."""
+    ``prefix``-random. ``knobs``: vLLM's sampling fields, checked
+    (:func:`pearl.gateway.sampling.knobs`); ``top_logprobs``: alternatives per token."""
     n, limit = len(prompt_ids), ctx.backend.max_context
     if n == 0:
         raise refuse("the prompt is empty", prompt_param)
@@ -149,6 +153,8 @@ def job(
         top_p=1.0 if top_p is None else top_p,
         seed=seed,
         stop_ids=tuple(dict.fromkeys(stops)),
+        top_logprobs=top_logprobs,
+        **(knobs or {}),
     )
     return Job(
         rid=rid or f"{prefix}-{uuid.uuid4().hex}",

@@ -30,6 +30,7 @@ class Extras:
     token_ids: bool = False  # the prompt's and the response's token ids
     logprobs: bool = False  # the sampled tokens' logprobs
     usage: bool = False  # a stream ends with a usage chunk (stream_options.include_usage)
+    as_ids: bool = False  # tokens named token_id:N (vLLM's return_tokens_as_token_ids)
 
 
 @dataclass
@@ -38,6 +39,7 @@ class Acc:
 
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top: list[tuple[tuple[int, float], ...]] = field(default_factory=list)  # per token, if asked
     versions: list[tuple[int, int]] = field(default_factory=list)
     last_version: int = 0
     finish: str | None = None
@@ -55,6 +57,7 @@ class Acc:
             self.versions.append((len(self.ids), d.weight_version))
         self.ids.extend(d.token_ids)
         self.logprobs.extend(d.logprobs)
+        self.top.extend(d.top_logprobs)
         self.last_version = d.weight_version
         self.finish = d.finish_reason
         self.recomputed += d.recomputed_tokens
@@ -106,7 +109,10 @@ async def deltas(ctx: Context, j: Job) -> AsyncIterator[Delta]:
                 k = stops_mod.stop_at(tok=ctx.tok, seen=seen, new=d.token_ids, stops=j.stop)
                 if k is not None:  # ends here; closing `it` aborts the rest in the pool
                     ids, lps = d.token_ids[:k], d.logprobs[:k]
-                    d = replace(d, token_ids=ids, logprobs=lps, finish_reason="stop")
+                    d = replace(
+                        d, token_ids=ids, logprobs=lps, finish_reason="stop",
+                        top_logprobs=d.top_logprobs[:k],
+                    )  # fmt: skip
             seen.extend(d.token_ids)
             yield d
             if d.finish_reason is not None:

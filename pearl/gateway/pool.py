@@ -159,6 +159,7 @@ class PoolBackend:
         self._lock = threading.Lock()  # guards the session book (Router thread + event loop)
         self._boundary_step: int | None = None  # the training step whose begin ended sessions
         self._routable: int | None = None  # routable workers the table last said (None: unheard)
+        self._routable_seq = -1  # the log sequence number that said it
         self.name = names.GATEWAY
         directory.register(self)  # hears the table's changes: a trainer's step boundaries
 
@@ -173,7 +174,7 @@ class PoolBackend:
         the embedded Runtime, or this gateway): a step boundary for the sessions."""
         if not isinstance(msg, StateChanged):
             return
-        self._routable = len(msg.view.routable)
+        self._routable, self._routable_seq = len(msg.view.routable), msg.seq
         t = msg.view.table
         if t.phase is not TrainingPhase.TRAINING or t.training_step == self._boundary_step:
             return
@@ -203,10 +204,19 @@ class PoolBackend:
             top_p=sampling.top_p,
             stop_ids=tuple(sampling.stop_ids),
             seed=sampling.seed,
+            top_k=sampling.top_k,
+            min_p=sampling.min_p,
+            presence_penalty=sampling.presence_penalty,
+            frequency_penalty=sampling.frequency_penalty,
+            repetition_penalty=sampling.repetition_penalty,
+            min_tokens=sampling.min_tokens,
+            logit_bias=sampling.logit_bias,
+            grammar=sampling.grammar,
         )
         request = GenerateRequest(
-            rid=rid, input_ids=tuple(prompt_ids), sampling=params, trajectory=session
-        )
+            rid=rid, input_ids=tuple(prompt_ids), sampling=params, trajectory=session,
+            top_logprobs=sampling.top_logprobs, group=sampling.group,
+        )  # fmt: skip
         with self._lock:
             key = self.sessions.begin(session, len(prompt_ids))
 
@@ -253,6 +263,7 @@ class PoolBackend:
                         finish_reason=finish_of(item.finish_reason) if last else None,
                         recomputed_tokens=recomputed,
                         migrations=item.resumed - moved,
+                        top_logprobs=item.top_logprobs,
                     )
                     moved, recomputed = item.resumed, 0
                     if last:
@@ -310,8 +321,9 @@ class PoolBackend:
         return status_plain(status)
 
     async def serving(self) -> str | None:
-        """None while the table has a routable worker (as its last change said); else, or before
-        any change was heard, the Orchestrator's status says why none serves."""
+        """None while the table has a routable worker (as its last change, or the last status,
+        said); else, or before either was heard, the Orchestrator's status says why none
+        serves."""
         if self._routable:
             return None
         return await asyncio.to_thread(self._why_not_serving)
@@ -322,8 +334,8 @@ class PoolBackend:
         status = self.directory.get(names.ORCHESTRATOR).ask(StatusRequest(), HEALTH_ASK_S)
         rollout = [w for w in status.workers if w.role != "training"]
         active = sum(w.activity == "active" for w in rollout)
-        if self._routable is None:  # no change heard since the gateway started: seed it
-            self._routable = active
+        if int(status.seq) >= self._routable_seq:  # not older than the last change heard
+            self._routable, self._routable_seq = active, int(status.seq)
         if active:
             return None
         if not rollout:

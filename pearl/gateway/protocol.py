@@ -17,10 +17,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 Seed = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]  # what vLLM, torch and the sim engine take
+# vLLM's sampling fields: a number, never a bool or a numeric string (their ranges:
+# pearl.gateway.sampling.knobs)
+Int = Annotated[int, Strict()]
+Num = Annotated[float, Strict()]
 MAX_RID = 256  # characters of a client's request id
 
 
@@ -133,12 +137,17 @@ class _Sampled(_Request):
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     seed: Seed | None = None
-    n: int | None = None
+    n: Int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None  # vLLM's extension
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    presence_penalty: Num | None = None
+    frequency_penalty: Num | None = None
     logit_bias: dict[str, float] | None = None
+    # vLLM's sampling fields (pearl.gateway.sampling reads them)
+    top_k: Int | None = None
+    min_p: Num | None = None
+    repetition_penalty: Num | None = None
+    min_tokens: Int | None = None
     user: str | None = None
     return_token_ids: bool | None = None  # vLLM's extension
     ignore_eos: bool | None = None  # vLLM's extension: EOS does not end the response
@@ -172,6 +181,7 @@ class CompletionRequest(_Sampled):
     echo: bool | None = None
     suffix: str | None = None
     best_of: int | None = None
+    return_tokens_as_token_ids: bool | None = None  # vLLM's: tokens named token_id:N
 
 
 class GenerateSamplingParams(_Strict):

@@ -43,6 +43,12 @@ def logprob_of(index: int) -> float:
     return -0.01 - 0.1 * (index % 7)
 
 
+def top_of(token: int, index: int, k: int) -> tuple[tuple[int, float], ...]:
+    """The scripted top ``k`` of the reply's ``index``-th token: ids 65, 66, ... ("A", "B", ...),
+    each a nat less likely than the one before; the sampled token is not among them."""
+    return tuple((65 + j, logprob_of(index) - 0.5 - j) for j in range(k))
+
+
 @dataclass
 class Call:
     rid: str
@@ -107,6 +113,7 @@ class ScriptedBackend:
                         self.versions[0],
                         recomputed_tokens=self.moves_per_delta * len(prompt_ids),
                         migrations=self.moves_per_delta,
+                        top_logprobs=self._tops(part[:cut], start, sampling.top_logprobs),
                     )
                     part, start, version = part[cut:], self.switch_at, self.versions[1]
                 yield Delta(
@@ -116,6 +123,7 @@ class ScriptedBackend:
                     finish_reason=finish if last else None,
                     recomputed_tokens=self.moves_per_delta * len(prompt_ids),
                     migrations=self.moves_per_delta,
+                    top_logprobs=self._tops(part, start, sampling.top_logprobs),
                 )
                 if k == 0 and self.gate is not None:
                     await asyncio.to_thread(self.gate.wait, 30)
@@ -123,6 +131,10 @@ class ScriptedBackend:
         finally:
             if not done:
                 self.closed.append(rid)
+
+    @staticmethod
+    def _tops(part: Sequence[int], start: int, k: int) -> tuple[tuple[tuple[int, float], ...], ...]:
+        return tuple(top_of(t, start + i, k) for i, t in enumerate(part)) if k else ()
 
     async def serving(self) -> str | None:
         return self.not_serving

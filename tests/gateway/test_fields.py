@@ -104,13 +104,32 @@ def test_unimplemented_fields_at_their_no_op_values_are_accepted(
     assert IGNORED_HEADER.lower() not in r.headers  # known fields, not ignored ones
 
 
+# vLLM's sampling fields that PEARL implements (issue 43): accepted, and they reach the pool.
+IMPLEMENTED = [
+    ("top_k", 5, 5), ("min_p", 0.1, 0.1), ("repetition_penalty", 1.1, 1.1),
+    ("min_tokens", 3, 3), ("presence_penalty", 0.5, 0.5), ("frequency_penalty", -0.5, -0.5),
+    ("logit_bias", {"1": 5}, ((1, 5.0),)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "value", "sampled"), IMPLEMENTED)
+@pytest.mark.parametrize(("path", "body"), [("/v1/chat/completions", CHAT),
+                                           ("/v1/completions", CMPL)])  # fmt: skip
+def test_implemented_sampling_fields_reach_the_pool(
+    client: TestClient, backend: ScriptedBackend, path: str, body: dict, name: str,
+    value: object, sampled: object
+) -> None:  # fmt: skip
+    assert name not in REFUSED
+    r = client.post(path, json={**body, name: value})
+    assert r.status_code == 200, r.text
+    assert IGNORED_HEADER.lower() not in r.headers
+    assert getattr(backend.calls[0].sampling, name) == sampled
+
+
 CHANGES = [
-    ("n", 2), ("top_k", 5), ("min_p", 0.1), ("repetition_penalty", 1.1), ("min_tokens", 3),
-    ("presence_penalty", 0.5), ("frequency_penalty", -0.5), ("logit_bias", {"1": 5}),
     ("bad_words", ["x"]), ("allowed_token_ids", [1]), ("skip_special_tokens", False),
     ("include_stop_str_in_output", True), ("prompt_logprobs", 0), ("best_of", 3),
-    ("echo", True),
-    ("truncate_prompt_tokens", 5), ("top_k", True), ("n", "2"),
+    ("echo", True), ("truncate_prompt_tokens", 5),
 ]  # fmt: skip
 
 
@@ -127,13 +146,29 @@ def test_unimplemented_fields_that_would_change_the_output_get_a_400_naming_them
     assert backend.calls == []
 
 
+OUT_OF_RANGE = [("top_k", True), ("n", "2"), ("min_p", 2.0), ("top_k", -2), ("n", 0),
+                ("min_tokens", -1)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "value"), OUT_OF_RANGE)
+@pytest.mark.parametrize(("path", "body"), [("/v1/chat/completions", CHAT),
+                                           ("/v1/completions", CMPL)])  # fmt: skip
+def test_sampling_fields_out_of_vllms_ranges_get_a_400_naming_them(
+    client: TestClient, backend: ScriptedBackend, path: str, body: dict, name: str, value: object
+) -> None:
+    r = client.post(path, json={**body, name: value})
+    assert r.status_code == 400 and r.json()["error"]["param"] == name, r.text
+    assert backend.calls == []
+
+
 @pytest.mark.parametrize(
     ("path", "body", "name", "value"),
     [
         ("/v1/chat/completions", CHAT, "top_logprobs", 2),
         ("/v1/chat/completions", CHAT, "continue_final_message", True),
         ("/v1/chat/completions", CHAT, "chat_template", "{{ messages }}"),
-        ("/v1/completions", CMPL, "logprobs", 2),
+        ("/v1/chat/completions", CHAT, "return_tokens_as_token_ids", True),
+        ("/v1/completions", CMPL, "logprobs", 21),
         ("/v1/completions", CMPL, "suffix", "end"),
     ],
 )  # fmt: skip

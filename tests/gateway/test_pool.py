@@ -12,6 +12,7 @@ import random
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -316,3 +317,68 @@ def test_every_request_completes_while_the_pool_changes_under_it(
     assert all(0 < t.r <= NEW and (t.T_env > 0) == (t.S > 1) for t in telemetry), telemetry
     assert (table["seq"], table["workers"]) == (final.seq, status_plain(final)["workers"])
     assert via.keys() == status_plain(final).keys() and via["seq"] >= final.seq
+
+
+class Orchestrator:
+    """Answers status with its ``workers`` (role, activity) and ``training_step``."""
+
+    name = names.ORCHESTRATOR
+
+    def __init__(self) -> None:
+        self.workers: list[Any] = []
+        self.training_step = 4
+        self.asked = 0
+        self.seq = 0
+
+    def tell(self, msg: Any) -> None:
+        self.ask(msg)
+
+    def ask(self, msg: Any, timeout_s: float = 10.0) -> Any:
+        self.asked += 1
+        return SimpleNamespace(
+            workers=list(self.workers), training_step=self.training_step, seq=self.seq
+        )
+
+
+def row(role: str, activity: str) -> Any:
+    return SimpleNamespace(role=role, activity=activity)
+
+
+def test_serving_says_why_no_worker_serves_and_reads_the_tables_changes() -> None:
+    """/health's answer: from the Orchestrator's status until a change is heard, then from the
+    changes alone while a worker is routable."""
+    backend, *_ = scripted([])
+    orch = Orchestrator()
+    backend.directory.register(orch)  # type: ignore[arg-type]
+    assert asyncio.run(backend.serving()) == (
+        "the pool has no rollout worker (no GPUs for rollout yet)"
+    )
+    orch.workers = [row("training", "active"), row("colocated", "transitioning"),
+                    row("colocated", "transitioning"), row("decode", "inactive")]  # fmt: skip
+    why = asyncio.run(backend.serving())
+    assert why == "no rollout worker is active yet (1 inactive, 2 transitioning)"
+    orch.workers[1] = row("colocated", "active")
+    assert asyncio.run(backend.serving()) is None
+    asked = orch.asked
+    for _ in range(3):  # a worker serves: answered without asking
+        assert asyncio.run(backend.serving()) is None
+    assert orch.asked == asked
+    changed = StateChanged(view=ClusterView(table=TableSnapshot(seq=3)))
+    backend.directory.tell(names.GATEWAY, changed)
+    # The change said no worker is routable: ask why; a status older than it changes nothing.
+    orch.workers[1] = row("colocated", "transitioning")
+    why = asyncio.run(backend.serving())
+    assert why == "no rollout worker is active yet (1 inactive, 2 transitioning)"
+    assert orch.asked == asked + 1 and backend._routable == 0
+
+
+def test_a_training_event_without_a_step_takes_the_one_pearl_event_sends() -> None:
+    backend, _, scheduler, _ = scripted([])
+    backend.directory.register(Orchestrator())  # type: ignore[arg-type]
+    asyncio.run(backend.event("training-begin", {}))
+    asyncio.run(backend.event("training-finished", {"weights_version": 4}))
+    asyncio.run(backend.event("training-begin", {"step": 9}))
+    assert scheduler.seen == [
+        ev.TrainingBegin(step=5), ev.TrainingFinished(step=4, weights_version=4),
+        ev.TrainingBegin(step=9),
+    ]  # fmt: skip

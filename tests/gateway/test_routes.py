@@ -257,10 +257,10 @@ def assert_error(r, status: int, words: str, param: str | None = "-") -> dict:
 @pytest.mark.parametrize(
     ("body", "words", "param"),
     [
-        ({"model": MODEL, "messages": HI, "n": 2}, "n > 1", "n"),
+        ({"model": MODEL, "messages": HI, "n": 0}, "n must be an integer in [1, 128]", "n"),
         ({"model": MODEL, "messages": HI, "stop": ["\n", ""]}, "must not be empty", "stop"),
         ({"model": MODEL, "messages": HI, "top_logprobs": 3}, "top_logprobs", "top_logprobs"),
-        ({"model": MODEL, "messages": HI, "presence_penalty": 0.5}, "presence_penalty",
+        ({"model": MODEL, "messages": HI, "presence_penalty": 2.5}, "must be in [-2, 2]",
          "presence_penalty"),
         ({"model": MODEL, "messages": HI, "tool_choice": "required"}, "tool_choice",
          "tool_choice"),
@@ -292,8 +292,8 @@ def test_malformed_json_and_too_long_prompts_get_400(
     assert_error(r, 400, "the prompt is 4096 tokens; the context holds 4096")
     r = client.post("/v1/completions", json={"model": MODEL, "prompt": ["a", [1]]})
     assert_error(r=r, status=400, words="invalid prompt: ", param="prompt")
-    r = client.post("/v1/completions", json={"model": MODEL, "prompt": [1], "logprobs": 2})
-    assert_error(r=r, status=400, words="logprobs=0", param="logprobs")
+    r = client.post("/v1/completions", json={"model": MODEL, "prompt": [1], "logprobs": 21})
+    assert_error(r=r, status=400, words="logprobs must be in [0, 20]", param="logprobs")
     r = client.post("/v1/completions", json={"model": MODEL, "prompt": [-1]})
     assert_error(r=r, status=400, words="token id -1 is outside the vocabulary", param="prompt")
     r = client.post("/generate", json={"text": "a", "input_ids": [1]})

@@ -8,6 +8,7 @@ first ``<tool_call>``), then the calls, a finish chunk and, if asked, a usage ch
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -15,13 +16,14 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from pearl.gateway import fields, templates
+from pearl.engines.sequence import Top
+from pearl.gateway import fields, sampling, structured, templates
 from pearl.gateway import protocol as p
 from pearl.gateway import stops as stops_mod
 from pearl.gateway.context import Context
 from pearl.gateway.errors import refuse
 from pearl.gateway.jobs import Job, check_common, job, session_of
-from pearl.gateway.output import Acc, Extras, collect, final_text, texts
+from pearl.gateway.output import Acc, Extras, collect, final_text, gather, merge, texts
 from pearl.gateway.sse import EventStream
 
 
@@ -51,12 +53,25 @@ def prompt_ids(
     return list(ctx.tok.encode(text))
 
 
-def logprobs(ctx: Context, ids: Sequence[int], lps: Sequence[float]) -> p.ChoiceLogprobs:
+def logprobs(
+    ctx: Context, ids: Sequence[int], lps: Sequence[float], top: Sequence[Top] = ()
+) -> p.ChoiceLogprobs:
+    """OpenAI's logprobs of the tokens ``ids``; with ``top`` (per token, (id, logprob) pairs),
+    each token's alternatives as ``{token, logprob, bytes, token_id}`` (``token_id``: PEARL's)."""
     content = []
-    for i, lp in zip(ids, lps, strict=True):
+    for k, (i, lp) in enumerate(zip(ids, lps, strict=True)):
         t = ctx.token_text(i)
-        content.append(p.TokenLogprob(token=t, logprob=lp, bytes=list(t.encode())))
+        alts = [alternative(ctx, a, alp) for a, alp in top[k]] if k < len(top) else []
+        content.append(
+            p.TokenLogprob(token=t, logprob=lp, bytes=list(t.encode()), top_logprobs=alts)
+        )
     return p.ChoiceLogprobs(content=content)
+
+
+def alternative(ctx: Context, token: int, logprob: float) -> dict[str, Any]:
+    t = ctx.token_text(token)
+    return {"token": t, "logprob": max(logprob, -9999.0), "bytes": list(t.encode()),
+            "token_id": token}  # fmt: skip
 
 
 async def create(ctx: Context, req: p.ChatRequest, request: Request) -> Response:
@@ -78,18 +93,74 @@ async def create(ctx: Context, req: p.ChatRequest, request: Request) -> Response
         eos=not req.ignore_eos,
         stop=stops_mod.stops_of(req.stop, "stop"),
         prompt_param="messages",
+        knobs=sampling.knobs(ctx, req),
+        top_logprobs=top_of(ctx, req),
     )
+    j = structured.constrain(j, structured.grammar_of(req))
+    n = sampling.count(req.n)
     want = Extras(
         token_ids=bool(req.return_token_ids),
         logprobs=bool(req.logprobs),
         usage=bool(req.stream_options and req.stream_options.include_usage),
     )
+    js = sampling.samples(j, n)
     if req.stream:
-        return EventStream(chunks(ctx=ctx, j=j, model=req.model, want=want, use_tools=use_tools))
-    resp = response(
-        ctx=ctx, j=j, model=req.model, acc=await collect(ctx, j), want=want, use_tools=use_tools
-    )
+        return EventStream(streams(ctx=ctx, js=js, model=req.model, want=want, use_tools=use_tools))
+    accs = await gather([collect(ctx, x) for x in js])
+    resp = response(ctx=ctx, j=j, model=req.model, acc=accs[0], want=want, use_tools=use_tools)
+    if n > 1:
+        resp.choices = [
+            response(ctx=ctx, j=x, model=req.model, acc=acc, want=want, use_tools=use_tools)
+            .choices[0]
+            .model_copy(update={"index": i})
+            for i, (x, acc) in enumerate(zip(js, accs, strict=True))
+        ]
+        resp.usage = summed(len(j.prompt_ids), accs)
     return JSONResponse(resp.model_dump(mode="json"))
+
+
+def top_of(ctx: Context, req: p.ChatRequest) -> int:
+    """The alternatives per token asked for: ``top_logprobs``, which needs ``logprobs``."""
+    if req.top_logprobs and not req.logprobs:
+        raise refuse("top_logprobs needs logprobs=true", "top_logprobs")
+    return sampling.top_count(ctx, req.top_logprobs, "top_logprobs")
+
+
+def summed(prompt_tokens: int, accs: Sequence[Acc]) -> p.Usage:
+    """Usage of ``n`` samples of one prompt: the prompt once, their completions summed."""
+    parts = [acc.usage(prompt_tokens) for acc in accs]
+    done = sum(u.completion_tokens for u in parts)
+    return p.Usage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=done,
+        total_tokens=prompt_tokens + done,
+        recomputed_tokens=sum(u.recomputed_tokens for u in parts),
+        migrations=sum(u.migrations for u in parts),
+    )
+
+
+async def streams(
+    ctx: Context, js: Sequence[Job], model: str, want: Extras, use_tools: bool
+) -> AsyncIterator[p.ChatChunk]:
+    """The chunks of every sample (each choice's ``index`` its sample's), as they come; one
+    usage chunk at the end, summed, if asked."""
+    if len(js) == 1:
+        async for c in chunks(ctx=ctx, j=js[0], model=model, want=want, use_tools=use_tools):
+            yield c
+        return
+    accs = [Acc() for _ in js]
+    each = dataclasses.replace(want, usage=False)
+    its = [
+        chunks(ctx=ctx, j=x, model=model, want=each, use_tools=use_tools, index=i, acc=accs[i])
+        for i, x in enumerate(js)
+    ]
+    rid = js[0].sampling.group
+    async for _, c in merge(its):
+        c.id = rid
+        yield c
+    if want.usage:
+        usage = summed(len(js[0].prompt_ids), accs)
+        yield p.ChatChunk(id=rid, created=int(time.time()), model=model, choices=[], usage=usage)
 
 
 def response(
@@ -112,7 +183,9 @@ def response(
             p.ChatChoice(
                 message=p.ResponseMessage(content=content, tool_calls=tool_calls or None),
                 finish_reason="tool_calls" if calls else str(acc.finish),
-                logprobs=logprobs(ctx, acc.ids, acc.logprobs) if want.logprobs else None,
+                logprobs=logprobs(ctx=ctx, ids=acc.ids, lps=acc.logprobs, top=acc.top)
+                if want.logprobs
+                else None,
                 token_ids=acc.ids if want.token_ids else None,
                 weight_version=acc.last_version,
                 weight_versions=acc.versions_out(),
@@ -122,26 +195,36 @@ def response(
 
 
 async def chunks(
-    ctx: Context, j: Job, model: str, want: Extras, use_tools: bool
+    ctx: Context,
+    j: Job,
+    model: str,
+    want: Extras,
+    use_tools: bool,
+    index: int = 0,
+    acc: Acc | None = None,
 ) -> AsyncIterator[p.ChatChunk]:
-    """The stream's chunks: the role, the text as it settles, the tool calls, the finish."""
+    """The stream's chunks of one sample (choice ``index``; its tokens into ``acc``): the role,
+    the text as it settles, the tool calls, the finish."""
     now = int(time.time())
 
     def chunk(**choice: Any) -> p.ChatChunk:
-        return p.ChatChunk(id=j.rid, created=now, model=model, choices=[p.ChunkChoice(**choice)])
+        one = p.ChunkChoice(index=index, **choice)
+        return p.ChatChunk(id=j.rid, created=now, model=model, choices=[one])
 
     first = chunk(delta=p.ChunkDelta(role="assistant", content=""))
     if want.token_ids:
         first.prompt_token_ids = j.prompt_ids
     yield first
-    acc, held = Acc(), templates.ToolStream() if use_tools else None
+    acc, held = acc or Acc(), templates.ToolStream() if use_tools else None
     async for d, text in texts(ctx, j, acc):
         if held is not None:
             text = held.feed(text)
         if text or want.token_ids or want.logprobs:
             yield chunk(
                 delta=p.ChunkDelta(content=text),
-                logprobs=logprobs(ctx, d.token_ids, d.logprobs) if want.logprobs else None,
+                logprobs=logprobs(ctx=ctx, ids=d.token_ids, lps=d.logprobs, top=d.top_logprobs)
+                if want.logprobs
+                else None,
                 token_ids=list(d.token_ids) if want.token_ids else None,
                 weight_version=d.weight_version,
             )

@@ -15,7 +15,8 @@ from collections.abc import AsyncIterator, Sequence
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from pearl.gateway import fields
+from pearl.engines.sequence import Top
+from pearl.gateway import fields, sampling, structured
 from pearl.gateway import protocol as p
 from pearl.gateway import stops as stops_mod
 from pearl.gateway.context import Context
@@ -26,16 +27,33 @@ from pearl.gateway.sse import EventStream
 
 
 def logprobs(
-    ctx: Context, ids: Sequence[int], lps: Sequence[float], offset: int
+    ctx: Context,
+    ids: Sequence[int],
+    lps: Sequence[float],
+    offset: int,
+    top: Sequence[Top] = (),
+    as_ids: bool = False,
 ) -> p.CompletionLogprobs:
-    """The tokens' text, logprobs and offsets, the first at ``offset`` in the response."""
+    """The tokens' text, logprobs and offsets, the first at ``offset`` in the response; with
+    ``top``, each position's alternatives ``{text: logprob}``, the sampled token's included (so
+    up to k + 1, as OpenAI and vLLM). ``as_ids`` (vLLM's ``return_tokens_as_token_ids``): every
+    token is named ``token_id:N``, so the alternatives carry their ids."""
+    name = (lambda i: f"token_id:{i}") if as_ids else ctx.token_text
     tokens, offsets = [], []
     for i in ids:
-        t = ctx.token_text(i)
+        t = name(i)
         tokens.append(t)
         offsets.append(offset)
         offset += len(t)
-    return p.CompletionLogprobs(tokens=tokens, token_logprobs=list(lps), text_offset=offsets)
+    alts = None
+    if top:
+        alts = []
+        for k, (i, lp) in enumerate(zip(ids, lps, strict=True)):
+            pairs = [*top[k], (i, lp)] if k < len(top) else [(i, lp)]
+            alts.append({name(a): max(alp, -9999.0) for a, alp in dict(pairs).items()})
+    return p.CompletionLogprobs(
+        tokens=tokens, token_logprobs=list(lps), text_offset=offsets, top_logprobs=alts
+    )
 
 
 def prompts(ctx: Context, req: p.CompletionRequest) -> list[list[int]]:
@@ -51,28 +69,40 @@ def prompts(ctx: Context, req: p.CompletionRequest) -> list[list[int]]:
 
 
 def jobs(ctx: Context, req: p.CompletionRequest, request: Request, rid: str) -> list[Job]:
-    """One job per prompt: the request id ``rid``, or ``rid-i`` for the i-th of several."""
+    """One job per prompt: the request id ``rid``, or ``rid-i`` for the i-th of several; with
+    ``n``, ``n`` samples of each (:func:`pearl.gateway.sampling.samples`), prompt by prompt
+    (choice ``index`` = prompt * n + sample, as vLLM)."""
     ids = prompts(ctx, req)
     many = len(ids) > 1
-    return [
-        job(
-            ctx,
-            "cmpl",
-            prompt,
-            max_tokens=req.max_tokens,
-            param="max_tokens",
-            temperature=req.temperature,
-            top_p=req.top_p,
-            seed=req.seed,
-            stop_ids=req.stop_token_ids,
-            session=session_of(request, req.user),
-            rid=f"{rid}-{k}" if many else rid,
-            eos=not req.ignore_eos,
-            stop=stops_mod.stops_of(req.stop, "stop"),
-            prompt_param=f"prompt.{k}" if many else "prompt",
+    g = structured.grammar_of(req)
+    knobs = sampling.knobs(ctx, req)
+    top = sampling.top_count(ctx, req.logprobs, "logprobs")
+    n = sampling.count(req.n)
+    base = [
+        structured.constrain(
+            job(
+                ctx,
+                "cmpl",
+                prompt,
+                max_tokens=req.max_tokens,
+                param="max_tokens",
+                temperature=req.temperature,
+                top_p=req.top_p,
+                seed=req.seed,
+                stop_ids=req.stop_token_ids,
+                session=session_of(request, req.user),
+                rid=f"{rid}-{k}" if many else rid,
+                eos=not req.ignore_eos,
+                stop=stops_mod.stops_of(req.stop, "stop"),
+                prompt_param=f"prompt.{k}" if many else "prompt",
+                knobs=knobs,
+                top_logprobs=top,
+            ),
+            g,
         )
         for k, prompt in enumerate(ids)
     ]
+    return [x for j in base for x in sampling.samples(j, n)]
 
 
 async def create(ctx: Context, req: p.CompletionRequest, request: Request) -> Response:
@@ -83,6 +113,7 @@ async def create(ctx: Context, req: p.CompletionRequest, request: Request) -> Re
     want = Extras(
         token_ids=bool(req.return_token_ids),
         logprobs=req.logprobs is not None,
+        as_ids=bool(req.return_tokens_as_token_ids),
         usage=bool(req.stream_options and req.stream_options.include_usage),
     )
     if req.stream:
@@ -95,10 +126,11 @@ async def create(ctx: Context, req: p.CompletionRequest, request: Request) -> Re
 def usage(js: Sequence[Job], accs: Sequence[Acc]) -> p.Usage:
     """The prompts' usage, summed."""
     parts = [acc.usage(len(j.prompt_ids)) for j, acc in zip(js, accs, strict=True)]
+    once = {j.sampling.group or j.rid: len(j.prompt_ids) for j in js}  # n samples: one prompt
     return p.Usage(
-        prompt_tokens=sum(u.prompt_tokens for u in parts),
+        prompt_tokens=sum(once.values()),
         completion_tokens=sum(u.completion_tokens for u in parts),
-        total_tokens=sum(u.total_tokens for u in parts),
+        total_tokens=sum(once.values()) + sum(u.completion_tokens for u in parts),
         recomputed_tokens=sum(u.recomputed_tokens for u in parts),
         migrations=sum(u.migrations for u in parts),
     )
@@ -120,7 +152,14 @@ def response(
                 index=k,
                 text=final_text(ctx, j, acc),
                 finish_reason=acc.finish,
-                logprobs=logprobs(ctx=ctx, ids=acc.ids, lps=acc.logprobs, offset=0)
+                logprobs=logprobs(
+                    ctx=ctx,
+                    ids=acc.ids,
+                    lps=acc.logprobs,
+                    offset=0,
+                    top=acc.top,
+                    as_ids=want.as_ids,
+                )
                 if want.logprobs
                 else None,
                 token_ids=acc.ids if ids else None,
@@ -143,7 +182,14 @@ async def choices(
             index=k,
             text=text,
             finish_reason=d.finish_reason,
-            logprobs=logprobs(ctx=ctx, ids=d.token_ids, lps=d.logprobs, offset=offset)
+            logprobs=logprobs(
+                ctx=ctx,
+                ids=d.token_ids,
+                lps=d.logprobs,
+                offset=offset,
+                top=d.top_logprobs,
+                as_ids=want.as_ids,
+            )
             if want.logprobs
             else None,
             token_ids=list(d.token_ids) if want.token_ids else None,
