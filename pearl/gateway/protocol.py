@@ -190,7 +190,7 @@ class GenerateSamplingParams(_Strict):
     max_new_tokens: int = Field(default=128, ge=1)
     temperature: float = Field(default=1.0, ge=0.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = -1
+    top_k: Int = -1
     seed: Seed | None = None
     sampling_seed: Seed | None = None  # SGLang's name for the seed
     stop: str | list[str] | None = None
@@ -199,7 +199,13 @@ class GenerateSamplingParams(_Strict):
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False
-    n: int = 1
+    n: Int = 1
+    # SGLang's sampling fields (vLLM's semantics; min_new_tokens is vLLM's min_tokens)
+    min_p: Num = 0.0
+    presence_penalty: Num = 0.0
+    frequency_penalty: Num = 0.0
+    repetition_penalty: Num = 1.0
+    min_new_tokens: Int = 0
 
 
 class GenerateRequest(_Strict):
@@ -410,6 +416,8 @@ class GenerateMeta(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     output_token_logprobs: list[tuple[float, int, str | None]] | None = None
+    # per token, the top_logprobs_num most likely (logprob, id, text), as SGLang
+    output_top_logprobs: list[list[tuple[float, int, str | None]]] | None = None
     weight_version: int
     weight_versions: list[tuple[int, int]]  # PEARL
     recomputed_tokens: int = 0  # PEARL
@@ -419,5 +427,6 @@ class GenerateMeta(BaseModel):
 
 class GenerateResponse(BaseModel):
     text: str
+    index: int | None = None  # the sample's, with n > 1 (SGLang: a list, or index in a stream)
     output_ids: list[int]
     meta_info: GenerateMeta

@@ -194,5 +194,5 @@ def test_non_ascii_field_names_do_not_break_the_response(client: TestClient) -> 
 
 
 def test_generate_keeps_sglangs_strict_sampling_params(client: TestClient) -> None:
-    r = client.post("/generate", json={"input_ids": [1], "sampling_params": {"min_p": 0.1}})
-    assert r.status_code == 400 and "sampling_params.min_p" in r.text
+    r = client.post("/generate", json={"input_ids": [1], "sampling_params": {"min_q": 0.1}})
+    assert r.status_code == 400 and "sampling_params.min_q" in r.text

@@ -298,8 +298,8 @@ def test_malformed_json_and_too_long_prompts_get_400(
     assert_error(r=r, status=400, words="token id -1 is outside the vocabulary", param="prompt")
     r = client.post("/generate", json={"text": "a", "input_ids": [1]})
     assert_error(r, 400, "exactly one of text and input_ids")
-    r = client.post("/generate", json={"input_ids": [1], "sampling_params": {"min_p": 0.1}})
-    assert_error(r, 400, "unsupported parameter: 'sampling_params.min_p'")
+    r = client.post("/generate", json={"input_ids": [1], "sampling_params": {"json_schema": 0.1}})
+    assert_error(r, 400, "unsupported parameter: 'sampling_params.json_schema'")
     r = client.post("/generate", json={"input_ids": [1] * 10, "sampling_params": {
         "max_new_tokens": 4090}})  # fmt: skip
     assert_error(

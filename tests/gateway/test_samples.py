@@ -172,3 +172,51 @@ def test_vllms_sampling_fields_reach_the_pool_together(
     assert r.status_code == 200 and backend.calls[-1].sampling.top_k == 0  # -1: all tokens
     r = client.post("/v1/completions", json={**CMPL, "logit_bias": {"9999": 1}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias"
+
+
+def test_generate_n_samples_are_a_list_as_sglang_answers(
+    client: TestClient, backend: ScriptedBackend
+) -> None:
+    body = {"input_ids": [1, 2], "sampling_params": {"n": 3, "seed": 7, "max_new_tokens": 32}}
+    r = client.post("/generate", json=body)
+    assert r.status_code == 200, r.text
+    outs = r.json()
+    assert [o["text"] for o in outs] == [TEXT] * 3 and all("index" not in o for o in outs)
+    assert [c.sampling.seed for c in backend.calls] == [7, 8, 9]
+    assert len({c.sampling.group for c in backend.calls} - {""}) == 1
+    events = sse(client.post("/generate", json={**body, "stream": True}).text)
+    assert events[-1] == "[DONE]"
+    last = {e["index"]: e["text"] for e in events[:-1]}
+    assert last == dict.fromkeys(range(3), TEXT)
+
+
+def test_generate_returns_sglangs_output_top_logprobs(
+    client: TestClient, backend: ScriptedBackend
+) -> None:
+    body = {"input_ids": [1], "return_logprob": True, "top_logprobs_num": 2,
+            "return_text_in_logprobs": True}  # fmt: skip
+    meta = client.post("/generate", json=body).json()["meta_info"]
+    tops = meta["output_top_logprobs"]
+    assert len(tops) == len(meta["output_token_logprobs"]) == TOKENS
+    assert tops[0] == [
+        [pytest.approx(logprob_of(0) - 0.5), 65, "A"],
+        [pytest.approx(logprob_of(0) - 1.5), 66, "B"],
+    ]
+    plain = client.post("/generate", json={"input_ids": [1], "return_logprob": True})
+    assert "output_top_logprobs" not in plain.json()["meta_info"]
+
+
+def test_generate_takes_sglangs_sampling_fields(
+    client: TestClient, backend: ScriptedBackend
+) -> None:
+    sp = {"top_k": 5, "min_p": 0.1, "presence_penalty": 0.5, "frequency_penalty": -0.5,
+          "repetition_penalty": 1.2, "min_new_tokens": 3}  # fmt: skip
+    r = client.post("/generate", json={"input_ids": [1], "sampling_params": sp})
+    assert r.status_code == 200, r.text
+    s = backend.calls[0].sampling
+    assert (s.top_k, s.min_p, s.presence_penalty, s.frequency_penalty, s.repetition_penalty,
+            s.min_tokens) == (5, 0.1, 0.5, -0.5, 1.2, 3)  # fmt: skip
+    for name, value in (("min_p", 1.5), ("min_new_tokens", -1), ("n", 0), ("top_k", -2)):
+        r = client.post("/generate", json={"input_ids": [1], "sampling_params": {name: value}})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == f"sampling_params.{name}"

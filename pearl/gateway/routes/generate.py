@@ -9,40 +9,52 @@ far with each delta, as SGLang does.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from pearl.gateway import protocol as p
+from pearl.gateway import sampling
 from pearl.gateway import stops as stops_mod
+from pearl.gateway.backend import GatewayError
 from pearl.gateway.context import Context
 from pearl.gateway.errors import refuse
 from pearl.gateway.jobs import Job, check_text, job, session_of
-from pearl.gateway.output import Acc, collect, deltas
+from pearl.gateway.output import Acc, collect, deltas, gather, merge
 from pearl.gateway.sse import EventStream
 
 
 def check(req: p.GenerateRequest) -> None:
-    """What ``/generate`` refuses: bad text, both or neither prompt, what is unsupported."""
+    """What ``/generate`` refuses: bad text, both or neither prompt, prompt logprobs."""
     sp = req.sampling_params
     check_text(req)
     if (req.text is None) == (req.input_ids is None):
         raise refuse("give exactly one of text and input_ids", "input_ids")
-    if sp.n != 1:
-        raise refuse("n > 1 is not supported: one output per request", "sampling_params.n")
-    if sp.top_k not in (-1, 0):
-        raise refuse("top_k is not supported (only -1)", "sampling_params.top_k")
     if req.logprob_start_len not in (-1,) and req.return_logprob:
         raise refuse(
             "prompt logprobs are not returned (logprob_start_len must be -1)",
             "logprob_start_len",
         )
-    if req.top_logprobs_num:
-        raise refuse("top_logprobs_num is not supported (only 0)", "top_logprobs_num")
     if sp.seed is not None and sp.sampling_seed is not None and sp.seed != sp.sampling_seed:
         raise refuse("seed and sampling_seed differ", "sampling_params.seed")
+
+
+def knobs(ctx: Context, sp: p.GenerateSamplingParams) -> dict[str, Any]:
+    """SGLang's sampling fields as vLLM's, checked (an error names SGLang's field)."""
+    given = SimpleNamespace(
+        model_extra=None, top_k=sp.top_k, min_p=sp.min_p, presence_penalty=sp.presence_penalty,
+        frequency_penalty=sp.frequency_penalty, repetition_penalty=sp.repetition_penalty,
+        min_tokens=sp.min_new_tokens, logit_bias=None,
+    )  # fmt: skip
+    try:
+        return sampling.knobs(ctx, given, "sampling_params.")
+    except GatewayError as e:
+        if e.param == "sampling_params.min_tokens":
+            e.param = "sampling_params.min_new_tokens"
+        raise
 
 
 def job_of(ctx: Context, req: p.GenerateRequest, request: Request) -> Job:
@@ -68,6 +80,8 @@ def job_of(ctx: Context, req: p.GenerateRequest, request: Request) -> Job:
         stop=stops_mod.stops_of(sp.stop, "sampling_params.stop"),
         stop_param="sampling_params.stop_token_ids",
         prompt_param="input_ids" if req.input_ids is not None else "text",
+        knobs=knobs(ctx, sp),
+        top_logprobs=sampling.top_count(ctx, req.top_logprobs_num, "top_logprobs_num"),
     )
 
 
@@ -90,12 +104,15 @@ def response(
     """The response so far (the whole of it when ``final``); ``t0`` is when it began."""
     keep = req.sampling_params.no_stop_trim
     text_ids = acc.ids if keep else j.text_ids(acc.ids, final, acc.finish)
-    lps = None
+    lps = tops = None
+
+    def entry(i: int, lp: float) -> tuple[float, int, str | None]:
+        return lp, i, ctx.token_text(i) if req.return_text_in_logprobs else None
+
     if req.return_logprob:
-        lps = [
-            (lp, i, ctx.token_text(i) if req.return_text_in_logprobs else None)
-            for i, lp in zip(acc.ids, acc.logprobs, strict=True)
-        ]
+        lps = [entry(i, lp) for i, lp in zip(acc.ids, acc.logprobs, strict=True)]
+        if req.top_logprobs_num:
+            tops = [[entry(i, lp) for i, lp in top] for top in acc.top]
     text = ctx.tok.decode(text_ids)
     hit = stops_mod.find_stop(text, j.stop) if j.stop else None
     return p.GenerateResponse(
@@ -107,6 +124,7 @@ def response(
             prompt_tokens=len(j.prompt_ids),
             completion_tokens=len(acc.ids),
             output_token_logprobs=lps,
+            output_top_logprobs=tops,
             weight_version=acc.last_version,
             weight_versions=acc.versions_out(),
             recomputed_tokens=acc.recomputed,
@@ -117,24 +135,55 @@ def response(
 
 
 async def outputs(
-    ctx: Context, j: Job, req: p.GenerateRequest, t0: float
-) -> AsyncIterator[p.GenerateResponse]:
-    """The stream: the response so far after each delta."""
+    ctx: Context, j: Job, req: p.GenerateRequest, t0: float, index: int | None = None
+) -> AsyncIterator[dict[str, Any]]:
+    """The stream: the response so far after each delta (``index``: its sample's, n > 1)."""
     acc = Acc()
     async for d in deltas(ctx, j):
         acc.add(d)
-        yield response(ctx=ctx, j=j, req=req, acc=acc, final=d.finish_reason is not None, t0=t0)
+        out = response(ctx=ctx, j=j, req=req, acc=acc, final=d.finish_reason is not None, t0=t0)
+        out.index = index
+        yield dump(out)
+
+
+async def streams(
+    ctx: Context, js: Sequence[Job], req: p.GenerateRequest, t0: float
+) -> AsyncIterator[dict[str, Any]]:
+    """The samples' streams, merged as they come, each chunk with its sample's ``index``."""
+    its = [outputs(ctx=ctx, j=x, req=req, t0=t0, index=i) for i, x in enumerate(js)]
+    async for _, out in merge(its):
+        yield out
+
+
+def dump(out: p.GenerateResponse) -> dict[str, Any]:
+    """``out`` as JSON, without the fields SGLang leaves out when not asked."""
+    body = out.model_dump(mode="json")
+    if body["index"] is None:
+        del body["index"]
+    if body["meta_info"]["output_top_logprobs"] is None:
+        del body["meta_info"]["output_top_logprobs"]
+    return body
 
 
 async def create(ctx: Context, req: p.GenerateRequest, request: Request) -> Any:
-    """The response to ``req``: a JSON body, or a stream."""
+    """The response to ``req``: a JSON body, or a stream; with ``n > 1``, n samples of the
+    prompt (seeds s + i, :mod:`pearl.gateway.sampling`) as a list, or chunks with ``index``,
+    as SGLang answers."""
     check(req)
     j = job_of(ctx, req, request)
+    n = sampling.count(req.sampling_params.n, "sampling_params.n")
+    js = sampling.samples(j, n)
     t0 = time.perf_counter()
     if req.stream:
-        return EventStream(outputs(ctx=ctx, j=j, req=req, t0=t0))
-    body = response(ctx=ctx, j=j, req=req, acc=await collect(ctx, j), final=True, t0=t0)
-    return JSONResponse(body.model_dump(mode="json"))
+        if n == 1:
+            return EventStream(outputs(ctx=ctx, j=j, req=req, t0=t0))
+        return EventStream(streams(ctx=ctx, js=js, req=req, t0=t0))
+    accs = await gather([collect(ctx, x) for x in js])
+    bodies = [
+        dump(response(ctx=ctx, j=x, req=req, acc=acc, final=True, t0=t0))
+        for x, acc in zip(js, accs, strict=True)
+    ]
+    return JSONResponse(bodies[0] if n == 1 else bodies)
 
 
 def router(ctx: Context) -> APIRouter:
@@ -147,4 +196,7 @@ def router(ctx: Context) -> APIRouter:
     return r
 
 
-__all__ = ["check", "create", "finish_reason", "job_of", "outputs", "response", "router"]
+__all__ = [
+    "check", "create", "dump", "finish_reason", "job_of", "knobs", "outputs", "response",
+    "router", "streams",
+]  # fmt: skip
