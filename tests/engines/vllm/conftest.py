@@ -72,9 +72,11 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3"))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    """One started VLLMEngine for a test module (a server takes about a minute to start)."""
+    """One started VLLMEngine shared by the modules that use it (a server takes about a minute
+    to start on two busy cores). Tests that kill its server wait for the relaunch, so the next
+    module finds it serving; it stops after the last test that uses it (see below)."""
     from pearl.engines.process import ServerProcess
     from pearl.engines.vllm import VLLMEngine, VLLMEngineConfig, VLLMSpec
 
@@ -94,6 +96,21 @@ def engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         eng.stop()
         assert eng.server is None or not eng.server.alive()
         assert isinstance(eng.server, ServerProcess | None)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Stop the shared engine after its last user, not at the end of the package: an idle server
+    would hold memory and threads while the cluster tests start servers of their own."""
+    if "engine" not in getattr(item, "fixturenames", ()):
+        return
+    items = item.session.items
+    later = items[items.index(item) + 1 :] if item in items else []
+    if any("engine" in getattr(i, "fixturenames", ()) for i in later):
+        return
+    eng = getattr(item, "funcargs", {}).get("engine")
+    if eng is not None:
+        eng.stop()  # idempotent: the fixture's own stop then only checks it
 
 
 def free_port() -> int:
