@@ -22,11 +22,12 @@ from actors.messages import EngineTelemetryReport, RolloutStep, StateChanged
 from pearl.core import commands as cmd
 from pearl.core import events as ev
 from pearl.core.bounds import check_event
-from pearl.core.decision import decide
+from pearl.core.decision import DecisionParams, decide
 from pearl.core.errors import PearlError
 from pearl.core.profile import RuntimeTracker as Tracker
 from pearl.core.profile import StepTelemetry, WorkloadProfile
 from pearl.core.state import Target
+from transports.protocol import Ack
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +40,13 @@ class ElasticScheduler(PearlActor):
         self.directory = directory
         self.proceeded = 0
 
-    def event(self, record: ev.LogRecord) -> Any:
+    def event(self, record: ev.LogRecord) -> Ack:
         try:
             # Events from the API were checked when decoded; those from inside the process (the
             # embedded Runtime, a weights upload) are checked here, before anything is logged.
             check_event(record)
-            return self.directory.get(names.ORCHESTRATOR).ask(record)  # Ack(seq) once durable
+            ack: Ack = self.directory.get(names.ORCHESTRATOR).ask(record)  # Ack(seq) once durable
+            return ack
         except PearlError as e:  # its caller gets it too; pearld's log says it once, here
             log.warning("%s refused: %s", getattr(record, "KIND", type(record).__name__), e)
             raise
@@ -122,7 +124,7 @@ class DecideQuery:
 class DecisionEngine(PearlActor):
     name = names.DECISION
 
-    def __init__(self, params: Any) -> None:
+    def __init__(self, params: DecisionParams) -> None:
         super().__init__()
         self.params = params
         self.profile: WorkloadProfile | None = None

@@ -11,15 +11,13 @@ done at once).
 
 from __future__ import annotations
 
-from typing import Any
-
 from actors import names
 from actors.base import Directory, PearlActor
 from actors.supervisor import Deliver, Retire, Spawn
 from pearl.core import commands as cmd
 
 
-def _result(c: Any, ok: bool = True, error: str = "") -> cmd.StepResult:
+def _result(c: cmd.PlanStep, ok: bool = True, error: str = "") -> cmd.StepResult:
     return cmd.StepResult(
         plan=c.plan, step=c.step, ok=ok, error=error, cancel=getattr(c, "cancel", False)
     )

@@ -17,7 +17,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -27,6 +27,9 @@ from transports.auth import ClientKeys
 from transports.beacon import Beacon
 from transports.codec import Envelope
 from transports.rpc import Client
+
+if TYPE_CHECKING:
+    import zmq
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +61,7 @@ class HostHeart:
         on_beat: Callable[[], None] = lambda: None,
         on_welcome: Callable[[], None] = lambda: None,
         keys: ClientKeys | None = None,
-        ctx: Any = None,
+        ctx: zmq.Context[zmq.Socket[bytes]] | None = None,
     ) -> None:
         w, inc = hello.worker, hello.incarnation
         self.hello, self.interval_s, self.orphan_s = hello, interval_s, orphan_s

@@ -25,7 +25,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 
 from actors import worker_files
 from actors.messages import WorkerHello
@@ -141,7 +141,7 @@ class ForkServer:
         self._lock = threading.Lock()
         self._replies: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self._ready: dict[str, Any] | None = None
-        err: Any = subprocess.DEVNULL
+        err: int | IO[bytes] = subprocess.DEVNULL
         try:
             if stderr is not None:
                 stderr.parent.mkdir(parents=True, exist_ok=True)
@@ -299,7 +299,7 @@ class LocalProcessLauncher:
             ) from None
 
     def _popen(self, args: list[str], env: dict[str, str], path: Path | None) -> int:
-        out: Any = open(path, "ab") if path is not None else subprocess.DEVNULL  # noqa: SIM115
+        out: int | IO[bytes] = open(path, "ab") if path is not None else subprocess.DEVNULL  # noqa: SIM115
         try:
             proc = subprocess.Popen(
                 args,
@@ -445,7 +445,7 @@ def last_error(path: Path) -> str:
     return ""
 
 
-def _argv(args: Any) -> list[str]:
+def _argv(args: object) -> list[str]:
     """A Popen's command line as strings (it was given a list: :func:`host_args`)."""
     return [str(a) for a in args] if isinstance(args, (list, tuple)) else [str(args)]
 

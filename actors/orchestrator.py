@@ -12,19 +12,22 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from actors import names
 from actors.base import Directory, PearlActor
 from actors.messages import StateChanged
 from pearl.core import commands as cmd
 from pearl.core import events as ev
-from pearl.core.controller import Controller, ControllerState, Output
+from pearl.core.controller import Controller, ControllerState, Input, Output
 from pearl.core.errors import InvalidEvent, InvariantViolation, LogError, LogWriteFailed
 from pearl.core.status import ClusterStatus
 from pearl.core.view import ClusterView, cluster_status, cluster_view
 from pearl.log import EventLog
 from transports.protocol import Ack, StatusRequest
+
+if TYPE_CHECKING:
+    from pearl.plans import CommitObserver
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +90,7 @@ class Orchestrator(PearlActor):
         recovered: Output,
         snapshot_every: int = 1000,
         boot_id: str = "",
-        metrics: Any = None,
+        metrics: CommitObserver | None = None,
     ) -> None:
         super().__init__()
         self.metrics = metrics  # told of every commit (Metrics, PlanHistory, Observers), or None
@@ -99,7 +102,7 @@ class Orchestrator(PearlActor):
         self._since_snapshot = 0
         self.proceeded = 0  # last training step told it may proceed
         self.recoveries = 0  # controller invariant violations recovered from the log in place
-        self.backlog: deque[Any] = deque()  # reports the disk refused, oldest first
+        self.backlog: deque[Report] = deque()  # reports the disk refused, oldest first
         self._disk_error = ""  # why the log refused its last write ("": it takes writes)
 
     def boot(self, msg: Boot | None = None) -> None:
@@ -119,7 +122,7 @@ class Orchestrator(PearlActor):
         if not committed:
             self._broadcast()  # listeners need the recovered view even when nothing was logged
 
-    def on_event(self, event: ev.LogRecord) -> Ack:
+    def on_event(self, event: ev.Elastic | ev.WeightsPublished) -> Ack:
         if not self._drain():
             waiting = len(self.backlog) + (self._pending is not None)
             raise LogWriteFailed(
@@ -184,7 +187,7 @@ class Orchestrator(PearlActor):
             log.error("the event log refused a write: %s", e)
         self._disk_error = str(e)
 
-    def _handle(self, event: Any) -> int:
+    def _handle(self, event: Input) -> int:
         """One event through the controller, then committed; the first record's seq (0: none)."""
         received = time.monotonic()
         try:

@@ -8,7 +8,6 @@ import asyncio
 import itertools
 import logging
 import threading
-from typing import Any
 
 from actors import names
 from actors.base import Directory, PearlActor
@@ -131,12 +130,16 @@ class PipelineActor(PearlActor):
     handles = {GenerateDone: done, StateChanged: state_changed}
 
 
-def _settle(fut: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+def _settle(
+    fut: asyncio.Future[GenerateResult],
+    result: GenerateResult | None,
+    error: BaseException | None,
+) -> None:
     if fut.done():
         return
     if error is not None:
         fut.set_exception(error)
-    else:
+    elif result is not None:
         fut.set_result(result)
 
 

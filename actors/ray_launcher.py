@@ -31,7 +31,8 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import IO, Any
 
 from actors.launcher import Handle, LaunchError, WorkerSpec, host_args
 from actors.messages import WorkerHello
@@ -50,7 +51,7 @@ def actor_name(worker: int, incarnation: int) -> str:
     return f"{PREFIX}{worker}.{incarnation}"
 
 
-def import_ray() -> Any:
+def import_ray() -> ModuleType:
     try:
         import ray
     except ImportError:
@@ -61,7 +62,7 @@ def import_ray() -> Any:
     return ray
 
 
-def connect(cfg: Config) -> tuple[Any, bool]:
+def connect(cfg: Config) -> tuple[ModuleType, bool]:
     """Ray, connected to ``[ray] address`` (an existing connection is kept); True when this call
     connected (so closing the launcher disconnects)."""
     ray = import_ray()
@@ -96,7 +97,9 @@ def connect(cfg: Config) -> tuple[Any, bool]:
 class RayLauncher:
     """One detached Ray actor per worker host, on the node that holds its GPUs."""
 
-    def __init__(self, cfg: Config, ray: Any, owned: bool, log_dir: Path | None = None) -> None:
+    def __init__(
+        self, cfg: Config, ray: ModuleType, owned: bool, log_dir: Path | None = None
+    ) -> None:
         self.cfg, self.ray, self.owned, self.log_dir = cfg, ray, owned, log_dir
         self.namespace = cfg.ray.namespace
         self.keys = HostKeys.load(cfg.daemon.keys_dir).to_text() if cfg.daemon.keys_dir else None
@@ -360,7 +363,7 @@ class HostProcess:
         started: threading.Event,
     ) -> None:
         libc = ctypes.CDLL(None, use_errno=True)
-        out: Any = None  # inherit the actor's output: Ray's worker log on this node
+        out: IO[bytes] | None = None  # inherit the actor's output: Ray's worker log on this node
         try:
             if log_path:  # the same path on this node (the state dir, where it is shared)
                 with contextlib.suppress(OSError):

@@ -25,6 +25,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 from actors import names
@@ -34,6 +35,9 @@ from pearl.config import Config, NodeConfig, format_gpus, parse_gpus
 from pearl.core import events as ev
 from pearl.core.errors import ConfigError, InvalidEvent
 from pearl.core.policy import Borrow
+
+#: what a change of Ray's node table logs
+NodeEvent = ev.GpusReclaimed | ev.GpusReclaiming | ev.GpusAdded
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +156,7 @@ def node_events(
     present: set[int],
     leaving: set[int],
     wall: float,
-) -> list[Any]:
+) -> list[NodeEvent]:
     """The elastic events a change of the node table from ``before`` (None: the first look) to
     ``now`` means, given the table's present and leaving GPUs, at Unix time ``wall``."""
     pool = set(cfg.cluster.preemptible_gpus) & present
@@ -170,7 +174,7 @@ def node_events(
         gone = pool & {
             g for nid, n in before.items() if n.alive and not up(now.get(nid)) for g in held(cfg, n)
         }
-    out: list[Any] = [ev.GpusReclaimed(gpus=tuple(sorted(gone)))] if gone else []
+    out: list[NodeEvent] = [ev.GpusReclaimed(gpus=tuple(sorted(gone)))] if gone else []
     for nid, n in sorted(alive.items()):
         was = before.get(nid) if before is not None else None
         if n.drain_deadline is None or (was is not None and was.drain_deadline is not None):
@@ -193,7 +197,7 @@ def node_events(
     return out
 
 
-def read_nodes(ray: Any) -> dict[str, RayNode]:
+def read_nodes(ray: ModuleType) -> dict[str, RayNode]:
     """Ray's node table now (draining nodes with their deadlines)."""
     try:
         draining = dict(ray._private.state.state.get_draining_nodes())
@@ -229,7 +233,7 @@ class RayNodeWatcher(PearlActor):
         # delivered since the view; the outbox holds what was not delivered yet, in order.
         self.present: set[int] = set()
         self.leaving: set[int] = set()
-        self.outbox: deque[Any] = deque()
+        self.outbox: deque[NodeEvent] = deque()
         self.seq = -1  # of the view the sets come from
         if initial is not None:
             self.state_changed(initial)
@@ -309,7 +313,7 @@ class RayNodeWatcher(PearlActor):
     handles = {StateChanged: state_changed, NodesSeen: seen}
 
 
-def _apply(record: Any, present: set[int], leaving: set[int]) -> None:
+def _apply(record: NodeEvent, present: set[int], leaving: set[int]) -> None:
     """What a delivered node event does to the granted and leaving GPUs."""
     if isinstance(record, ev.GpusAdded):
         present |= set(record.gpus)

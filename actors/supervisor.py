@@ -26,7 +26,6 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from actors import names
 from actors.base import CourierRef, Directory, PearlActor
@@ -205,7 +204,7 @@ class Deaths:
 class Spawn:
     """Start a host for ``command``'s worker and give it ``command`` once it says hello."""
 
-    command: Any
+    command: cmd.StartWorker | cmd.ActivateWorker
 
 
 @dataclass(frozen=True)
@@ -214,7 +213,7 @@ class Deliver:
     background): give it after what the host was launched with, in order; with no such host,
     the step fails at once."""
 
-    command: Any
+    command: cmd.PlanStep
 
 
 @dataclass(frozen=True)
@@ -223,10 +222,11 @@ class Retire:
 
     worker: int
     force: bool = False
-    report: Any = None  # a StepResult to send once the host is gone
+    # A StepResult (or WorkerDown) to send once the host is gone.
+    report: cmd.StepResult | cmd.WorkerDown | None = None
     # A StepResult the host itself owes (it was told the step): sent if it dies instead (a lost
     # node takes the host with the stop in flight); a second result of a done step is ignored.
-    fallback: Any = None
+    fallback: cmd.StepResult | None = None
     incarnation: int = 0  # only this host (0: whichever serves the worker)
 
 
@@ -235,7 +235,7 @@ class Undeliverable:
     """A courier could not deliver ``msg`` to worker host ``worker``."""
 
     worker: int
-    msg: Any
+    msg: object
     error: str
 
 
@@ -249,10 +249,11 @@ class Host:
     ref: CourierRef | None = None
     restarts: int = 0
     restart_at: float | None = None
-    pending: list[Any] = field(default_factory=list)  # commands waiting for hello
+    pending: list[object] = field(default_factory=list)  # messages waiting for hello
     retiring: bool = False
-    retire_reports: list[Any] = field(default_factory=list)  # told once the host is gone
-    fallbacks: list[Any] = field(default_factory=list)  # told if it dies before answering
+    # told once the host is gone
+    retire_reports: list[cmd.StepResult | cmd.WorkerDown] = field(default_factory=list)
+    fallbacks: list[cmd.StepResult] = field(default_factory=list)  # told if it dies first
     launched_at: float = 0.0
     # (tick time, CPU seconds its process had used) over the last heartbeat timeout and one more
     cpu_seen: deque[tuple[float, float]] = field(default_factory=deque)
@@ -456,7 +457,7 @@ class RoleSupervisor(PearlActor):
             h.ref.tell(c)
         return Welcome(boot_id=self.boot_id, known=True)
 
-    def _undeliverable(self, name: str, msg: Any, error: PearlError) -> None:
+    def _undeliverable(self, name: str, msg: object, error: PearlError) -> None:
         """Courier thread: hand the failure to the actor's own thread."""
         worker = int(name.split("/", 1)[1])
         self.actor_ref.tell(Undeliverable(worker, msg, str(error)))

@@ -97,7 +97,7 @@ class WorkerActor(PearlActor):
 
     # -- plan steps ----------------------------------------------------------------------------
 
-    def _step(self, c: Any, body: Callable[[], None]) -> None:
+    def _step(self, c: cmd.PlanStep, body: Callable[[], None]) -> None:
         t0 = time.monotonic()
         try:
             body()

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pykka
 
@@ -45,6 +45,10 @@ from transports.bulk import ZmqKVChannel
 from transports.protocol import Call
 from transports.rpc import Client, Server
 
+if TYPE_CHECKING:
+    from pearl.core.state import Role
+    from pearl.engines.base import Engine
+
 log = logging.getLogger("pearl.worker_host")
 
 ENGINE_MODULES = {"sim": "pearl.engines.sim", "torch": "pearl.engines.torch"}
@@ -55,7 +59,7 @@ class Reporter:
 
     def __init__(self, client: Client) -> None:
         self.client = client
-        self.q: queue.Queue[tuple[str, Any] | None] = queue.Queue()
+        self.q: queue.Queue[tuple[str, object] | None] = queue.Queue()
         self.thread = threading.Thread(target=self._run, name="reporter", daemon=True)
         self.thread.start()
 
@@ -80,10 +84,10 @@ class QueuedRef:
     def __init__(self, name: str, reporter: Reporter) -> None:
         self.name, self.reporter = name, reporter
 
-    def tell(self, msg: Any) -> None:
+    def tell(self, msg: object) -> None:
         self.reporter.q.put((self.name, msg))
 
-    def ask(self, msg: Any, timeout_s: float = 10.0) -> Any:
+    def ask(self, msg: object, timeout_s: float = 10.0) -> Any:
         raise PearlError(f"{self.name} is remote: worker hosts only tell pearld")
 
 
@@ -231,7 +235,7 @@ def set_up(
     )
     built = threading.Event()
 
-    def make_engine(role: Any) -> Any:
+    def make_engine(role: Role) -> Engine:
         engine = build_engine(
             engine_cfg, model=a.model, gpu=a.gpu, tp=a.tp, role=role, kv_channel=kv
         )

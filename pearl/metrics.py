@@ -163,7 +163,7 @@ class Metrics:
 
     def committed(
         self,
-        records: Sequence[Any],
+        records: Sequence[ev.Record],
         view: ClusterView,
         received: float | None = None,
         append_s: float | None = None,
@@ -190,7 +190,7 @@ class Metrics:
         self.api_requests.labels(command, outcome).inc()
         self.api_seconds.labels(command).observe(seconds)
 
-    def _record(self, rec: Any, now: float, received: float | None) -> None:
+    def _record(self, rec: ev.Record, now: float, received: float | None) -> None:
         if isinstance(rec, ev.ElasticEvent) and self._event_at is None:
             self._event_at = received if received is not None else now
         elif isinstance(rec, ev.PlanBegin):

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 from pearl.core import events as ev
 from pearl.core.state import Mode, Target
@@ -63,7 +63,7 @@ class PlanSpan:
 class PlanHistory:
     """The plans of this pearld's life, in order (thread-safe; the Orchestrator feeds it)."""
 
-    def __init__(self, clock: Any = time.monotonic, keep: int = 10_000) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, keep: int = 10_000) -> None:
         self.clock, self.keep = clock, keep
         self._lock = threading.Lock()
         self._plans: dict[int, PlanSpan] = {}
@@ -71,7 +71,7 @@ class PlanHistory:
 
     def committed(
         self,
-        records: Sequence[Any],
+        records: Sequence[ev.Record],
         view: ClusterView,
         received: float | None = None,
         append_s: float | None = None,
@@ -116,15 +116,33 @@ class PlanHistory:
         return [p for p in self.plans() if p.mode_switch]
 
 
+class CommitObserver(Protocol):
+    """Told of every commit by the Orchestrator (:class:`pearl.metrics.Metrics`, a history)."""
+
+    def committed(
+        self,
+        records: Sequence[ev.Record],
+        view: ClusterView,
+        received: float | None = None,
+        append_s: float | None = None,
+    ) -> None: ...
+
+
 class Observers:
     """Fans the Orchestrator's ``committed`` call out to several observers (metrics, history)."""
 
-    def __init__(self, *observers: Any) -> None:
+    def __init__(self, *observers: CommitObserver | None) -> None:
         self.observers = [o for o in observers if o is not None]
 
-    def committed(self, *args: Any, **kwargs: Any) -> None:
+    def committed(
+        self,
+        records: Sequence[ev.Record],
+        view: ClusterView,
+        received: float | None = None,
+        append_s: float | None = None,
+    ) -> None:
         for o in self.observers:
-            o.committed(*args, **kwargs)
+            o.committed(records, view, received, append_s)
 
 
-__all__ = ["Observers", "PlanHistory", "PlanSpan"]
+__all__ = ["CommitObserver", "Observers", "PlanHistory", "PlanSpan"]

@@ -10,7 +10,7 @@ Reports are what executors, supervisors and the pipeline tell the controller.
 
 from __future__ import annotations
 
-from typing import TypeAlias
+from typing import Protocol, TypeAlias
 
 from pearl.core.schema import Registry, WireStruct
 from pearl.core.state import Role, Zone
@@ -204,6 +204,20 @@ Command: TypeAlias = (
 Report: TypeAlias = StepResult | WorkerDown | WorkerUp | WorkerLost | RolloutProgress | Tick
 """What executors, supervisors and the pipeline tell the controller."""
 
+
+class PlanStep(Protocol):
+    """A command that is one step of a plan, answered by a :class:`StepResult` naming it."""
+
+    @property
+    def worker(self) -> int: ...
+
+    @property
+    def plan(self) -> int: ...
+
+    @property
+    def step(self) -> int: ...
+
+
 STEP_COMMANDS = (
     StartWorker,
     ActivateWorker,
@@ -222,6 +236,7 @@ __all__ = [
     "Command",
     "DeactivateWorker",
     "LendTraining",
+    "PlanStep",
     "ReclaimTraining",
     "Report",
     "RolloutProgress",
