@@ -37,6 +37,8 @@ class Stream:
 
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    # per token, the (id, logprob) alternatives, most likely first (with logprobs=k)
+    top: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
     finish_reason: str | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
@@ -97,6 +99,8 @@ class Completion:
             out.token_ids.extend(int(t) for t in ids)
             lp = (choice.get("logprobs") or {}).get("token_logprobs") or ()
             out.logprobs.extend(float(x) if x is not None else 0.0 for x in lp)
+            tops = (choice.get("logprobs") or {}).get("top_logprobs") or ()
+            out.top.extend(alternatives(t) for t in tops)
             if choice.get("prompt_token_ids"):
                 out.prompt_tokens = len(choice["prompt_token_ids"])
             if choice.get("finish_reason"):
@@ -110,6 +114,18 @@ class Completion:
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
+
+
+def alternatives(top: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
+    """One token's ``top_logprobs`` of a completions answer with ``return_tokens_as_token_ids``
+    (``{"token_id:N": logprob}``, the k most likely and the sampled token) as (id, logprob)
+    pairs, most likely first. The caller keeps the first k."""
+    pairs = []
+    for key, lp in (top or {}).items():
+        _, _, tail = key.rpartition(":")
+        if tail.lstrip("-").isdigit():
+            pairs.append((int(tail), float(lp) if lp is not None else -9999.0))
+    return tuple(sorted(pairs, key=lambda x: -x[1]))
 
 
 def refusal(status: int, text: str) -> EngineError:

@@ -28,6 +28,7 @@ on this platform (see docs/vllm.md).
 
 from __future__ import annotations
 
+import json
 import logging
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from typing import Any
 from pearl.core.errors import RequestRefused
 from pearl.core.state import Role
 from pearl.engines.base import EngineError, FinishReason, GenerateRequest, GenerateResult
+from pearl.engines.grammar import Grammar
 from pearl.engines.server import Call, ServerEngine, ServerEngineConfig
 from pearl.engines.server_metrics import MetricNames
 from pearl.engines.vllm.client import Completion, VLLMClient
@@ -118,6 +120,9 @@ class VLLMEngine(ServerEngine[_Call]):
             rid=req.rid,
             output_ids=tuple(out.token_ids),
             logprobs=tuple(out.logprobs[:n]) if req.return_logprobs else (),
+            top_logprobs=tuple(t[: req.top_logprobs] for t in out.top[:n])
+            if req.top_logprobs
+            else (),
             finish_reason=finish,
             weights_version=self._version,
             prompt_tokens=len(req.input_ids),
@@ -172,7 +177,13 @@ def check_role(role: Role) -> None:
 
 def body(req: GenerateRequest) -> dict[str, Any]:
     """The ``/v1/completions`` body of one request: token ids in, token ids and the sampled
-    tokens' logprobs out; only the request's own stop ids end it before its length."""
+    tokens' logprobs out; only the request's own stop ids end it before its length. vLLM's
+    sampling fields, top logprobs (as ``token_id:N``, mapped back by the client) and the
+    structured constraint (``structured_outputs``) pass through in vLLM's own names.
+
+    A resumed request (``generated`` > 0) keeps its min_tokens count; vLLM cannot be told that
+    the kept prefix is output, so its penalties count only what this attempt generates and a
+    grammar starts again after the prefix (docs/gateway.md)."""
     s = req.sampling
     out: dict[str, Any] = {
         "model": SERVED_NAME,
@@ -186,11 +197,32 @@ def body(req: GenerateRequest) -> dict[str, Any]:
         "skip_special_tokens": False,
         "stream_options": {"include_usage": True},
     }
-    if req.return_logprobs:
-        out["logprobs"] = 0  # the sampled token's own logprob, no alternatives
+    if req.return_logprobs or req.top_logprobs:
+        out["logprobs"] = req.top_logprobs  # 0: the sampled token's own logprob only
+    if req.top_logprobs:
+        out["return_tokens_as_token_ids"] = True  # alternatives keyed by id, not text
     if s.seed is not None:
         out["seed"] = s.seed
+    if not s.plain:
+        out |= {
+            "top_k": s.top_k or -1,
+            "min_p": s.min_p,
+            "presence_penalty": s.presence_penalty,
+            "frequency_penalty": s.frequency_penalty,
+            "repetition_penalty": s.repetition_penalty,
+            "min_tokens": max(0, s.min_tokens - req.generated),
+            "logit_bias": {str(t): b for t, b in s.logit_bias},
+        }
+    if s.grammar is not None:
+        out["structured_outputs"] = structured(s.grammar)
     return out
+
+
+def structured(g: Grammar) -> dict[str, Any]:
+    """``g`` as vLLM's ``structured_outputs`` (``json``, ``regex``, ``choice``, ``grammar``)."""
+    if g.kind in ("json", "choice"):
+        return {g.kind: json.loads(g.text)}
+    return {g.kind: g.text}
 
 
 def _snapshot(source: Any) -> str:
