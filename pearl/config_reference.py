@@ -64,7 +64,7 @@ def markdown(doc: str) -> str:
     return " ".join(doc.split()).replace("``", "`")
 
 
-def type_text(tp: Any) -> str:
+def type_text(tp: object) -> str:
     """How a field's type reads in the table."""
     if tp == C.GpuList:
         return "GPU ids"
@@ -77,11 +77,11 @@ def type_text(tp: Any) -> str:
         return "array of tables"
     if typing.get_origin(tp) is tuple and typing.get_args(tp) == (str, Ellipsis):
         return "list of strings"
-    names = {bool: "bool", int: "int", float: "float", str: "string"}
+    names: dict[object, str] = {bool: "bool", int: "int", float: "float", str: "string"}
     return names[tp]
 
 
-def default_text(value: Any, tp: Any) -> str:
+def default_text(value: Any, tp: object) -> str:
     """A field's default as it would be written in TOML."""
     if value is None:
         return "unset"

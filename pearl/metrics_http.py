@@ -17,7 +17,7 @@ import http.server
 import socket
 import socketserver
 import threading
-from typing import Any, Protocol
+from typing import Protocol, TypeAlias
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -26,6 +26,14 @@ from pearl.core.errors import ConfigError
 
 MAX_CONNECTIONS = 64  # connection threads of one metrics server
 READ_TIMEOUT_S = 5.0  # a connection silent this long is dropped (a scrape sends at once)
+
+
+#: what socketserver hands a server (a TCP server's is always the socket)
+Request: TypeAlias = "socket.socket | tuple[bytes, socket.socket]"
+
+
+def _socket(request: Request) -> socket.socket:
+    return request if isinstance(request, socket.socket) else request[1]
 
 
 class Exposition(Protocol):
@@ -86,21 +94,23 @@ class _Server(http.server.ThreadingHTTPServer):
     # dropped and retried after 1, 3, 7 s.
     request_queue_size = 128
 
-    def __init__(self, address: tuple[str, int], handler: Any, cap: int) -> None:
+    def __init__(
+        self, address: tuple[str, int], handler: type[http.server.BaseHTTPRequestHandler], cap: int
+    ) -> None:
         self.cap, self.busy, self._closing = cap, 0, False
         self.slots = threading.Condition()
         # Connections whose request has not fully arrived, oldest first: the ones to displace.
-        self._waiting: dict[socket.socket, None] = {}
+        self._waiting: dict[Request, None] = {}
         super().__init__(address, handler)
 
-    def process_request(self, request: Any, client_address: Any) -> None:
+    def process_request(self, request: Request, client_address: tuple[str, int]) -> None:
         with self.slots:
             while self.busy >= self.cap and not self._closing:
                 if self._waiting:  # displace the oldest silent one: its thread ends at once
                     oldest = next(iter(self._waiting))
                     del self._waiting[oldest]
                     with contextlib.suppress(OSError):
-                        oldest.shutdown(socket.SHUT_RDWR)
+                        _socket(oldest).shutdown(socket.SHUT_RDWR)
                 self.slots.wait(0.5)  # a slot frees within READ_TIMEOUT_S; close() wakes it
             if self._closing:
                 self.shutdown_request(request)
@@ -115,18 +125,18 @@ class _Server(http.server.ThreadingHTTPServer):
             self._release()
             raise
 
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
+    def process_request_thread(self, request: Request, client_address: tuple[str, int]) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
             self._release()
 
-    def request_arrived(self, request: Any) -> None:
+    def request_arrived(self, request: Request) -> None:
         """The connection sent a whole request: it is answered, never displaced."""
         with self.slots:
             self._waiting.pop(request, None)
 
-    def shutdown_request(self, request: Any) -> None:
+    def shutdown_request(self, request: Request) -> None:
         # Under the lock a displacing shutdown() never meets a socket being closed here (whose
         # file number could already belong to another).
         with self.slots:
@@ -179,7 +189,7 @@ def _handler(
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
             pass  # scrapes every few seconds would drown pearld's log
 
     return Handler

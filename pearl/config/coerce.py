@@ -10,12 +10,16 @@ import math
 import types
 import typing
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pearl.config.gpus import GpuList, parse_gpus
 from pearl.core.errors import ConfigError
 
 T = TypeVar("T")
+E = TypeVar("E", bound=enum.StrEnum)
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 FIX = "set a number (a TOML float such as 0.5, or an int)"
 
@@ -26,12 +30,12 @@ def suggest(name: str, options: list[str]) -> str:
     return f"; did you mean {close[0]!r}?" if close else f"; valid: {', '.join(sorted(options))}"
 
 
-def is_section(tp: Any) -> bool:
+def is_section(tp: object) -> bool:
     """A field whose type is itself a section: a nested table such as ``[engine.vllm]``."""
     return isinstance(tp, type) and dataclasses.is_dataclass(tp)
 
 
-def member(tp: type[enum.StrEnum], value: Any, where: str) -> Any:
+def member(tp: type[E], value: object, where: str) -> E:
     """``value`` as a member of ``tp``: the string a TOML file or ``--set`` gives, or a member."""
     if isinstance(value, tp):
         return value
@@ -43,7 +47,7 @@ def member(tp: type[enum.StrEnum], value: Any, where: str) -> Any:
     )
 
 
-def parse_fields(section: Any, name: str) -> None:
+def parse_fields(section: DataclassInstance, name: str) -> None:
     """Turn a section's enum fields, given as strings, into their members, and its nested
     tables, given as mappings, into their sections (the section is frozen: a direct
     ``EngineConfig(kind="torch")`` or a JSON copy sent to a worker host is parsed here too)."""
@@ -56,7 +60,7 @@ def parse_fields(section: Any, name: str) -> None:
             object.__setattr__(section, f.name, tp(**value))
 
 
-def coerce(value: Any, tp: Any, where: str) -> Any:
+def coerce(value: object, tp: object, where: str) -> Any:
     """``value`` as a field of type ``tp``; ``where`` starts the error's line."""
     optional = [a for a in typing.get_args(tp) if a is not type(None)]
     if isinstance(tp, types.UnionType) and len(optional) == 1:
@@ -95,7 +99,7 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
     raise ConfigError(f"{where}: expected {tp.__name__}, got {type(value).__name__} {value!r}")
 
 
-def _item(cls: Any, body: dict[str, Any], where: str) -> Any:
+def _item(cls: type[DataclassInstance], body: dict[str, Any], where: str) -> object:
     """One table of an array of tables."""
     hints = typing.get_type_hints(cls)
     keys = [f.name for f in dataclasses.fields(cls)]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable
-from typing import Any
 
 from pearl.core.bounds import MAX_GPU_ID, MAX_GPUS, gpu_ids_problem
 from pearl.core.errors import ConfigError
@@ -25,7 +24,7 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def parse_gpus(value: Any, where: str = "gpus") -> GpuList:
+def parse_gpus(value: object, where: str = "gpus") -> GpuList:
     """``[0, 1, 2]``, ``"0-3"``, ``"0-3,8"`` or ``""`` -> a sorted tuple of distinct ids.
 
     Ids are 0..MAX_GPU_ID, at most MAX_GPUS of them (:mod:`pearl.core.bounds`); a range is checked

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 from pearl.config.coerce import FIX
 from pearl.core.errors import ConfigError
@@ -65,7 +68,7 @@ NON_NEGATIVE: dict[str, tuple[str, ...]] = {
 section must also be finite, and every ``*_s`` key at most :data:`MAX_SECONDS`."""
 
 
-def range_problem(name: str, value: Any, default: Any, sign: str) -> str | None:
+def range_problem(name: str, value: object, default: object, sign: str) -> str | None:
     """Why ``value`` of key ``name`` is out of range, or None; ``sign``: ">", ">=" or ""."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
@@ -82,7 +85,7 @@ def range_problem(name: str, value: Any, default: Any, sign: str) -> str | None:
     return None
 
 
-def check_ranges(section: Any, path: str) -> None:
+def check_ranges(section: DataclassInstance, path: str) -> None:
     """Raise ConfigError for the first key of ``section`` (at ``path``, e.g. ``engine.vllm``)
     or of its nested tables that is out of range."""
     for f in dataclasses.fields(section):

@@ -12,7 +12,6 @@ holds ints up to 2**64 - 1) and every step has a next one, so steps and versions
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from pearl.core import events as ev
 from pearl.core.errors import ConfigError, SchemaError
@@ -24,7 +23,7 @@ MAX_VERSION = (1 << 63) - 1  # weights versions are 0..2**63 - 1
 MAX_DEADLINE = float(1 << 34)  # a Unix time before the year 2514
 
 
-def gpu_ids_problem(gpus: Any) -> str | None:
+def gpu_ids_problem(gpus: object) -> str | None:
     """Why ``gpus`` is not a list of GPU ids within bounds, or None."""
     if not isinstance(gpus, list | tuple):
         return f"expected a list of GPU ids, got {type(gpus).__name__}"
@@ -38,7 +37,7 @@ def gpu_ids_problem(gpus: Any) -> str | None:
     return None
 
 
-def _int_problem(name: str, value: Any, lo: int, hi: int) -> str | None:
+def _int_problem(name: str, value: object, lo: int, hi: int) -> str | None:
     if not isinstance(value, int) or isinstance(value, bool):
         return f"{name} {value!r} is not an int"
     if not lo <= value <= hi:
@@ -47,17 +46,17 @@ def _int_problem(name: str, value: Any, lo: int, hi: int) -> str | None:
     return None
 
 
-def step_problem(step: Any) -> str | None:
+def step_problem(step: object) -> str | None:
     """Why ``step`` is not a training step (1..2**63 - 1), or None."""
     return _int_problem(name="training step", value=step, lo=1, hi=MAX_STEP)
 
 
-def version_problem(version: Any) -> str | None:
+def version_problem(version: object) -> str | None:
     """Why ``version`` is not a weights version (0..2**63 - 1), or None."""
     return _int_problem(name="weights version", value=version, lo=0, hi=MAX_VERSION)
 
 
-def deadline_problem(deadline: Any) -> str | None:
+def deadline_problem(deadline: object) -> str | None:
     """Why ``deadline`` is not a Unix time PEARL can wait for, or None."""
     if not isinstance(deadline, int | float) or isinstance(deadline, bool):
         return f"deadline {deadline!r} is not a number"
@@ -66,7 +65,7 @@ def deadline_problem(deadline: Any) -> str | None:
     return None
 
 
-def event_fault(record: Any) -> tuple[str, str] | None:
+def event_fault(record: object) -> tuple[str, str] | None:
     """``(field, why)`` when an elastic event or ``weights-published`` holds a number out of
     bounds, or a GPU event names no GPU; None when it is within bounds."""
     if isinstance(
@@ -95,14 +94,14 @@ def event_fault(record: Any) -> tuple[str, str] | None:
     return None
 
 
-def event_problem(record: Any) -> str | None:
+def event_problem(record: object) -> str | None:
     """Why an elastic event or ``weights-published`` is out of bounds (:func:`event_fault`), or
     None."""
     fault = event_fault(record)
     return None if fault is None else fault[1]
 
 
-def check_event(record: Any) -> None:
+def check_event(record: object) -> None:
     """Refuse, in one line, a record with a number out of bounds."""
     why = event_problem(record)
     if why is not None:

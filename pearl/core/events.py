@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import enum
 import typing
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, cast
 
 from pearl.core.schema import Registry, WireStruct, to_wire
 from pearl.core.state import Activity, Role, Step, Target, Zone
@@ -272,8 +272,9 @@ def encode(record: Record) -> dict[str, Any]:
     return to_wire(record)
 
 
-def decode(mapping: Any) -> Record:
-    return RECORDS.decode(mapping)
+def decode(mapping: object) -> Record:
+    # RECORDS registers exactly the classes of Record
+    return cast(Record, RECORDS.decode(mapping))
 
 
 def decode_bytes(payload: bytes | memoryview) -> Record:

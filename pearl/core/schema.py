@@ -89,12 +89,12 @@ class Registry:
             self._list_decoder = msgspec.msgpack.Decoder(list[self._union()])  # type: ignore[misc]
         return self._list_decoder
 
-    def _union(self) -> Any:
+    def _union(self) -> object:
         if not self.kinds:
             raise TypeError(f"{self.name}: no kinds registered")
         return typing.Union[tuple(self.kinds.values())]  # noqa: UP007
 
-    def decode(self, mapping: Any) -> Any:
+    def decode(self, mapping: object) -> WireStruct:
         """Build the registered instance a wire mapping describes; raise SchemaError otherwise."""
         if not isinstance(mapping, dict):
             raise SchemaError(f"{self.name}: expected a mapping, got {type(mapping).__name__}")
@@ -111,7 +111,7 @@ class Registry:
         return _convert(mapping, cls)
 
 
-def to_wire(obj: Any) -> dict[str, Any]:
+def to_wire(obj: object) -> dict[str, Any]:
     """The single mapping of a registered record: kind, schema version and fields."""
     if not isinstance(obj, WireStruct):
         raise TypeError(f"{type(obj).__name__} is not a registered record (a WireStruct)")
@@ -120,14 +120,14 @@ def to_wire(obj: Any) -> dict[str, Any]:
     return out
 
 
-def to_plain(obj: Any) -> dict[str, Any]:
+def to_plain(obj: object) -> dict[str, Any]:
     """The mapping of a struct or record without kind and version (for JSON views)."""
     if not isinstance(obj, msgspec.Struct):
         raise TypeError(f"{type(obj).__name__} is not a record or value (a msgspec Struct)")
     return _struct_plain(obj)
 
 
-def from_plain(cls: type[T], mapping: Any) -> T:
+def from_plain(cls: type[T], mapping: object) -> T:
     """Decode a struct from its plain mapping."""
     if not isinstance(mapping, dict):
         raise SchemaError(f"{cls.__name__}: expected a mapping, got {type(mapping).__name__}")
@@ -145,7 +145,7 @@ def _struct_plain(obj: msgspec.Struct) -> dict[str, Any]:
     return out
 
 
-def _convert(mapping: Any, cls: type[T]) -> T:
+def _convert(mapping: object, cls: type[T]) -> T:
     try:
         return msgspec.convert(mapping, cls)
     except msgspec.ValidationError as e:

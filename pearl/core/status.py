@@ -148,7 +148,7 @@ def status_plain(s: ClusterStatus) -> dict[str, Any]:
     return out
 
 
-def status_of(mapping: Any) -> ClusterStatus:
+def status_of(mapping: object) -> ClusterStatus:
     """Decode a status from its JSON mapping (a pub/sub payload, a ``--json`` line)."""
     return msgspec.convert(mapping, ClusterStatus)
 
