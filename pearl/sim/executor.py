@@ -20,8 +20,6 @@ initial workers already serving.
 
 from __future__ import annotations
 
-from typing import Any
-
 from pearl.core import commands as cmd
 from pearl.core.state import Role
 from pearl.sim import clock as ck
@@ -46,7 +44,7 @@ class Executors:
     def _latency(self, seconds: float) -> float:
         return 0.0 if self.clock.now <= self.t0 else seconds
 
-    def _answer(self, c: Any, seconds: float, cancel: bool = False) -> None:
+    def _answer(self, c: cmd.PlanStep, seconds: float, cancel: bool = False) -> None:
         if c.plan == 0:
             return  # not part of a plan: nobody waits for an answer
         lat = self._latency(seconds)
@@ -55,7 +53,7 @@ class Executors:
         name = type(c).__name__
         self.ops[name] = self.ops.get(name, 0) + 1
 
-    def command(self, c: Any) -> None:
+    def command(self, c: cmd.Command) -> None:
         ro, k = self.rollout, self.costs
         if isinstance(c, cmd.StartWorker):
             ro.add_worker(c.worker, c.role, c.gpus)

@@ -11,17 +11,26 @@ prefill workers pushing into one decode node queue there. Each transfer also pay
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pearl.sim import clock as ck
 from pearl.sim.clock import Clock
+
+if TYPE_CHECKING:
+    from pearl.sim.trajectory import Traj
+    from pearl.sim.worker import SimWorker
 
 
 class _Flow:
     __slots__ = ("tr", "src", "dst", "left", "rate", "links")
 
     def __init__(
-        self, tr: Any, src: Any, dst: Any, left: float, links: tuple[tuple[str, int], ...]
+        self,
+        tr: Traj,
+        src: SimWorker,
+        dst: SimWorker,
+        left: float,
+        links: tuple[tuple[str, int], ...],
     ) -> None:
         self.tr, self.src, self.dst, self.left, self.rate = tr, src, dst, left, 0.0
         self.links = links
@@ -35,7 +44,7 @@ class Link:
         clock: Clock,
         link_Bps: float,
         nvlink_Bps: float,
-        done: Callable[[Any], None],
+        done: Callable[[Traj], None],
         latency_s: float = 0.0,
     ) -> None:
         self.clock = clock
@@ -43,12 +52,12 @@ class Link:
         self.nv_Bps = nvlink_Bps
         self.latency_s = latency_s
         self.done = done
-        self.flows: dict[Any, _Flow] = {}
+        self.flows: dict[Traj, _Flow] = {}
         self.t_last = clock.now
         self.version = 0
         self.bytes_moved = 0.0
 
-    def start(self, tr: Any, src: Any, dst: Any, nbytes: float) -> None:
+    def start(self, tr: Traj, src: SimWorker, dst: SimWorker, nbytes: float) -> None:
         self._advance()
         if src.node == dst.node:
             links: tuple[tuple[str, int], ...] = (("nv", id(src)),)
@@ -63,7 +72,7 @@ class Link:
         self.bytes_moved += nbytes
         self._reschedule()
 
-    def cancel(self, tr: Any) -> None:
+    def cancel(self, tr: Traj) -> None:
         if tr in self.flows:
             self._advance()
             del self.flows[tr]

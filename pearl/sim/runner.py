@@ -17,13 +17,12 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import Any
 
 import msgspec
 
 from pearl.core import commands as cmd
 from pearl.core import events as ev
-from pearl.core.controller import Controller, ControllerState
+from pearl.core.controller import Controller, ControllerState, Input, Output
 from pearl.core.errors import InvariantViolation, PearlError
 from pearl.core.fold import replay
 from pearl.core.makespan import KV_RESIDENCY
@@ -150,7 +149,7 @@ class Simulation:
 
     # -- the controller ----------------------------------------------------------------------------
 
-    def _handle(self, event: Any) -> None:
+    def _handle(self, event: Input) -> None:
         assert self.s is not None
         try:
             out = self.ctl.handle(self.s, event, self.clock.now)
@@ -160,7 +159,7 @@ class Simulation:
             return
         self._apply(out)
 
-    def _apply(self, out: Any) -> None:
+    def _apply(self, out: Output) -> None:
         self.s = out.state
         self.result.controller_events += 1
         try:
