@@ -306,6 +306,11 @@ def main() -> int:
     ap.add_argument("--storm-cycles", type=int, default=2)
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--small", action="store_true", help="8 sessions x 2 turns, one round")
+    ap.add_argument(
+        "--structured",
+        action="store_true",
+        help="also structured_ratio (bench_structured.py) and n_ratio (bench_n.py)",
+    )
     a = ap.parse_args()
     if a.small:
         a.sessions, a.turns, a.rounds, a.storm_cycles = 8, 2, 1, 1
@@ -407,6 +412,16 @@ def main() -> int:
         "migrations": gw.migrations,
         "affinity_hit_ratio": hits / turns_after_first if turns_after_first else None,
     }
+    if a.structured:  # torch engine, in-process, after the runtime has stopped
+        from benchmarks.bench_n import n_ratio
+        from benchmarks.bench_structured import structured_ratio
+
+        rounds = 1 if a.small else 3
+        out.update(structured_ratio(rounds=rounds))
+        out.update(n_ratio(rounds=rounds))
+        print(f"structured / free: {out['structured_ratio']:.3f}x ({out['json_tokens_per_s']:.0f}"
+              f" / {out['free_tokens_per_s']:.0f} tok/s, mask {out['mask_share']:.0%} of the "
+              f"constrained time); n=8 / 8 separate: {out['n_ratio']:.3f}x")  # fmt: skip
     print(f"gateway / direct: {out['ratio_direct']:.3f}x, gateway / sglang-router: "
           f"{out['ratio_router']:.3f}x ({tok['gateway']:.0f} / {tok['direct']:.0f} / "
           f"{tok['router']:.0f} tok/s, medians of {a.rounds}); added latency p50 "
