@@ -22,7 +22,11 @@ BENCHES = sorted((ROOT / "benchmarks").glob("bench_*.py"))
 # A ratio (1.23x; infx when the baseline is 0) or a JSON field; bench_vllm prints its ratio bare.
 FIGURES = re.compile(r'(\d\.\d+|inf) ?x\b|"\w+": |PEARL / direct: \d\.\d+')
 TIMEOUT_S = 240
-SLOWEST = {"bench_vllm", "bench_demo", "bench_notice"}  # started first
+# Seconds of each small mode on the 2-core machine under load (bench_vllm, two vLLM servers, is
+# a guess): the longest start first, so that the two lanes end together, not one run alone.
+SECONDS = {"bench_vllm": 120, "bench_demo": 70, "bench_ray": 68, "bench_pd": 62,
+           "bench_learning": 58, "bench_notice": 41, "bench_engine": 34, "bench_gateway": 33,
+           "bench_log": 24, "bench_n": 19, "bench_metrics": 16, "bench_pearld": 13}  # fmt: skip
 PYTHONPATH = os.environ.get("PYTHONPATH", "")
 
 
@@ -51,7 +55,7 @@ def run_small(path: Path) -> subprocess.CompletedProcess[str]:
 def small_runs() -> Iterator[dict[str, Future[subprocess.CompletedProcess[str]]]]:
     """Every runnable benchmark's small mode, two at a time (most of their time is spent
     waiting on their own processes), the slowest first; each test waits for its own."""
-    order = sorted(BENCHES, key=lambda p: p.stem not in SLOWEST)
+    order = sorted(BENCHES, key=lambda p: -SECONDS.get(p.stem, 0))
     with ThreadPoolExecutor(max_workers=2) as pool:
         runs = {p.stem: pool.submit(run_small, p) for p in order if skip_reason(p.stem) is None}
         yield runs
