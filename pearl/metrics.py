@@ -52,7 +52,8 @@ from pearl.metrics_http import (
 from transports.rpc import MALFORMED
 
 if TYPE_CHECKING:
-    from pearl.engines.base import EngineTelemetry
+    from pearl.core.gate import GateResult
+    from pearl.engines.base import Engine, EngineTelemetry
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 PLAN_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -81,7 +82,7 @@ class Metrics:
         self._event_at: float | None = None  # an elastic event is waiting for its plan
         self._plans: dict[int, tuple[str, Target, float]] = {}  # in flight: cause, target, begun
         self._serving: Target | None = None  # the last committed plan's target
-        self._gate: Any = None
+        self._gate: GateResult | None = None
         self._returned_step: int | None = None
         self._activated_step: int | None = None
         r = self.registry
@@ -394,7 +395,9 @@ class HostMetrics:
         self.worker, self.incarnation, self.engine = str(worker), str(incarnation), engine
         self._lock = threading.Lock()
         self._role = "none"
-        self._engine: Any = None  # read at scrape time: in_flight(), kv_usage() if it has one
+        self._engine: Engine | None = (
+            None  # read at scrape time: in_flight(), kv_usage() if it has one
+        )
         self._decode = self._prefill = self._iterations = 0
         self._buckets = [0] * (len(ITERATION_BUCKETS) + 1)  # per bucket; the last is +Inf
         self._seconds = 0.0
@@ -406,7 +409,7 @@ class HostMetrics:
         with self._lock:
             self._role = role
 
-    def watch(self, engine: Any) -> None:
+    def watch(self, engine: Engine | None) -> None:
         """The engine whose live gauges a scrape reads (None: no engine), in its role."""
         with self._lock:
             self._engine = engine
@@ -481,7 +484,7 @@ class HostMetrics:
         yield xfer
 
 
-def kv_used_ratio(engine: Any) -> float | None:
+def kv_used_ratio(engine: object) -> float | None:
     """Pages held by running requests / pages of the KV pool (0-1), for an engine with
     ``kv_usage()``; None without an engine, a pool or that method."""
     usage = getattr(engine, "kv_usage", None)

@@ -33,10 +33,10 @@ PREFIX, SUFFIX, TMP = "snapshot-", ".snap", ".tmp"
 class _Body(msgspec.Struct, frozen=True):
     """A snapshot body; ``state`` stays undecoded until ``format`` says how to read it."""
 
-    format: Any = None
-    seq: Any = None
+    format: object = None
+    seq: object = None
     state: msgspec.Raw = msgspec.Raw()
-    extra: Any = None
+    extra: object = None
 
 
 _ENCODER = msgspec.msgpack.Encoder()
@@ -51,7 +51,7 @@ def state_to_snapshot(state: ClusterState) -> dict[str, Any]:
     return to_plain(TableSnapshot.of(state))
 
 
-def state_from_snapshot(m: Any) -> ClusterState:
+def state_from_snapshot(m: object) -> ClusterState:
     """Rebuild and validate a table from :func:`state_to_snapshot`'s mapping."""
     state = from_plain(TableSnapshot, m).state()
     validate(state)
