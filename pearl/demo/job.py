@@ -36,6 +36,7 @@ from pearl.runtime import Runtime, RuntimeStats
 
 if TYPE_CHECKING:
     from pearl.demo.learning import Learning, Prepared
+    from pearl.rl.trajectory import Batch
 
 LIVE_S = 1.0  # live view period
 BATCH_TIMEOUT_S = 180.0  # no batch for this long: something is wrong, stop with a report
@@ -271,7 +272,7 @@ class Job:
         return end
 
     def train_on(
-        self, step: int, batch: Any
+        self, step: int, batch: Batch
     ) -> tuple[dict[str, float], dict[str, Any], float, BorrowCycleStatus | None]:
         """Training Begin, one GRPO update on ``batch``, the weights published, Training End.
         Returns the update's metrics, the weights, the seconds it trained, and the borrow cycle

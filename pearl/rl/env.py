@@ -15,7 +15,7 @@ import importlib
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, overload
 
 import msgspec
 
@@ -73,7 +73,13 @@ class TaskSet(Sequence[Task]):
     def __len__(self) -> int:
         return len(self._tasks)
 
-    def __getitem__(self, i: Any) -> Any:
+    @overload
+    def __getitem__(self, i: int) -> Task: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> tuple[Task, ...]: ...
+
+    def __getitem__(self, i: int | slice) -> Task | tuple[Task, ...]:
         return self._tasks[i]
 
     def get(self, task_id: str) -> Task:

@@ -20,7 +20,7 @@ import re
 import shutil
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -123,7 +123,7 @@ class WeightStore:
         self._write(final, lambda tmp: shutil.copyfile(src, tmp))
         return final
 
-    def _write(self, final: Path, write: Any) -> None:
+    def _write(self, final: Path, write: Callable[[Path], object]) -> None:
         fd, name = tempfile.mkstemp(prefix=".tmp-", suffix=final.suffix, dir=self.root)
         os.close(fd)
         tmp = Path(name)

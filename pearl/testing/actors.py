@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import pykka
+
+if TYPE_CHECKING:
+    from actors.base import LocalRef
 
 DEFAULT_S = 5.0
 
 
-def barrier(*refs: Any, timeout: float = DEFAULT_S) -> None:
+def barrier(*refs: pykka.ActorRef[Any] | LocalRef, timeout: float = DEFAULT_S) -> None:
     """Return once each actor, in turn, has handled every message told to it before this call.
 
     A proxy read queues behind those messages in the actor's inbox, so its answer comes only
@@ -15,7 +20,8 @@ def barrier(*refs: Any, timeout: float = DEFAULT_S) -> None:
     tells, then the router again for their answers). ``refs``: pykka ActorRefs or LocalRefs.
     """
     for r in refs:
-        getattr(r, "ref", r).proxy().actor_urn.get(timeout=timeout)
+        ref = r if isinstance(r, pykka.ActorRef) else r.ref
+        ref.proxy().actor_urn.get(timeout=timeout)
 
 
 __all__ = ["barrier"]

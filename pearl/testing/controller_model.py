@@ -28,12 +28,21 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from pearl import config
 from pearl.core import commands as cmd
 from pearl.core import events as ev
-from pearl.core.controller import DEFAULT_TIMEOUTS, Controller, ControllerState, Output
+from pearl.core.controller import DEFAULT_TIMEOUTS, Controller, ControllerState, Input, Output
 from pearl.core.errors import InvalidEvent
 from pearl.core.fold import apply_all, replay
 from pearl.core.policy import PD, Borrow, Policy
 from pearl.core.profile import prior_profile
-from pearl.core.state import Activity, ClusterState, Role, StepOp, TrainingPhase, Zone, validate
+from pearl.core.state import (
+    Activity,
+    ClusterState,
+    Role,
+    StepOp,
+    TrainingPhase,
+    Worker,
+    Zone,
+    validate,
+)
 
 CFG = config.load(
     Path(__file__).resolve().parents[2] / "configs" / "sim-32.toml",
@@ -108,7 +117,7 @@ class ControllerModel(RuleBasedStateMachine):
                 self.waiting_since = None
                 self.proceeded = c.step
 
-    def _send(self, event: Any, dt: float = 0.0) -> bool:
+    def _send(self, event: Input, dt: float = 0.0) -> bool:
         """Hand ``event`` to the controller; False (and nothing changed) if it is invalid."""
         self.now += dt
         before = self.s
@@ -120,14 +129,14 @@ class ControllerModel(RuleBasedStateMachine):
         self._take(out)
         return True
 
-    def _event(self, event: Any) -> bool:
+    def _event(self, event: Input) -> bool:
         """An event from the world; then, maybe, the executors catch up."""
         ok = self._send(event)
         if self.rng.random() < self.healthy:
             self.executors_catch_up(slow_stops=self.rng.random() < 0.3)
         return ok
 
-    def _rollout_worker(self, i: int) -> Any | None:
+    def _rollout_worker(self, i: int) -> Worker | None:
         ws = sorted(self.table.rollout_workers(), key=lambda w: w.id)
         return ws[i % len(ws)] if ws else None
 

@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pearl.core.state import ClusterState
 from pearl.core.status import status_plain
@@ -26,6 +26,10 @@ from pearl.log import FileLog
 from pearl.testing.wait import wait_until
 from transports.protocol import Event, StatusRequest
 from transports.rpc import Client
+
+if TYPE_CHECKING:
+    from pearl.core import events as ev
+    from transports.auth import ClientKeys
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "sim-32.toml"
@@ -115,7 +119,7 @@ class Pearld:
     port: int | None = None  # tcp://127.0.0.1:PORT; None: ipc://TMP/api.sock
     env: dict[str, str] = field(default_factory=dict)  # added to pearld's environment
     metrics_port: int = 0  # where daemon.metrics serves, when the run set it
-    client_keys: Any = None  # CURVE ClientKeys for a pearld with daemon.keys_dir
+    client_keys: ClientKeys | None = None  # CURVE ClientKeys for a pearld with daemon.keys_dir
     proc: subprocess.Popen[bytes] | None = None
     client: Client | None = None
     starts: int = 0
@@ -175,7 +179,7 @@ class Pearld:
         payload = self.client.request(StatusRequest()).payload
         return {} if payload is None else status_plain(payload)
 
-    def event(self, record: Any) -> int:
+    def event(self, record: ev.Elastic) -> int:
         assert self.client is not None
         return int(self.client.request(Event.of(record), 5.0).seq)
 

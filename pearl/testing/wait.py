@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
-def poll(pred: Callable[[], Any], timeout: float, every: float = 0.01) -> Any:
+def poll(pred: Callable[[], T | None], timeout: float, every: float = 0.01) -> T | None:
     """``pred()``'s first truthy value, or None once ``timeout`` seconds have passed."""
     deadline = time.monotonic() + timeout
     while True:
@@ -23,11 +25,11 @@ def poll(pred: Callable[[], Any], timeout: float, every: float = 0.01) -> Any:
         time.sleep(every)
 
 
-def wait_until(pred: Callable[[], Any], timeout: float, what: str, every: float = 0.05) -> Any:
+def wait_until(pred: Callable[[], T | None], timeout: float, what: str, every: float = 0.05) -> T:
     """``pred()``'s first truthy value; AssertionError naming ``what`` after ``timeout`` s."""
-    last: list[Any] = [None]
+    last: list[T | None] = [None]
 
-    def probe() -> Any:
+    def probe() -> T | None:
         last[0] = pred()
         return last[0]
 

@@ -19,7 +19,7 @@ import math
 import random
 import re
 import string
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -282,7 +282,7 @@ class SWELikeEnv(Environment):
         )
 
 
-def _fill(head: str, n: int, rng: random.Random, line: Any) -> str:
+def _fill(head: str, n: int, rng: random.Random, line: Callable[[random.Random], str]) -> str:
     """``head`` then generated lines, cut to exactly ``n`` bytes (never shorter than ``head``)."""
     parts, size = [head], len(head)
     while size < n:
