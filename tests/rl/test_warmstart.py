@@ -1,15 +1,17 @@
 """The warm start: environment-made demonstrations, a cached model that solves some tasks and not
 most at step 0, and GRPO from it raising held-out accuracy (issue 14).
 
-The warm-started model is trained once into pytest's cache directory (keyed like ``pearl demo``'s
-cache: preset, environment, task seeds, demonstrations, optimiser), about a minute and a half on
-two cores the first time; later runs load it.
+The warm-started model is trained once into a per-machine cache directory (keyed like ``pearl
+demo``'s cache: preset, environment, task seeds, demonstrations, optimiser), about a minute and a
+half on two cores the first time; later runs, from any clone, load it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -38,8 +40,14 @@ CFG = WarmStartConfig(env=ENV, seed=0, train_tasks=64, held_out=32, demos=200, v
 
 @pytest.fixture(scope="module")
 def warm(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> WarmStart:
-    store = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
-    cache = Path(store.mkdir("pearl-warm-start")) if store else tmp_path_factory.mktemp("warm")
+    """Cached per machine, not per clone: a fresh clone's ``make test`` reuses the model another
+    clone trained (the directory's name is ``CFG.key()``, a digest of every input and the cache
+    format). ``PEARL_WARM_START_CACHE`` moves it; ``-p no:cacheprovider`` trains afresh."""
+    if getattr(request.config, "cache", None) is None:  # -p no:cacheprovider
+        return ensure(CFG, tmp_path_factory.mktemp("warm"), show=False)
+    default = Path(tempfile.gettempdir()) / f"pearl-warm-start-{os.getuid()}"
+    cache = Path(os.environ.get("PEARL_WARM_START_CACHE") or default)
+    cache.mkdir(parents=True, exist_ok=True)
     return ensure(CFG, cache, show=False)
 
 
