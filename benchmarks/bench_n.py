@@ -6,7 +6,7 @@ one prefills the prompt, the others copy its K/V. The separate way submits eight
 without a group: each prefills. Prints tokens/s of each and their ratio (``n_ratio``), measured
 in the same run; ``bench_gateway.py --json`` carries it.
 
-    python benchmarks/bench_n.py [--prompt 512] [--max-tokens 32] [--rounds 3]
+    python benchmarks/bench_n.py [--prompt 512] [--max-tokens 32] [--rounds 3] [--small]
 """
 
 from __future__ import annotations
@@ -63,7 +63,10 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--small", action="store_true", help="a 128-token prompt, 8 tokens, 1 round")
     a = ap.parse_args()
+    if a.small:
+        a.prompt, a.max_tokens, a.rounds = 128, 8, 1
     print(json.dumps(n_ratio(a.prompt, a.n, a.max_tokens, a.rounds), indent=1))
     return 0
 

@@ -102,7 +102,8 @@ def test_relative_links_and_anchors_resolve(page: Path) -> None:
 
 
 def test_docs_named_anywhere_exist() -> None:
-    """A ``docs/NAME.md`` named in prose, a docstring or a comment is a page that exists."""
+    """A ``docs/NAME.md`` named in prose, a docstring or a comment is a page that exists (a path
+    inside another site's URL is that site's)."""
     missing = []
     for folder in ("pearl", "actors", "transports", "tests", "benchmarks", "examples", "configs"):
         for path in sorted((ROOT / folder).rglob("*")):
@@ -110,11 +111,11 @@ def test_docs_named_anywhere_exist() -> None:
                 continue
             if path.suffix not in {".py", ".toml", ".md"} or not path.is_file():
                 continue
-            for name in re.findall(r"\bdocs/[\w/.-]+?\.md\b", path.read_text()):
+            for name in re.findall(r"(?<![\w/.-])docs/[\w/.-]+?\.md\b", path.read_text()):
                 if not (ROOT / name).exists():
                     missing.append(f"{path.relative_to(ROOT)}: {name}")
     for page in PAGES:
-        for name in re.findall(r"\bdocs/[\w/.-]+?\.md\b", page.read_text()):
+        for name in re.findall(r"(?<![\w/.-])docs/[\w/.-]+?\.md\b", page.read_text()):
             if not (ROOT / name).exists() and not (page.parent / name).exists():
                 missing.append(f"{page.relative_to(ROOT)}: {name}")
     assert not missing, f"names of docs that do not exist: {missing}"
