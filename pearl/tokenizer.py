@@ -46,7 +46,7 @@ class ByteTokenizer:
         return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
 
 
-def _token_text(entry: Any) -> str | None:
+def _token_text(entry: object) -> str | None:
     """A special token as ``tokenizer_config.json`` gives it: a string or an AddedToken dict."""
     if isinstance(entry, dict):
         entry = entry.get("content")

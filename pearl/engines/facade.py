@@ -368,7 +368,7 @@ def serve(
                 status, out = 400, _err(f"{type(e).__name__}: {e}")
             self._send(status, out)
 
-        def _send(self, status: int, out: Any) -> None:
+        def _send(self, status: int, out: object) -> None:
             data = out.encode() if isinstance(out, str) else json.dumps(out).encode()
             if out is None:
                 data = b""
@@ -381,7 +381,7 @@ def serve(
 
         do_GET = do_POST = do_PUT = _handle
 
-        def log_message(self, fmt: str, *args: Any) -> None:
+        def log_message(self, fmt: str, *args: object) -> None:
             log.debug(fmt, *args)
 
     server = ThreadingHTTPServer((host, port), Handler)

@@ -116,8 +116,11 @@ class _ByteVocab:
 class Constrained:
     """One sequence's matcher and how much of its output it has consumed."""
 
-    def __init__(self, matcher: Any, closers: Sequence[int], vocab_size: int) -> None:
+    def __init__(
+        self, matcher: Any, closers: Sequence[int], vocab_size: int, words: int = 0
+    ) -> None:
         self.m, self.closers, self.vocab_size = matcher, closers, vocab_size
+        self.words = words or (vocab_size + 31) // 32  # int32 words of llguidance's bitmask
         self.fed = 0  # output tokens consumed
 
     def feed(self, tokens: Sequence[int]) -> None:
@@ -135,20 +138,30 @@ class Constrained:
         self.sync(output)
         return bool(self.m.is_stopped())
 
-    def allowed(self, output: Sequence[int], left: int) -> np.ndarray:
-        """Boolean mask [vocab] of the tokens allowed next, with ``left`` tokens of budget."""
+    def fill(self, output: Sequence[int], left: int, words: np.ndarray) -> None:
+        """Write the tokens allowed next, with ``left`` tokens of budget, into ``words``: a
+        row of :attr:`words` int32 (llguidance's bitmask, bit ``t % 32`` of word ``t // 32``),
+        in place, by llguidance itself (no per-token work in Python)."""
         self.sync(output)
         if self.m.is_error():
             raise RequestRefused(f"the grammar failed: {self.m.get_error()}")
-        words = np.frombuffer(self.m.compute_bitmask(), dtype=np.uint8)
-        ok = np.unpackbits(words, bitorder="little")[: self.vocab_size].astype(bool)
+        assert words.dtype == np.int32 and words.size == self.words and words.flags.c_contiguous
+        self.m.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
         if left <= reserve(left + len(output)):
+            bits = words.view(np.uint32)
             for t in self.closers:
-                if t < ok.size and ok[t]:
-                    only = np.zeros_like(ok)
-                    only[t] = True
-                    return only
-        return ok
+                if t < self.vocab_size and (int(bits[t >> 5]) >> (t & 31)) & 1:
+                    bits[:] = 0
+                    bits[t >> 5] = np.uint32(1 << (t & 31))
+                    return
+
+    def allowed(self, output: Sequence[int], left: int) -> np.ndarray:
+        """Boolean mask [vocab] of the tokens allowed next, with ``left`` tokens of budget."""
+        words = np.zeros(self.words, dtype=np.int32)
+        self.fill(output, left, words)
+        return np.unpackbits(words.view(np.uint8), bitorder="little")[: self.vocab_size].astype(
+            bool
+        )
 
 
 def reserve(budget: int) -> int:
@@ -193,9 +206,15 @@ class GrammarBook:
 
     def start(self, g: Grammar, prefix: Sequence[int] = ()) -> Constrained:
         """A sequence's matcher, advanced over ``prefix`` (output kept from earlier attempts)."""
-        c = Constrained(self.compiled(g).deep_copy(), self._closers, self.vocab_size)
+        m = self.compiled(g).deep_copy()
+        c = Constrained(m, self._closers, self.vocab_size, (self._ll.vocab_size + 31) // 32)
         c.feed(prefix)
         return c
+
+
+def left(seq: Any, max_seq_len: int) -> int:
+    """Tokens of budget an engine ``Seq`` has left (its request's and the context's)."""
+    return min(seq.req.sampling.max_new_tokens - len(seq.output), max_seq_len - len(seq.tokens))
 
 
 def masks(seqs: Sequence[Any], max_seq_len: int) -> tuple[list[int], np.ndarray] | None:
@@ -204,12 +223,8 @@ def masks(seqs: Sequence[Any], max_seq_len: int) -> tuple[list[int], np.ndarray]
     rows = [i for i, s in enumerate(seqs) if s.grammar is not None]
     if not rows:
         return None
-    out = []
-    for i in rows:
-        s = seqs[i]
-        left = min(s.req.sampling.max_new_tokens - len(s.output), max_seq_len - len(s.tokens))
-        out.append(s.grammar.allowed(s.output, left))
-    return rows, np.stack(out)
+    return rows, np.stack([seqs[i].grammar.allowed(seqs[i].output, left(seqs[i], max_seq_len))
+                           for i in rows])  # fmt: skip
 
 
 def restrict(samples: list[Any], seqs: Sequence[Any], max_seq_len: int) -> list[Any]:
@@ -227,7 +242,7 @@ def restrict(samples: list[Any], seqs: Sequence[Any], max_seq_len: int) -> list[
     return out
 
 
-def schema_text(schema: Any) -> str:
+def schema_text(schema: object) -> str:
     """A JSON schema as the text a :class:`Grammar` carries."""
     return schema if isinstance(schema, str) else json.dumps(schema, separators=(",", ":"))
 
@@ -238,6 +253,7 @@ __all__ = [
     "Constrained",
     "Grammar",
     "GrammarBook",
+    "left",
     "llguidance_text",
     "masks",
     "problem",

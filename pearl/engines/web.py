@@ -16,7 +16,7 @@ from pearl.engines.base import EngineError
 class HTTPError(EngineError):
     """A non-2xx answer; ``status`` and the decoded ``body`` are kept for the caller."""
 
-    def __init__(self, method: str, url: str, status: int, body: Any) -> None:
+    def __init__(self, method: str, url: str, status: int, body: object) -> None:
         super().__init__(f"{method} {url} answered {status}: {str(body)[:300]}")
         self.status, self.body = status, body
 
@@ -24,7 +24,7 @@ class HTTPError(EngineError):
 def request(
     url: str,
     method: str = "GET",
-    payload: Any = None,
+    payload: object = None,
     timeout_s: float = 30.0,
 ) -> tuple[int, Any]:
     """One HTTP call; JSON in and (when the answer is JSON) out. Connection errors raise."""
@@ -53,7 +53,7 @@ def request(
     return resp.status, body
 
 
-def call(url: str, method: str = "GET", payload: Any = None, timeout_s: float = 30.0) -> Any:
+def call(url: str, method: str = "GET", payload: object = None, timeout_s: float = 30.0) -> Any:
     """:func:`request`, raising :class:`HTTPError` unless the status is 2xx."""
     status, body = request(url=url, method=method, payload=payload, timeout_s=timeout_s)
     if not 200 <= status < 300:

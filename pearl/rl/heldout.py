@@ -15,11 +15,15 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pearl.engines.base import SamplingParams
 from pearl.rl.env import Task, make_env
 from pearl.rl.rollout import engine_generate, run_trajectory
+
+if TYPE_CHECKING:
+    from pearl.engines.torch import TorchEngine
+    from pearl.runtime import Weights
 
 
 @dataclass
@@ -34,9 +38,9 @@ class HeldOutEval:
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     concurrency: int = 16  # trajectories at a time (each tool call is a sandbox process)
     correct: float = 1.0  # the reward of a correct answer
-    _engine: Any = None
+    _engine: TorchEngine | None = None
 
-    def evaluate(self, weights: Any, version: int) -> dict[str, Any]:
+    def evaluate(self, weights: Weights | None, version: int) -> dict[str, Any]:
         """Accuracy of ``weights`` (a state dict; None: the starting weights) on the tasks."""
         from pearl.engines.torch import TorchEngine
         from pearl.rl.prompt import PromptBuilder
@@ -103,7 +107,7 @@ class BackgroundEval(threading.Thread):
         self.errors: list[str] = []
         self.lock = threading.Lock()
 
-    def submit(self, step: int, weights: Any, version: int) -> None:
+    def submit(self, step: int, weights: Weights | None, version: int) -> None:
         """Evaluate ``weights`` (version ``version``) as the policy after training step ``step``."""
         self.inbox.put((step, weights, version))
 

@@ -29,11 +29,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pearl.core.errors import PearlError
 from pearl.rl.env import Task, make_env, make_tasks
 from pearl.rl.trajectory import Trajectory, Turn
+
+if TYPE_CHECKING:
+    from pearl.rl.prompt import PromptBuilder
 
 FORMAT = 3  # bump when what is cached changes meaning (3: the cooldown keeps its best check)
 DEMO_SEED, VALIDATION_SEED, HELD_OUT_SEED = 20_000, 30_000, 10_000
@@ -109,7 +112,7 @@ def held_out_tasks(env: str, n: int, seed: int, train_tasks: int) -> list[Task]:
 
 
 async def demonstrate(
-    env_name: str, task: Task, tool: str, builder: Any, max_turns: int, tries: int = 3
+    env_name: str, task: Task, tool: str, builder: PromptBuilder, max_turns: int, tries: int = 3
 ) -> Trajectory:
     """One correct transcript of ``task`` recorded in the environment (both tools on): the
     expert's tool call, the sandbox's real result, the answer. A transcript whose tool did not
@@ -154,7 +157,7 @@ async def demonstrate(
 def demonstrations(
     env: str,
     tasks: Sequence[Task],
-    builder: Any,
+    builder: PromptBuilder,
     max_turns: int,
     python_share: float,
     seed: int,

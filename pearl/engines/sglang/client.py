@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,7 +47,7 @@ class SGLangClient:
             url=self._url(path), method="GET", payload=None, timeout_s=timeout_s or self.timeout_s
         )
 
-    def post(self, path: str, payload: Any = None, timeout_s: float | None = None) -> Any:
+    def post(self, path: str, payload: object = None, timeout_s: float | None = None) -> Any:
         return call(
             url=self._url(path),
             method="POST",
@@ -65,7 +66,9 @@ class SGLangClient:
             return False
         return status == 200
 
-    def wait_healthy(self, timeout_s: float, alive: Any = None, poll_s: float = 0.2) -> None:
+    def wait_healthy(
+        self, timeout_s: float, alive: Callable[[], bool] | None = None, poll_s: float = 0.2
+    ) -> None:
         """Block until ``/health`` answers 200; ``alive()`` False (the process died) fails fast."""
         deadline = time.monotonic() + timeout_s
         while not self.health():
@@ -235,7 +238,7 @@ class SGLangClient:
         return P.parse_metrics(body)
 
 
-def _message(body: Any) -> str:
+def _message(body: object) -> str:
     if isinstance(body, dict):
         err = body.get("error")
         if isinstance(err, dict):
@@ -244,7 +247,7 @@ def _message(body: Any) -> str:
     return str(body)
 
 
-def _checked(out: Any, what: str) -> dict[str, Any]:
+def _checked(out: object, what: str) -> dict[str, Any]:
     if isinstance(out, dict) and out.get("success") is False:
         raise EngineError(f"{what} failed: {out.get('message', out)}")
     return dict(out) if isinstance(out, dict) else {}
