@@ -4,7 +4,8 @@ The same prompts, the same seeds, back to back in one run: ``n`` requests at onc
 up to ``max_tokens`` at temperature 1, once free and once under a json_schema grammar (an object
 holding a list of integers, so that the output runs long). Prints tokens/s of each, their ratio,
 and what the grammar costs per constrained token: the time in the mask step (llguidance's
-allowed tokens and the logits' fill) and in the raw-logprob step, measured by wrapping them.
+bitmask and the logits' fill), measured by wrapping it (the raw logprobs come from the batched
+sampler, as for a free request).
 ``bench_gateway.py --structured --json`` carries it.
 
     python benchmarks/bench_structured.py [--n 8] [--max-tokens 64] [--rounds 3]
@@ -38,16 +39,16 @@ def _timed(fn: Callable[..., Any], spent: list[float]) -> Callable[..., Any]:
     return wrapper
 
 
-def _round(engine: TorchEngine, prompts: list[tuple[int, ...]], max_tokens: int, tag: str,
-           grammar: Grammar | None) -> tuple[int, float]:  # fmt: skip
+def _round(engine: TorchEngine, prompts: list[tuple[int, ...]], max_tokens: list[int], tag: str,
+           grammar: Grammar | None) -> tuple[list[int], float]:  # fmt: skip
     t0 = time.perf_counter()
     futures = [
         engine.generate(GenerateRequest(rid=f"{tag}-{i}", input_ids=p, sampling=SamplingParams(
-            max_new_tokens=max_tokens, temperature=1.0, seed=100 + i, grammar=grammar)))
-        for i, p in enumerate(prompts)
+            max_new_tokens=m, temperature=1.0, seed=100 + i, grammar=grammar)))
+        for i, (p, m) in enumerate(zip(prompts, max_tokens, strict=True))
     ]  # fmt: skip
-    tokens = sum(len(f.result(600).output_ids) for f in futures)
-    return tokens, time.perf_counter() - t0
+    lengths = [len(f.result(600).output_ids) for f in futures]
+    return lengths, time.perf_counter() - t0
 
 
 def structured_ratio(n: int = 8, max_tokens: int = 64, prompt_len: int = 16,
@@ -55,22 +56,26 @@ def structured_ratio(n: int = 8, max_tokens: int = 64, prompt_len: int = 16,
     """Tokens/s of ``n`` json_schema requests over the same ``n`` unconstrained (same run)."""
     grammar = Grammar(kind="json", text=schema_text(SCHEMA))
     spent = [0.0]
-    saved = torch_engine.masked, torch_engine.raw
-    torch_engine.masked = _timed(saved[0], spent)  # type: ignore[assignment]
-    torch_engine.raw = _timed(saved[1], spent)  # type: ignore[assignment]
+    saved = torch_engine.masked
+    torch_engine.masked = _timed(saved, spent)  # type: ignore[assignment]
     engine = TorchEngine(preset="tiny", kv_budget_bytes=256 << 20)
     engine.start()
     try:
         vocab = engine.vocab_size
-        rates: dict[str, list[float]] = {"free": [], "json": []}
+        rates: dict[str, list[float]] = {"free": [], "json": [], "matched": []}
         json_tokens = json_s = mask_s = 0.0
         for r in range(rounds + 1):  # the first round warms up
             prompts = [tuple((7 * r + 13 * i + 3 * j + 1) % vocab for j in range(prompt_len))
                        for i in range(n)]  # fmt: skip
-            for way in ("free", "json"):
+            lengths = [max_tokens] * n
+            # matched: free again, each request cut at its constrained twin's length (the same
+            # batch shape as json's, so their ratio is the grammar's own cost)
+            for way in ("free", "json", "matched"):
                 spent[0] = 0.0
-                tokens, took = _round(engine, prompts, max_tokens, f"{way}{r}",
-                                      grammar if way == "json" else None)  # fmt: skip
+                lengths, took = _round(engine, prompts, lengths if way == "matched" else
+                                       [max_tokens] * n, f"{way}{r}",
+                                       grammar if way == "json" else None)  # fmt: skip
+                tokens = sum(lengths)
                 if r:
                     rates[way].append(tokens / took)
                     if way == "json":
@@ -78,14 +83,17 @@ def structured_ratio(n: int = 8, max_tokens: int = 64, prompt_len: int = 16,
                                                        mask_s + spent[0])  # fmt: skip
         free = sorted(rates["free"])[len(rates["free"]) // 2]
         constrained = sorted(rates["json"])[len(rates["json"]) // 2]
+        matched = sorted(rates["matched"])[len(rates["matched"]) // 2]
         return {"free_tokens_per_s": free, "json_tokens_per_s": constrained,
                 "structured_ratio": constrained / free,
+                "matched_free_tokens_per_s": matched,
+                "matched_structured_ratio": constrained / matched,
                 "json_tokens_per_request": json_tokens / (rounds * n),
                 "mask_share": mask_s / json_s,
                 "mask_ms_per_step": 1e3 * mask_s * n / json_tokens}  # fmt: skip
     finally:
         engine.stop()
-        torch_engine.masked, torch_engine.raw = saved  # type: ignore[assignment]
+        torch_engine.masked = saved  # type: ignore[assignment]
 
 
 def main() -> int:

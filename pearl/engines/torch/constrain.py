@@ -10,25 +10,36 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
-from pearl.engines.grammar import masks
+from pearl.engines.grammar import left
 from pearl.engines.sequence import Sample, Seq
+
+_SHIFTS = torch.arange(32, dtype=torch.int32)
 
 
 def masked(logits: torch.Tensor, seqs: Sequence[Seq], max_seq_len: int) -> torch.Tensor | None:
     """``logits`` [n, vocab] with the disallowed tokens of constrained rows at -inf (a copy);
-    None when no row is constrained."""
-    found = masks(seqs, max_seq_len)
-    if found is None:
+    None when no row is constrained. llguidance writes each row's bitmask into one int32 block
+    for the batch; it is unpacked and applied with one ``masked_fill`` on the device."""
+    rows = [i for i, s in enumerate(seqs) if s.grammar is not None]
+    if not rows:
         return None
-    rows, ok = found
+    words = np.empty((len(rows), seqs[rows[0]].grammar.words), dtype=np.int32)
+    for j, i in enumerate(rows):
+        seqs[i].grammar.fill(seqs[i].output, left(seqs[i], max_seq_len), words[j])
+    bits = torch.from_numpy(words).to(logits.device)
+    ok = ((bits[:, :, None] >> _SHIFTS.to(logits.device)) & 1).reshape(len(rows), -1) != 0
+    width = min(ok.shape[1], logits.shape[1])
     out = logits.clone()
-    allowed = torch.from_numpy(ok).to(out.device)
+    if len(rows) == len(seqs):  # every row constrained: in place, no gather
+        out[:, :width].masked_fill_(~ok[:, :width], float("-inf"))
+        out[:, width:] = float("-inf")
+        return out
     idx = torch.tensor(rows, device=out.device)
-    width = min(allowed.shape[1], out.shape[1])
     block = out[idx]
-    block[:, :width].masked_fill_(~allowed[:, :width], float("-inf"))
+    block[:, :width].masked_fill_(~ok[:, :width], float("-inf"))
     block[:, width:] = float("-inf")
     out[idx] = block
     return out
@@ -36,7 +47,8 @@ def masked(logits: torch.Tensor, seqs: Sequence[Seq], max_seq_len: int) -> torch
 
 def raw(logits: torch.Tensor, samples: list[Sample], seqs: Sequence[Seq]) -> list[Sample]:
     """``samples`` with each constrained row's logprob and top alternatives from the raw
-    ``logits``."""
+    ``logits`` (the engine passes the raw logits to :func:`~pearl.engines.torch.sampling.sample`
+    instead, batched; this is the per-row form)."""
     out = list(samples)
     for i, s in enumerate(seqs):
         if s.grammar is None:

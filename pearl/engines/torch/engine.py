@@ -22,7 +22,7 @@ from pearl.engines.device import VirtualDevice
 from pearl.engines.in_process import InProcessEngine, ServingConfig
 from pearl.engines.sequence import Sample, Segment, Seq
 from pearl.engines.torch import model as M
-from pearl.engines.torch.constrain import masked, raw
+from pearl.engines.torch.constrain import masked
 from pearl.engines.torch.runner import PagedRunner
 from pearl.engines.torch.sampling import Row, generator_for, sample
 from pearl.engines.torch.wire import from_frames, to_frames
@@ -158,7 +158,7 @@ class TorchEngine(InProcessEngine):
         under = masked(logits, seqs, self.max_seq_len)  # structured outputs: None if none
         if under is None:
             return sample(logits, [_row(s) for s in seqs])
-        return raw(logits, sample(under, [_row(s) for s in seqs]), seqs)
+        return sample(under, [_row(s) for s in seqs], raw=logits)  # raw logprobs, batched
 
     def _copy_kv(self, source: Seq, target: Seq, n: int) -> None:
         assert self.runner is not None

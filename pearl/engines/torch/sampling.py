@@ -44,10 +44,13 @@ def generator_for(params: SamplingParams) -> torch.Generator | None:
     return g
 
 
-def sample(logits: torch.Tensor, rows: Sequence[Row]) -> list[Sample]:
-    """One :class:`Sample` per row of ``logits`` [n, vocab]."""
+def sample(
+    logits: torch.Tensor, rows: Sequence[Row], raw: torch.Tensor | None = None
+) -> list[Sample]:
+    """One :class:`Sample` per row of ``logits`` [n, vocab]. The logprobs come from ``raw``
+    when given (the model's logits before a grammar's mask), else from ``logits``."""
     logits = logits.float()
-    logprobs = torch.log_softmax(logits, dim=-1)
+    logprobs = torch.log_softmax(logits if raw is None else raw.float(), dim=-1)
     adjusted = [i for i, r in enumerate(rows) if not r.params.plain]
     if adjusted:
         logits = logits.clone()
@@ -61,9 +64,7 @@ def sample(logits: torch.Tensor, rows: Sequence[Row]) -> list[Sample]:
             tokens[i] = _sample_row(cpu[row], rows[i].params, rows[i].generator)
     chosen = logprobs.gather(1, tokens[:, None]).squeeze(1).tolist()
     tops = top_logprobs(logprobs, [r.top for r in rows])
-    return [
-        Sample(t, lp, top) for t, lp, top in zip(tokens.tolist(), chosen, tops, strict=True)
-    ]
+    return [Sample(t, lp, top) for t, lp, top in zip(tokens.tolist(), chosen, tops, strict=True)]
 
 
 def top_logprobs(logprobs: torch.Tensor, ks: Sequence[int]) -> list[tuple[tuple[int, float], ...]]:
