@@ -17,6 +17,7 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from pearl.core.schema import WireStruct
 from transports.auth import ClientKeys, secure_client
 from transports.rpc import Client, RequestTimeout
 
@@ -210,7 +211,7 @@ class DiagnosingClient(Client):
             return BAD_SERVER_KEY if self.keys is not None else NEEDS_KEYS
         return OK if _SUCCEEDED in heard else UNREACHABLE
 
-    def _timeout(self, msg: Any, timeout: float, tries: int) -> RequestTimeout:
+    def _timeout(self, msg: WireStruct, timeout: float, tries: int) -> RequestTimeout:
         self._listen()
         what = str(super()._timeout(msg, timeout, tries)).partition(";")[0]
         why = advice(

@@ -28,6 +28,7 @@ from typing import Any
 import zmq
 
 from pearl.core.errors import PearlError
+from pearl.core.schema import WireStruct
 from transports.auth import (
     ClientKeys,
     ServerKeys,
@@ -121,7 +122,7 @@ class Publisher:
         with self.lock:
             self._send(Heartbeat(incarnation=self.incarnation, seq=self.seq))
 
-    def _send(self, msg: Any) -> None:
+    def _send(self, msg: WireStruct) -> None:
         frames = self.codec.encode(msg, id=next(self._ids), sender=self.name)
         self._sock.send_multipart([self._topic, *frames])
 

@@ -124,7 +124,7 @@ def _text_line(seq: int, record: Record) -> str:
     return f"{seq:>8}  {record.KIND:<18} {fields}\n"
 
 
-def _short(v: Any) -> str:
+def _short(v: object) -> str:
     if isinstance(v, list | tuple):
         return ",".join(map(str, v)) if all(isinstance(x, int) for x in v) else json.dumps(v)
     if isinstance(v, dict):

@@ -21,13 +21,16 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pearl.core.errors import RequestRefused
 from pearl.core.schema import Value
 from pearl.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
+
+if TYPE_CHECKING:
+    from pearl.engines.sequence import Seq
 
 KINDS = ("json", "regex", "choice", "grammar")
 CLOSE_RESERVE = 256  # at most this many last tokens of a budget lean toward closing
@@ -212,12 +215,12 @@ class GrammarBook:
         return c
 
 
-def left(seq: Any, max_seq_len: int) -> int:
+def left(seq: Seq, max_seq_len: int) -> int:
     """Tokens of budget an engine ``Seq`` has left (its request's and the context's)."""
     return min(seq.req.sampling.max_new_tokens - len(seq.output), max_seq_len - len(seq.tokens))
 
 
-def masks(seqs: Sequence[Any], max_seq_len: int) -> tuple[list[int], np.ndarray] | None:
+def masks(seqs: Sequence[Seq], max_seq_len: int) -> tuple[list[int], np.ndarray] | None:
     """The rows of ``seqs`` (engine ``Seq`` s about to sample) under a grammar and their allowed
     tokens [rows, vocab]; None when none is constrained."""
     rows = [i for i, s in enumerate(seqs) if s.grammar is not None]

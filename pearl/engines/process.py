@@ -31,7 +31,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pearl.engines.base import EngineError
 
@@ -49,6 +49,9 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+T = TypeVar("T")
+
+
 class _Spawner:
     """Starts children from one long-lived thread: Linux delivers PDEATHSIG when the *thread*
     that forked a child exits, so a server started from a short-lived thread would be killed."""
@@ -58,12 +61,12 @@ class _Spawner:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def run(self, fn: Callable[[], Any]) -> Any:
+    def run(self, fn: Callable[[], T]) -> T:
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="spawner", daemon=True)
                 self._thread.start()
-        fut: Future[Any] = Future()
+        fut: Future[T] = Future()
         self._q.put((fn, fut))
         return fut.result()
 

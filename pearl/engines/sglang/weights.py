@@ -10,7 +10,6 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pearl.engines.base import EngineError
 
@@ -27,7 +26,7 @@ class DistributedWeights:
     group_name: str = "weight_update_group"
 
 
-def check_source(source: Any) -> None:
+def check_source(source: object) -> None:
     """Raise EngineError unless ``source`` is something the sglang engine can load."""
     if isinstance(source, DistributedWeights):
         return
