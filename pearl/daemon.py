@@ -450,7 +450,7 @@ class Daemon:
     def _factories(self, recovered: Output) -> dict[str, Factory]:
         """How to (re)start each actor, in dependency order."""
         from actors import base
-        from actors.api import REBIND_S, ApiEndpoint, ApiSockets, Memo
+        from actors.api import Memo
         from actors.control import DecisionEngine, ElasticScheduler, RuntimeTracker
         from actors.executors import InterScaleRebuilder, IntraScaleToggleManager
         from actors.messages import StateChanged
@@ -479,33 +479,6 @@ class Daemon:
                 initial=initial,
                 metrics=self.metrics_server.address if self.metrics_server is not None else "",
             )
-
-        def api() -> LocalRef:
-            take = self.pipeline.take if self.pipeline is not None else None
-            bound, self._api_sockets = self._api_sockets, None  # at start; a restart binds anew
-            if bound is None:  # a restart: free the address the failed endpoint held, rebind
-                if self._api_live is not None:
-                    self._api_live.close()
-                bound = ApiSockets.bind(
-                    endpoint=self.endpoint, keys=self.keys, board=board, wait_s=REBIND_S
-                )
-            self._api_live = bound
-            ref = base.start(
-                d,
-                ApiEndpoint,
-                directory=d,
-                endpoint=self.endpoint,
-                boot_id=self.boot_id,
-                board=board,
-                keys=self.keys,
-                batches=take,
-                weights=self.store_weights,
-                observer=self.metrics.api_request if self.metrics is not None else None,
-                bound=bound,
-                memo=self._api_memo,
-            )
-            self.address = ref.ref.proxy().address.get()
-            return ref
 
         def orchestrator(
             controller: Controller | None = None, out: Output | None = None
@@ -556,7 +529,7 @@ class Daemon:
                 d, PipelineActor, directory=d, pipeline=pipeline
             )
         # The API binds last but one; the orchestrator, last, is the first to stop taking input.
-        specs[names.API] = api
+        specs[names.API] = self._start_api
         specs[names.ORCHESTRATOR] = orchestrator
         # after the orchestrator booted
         if cfg.daemon.launcher is config_mod.Launcher.RAY and cfg.ray.node_events:
@@ -574,6 +547,38 @@ class Daemon:
                 initial=initial,
             )
         return specs
+
+    def _start_api(self) -> LocalRef:
+        """The API endpoint: on the sockets bound at start, or, on a restart, on new ones (the
+        address the failed endpoint held is freed first)."""
+        from actors import base
+        from actors.api import REBIND_S, ApiEndpoint, ApiSockets
+
+        take = self.pipeline.take if self.pipeline is not None else None
+        bound, self._api_sockets = self._api_sockets, None  # at start; a restart binds anew
+        if bound is None:
+            if self._api_live is not None:
+                self._api_live.close()
+            bound = ApiSockets.bind(
+                endpoint=self.endpoint, keys=self.keys, board=self.board, wait_s=REBIND_S
+            )
+        self._api_live = bound
+        ref = base.start(
+            self.directory,
+            ApiEndpoint,
+            directory=self.directory,
+            endpoint=self.endpoint,
+            boot_id=self.boot_id,
+            board=self.board,
+            keys=self.keys,
+            batches=take,
+            weights=self.store_weights,
+            observer=self.metrics.api_request if self.metrics is not None else None,
+            bound=bound,
+            memo=self._api_memo,
+        )
+        self.address = ref.ref.proxy().address.get()
+        return ref
 
     def batches(self) -> Pipeline:
         """The rollout pipeline's batches (``take(timeout_s)``), for an in-process trainer."""
