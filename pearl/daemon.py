@@ -650,6 +650,11 @@ class Daemon:
             log.debug("ticker failed", exc_info=e)
             self._give_up(f"the ticker failed: {type(e).__name__}: {e}; shutting down")
 
+    @property
+    def parts(self) -> list[str]:
+        """The parts started and not yet stopped, in start order (``stop`` ends them in reverse)."""
+        return [name for name, _ in self._up]
+
     def stop(self, failed: bool = False) -> None:
         """Stop what started, in reverse: the ticker, the actors (the orchestrator first), the
         worker hosts this pearld started (all of them after a ``failed`` start, even with

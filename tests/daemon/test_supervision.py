@@ -47,7 +47,7 @@ def test_a_dead_actor_is_restarted_and_one_that_keeps_dying_stops_pearld(
         parts = [
             "api", "gateway-socket", "log", "launcher", "metrics", "actors", "gateway", "ticker",
         ]  # fmt: skip
-        assert [name for name, _ in daemon._up] == parts
+        assert daemon.parts == parts
         for k in range(1, 6):  # five restarts within 5 minutes are allowed
             first = daemon.directory.get("crashy")
             first.tell(Crash())
@@ -66,6 +66,6 @@ def test_a_dead_actor_is_restarted_and_one_that_keeps_dying_stops_pearld(
         wait_until(daemon.failed.is_set, 10, "pearld to give up on the crashy actor")
     finally:
         daemon.stop()
-    assert daemon._up == []
+    assert daemon.parts == []
     assert pykka.ActorRegistry.get_all() == []
     FileLog(tmp_path / "state" / "log").close()  # the lock is free
