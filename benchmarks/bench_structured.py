@@ -8,7 +8,7 @@ bitmask and the logits' fill), measured by wrapping it (the raw logprobs come fr
 sampler, as for a free request).
 ``bench_gateway.py --structured --json`` carries it.
 
-    python benchmarks/bench_structured.py [--n 8] [--max-tokens 64] [--rounds 3]
+    python benchmarks/bench_structured.py [--n 8] [--max-tokens 64] [--rounds 3] [--small]
 """
 
 from __future__ import annotations
@@ -102,7 +102,10 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--prompt", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--small", action="store_true", help="4 requests of 16 tokens, 1 round")
     a = ap.parse_args()
+    if a.small:
+        a.n, a.max_tokens, a.rounds = 4, 16, 1
     print(json.dumps(structured_ratio(a.n, a.max_tokens, a.prompt, a.rounds), indent=1))
     return 0
 
