@@ -8,7 +8,8 @@ token per running sequence, then chunked prefill up to the token budget) to the 
 sampled token per finished segment. Everything that changes engine state runs on that thread, so
 the public methods are thread-safe by construction. One request's fault fails that request alone:
 a failed step is run again sequence by sequence, and a sequence that fails alone fails its request
-while the others go on.
+while the others go on. The loop itself never dies of a fault: an iteration that raises fails the
+requests in flight (they resume elsewhere) and the next iteration runs.
 """
 
 from __future__ import annotations
@@ -289,14 +290,23 @@ class InProcessEngine(EngineBase, ModelBackend):
                 for seq in self._in_flight_seqs():
                     self._finish(seq, FinishReason.ABORT)
                 return
-            for seq in inbox:
-                self._accept(seq)
-            for rid in aborts:
-                if (victim := self._seqs.get(rid)) is not None:
-                    self._finish(victim, FinishReason.ABORT)
-            if self.sched is not None and not paused:
-                self._poll_transfers(self.sched)
-                self._step(self.sched)
+            try:
+                self._iterate(inbox, aborts, paused)
+            except Exception as e:  # a fault of the loop itself: nothing in flight may hang
+                log.exception("%s engine: an iteration failed; failing the requests in flight",
+                              self.kind)  # fmt: skip
+                for seq in self._in_flight_seqs():
+                    self._fail(seq, EngineError(f"engine step failed: {type(e).__name__}: {e}"))
+
+    def _iterate(self, inbox: list[Seq], aborts: list[str], paused: bool) -> None:
+        for seq in inbox:
+            self._accept(seq)
+        for rid in aborts:
+            if (victim := self._seqs.get(rid)) is not None:
+                self._finish(victim, FinishReason.ABORT)
+        if self.sched is not None and not paused:
+            self._poll_transfers(self.sched)
+            self._step(self.sched)
 
     def _step(self, sched: Scheduler) -> None:
         """One iteration: admit, plan, run the backend, commit, finish what is done."""
@@ -334,8 +344,20 @@ class InProcessEngine(EngineBase, ModelBackend):
         for seq in sched.commit(segments, samples):
             if self._role is Role.PREFILL:
                 self._ship(seq)
-            elif (reason := seq.stop_reason(self.max_seq_len)) is not None:
-                self._finish(seq, reason)
+                continue
+            self._end_if_done(seq)
+
+    def _end_if_done(self, seq: Seq) -> bool:
+        """End ``seq`` when its last token ends it; True when it ended. A sequence whose output
+        left its grammar fails alone."""
+        try:
+            reason = seq.stop_reason(self.max_seq_len)
+        except RequestRefused as e:
+            self._fail(seq, e)
+            return True
+        if reason is not None:
+            self._finish(seq, reason)
+        return reason is not None
 
     def _isolate(self, segments: list[Segment]) -> tuple[list[Segment], list[Sample]]:
         """After a failed batch: run each sequence's segment alone (its K/V is written again, the
@@ -403,9 +425,7 @@ class InProcessEngine(EngineBase, ModelBackend):
         for seq, err in failed:
             self._fail(seq, err)
         for seq in arrived:
-            if (reason := seq.stop_reason(self.max_seq_len)) is not None:
-                self._finish(seq, reason)  # the first token already ends it
-            else:
+            if not self._end_if_done(seq):  # the first token may already end it
                 sched.enqueue(seq)
 
     def _import_arrived(self, seq: Seq) -> None:

@@ -124,3 +124,48 @@ def test_a_sequence_its_backend_cannot_set_up_fails_alone(
         bad.result(30)
     assert len(good.result(30).output_ids) == 3
     assert run(e, (4, 5), rid="next", max_new_tokens=2).finish_reason is FinishReason.LENGTH
+
+
+def test_a_sequence_whose_end_check_raises_fails_alone(
+    engines: Engines, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Deciding whether a sequence ends can raise (its output left its grammar): that request
+    fails with the reason, and the engine's loop serves the next request."""
+    e = engines.make()
+    stop_reason = Seq.stop_reason
+
+    def left_grammar(self: Seq, max_seq_len: int) -> FinishReason | None:
+        if self.rid == "bad" and self.output:
+            raise RequestRefused("the output left its grammar: token 7")
+        return stop_reason(self, max_seq_len)
+
+    monkeypatch.setattr(Seq, "stop_reason", left_grammar)
+    e.pause_generation()  # type: ignore[attr-defined]
+    good = e.generate(req("good", max_new_tokens=3))
+    bad = e.generate(req("bad", max_new_tokens=3))
+    e.continue_generation()  # type: ignore[attr-defined]
+    with pytest.raises(RequestRefused, match="left its grammar"):
+        bad.result(30)
+    assert len(good.result(30).output_ids) == 3
+    assert run(e, (4, 5), rid="next", max_new_tokens=2).finish_reason is FinishReason.LENGTH
+
+
+def test_a_fault_of_the_loop_fails_what_is_in_flight_and_the_loop_goes_on(
+    engines: Engines, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    e = engines.make()
+    step = type(e)._step
+    faults = iter([RuntimeError("scheduler bug")])
+
+    def once(self: Any, sched: Any) -> None:
+        if self._seqs:  # noqa: SLF001 - the fault needs a request in flight
+            fault = next(faults, None)
+            if fault is not None:
+                raise fault
+        step(self, sched)
+
+    monkeypatch.setattr(type(e), "_step", once)
+    with pytest.raises(Exception, match="engine step failed: RuntimeError: scheduler bug"):
+        e.generate(req("hit", max_new_tokens=3)).result(30)
+    assert e.in_flight() == []
+    assert run(e, (4, 5), rid="next", max_new_tokens=2).finish_reason is FinishReason.LENGTH
