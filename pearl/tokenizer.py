@@ -29,7 +29,10 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str, add_bos: bool = False) -> list[int]: ...
 
-    def decode(self, ids: Sequence[int]) -> str: ...
+    def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
+        """The text of ``ids``; special tokens (bos, eos, a chat template's markers) are left
+        out unless ``skip_special`` is false."""
+        ...
 
 
 class ByteTokenizer:
@@ -42,8 +45,23 @@ class ByteTokenizer:
         ids = list(text.encode("utf-8"))
         return [self.bos_id, *ids] if add_bos else ids
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+    def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
+        if skip_special:
+            return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+        out, run = [], bytearray()
+        for i in ids:
+            if 0 <= i < 256:
+                run.append(i)
+                continue
+            out += [run.decode("utf-8", errors="replace"), self.special_text(i)]
+            run = bytearray()
+        return "".join([*out, run.decode("utf-8", errors="replace")])
+
+    def special_text(self, i: int) -> str:
+        """The text of a special or spare id: ``<|bos|>``, ``<|eos|>``, ``<|pad|>``,
+        ``<|spare_N|>`` (the names llguidance's view of this vocabulary gives them)."""
+        named = {self.bos_id: "<|bos|>", self.eos_id: "<|eos|>", self.pad_id: "<|pad|>"}
+        return named.get(i, f"<|spare_{i}|>")
 
 
 def _token_text(entry: object) -> str | None:
@@ -108,8 +126,8 @@ class HFTokenizer:
         ids: list[int] = self._tok.encode(text, add_special_tokens=False).ids
         return [self.bos_id, *ids] if add_bos else ids
 
-    def decode(self, ids: Sequence[int]) -> str:
-        text = str(self._tok.decode(list(ids), skip_special_tokens=True))
+    def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
+        text = str(self._tok.decode(list(ids), skip_special_tokens=skip_special))
         return _clean_up(text) if self._clean else text
 
 
@@ -134,8 +152,8 @@ class SlowHFTokenizer:
         ids: list[int] = self._tok.encode(text, add_special_tokens=False)
         return [self.bos_id, *ids] if add_bos else ids
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return str(self._tok.decode(list(ids), skip_special_tokens=True))
+    def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
+        return str(self._tok.decode(list(ids), skip_special_tokens=skip_special))
 
 
 def load_tokenizer(path: str | Path | None) -> Tokenizer:

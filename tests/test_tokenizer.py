@@ -111,6 +111,8 @@ def test_a_model_dir_gives_what_auto_tokenizer_gives(
         assert ours.encode(text, add_bos=True) == [bos, *ids]
         with_eos = [*ids, eos]
         assert ours.decode(with_eos) == theirs.decode(with_eos, skip_special_tokens=True), text
+        kept = theirs.decode(with_eos, skip_special_tokens=False)
+        assert ours.decode(with_eos, skip_special=False) == kept, text
 
 
 def test_the_byte_checkpoint_speaks_the_byte_tokenizers_ids(model_dirs: dict[str, Path]) -> None:
@@ -146,3 +148,10 @@ def test_loading_a_model_dir_imports_neither_torch_nor_transformers(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert run.stdout.strip() == "[]", run.stderr
+
+
+def test_the_byte_tokenizer_writes_special_ids_out_only_when_asked() -> None:
+    b = ByteTokenizer()
+    ids = [b.bos_id, *b.encode("hé"), b.eos_id, 300]
+    assert b.decode(ids) == "hé"
+    assert b.decode(ids, skip_special=False) == "<|bos|>hé<|eos|><|spare_300|>"

@@ -89,12 +89,8 @@ REFUSED: dict[str, Refused] = {
     "bad_words": Refused(f"{_SAMPLING}: bad_words", _empty),
     "allowed_token_ids": Refused(f"{_SAMPLING}: allowed_token_ids"),
     "logits_processors": Refused(f"{_SAMPLING}: logits_processors"),
-    "skip_special_tokens": Refused(f"{_SAMPLING}: skip_special_tokens (only true)", _is(True)),
     "spaces_between_special_tokens": Refused(
         f"{_SAMPLING}: spaces_between_special_tokens (only true)", _is(True)
-    ),
-    "include_stop_str_in_output": Refused(
-        f"{_SAMPLING}: include_stop_str_in_output (only false)", _is(False)
     ),
     "truncate_prompt_tokens": Refused("truncate_prompt_tokens is not supported"),
     # structured outputs (pearl.gateway.structured implements the others)

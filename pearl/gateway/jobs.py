@@ -35,9 +35,13 @@ class Job:
     sampling: Sampling
     session: str
     stop: stops_mod.Stops = ()  # stop strings (pearl.gateway.stops)
+    keep_stop: bool = False  # the text keeps the stop string or token that ended it
+    specials: bool = False  # the text keeps special tokens (skip_special_tokens=false)
 
     def text_ids(self, ids: Sequence[int], final: bool, finish: str | None) -> Sequence[int]:
-        """``ids`` without a final stop token (text leaves it out)."""
+        """``ids`` without a final stop token (text leaves it out, unless it keeps it)."""
+        if self.keep_stop:
+            return ids
         if final and finish == "stop" and ids and ids[-1] in self.sampling.stop_ids:
             return ids[:-1]
         return ids
@@ -119,13 +123,16 @@ def job(
     prompt_param: str | None = None,
     knobs: Mapping[str, Any] | None = None,
     top_logprobs: int = 0,
+    keep_stop: bool = False,
+    specials: bool = False,
 ) -> Job:
     """A validated request: the prompt's ids and ``stop_ids`` are the model's, the prompt
     fits, the limit (``param``) fits beside it, and it stops at ``stop_ids``, (``eos``) the
     tokenizer's EOS, where it has one, and ``stop`` strings. ``stop_param`` and
     ``prompt_param`` name the fields in an error; the request id is ``rid`` or
     ``prefix``-random. ``knobs``: vLLM's sampling fields, checked
-    (:func:`pearl.gateway.sampling.knobs`); ``top_logprobs``: alternatives per token."""
+    (:func:`pearl.gateway.sampling.knobs`); ``top_logprobs``: alternatives per token;
+    ``keep_stop`` and ``specials``: the text keeps its stop and its special tokens."""
     n, limit = len(prompt_ids), ctx.backend.max_context
     if n == 0:
         raise refuse("the prompt is empty", prompt_param)
@@ -162,6 +169,8 @@ def job(
         sampling=sampling,
         session=session,
         stop=stop,
+        keep_stop=keep_stop,
+        specials=specials,
     )
 
 

@@ -83,15 +83,15 @@ class Detok:
     U+FFFD) until the next ids complete it, so the cost per delta does not grow with the
     response."""
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
-        self.tok = tokenizer
+    def __init__(self, tokenizer: Tokenizer, skip_special: bool = True) -> None:
+        self.tok, self.skip = tokenizer, skip_special
         self.ids: list[int] = []
         self.prefix = self.read = 0  # window start; end of the ids already emitted
 
     def push(self, ids: Sequence[int], final: bool = False) -> str:
         self.ids.extend(ids)
-        before = self.tok.decode(self.ids[self.prefix : self.read])
-        after = self.tok.decode(self.ids[self.prefix :])
+        before = self.tok.decode(self.ids[self.prefix : self.read], self.skip)
+        after = self.tok.decode(self.ids[self.prefix :], self.skip)
         if len(after) <= len(before) or (after.endswith("\ufffd") and not final):
             return ""
         self.prefix, self.read = self.read, len(self.ids)
@@ -136,13 +136,14 @@ async def collect(ctx: Context, j: Job) -> Acc:
 
 def final_text(ctx: Context, j: Job, acc: Acc) -> str:
     """The whole response's text: without a final stop token, cut at a stop string."""
-    return stops_mod.cut(ctx.tok.decode(j.text_ids(acc.ids, True, acc.finish)), j.stop)
+    text = ctx.tok.decode(j.text_ids(acc.ids, True, acc.finish), not j.specials)
+    return stops_mod.cut(text, j.stop, keep=j.keep_stop)
 
 
 async def texts(ctx: Context, j: Job, acc: Acc) -> AsyncIterator[tuple[Delta, str]]:
     """Each delta (added to ``acc``) with the text it adds to the response: the streaming loop
     of chat and completions, which differ only in the chunks they make of it."""
-    detok, stopper = Detok(ctx.tok), stops_mod.StopText(j.stop)
+    detok, stopper = Detok(ctx.tok, not j.specials), stops_mod.StopText(j.stop, j.keep_stop)
     async for d in deltas(ctx, j):
         acc.add(d)
         final = d.finish_reason is not None

@@ -151,6 +151,8 @@ class _Sampled(_Request):
     user: str | None = None
     return_token_ids: bool | None = None  # vLLM's extension
     ignore_eos: bool | None = None  # vLLM's extension: EOS does not end the response
+    skip_special_tokens: bool | None = None  # vLLM's: false keeps special tokens in the text
+    include_stop_str_in_output: bool | None = None  # vLLM's: the text keeps what stopped it
     # vLLM's structured outputs (pearl.gateway.structured reads them)
     structured_outputs: dict[str, Any] | None = None
     guided_json: str | dict[str, Any] | None = None

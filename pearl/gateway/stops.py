@@ -7,7 +7,8 @@ decode to. The rules, as vLLM and SGLang keep them:
   ``stop``. Generation stops there: the rest of the request is aborted in the pool.
 - Its token ids end with the token whose text completed the stop string (the tokens the model
   generated, so a trainer can score exactly them); later tokens of the same delta are dropped.
-- Its text leaves the stop string out (SGLang's ``no_stop_trim`` keeps it), and a stream holds
+- Its text leaves the stop string out (SGLang's ``no_stop_trim`` and vLLM's
+  ``include_stop_str_in_output`` keep it), and a stream holds
   back the text that may be the start of a stop string until the next text settles it.
 """
 
@@ -69,11 +70,11 @@ def stop_at(tok: Any, seen: Sequence[int], new: Sequence[int], stops: Stops) -> 
 
 
 class StopText:
-    """A stream's text between the detokenizer and the client: cut at the first stop string,
-    and held back while its end may still become one."""
+    """A stream's text between the detokenizer and the client: cut at the first stop string
+    (after it, with ``keep_stop``), and held back while its end may still become one."""
 
-    def __init__(self, stops: Stops) -> None:
-        self.stops = stops
+    def __init__(self, stops: Stops, keep_stop: bool = False) -> None:
+        self.stops, self.keep_stop = stops, keep_stop
         self.keep = max((len(s) for s in stops), default=1) - 1
         self.buf = ""
         self.done = False
@@ -86,7 +87,8 @@ class StopText:
         self.buf += text
         hit = find_stop(self.buf, self.stops)
         if hit is not None:
-            out, self.buf, self.done = self.buf[: hit[0]], "", True
+            end = hit[0] + len(hit[1]) if self.keep_stop else hit[0]
+            out, self.buf, self.done = self.buf[:end], "", True
             return out
         n = len(self.buf) if final else len(self.buf) - self.keep
         if n <= 0:

@@ -34,8 +34,10 @@ class ScriptedTokenizer:
     def encode(self, text: str, add_bos: bool = False) -> list[int]:
         return [EOS] * add_bos + list(text.encode("utf-8"))
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+    def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
+        if skip_special:
+            return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+        return "".join(chr(i) if i < 128 else "<|eos|>" if i == EOS else "?" for i in ids)
 
 
 def logprob_of(index: int) -> float:

@@ -127,8 +127,7 @@ def test_implemented_sampling_fields_reach_the_pool(
 
 
 CHANGES = [
-    ("bad_words", ["x"]), ("allowed_token_ids", [1]), ("skip_special_tokens", False),
-    ("include_stop_str_in_output", True), ("prompt_logprobs", 0), ("best_of", 3),
+    ("bad_words", ["x"]), ("allowed_token_ids", [1]), ("prompt_logprobs", 0), ("best_of", 3),
     ("echo", True), ("truncate_prompt_tokens", 5),
 ]  # fmt: skip
 

@@ -581,3 +581,29 @@ def test_ignore_eos_leaves_eos_out_of_the_stop_ids(
     client.post(path, json=body)
     client.post(path, json={**body, "ignore_eos": False})
     assert [c.sampling.stop_ids for c in backend.calls[1:]] == [(EOS, 300), (EOS, 300)]
+
+
+def test_include_stop_str_in_output_and_skip_special_tokens_false_keep_them_in_the_text(
+    backend: ScriptedBackend,
+) -> None:
+    """vLLM's two text fields: the stop string (or stop token) that ended the response stays in
+    its text, and special tokens are written out; in a body and in a stream alike."""
+    backend.replies = ["abc END, then more"]
+    backend.chunk = 4
+    with TestClient(build_app(backend)) as c:
+        for stream in (False, True):
+            body = {"model": MODEL, "prompt": "Q", "stop": "END", "stream": stream,
+                    "include_stop_str_in_output": True}  # fmt: skip
+            r = c.post("/v1/completions", json=body)
+            if stream:
+                chunks = [e for e in sse(r.text) if e != "[DONE]" and e["choices"]]
+                text = "".join(e["choices"][0]["text"] for e in chunks)
+            else:
+                text = r.json()["choices"][0]["text"]
+            assert text == "abc END", stream
+        backend.replies = ["done"]  # the scripted backend ends it with EOS
+        for skip, text in ((True, "done"), (False, "done<|eos|>")):
+            body = {"model": MODEL, "messages": HI, "skip_special_tokens": skip,
+                    "include_stop_str_in_output": True}  # fmt: skip
+            r = c.post("/v1/chat/completions", json=body)
+            assert r.json()["choices"][0]["message"]["content"] == text

@@ -95,6 +95,8 @@ async def create(ctx: Context, req: p.ChatRequest, request: Request) -> Response
         prompt_param="messages",
         knobs=sampling.knobs(ctx, req),
         top_logprobs=top_of(ctx, req),
+        keep_stop=bool(req.include_stop_str_in_output),
+        specials=req.skip_special_tokens is False,
     )
     j = structured.constrain(j, structured.grammar_of(req))
     n = sampling.count(req.n)

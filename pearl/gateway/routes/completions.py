@@ -97,6 +97,8 @@ def jobs(ctx: Context, req: p.CompletionRequest, request: Request, rid: str) -> 
                 prompt_param=f"prompt.{k}" if many else "prompt",
                 knobs=knobs,
                 top_logprobs=top,
+                keep_stop=bool(req.include_stop_str_in_output),
+                specials=req.skip_special_tokens is False,
             ),
             g,
         )

@@ -82,6 +82,8 @@ def job_of(ctx: Context, req: p.GenerateRequest, request: Request) -> Job:
         prompt_param="input_ids" if req.input_ids is not None else "text",
         knobs=knobs(ctx, sp),
         top_logprobs=sampling.top_count(ctx, req.top_logprobs_num, "top_logprobs_num"),
+        keep_stop=sp.no_stop_trim,
+        specials=not sp.skip_special_tokens,
     )
 
 
@@ -102,8 +104,7 @@ def response(
     ctx: Context, j: Job, req: p.GenerateRequest, acc: Acc, final: bool, t0: float
 ) -> p.GenerateResponse:
     """The response so far (the whole of it when ``final``); ``t0`` is when it began."""
-    keep = req.sampling_params.no_stop_trim
-    text_ids = acc.ids if keep else j.text_ids(acc.ids, final, acc.finish)
+    text_ids = j.text_ids(acc.ids, final, acc.finish)
     lps = tops = None
 
     def entry(i: int, lp: float) -> tuple[float, int, str | None]:
@@ -113,10 +114,10 @@ def response(
         lps = [entry(i, lp) for i, lp in zip(acc.ids, acc.logprobs, strict=True)]
         if req.top_logprobs_num:
             tops = [[entry(i, lp) for i, lp in top] for top in acc.top]
-    text = ctx.tok.decode(text_ids)
+    text = ctx.tok.decode(text_ids, not j.specials)
     hit = stops_mod.find_stop(text, j.stop) if j.stop else None
     return p.GenerateResponse(
-        text=stops_mod.cut(text, j.stop, keep=keep),
+        text=stops_mod.cut(text, j.stop, keep=j.keep_stop),
         output_ids=acc.ids,
         meta_info=p.GenerateMeta(
             id=j.rid,
