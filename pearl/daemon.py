@@ -161,14 +161,13 @@ def build_pipeline(cfg: config_mod.Config) -> Pipeline | None:
     """The Pipeline Scheduler the config asks for (``[rl] env``), or None."""
     if not cfg.rl.env:
         return None
+    from pearl.gateway.pool import model_dir
     from pearl.rl.pipeline import Pipeline, PipelineConfig
     from pearl.rl.prompt import PromptBuilder
     from pearl.tokenizer import load_tokenizer
 
     w, rl = cfg.workload, cfg.rl
-    preset = cfg.engine.torch.preset
-    model_dir = preset if "/" in preset else None
-    builder = PromptBuilder(load_tokenizer(model_dir), max_len=w.max_trajectory_tokens)
+    builder = PromptBuilder(load_tokenizer(model_dir(cfg)), max_len=w.max_trajectory_tokens)
     env_kwargs = {"max_turns": rl.max_turns} if rl.max_turns else {}
     pc = PipelineConfig(
         env=rl.env,

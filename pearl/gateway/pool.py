@@ -59,9 +59,17 @@ EVENTS: dict[str, type[ev.ElasticEvent]] = {t.KIND: t for t in ev.ELASTIC_EVENTS
 
 
 def model_dir(cfg: Config) -> Path | None:
-    """The engine's model directory, when its preset names one."""
-    preset = str(cfg.engine.torch.preset)
-    return Path(preset) if "/" in preset and Path(preset).is_dir() else None
+    """The directory of the tokenizer the workers serve with, where one is named: a vLLM
+    server's ``tokenizer`` or ``model_path``, an SGLang server's ``model_path`` (not the
+    facade's ``sim``), else the torch preset when it is a directory. None: the preset's own
+    (byte-level) tokenizer."""
+    e = cfg.engine
+    kind = str(getattr(e.kind, "value", e.kind))
+    named = {"vllm": e.vllm.tokenizer or e.vllm.model_path, "sglang": e.sglang.model_path}
+    for where in (named.get(kind, ""), str(e.torch.preset)):
+        if where and where != "sim" and "/" in where and Path(where).is_dir():
+            return Path(where)
+    return None
 
 
 def load_chat_template(directory: Path | None) -> str | None:

@@ -27,7 +27,7 @@ from pearl.core.state import TrainingPhase
 from pearl.core.status import status_plain
 from pearl.core.view import ClusterView, TableSnapshot
 from pearl.gateway.backend import Delta, GatewayError, Sampling
-from pearl.gateway.pool import PoolBackend, load_chat_template, served_model
+from pearl.gateway.pool import PoolBackend, load_chat_template, model_dir, served_model
 from pearl.log import FileLog
 from pearl.runtime import wait_training_may_proceed
 from pearl.testing.wait import wait_until
@@ -174,6 +174,23 @@ def test_model_id_and_chat_template_come_from_the_config_and_model_directory(tmp
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": templates}))
     assert load_chat_template(tmp_path) == "D"
     assert load_chat_template(tmp_path / "nowhere") is None
+
+
+def test_the_tokenizer_is_the_served_models(tmp_path: Path) -> None:
+    """The gateway and the prompt builder tokenize with what the workers serve: a vLLM
+    server's tokenizer or model directory, an SGLang server's model, else the torch preset's."""
+    model, tok = tmp_path / "model", tmp_path / "tok"
+    model.mkdir(), tok.mkdir()
+    assert model_dir(config.load(None, [])) is None  # the tiny preset: byte-level
+    vllm = ["engine.kind=vllm", f"engine.vllm.model_path={model}"]
+    assert model_dir(config.load(None, vllm)) == model
+    assert model_dir(config.load(None, [*vllm, f"engine.vllm.tokenizer={tok}"])) == tok
+    sglang = ["engine.kind=sglang", f"engine.sglang.model_path={model}"]
+    assert model_dir(config.load(None, sglang)) == model
+    assert (
+        model_dir(config.load(None, ["engine.kind=sglang", "engine.sglang.model_path=sim"])) is None
+    )
+    assert model_dir(config.load(None, [f"engine.torch.preset={model}"])) == model
 
 
 # -- on a Runtime of sim engines ---------------------------------------------------------------
