@@ -5,22 +5,20 @@ goes to a colocated worker, or, under disaggregation, to a prefill and a decode 
 with a fresh transfer id (SGLang's shape); the decode worker's answer is the result.
 
 The colocated (or prefill) worker is chosen cache-aware (:func:`pearl.core.routing.choose_worker`,
-a pure function), as SGLang's router does: a turn goes back to the worker that served its
-trajectory's previous turn — that worker holds the trajectory's prefix resident (prefix caching
-across turns, §2), so only the turn's new tokens are prefilled — unless that worker has more
-than ``AFFINITY_SLACK`` requests more than the least-loaded one and more than ``AFFINITY_RATIO``
-times as many (a worker just added or activated starts empty), in which case the
-least-loaded worker takes it: every hop re-prefills the whole context, and a worker a little
-busier than another still serves the turn sooner than a re-prefill would.
+a pure function): a turn goes back to the worker that served its trajectory's previous turn —
+that worker holds the trajectory's prefix resident (prefix caching across turns, §2), so only the
+turn's new tokens are prefilled — unless moving it pays. Once the controller's profile is fitted,
+a move pays when the time the turn saves on a less loaded worker (eq. 1's per-sequence iteration
+cost and prefill share, per request fewer beside it) exceeds the re-prefill of its resident
+context there; before, the cache-aware slack rule of SGLang's and vLLM's routers decides
+(:data:`~pearl.core.routing.AFFINITY_SLACK`, :data:`~pearl.core.routing.AFFINITY_RATIO`). A worker
+that leaves moves its turns at once, whatever they cost.
 
 Workers on the trainer's GPUs (lent for a training-idle window, zone ``overlap``) serve the
 rollout's critical path: the turns of the groups the next batch still needs, the ones the trainer
 waits for (``GenerateRequest.critical``, set by the Pipeline Scheduler). Other turns go to them
 only when nothing else is routable: the batch after has a training step to finish in, and what
 runs on a lent worker when Training Begin takes it back is aborted and prefilled again elsewhere.
-A critical turn goes to the least-loaded worker unless its trajectory's worker is as lightly
-loaded (a decode iteration's cost grows with its batch; the move's re-prefill is paid within the
-turn).
 
 Retries have a clock, not a count (:mod:`actors.retries`): a request waits for a worker up to its
 ``wait_s``, retries included, each retry after a back-off that doubles per attempt; past its time
@@ -63,7 +61,7 @@ from actors.messages import AbortRequest, Generate, GenerateDone, Route, StateCh
 from actors.retries import FIRST_BACKOFF_S, MAX_BACKOFF_S, RETRY_AFTER_S, WAIT_S, Pending
 from pearl.core import notice
 from pearl.core.errors import RequestRefused
-from pearl.core.routing import Choice, choose_worker
+from pearl.core.routing import Choice, choose_worker, move_cost
 from pearl.core.state import Zone
 from pearl.engines.base import GenerateRequest, check_request
 
@@ -196,12 +194,24 @@ class Router(PearlActor):
         self._dispatch(rid)
 
     def _pick(
-        self, pool: list[int], trajectory: str = "", critical: bool = False, group: str = ""
+        self,
+        pool: list[int],
+        trajectory: str = "",
+        critical: bool = False,
+        group: str = "",
+        context: int = 0,
     ) -> int:
         """The worker of ``pool`` that :func:`~pearl.core.routing.choose_worker` picks for a turn
-        of ``trajectory`` (none: the least loaded), remembered as the trajectory's home."""
+        of ``trajectory`` (none: the least loaded) with ``context`` prompt tokens, remembered as
+        the trajectory's home. A move off home is weighed by the fitted profile, when known."""
         home = self.homes.get(trajectory) if trajectory else None
-        choice = choose_worker(pool, self.load, home=home, lent=self.lent, critical=critical)
+        cost = None
+        if home is not None and (p := self.profile) is not None:
+            cost = move_cost(A=p.A, b=p.b, r=p.r, t_prefill=p.t_prefill,
+                             prefill_per_turn=p.prefill_per_turn, context=context)  # fmt: skip
+        choice = choose_worker(
+            pool, self.load, home=home, lent=self.lent, critical=critical, cost=cost
+        )
         if group:  # the samples of one request (n > 1) go together: they share the prefill
             if (together := self.groups.get(group)) in pool:
                 choice = Choice(together)
@@ -231,11 +241,13 @@ class Router(PearlActor):
             for pool in (self.view.colocated, self.view.prefill, self.view.decode)
         )
         if colocated:
-            w = self._pick(colocated, req.trajectory, critical=req.critical, group=req.group)
+            w = self._pick(colocated, req.trajectory, critical=req.critical, group=req.group,
+                           context=len(req.input_ids))  # fmt: skip
             p.workers = (w,)
             self._send(w, req)
         elif prefill and decode and all(d in self.kv for d in decode):
-            pw = self._pick(prefill, req.trajectory, critical=req.critical, group=req.group)
+            pw = self._pick(prefill, req.trajectory, critical=req.critical, group=req.group,
+                            context=len(req.input_ids))  # fmt: skip
             dw = self._pick(decode, critical=req.critical)
             transfer = f"{rid}#{p.attempt}"
             p.workers = (pw, dw)

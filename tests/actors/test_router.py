@@ -16,7 +16,14 @@ from actors import names
 from actors.base import Directory, LocalRef, PearlActor, start
 from actors.messages import AbortRequest, Generate, GenerateDone, Route, StateChanged
 from actors.router import FIRST_BACKOFF_S, MAX_BACKOFF_S, Flush, KvAddress, Router, WorkerGone
-from pearl.core.routing import AFFINITY_SLACK, Choice, choose_worker, leaves_home
+from pearl.core.routing import (
+    AFFINITY_SLACK,
+    Choice,
+    MoveCost,
+    choose_worker,
+    leaves_home,
+    move_cost,
+)
 from pearl.core.state import Activity, Role, Worker, Zone
 from pearl.core.view import ClusterView, TableSnapshot
 from pearl.engines.base import FinishReason, GenerateRequest, GenerateResult, SamplingParams
@@ -506,13 +513,14 @@ def changed(routable: list[int], lent: Collection[int] = ()) -> StateChanged:
     return StateChanged(view=ClusterView(table=TableSnapshot(seq=1, workers=workers)))
 
 
-def turn(r: Router, trajectory: str, critical: bool = False) -> int:
-    """Route a turn of ``trajectory`` through the Router's handler: the worker it was sent to."""
+def turn(r: Router, trajectory: str, critical: bool = False, context: int = 1) -> int:
+    """Route a turn of ``trajectory`` (``context`` prompt tokens) through the Router's handler:
+    the worker it was sent to."""
     rid = f"turn-{len(r.pending)}"
     r.route(
         Route(
             request=GenerateRequest(
-                rid=rid, input_ids=(5,), trajectory=trajectory, critical=critical
+                rid=rid, input_ids=(5,) * context, trajectory=trajectory, critical=critical
             ),
             reply_to="sink",
         )
@@ -544,3 +552,44 @@ def test_a_request_no_worker_host_could_be_sent_is_refused_at_once(cluster: Any)
     )
     assert results(d, len(poisons) + 1)[-1].result is not None
     assert [req.rid for _, req in log] == ["ok"]
+
+
+def test_a_move_pays_when_the_time_it_saves_exceeds_the_re_prefill_it_costs() -> None:
+    """Eq. 1's terms: each request fewer beside the turn saves b per decode iteration and its
+    own prefill; the move prefills the resident context again. One request more never moves."""
+    c = move_cost(A=0.02, b=0.001, r=100, t_prefill=1e-4, prefill_per_turn=50, context=2050)
+    assert c == pytest.approx(MoveCost(per_request_s=0.105, reprefill_s=0.2))
+    assert not leaves_home(9, 8, cost=MoveCost(10.0, 0.0))  # one more: arrival order, stay
+    assert leaves_home(3, 1, cost=c)  # 2 x 0.105 = 0.21 saved > 0.2 to re-prefill: it moves
+    assert not leaves_home(3, 1, cost=c._replace(reprefill_s=0.25))  # 0.21 < 0.25: stay
+    assert not leaves_home(40, 0, cost=MoveCost(0.001, 1.0))  # 0.04 s saved, 1 s to re-prefill
+    assert leaves_home(40, 0, cost=MoveCost(0.001, 0.01), critical=True)
+    # the cost replaces the slack rule: beyond it, a long context stays; a short one moves
+    assert leaves_home(AFFINITY_SLACK + 1, 0) and not leaves_home(
+        AFFINITY_SLACK + 1, 0, cost=MoveCost(0.01, 1.0)
+    )
+    assert choose_worker([1, 2], {1: 3}, home=1, cost=MoveCost(0.01, 1.0)) == Choice(1, True)
+    assert choose_worker([1, 2], {1: 3}, home=1, cost=MoveCost(0.01, 0.02)) == Choice(2)
+
+
+def test_the_router_weighs_a_move_by_the_fitted_profile_and_the_turns_context() -> None:
+    """Once the view carries a profile, a turn with a long resident context stays home beside a
+    load gap that moves a short one; a worker that leaves still takes every turn with it."""
+    from pearl.config import load
+    from pearl.core.profile import prior_profile
+
+    profile = prior_profile(load(None, []))
+    r = Router(Directory())
+    r.state_changed(changed([1, 2]))
+    r.profile = profile
+    per_request = profile.r * profile.b + profile.prefill_per_turn * profile.t_prefill
+    long = int(profile.prefill_per_turn + 10 * per_request / profile.t_prefill)
+    assert turn(r, "long", context=long) == 1
+    r.load = {1: 0, 2: 0}
+    assert turn(r, "short", context=2) == 1
+    r.load = {1: 6, 2: 1}  # 5 more at home: saves 5 x per_request; long re-prefills 10 x it
+    assert turn(r, "long", context=long) == 1
+    assert turn(r, "short", context=2) == 2
+    r.state_changed(changed([2]))  # home left: the turn goes, whatever it costs
+    r.profile = profile
+    assert turn(r, "long", context=long) == 2
