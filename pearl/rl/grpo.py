@@ -33,7 +33,7 @@ from pearl.core.errors import PearlError
 from pearl.engines.device import VirtualDevice
 from pearl.engines.torch import model as M
 from pearl.rl.trajectory import Batch, Trajectory
-from pearl.rl.weights import WeightStore
+from pearl.rl.weights import WeightStore, cpu_state
 
 
 class TrainerError(PearlError):
@@ -224,14 +224,7 @@ class GRPOTrainer:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """CPU copies of the current weights; tied tensors stay tied (saved once by the store)."""
-        copies: dict[tuple[Any, ...], torch.Tensor] = {}
-        out: dict[str, torch.Tensor] = {}
-        for name, t in self.model.state_dict().items():
-            key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
-            if key not in copies:
-                copies[key] = t.detach().to("cpu", copy=True)
-            out[name] = copies[key]
-        return out
+        return cpu_state(self.model)
 
     def publish(self, store: WeightStore) -> Path:
         """Publish the current weights as ``self.version``."""

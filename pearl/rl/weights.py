@@ -155,6 +155,19 @@ def latest_snapshot(root: str | Path) -> tuple[int, Path] | None:
     return v, found[v]
 
 
+def cpu_state(model: Any) -> dict[str, torch.Tensor]:
+    """CPU copies of a module's weights, to publish; tied tensors stay tied (one copy, which the
+    store saves once)."""
+    copies: dict[tuple[Any, ...], torch.Tensor] = {}
+    out: dict[str, torch.Tensor] = {}
+    for name, t in model.state_dict().items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+        if key not in copies:
+            copies[key] = t.detach().to("cpu", copy=True)
+        out[name] = copies[key]
+    return out
+
+
 def _snapshots(root: Path) -> dict[int, Path]:
     found: dict[int, Path] = {}
     try:
@@ -215,4 +228,4 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-__all__ = ["WeightStore", "WeightStoreError", "latest_snapshot"]
+__all__ = ["WeightStore", "WeightStoreError", "cpu_state", "latest_snapshot"]
