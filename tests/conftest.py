@@ -16,11 +16,3 @@ def _stop_all_actors(request: pytest.FixtureRequest) -> Iterator[None]:
     if request.node.get_closest_marker("shared_actors") is None:
         pykka.ActorRegistry.stop_all(timeout=10)
 
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``--dist loadgroup``), a module's tests run on one worker, so its
-    module fixtures start once; the vLLM modules share one group, as they share one server."""
-    for item in items:
-        path = item.nodeid.split("::", 1)[0]
-        group = "vllm" if path.startswith("tests/engines/vllm/") else path
-        item.add_marker(pytest.mark.xdist_group(group))
