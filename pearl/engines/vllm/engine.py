@@ -248,8 +248,10 @@ _llguidance_text = functools.lru_cache(maxsize=256)(llguidance_text)
 
 def structured(g: Grammar) -> dict[str, Any]:
     """``g`` as vLLM's ``structured_outputs`` (``json``, ``regex``, ``choice``, ``grammar``).
-    JSON is compact (``disable_any_whitespace``), as the in-process engines decode it: a
-    wandering model cannot pad it with whitespace until its length runs out."""
+    JSON asks to be compact (``disable_any_whitespace``), as the in-process engines decode it.
+    vLLM 0.32 accepts that request field but reads only the server's own setting
+    (``--structured-outputs-config '{"disable_any_whitespace": true}'``): a server PEARL
+    attaches to needs it, or a wandering model may pad JSON with whitespace (docs/vllm.md)."""
     if g.kind == "json":
         return {"json": json.loads(g.text), "disable_any_whitespace": True}
     if g.kind == "choice":
