@@ -28,6 +28,7 @@ on this platform (see docs/vllm.md).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from concurrent.futures import Future
@@ -38,11 +39,18 @@ from typing import Any
 from pearl.core.errors import RequestRefused
 from pearl.core.state import Role
 from pearl.engines.base import EngineError, FinishReason, GenerateRequest, GenerateResult
-from pearl.engines.grammar import Grammar
+from pearl.engines.grammar import Grammar, llguidance_text
 from pearl.engines.server import Call, ServerEngine, ServerEngineConfig
 from pearl.engines.server_metrics import MetricNames
 from pearl.engines.vllm.client import Completion, VLLMClient
-from pearl.engines.vllm.launch import SERVED_NAME, VLLMSpec, launch_command, launch_env
+from pearl.engines.vllm.launch import (
+    GENERATED_ARG,
+    GRAMMAR_ARG,
+    SERVED_NAME,
+    VLLMSpec,
+    launch_command,
+    launch_env,
+)
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +105,9 @@ class VLLMEngine(ServerEngine[_Call]):
         return _Call(Future())
 
     def _run(self, req: GenerateRequest, call: _Call, role: Role) -> GenerateResult:
-        completion = self.client.completion(body(req), self.cfg.request_timeout_s)
+        # A server PEARL launched has its grammar processor; one it attached to may not.
+        sent = body(req, grammar_processor=not self.cfg.url)
+        completion = self.client.completion(sent, self.cfg.request_timeout_s)
         with self._cv:
             call.completion = completion
             aborted = call.aborted
@@ -175,15 +185,21 @@ def check_role(role: Role) -> None:
         )
 
 
-def body(req: GenerateRequest) -> dict[str, Any]:
+def body(req: GenerateRequest, grammar_processor: bool = True) -> dict[str, Any]:
     """The ``/v1/completions`` body of one request: token ids in, token ids and the sampled
     tokens' logprobs out; only the request's own stop ids end it before its length. vLLM's
-    sampling fields, top logprobs (as ``token_id:N``, mapped back by the client) and the
-    structured constraint (``structured_outputs``) pass through in vLLM's own names.
+    sampling fields and top logprobs (as ``token_id:N``, mapped back by the client) pass
+    through in vLLM's own names.
+
+    A constraint goes to PEARL's logits processor (``grammar_processor``, on every server PEARL
+    launches: :func:`grammar_args`), which decodes under the in-process engines' own llguidance
+    grammar from the state the kept prefix leaves; else (a server PEARL attached to) in vLLM's
+    ``structured_outputs`` (:func:`structured`), where a resumed request's grammar starts again
+    after its prefix.
 
     A resumed request (``generated`` > 0) keeps its min_tokens count; vLLM cannot be told that
-    the kept prefix is output, so its penalties count only what this attempt generates and a
-    grammar starts again after the prefix (docs/gateway.md)."""
+    the kept prefix is output, so its penalties count only what this attempt generates
+    (docs/gateway.md)."""
     s = req.sampling
     out: dict[str, Any] = {
         "model": SERVED_NAME,
@@ -213,15 +229,33 @@ def body(req: GenerateRequest) -> dict[str, Any]:
             "min_tokens": max(0, s.min_tokens - req.generated),
             "logit_bias": {str(t): b for t, b in s.logit_bias},
         }
-    if s.grammar is not None:
+    if s.grammar is not None and grammar_processor:
+        out["vllm_xargs"] = grammar_args(s.grammar, req.generated)
+    elif s.grammar is not None:
         out["structured_outputs"] = structured(s.grammar)
     return out
 
 
+def grammar_args(g: Grammar, generated: int) -> dict[str, Any]:
+    """``g`` for PEARL's logits processor (``vllm_xargs``): the llguidance grammar the
+    in-process engines compile (compact JSON), and how many trailing prompt ids are output an
+    earlier attempt generated (the matcher consumes them first)."""
+    return {GRAMMAR_ARG: _llguidance_text(g), GENERATED_ARG: generated}
+
+
+_llguidance_text = functools.lru_cache(maxsize=256)(llguidance_text)
+
+
 def structured(g: Grammar) -> dict[str, Any]:
-    """``g`` as vLLM's ``structured_outputs`` (``json``, ``regex``, ``choice``, ``grammar``)."""
-    if g.kind in ("json", "choice"):
-        return {g.kind: json.loads(g.text)}
+    """``g`` as vLLM's ``structured_outputs`` (``json``, ``regex``, ``choice``, ``grammar``).
+    JSON asks to be compact (``disable_any_whitespace``), as the in-process engines decode it.
+    vLLM 0.32 accepts that request field but reads only the server's own setting
+    (``--structured-outputs-config '{"disable_any_whitespace": true}'``): a server PEARL
+    attaches to needs it, or a wandering model may pad JSON with whitespace (docs/vllm.md)."""
+    if g.kind == "json":
+        return {"json": json.loads(g.text), "disable_any_whitespace": True}
+    if g.kind == "choice":
+        return {"choice": json.loads(g.text)}
     return {g.kind: g.text}
 
 
@@ -238,4 +272,12 @@ def _snapshot(source: Any) -> str:
     return str(path.resolve())
 
 
-__all__ = ["METRICS", "VLLMEngine", "VLLMEngineConfig", "body", "check_role"]
+__all__ = [
+    "METRICS",
+    "VLLMEngine",
+    "VLLMEngineConfig",
+    "body",
+    "check_role",
+    "grammar_args",
+    "structured",
+]

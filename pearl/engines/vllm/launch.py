@@ -4,7 +4,8 @@
 worker's port) into ``PYTHON -m vllm.entrypoints.openai.api_server ...``. The server runs from
 the Python the config names (``engine.vllm.python``), so vLLM may live in an environment of its
 own; :func:`launch_env` adds what PEARL needs of it: the development endpoints (pause, resume,
-sleep, weight updates, ``collective_rpc``) and PEARL's worker extension on its import path.
+sleep, weight updates, ``collective_rpc``), PEARL's worker extension and grammar processor on
+its import path, and vLLM's V1 model runner (the interface the grammar processor implements).
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ SERVED_NAME = "pearl"  # the model name requests use, whatever the checkpoint's 
 # PEARL's worker extension: a module of its own directory, importable without pearl installed.
 EXTENSION_DIR = Path(__file__).resolve().parent / "ext"
 EXTENSION_CLS = "pearl_vllm_worker.PearlWeights"
+# PEARL's grammar: a logits processor of the same directory (structured outputs that resume
+# from a kept prefix), and the per-request extra args it reads; their names equal the module's.
+GRAMMAR_PROCESSOR = "pearl_vllm_grammar:PearlGrammar"
+GRAMMAR_ARG = "pearl_grammar"
+GENERATED_ARG = "pearl_generated"
 # The environment `make test` creates for vLLM (vLLM pins its own transformers and numpy).
 DEFAULT_VENV = Path(__file__).resolve().parents[3] / ".venv-vllm"
 
@@ -88,6 +94,8 @@ def launch_command(spec: VLLMSpec) -> list[str]:
         str(spec.max_model_len),
         "--worker-extension-cls",
         EXTENSION_CLS,
+        "--logits-processors",
+        GRAMMAR_PROCESSOR,
         "--enable-prompt-tokens-details",  # cached prompt tokens in the usage
         "--enable-prefix-caching",  # a trajectory's next turn reuses its prefix
     ]
@@ -106,10 +114,12 @@ def launch_command(spec: VLLMSpec) -> list[str]:
 
 
 def launch_env(spec: VLLMSpec, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The server's environment: development endpoints on, PEARL's extension importable, its
-    threads on its own cores unless the environment already says where."""
+    """The server's environment: development endpoints on, PEARL's extension and grammar
+    processor importable, vLLM's V1 model runner (the V2 runner refuses a V1 logits processor),
+    its threads on its own cores unless the environment already says where."""
     env = dict(os.environ if base is None else base)
     env["VLLM_SERVER_DEV_MODE"] = "1"
+    env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
     if spec.cpu_cores:
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", spec.cpu_cores)
     path = env.get("PYTHONPATH", "")
@@ -188,6 +198,9 @@ __all__ = [
     "DEFAULT_VENV",
     "EXTENSION_CLS",
     "EXTENSION_DIR",
+    "GENERATED_ARG",
+    "GRAMMAR_ARG",
+    "GRAMMAR_PROCESSOR",
     "SERVED_NAME",
     "VLLM_MODULE",
     "VLLMSpec",

@@ -1,13 +1,15 @@
-"""What a vLLM worker is sent (issue 43): vLLM's sampling fields, top logprobs and the
-structured constraint in vLLM's own request fields, and the answer's alternatives mapped back.
+"""What a vLLM worker is sent (issue 43): vLLM's sampling fields and top logprobs in vLLM's own
+request fields, the structured constraint for PEARL's grammar processor (or in vLLM's
+``structured_outputs``), and the answer's alternatives mapped back.
 No server: the body and the client's parsing are plain functions."""
 
 from __future__ import annotations
 
 from pearl.engines.base import GenerateRequest, SamplingParams
-from pearl.engines.grammar import Grammar
+from pearl.engines.grammar import Grammar, llguidance_text
 from pearl.engines.vllm.client import Completion, alternatives
 from pearl.engines.vllm.engine import body
+from pearl.engines.vllm.launch import GENERATED_ARG, GRAMMAR_ARG
 
 
 def request(**sampling: object) -> GenerateRequest:
@@ -35,15 +37,31 @@ def test_vllms_sampling_fields_pass_in_vllms_names() -> None:
     assert out["logit_bias"] == {"7": 3.0}
 
 
-def test_the_constraint_goes_in_structured_outputs() -> None:
+def test_the_constraint_goes_to_pearls_grammar_processor_with_the_kept_prefix() -> None:
+    """The in-process engines' own llguidance grammar (compact JSON) and how many trailing
+    prompt ids are earlier output, in vLLM's per-request extra args."""
+    g = Grammar(kind="json", text='{"type": "object"}')
+    req = GenerateRequest(rid="r", input_ids=(1, 2, 3, 4), generated=2,
+                          sampling=SamplingParams(grammar=g))  # fmt: skip
+    out = body(req)
+    assert out["vllm_xargs"] == {GRAMMAR_ARG: llguidance_text(g), GENERATED_ARG: 2}
+    assert "structured_outputs" not in out
+    assert body(request(grammar=g))["vllm_xargs"][GENERATED_ARG] == 0
+    assert "vllm_xargs" not in body(request())
+
+
+def test_without_the_processor_the_constraint_goes_in_structured_outputs() -> None:
     cases = {
-        Grammar(kind="json", text='{"type": "object"}'): {"json": {"type": "object"}},
+        Grammar(kind="json", text='{"type": "object"}'): {
+            "json": {"type": "object"}, "disable_any_whitespace": True,
+        },
         Grammar(kind="regex", text="[ab]+"): {"regex": "[ab]+"},
         Grammar(kind="choice", text='["yes", "no"]'): {"choice": ["yes", "no"]},
         Grammar(kind="grammar", text="start: 'x'"): {"grammar": "start: 'x'"},
-    }
+    }  # fmt: skip
     for g, want in cases.items():
-        assert body(request(grammar=g))["structured_outputs"] == want
+        out = body(request(grammar=g), grammar_processor=False)
+        assert out["structured_outputs"] == want and "vllm_xargs" not in out
 
 
 def test_top_logprobs_are_asked_by_id_and_mapped_back_most_likely_first() -> None:

@@ -15,7 +15,14 @@ from pearl.core.state import Role
 from pearl.engines.base import EngineError
 from pearl.engines.vllm import launch_command, spec_from_config
 from pearl.engines.vllm.engine import check_role
-from pearl.engines.vllm.launch import EXTENSION_DIR, launch_env, spread
+from pearl.engines.vllm.launch import (
+    EXTENSION_DIR,
+    GENERATED_ARG,
+    GRAMMAR_ARG,
+    GRAMMAR_PROCESSOR,
+    launch_env,
+    spread,
+)
 
 SETS = ["engine.kind=vllm", "engine.vllm.model_path=/models/qwen3", "daemon.pd=colocated"]
 
@@ -28,15 +35,35 @@ def test_the_launch_command_names_the_model_port_extension_and_kv_cache() -> Non
     flags = dict(zip(argv[3::2], argv[4::2], strict=False))
     assert flags["--model"] == "/models/qwen3" and flags["--port"] == str(31000 + 3)
     assert "--worker-extension-cls" in argv and "--enforce-eager" in argv
+    assert flags["--logits-processors"] == GRAMMAR_PROCESSOR
     assert argv[argv.index("--kv-cache-memory-bytes") + 1] == str(512 << 20)
     assert "--tokenizer" not in argv
     env = launch_env(spec, {"PYTHONPATH": "/x"})
     assert env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert env["VLLM_USE_V2_MODEL_RUNNER"] == "0"  # the processor is a V1-runner one
     assert env["PYTHONPATH"].split(":") == [str(EXTENSION_DIR), "/x"]
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == spread(3)
     assert launch_env(spec, {"VLLM_CPU_OMP_THREADS_BIND": "nobind"})[
         "VLLM_CPU_OMP_THREADS_BIND"
     ] == ("nobind")  # the environment's own choice wins
+
+
+def test_the_grammar_processor_is_where_the_launch_names_it_with_the_same_arg_names() -> None:
+    """The processor runs in vLLM's environment (no PEARL there): its module lies in the
+    extension directory, and the extra-arg names PEARL sends are the ones it reads."""
+    import ast
+
+    module, cls = GRAMMAR_PROCESSOR.split(":")
+    tree = ast.parse((EXTENSION_DIR / f"{module}.py").read_text())
+    consts = {
+        t.id: n.value.value
+        for n in tree.body
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
+        for t in n.targets
+        if isinstance(t, ast.Name)
+    }
+    assert (consts["GRAMMAR"], consts["GENERATED"]) == (GRAMMAR_ARG, GENERATED_ARG)
+    assert any(isinstance(n, ast.ClassDef) and n.name == cls for n in tree.body)
 
 
 def test_workers_spread_over_the_cores_and_a_tokenizer_dir_is_passed() -> None:

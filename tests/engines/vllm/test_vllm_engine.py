@@ -5,6 +5,7 @@ pauses the server, and a server that dies is relaunched at the current weights."
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 
 from pearl.engines.base import EngineError, FinishReason, GenerateRequest, SamplingParams
+from pearl.engines.grammar import Grammar, schema_text
 from pearl.engines.vllm.engine import body
 from pearl.engines.web import call
 
@@ -176,3 +178,82 @@ def test_a_llama_checkpoint_serves_and_equals_transformers(
         ref = model.generate(torch.tensor([list(PROMPT)]), max_new_tokens=12, do_sample=False,
                              min_new_tokens=12)[0]  # fmt: skip
     assert got == tuple(ref[len(PROMPT) :].tolist())
+
+
+# -- structured outputs: PEARL's grammar processor in the server (issue 43) --------------------
+
+OBJECT = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 2, 3]}},
+    "required": ["ok", "n"],
+    "additionalProperties": False,
+}
+# Forty answers: long enough for an abort to land mid-way, and a language so bounded that even
+# random weights end it well-formed (at EOS) long before the budget.
+ANSWERS = {"type": "array", "items": {"enum": ["yes", "no"]}, "minItems": 40, "maxItems": 40}
+
+
+def constrained(
+    rid: str, g: Grammar, eos: int, prompt: tuple[int, ...] = PROMPT, generated: int = 0,
+    temperature: float = 0.0, seed: int | None = None,
+) -> GenerateRequest:  # fmt: skip
+    sampling = SamplingParams(max_new_tokens=400, temperature=temperature, seed=seed,
+                              stop_ids=(eos,), grammar=g)  # fmt: skip
+    return GenerateRequest(rid=rid, input_ids=prompt, sampling=sampling, generated=generated)
+
+
+def text_of(tok: Any, ids: tuple[int, ...]) -> str:
+    """The output's text without its final EOS."""
+    assert ids and ids[-1] == tok.eos_token_id, ids[-8:]
+    return str(tok.decode(list(ids[:-1])))
+
+
+def test_structured_requests_parse_under_the_servers_grammar(engine: Any, tiny_model: Path) -> None:
+    """A JSON schema and a choice, greedy and sampled, from a model with random weights."""
+    import jsonschema
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model))
+    schema = Grammar(kind="json", text=schema_text(OBJECT))
+    choice = Grammar(kind="choice", text='["yes", "no", "maybe"]')
+    eos = tok.eos_token_id
+    for i, (t, seed) in enumerate([(0.0, None), (1.0, 1), (1.0, 2)]):
+        out = engine.generate(constrained(f"j{i}", schema, eos, temperature=t, seed=seed))
+        text = text_of(tok, out.result(120).output_ids)
+        jsonschema.validate(json.loads(text), OBJECT)
+        assert " " not in text  # compact, as the in-process engines decode JSON
+        out = engine.generate(constrained(f"c{i}", choice, eos, temperature=t, seed=seed))
+        assert text_of(tok, out.result(120).output_ids) in ("yes", "no", "maybe")
+
+
+def test_a_constrained_request_resumes_its_grammar_from_the_kept_prefix(
+    engine: Any, tiny_model: Path
+) -> None:
+    """What a reclaim does to a constrained turn: aborted mid-output, its prefix kept; resumed
+    with the prefix as the prompt's last ``generated`` ids, the grammar goes on from the
+    prefix's state: prefix + rest parses, and equals the run that was never interrupted."""
+    import jsonschema
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model))
+    g = Grammar(kind="json", text=schema_text(ANSWERS))
+    eos = tok.eos_token_id
+    whole = engine.generate(constrained("gu", g, eos)).result(300).output_ids
+    jsonschema.validate(json.loads(text_of(tok, whole)), ANSWERS)
+    fut = engine.generate(constrained("ga", g, eos))
+
+    def streamed() -> bool:
+        c = engine._calls.get("ga")
+        return bool(c and c.completion and len(c.completion.out.token_ids) >= 4)
+
+    wait_until(streamed, 120, "the first tokens of the request")
+    engine.abort("ga")
+    cut = fut.result(60)
+    assert cut.finish_reason is FinishReason.ABORT
+    k = len(cut.output_ids)
+    assert 4 <= k < len(whole) and cut.output_ids == whole[:k]
+    rest = engine.generate(constrained("gr", g, eos, PROMPT + cut.output_ids, k)).result(300)
+    assert rest.finish_reason is FinishReason.STOP
+    jsonschema.validate(json.loads(text_of(tok, cut.output_ids + rest.output_ids)), ANSWERS)
+    assert cut.output_ids + rest.output_ids == whole
+    assert not engine.in_flight()

@@ -3,7 +3,9 @@ written by the conftest), with requests routed by PEARL's Router and elastic eve
 test. Greedy output through PEARL equals a direct request to a server; a reclaim moves the
 turns in flight with their prefixes and each ends equal to its unmigrated run; a worker that
 joins serves the published weights from its first request; a borrow cycle pauses and resumes a
-lent server. After each, the table pearld reports equals the replay of its log.
+lent server. After each, the table pearld reports equals the replay of its log. Through the
+OpenAI gateway: ``n`` seeded samples equal single requests with the seeds the docs name, and a
+``response_format`` JSON schema parses.
 
 The tests share one runtime (a vLLM server takes tens of seconds to start) and run in order.
 """
@@ -69,10 +71,12 @@ def host_pids(state: Path) -> set[int]:
 
 
 class Cluster:
-    """The runtime, its Router's client (a Trainer actor) and the servers' base port."""
+    """The runtime, its Router's client (a Trainer actor), the servers' base port and the
+    gateway's URL."""
 
-    def __init__(self, rt: Any, trainer: Any, base_port: int, state: Path) -> None:
+    def __init__(self, rt: Any, trainer: Any, base_port: int, state: Path, gateway: str) -> None:
         self.rt, self.trainer, self.base, self.state = rt, trainer, base_port, state
+        self.gateway = gateway
 
     def url(self, gpu: int) -> str:
         return f"http://127.0.0.1:{self.base + gpu}"
@@ -144,7 +148,7 @@ class Cluster:
 @pytest.fixture(scope="module")
 def cluster(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     state = tmp_path_factory.mktemp("vllm-pearl") / "state"
-    port = free_base(4)
+    port, gateway = free_base(4), free_port()
     overrides = (
         "rl.env=",  # no rollout pipeline: the test's Trainer routes the requests
         "cluster.training_gpus=0",
@@ -157,6 +161,7 @@ def cluster(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         f"engine.vllm.port={port}",
         "engine.vllm.max_model_len=512",
         "engine.vllm.kv_cache_mb=64",
+        f"gateway.listen=127.0.0.1:{gateway}",  # the OpenAI gateway, the model dir's tokenizer
     )
     rt = pearl.Runtime.from_config(CONFIG, state_dir=state, overrides=overrides)
     seen: set[int] = set()
@@ -164,7 +169,8 @@ def cluster(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         rt.start()
         d: base.Directory = rt.daemon.directory
         trainer = base.start(d, Trainer, d)
-        c = Cluster(rt=rt, trainer=trainer.ref.proxy(), base_port=port, state=state)
+        c = Cluster(rt=rt, trainer=trainer.ref.proxy(), base_port=port, state=state,
+                    gateway=f"http://127.0.0.1:{gateway}")  # fmt: skip
         c.settled({0, 1, 2})
         yield c
     finally:
@@ -282,3 +288,41 @@ def test_seeded_sampling_reproduces_itself_and_kills_no_engine(cluster: Cluster)
         outs = list(pool.map(run, range(48)))
     assert all(outs[2 * k] == outs[2 * k + 1] and len(outs[2 * k]) == 8 for k in range(24))
     assert client.healthy()
+
+
+def test_n_seeded_samples_through_the_gateway_equal_single_requests(cluster: Cluster) -> None:
+    """docs/gateway.md: with ``seed`` s, sample i uses seed s + i."""
+    c = cluster
+    model = call(c.gateway + "/v1/models")["data"][0]["id"]
+    ask = {"model": model, "prompt": "what is 12 + 30?", "max_tokens": 12, "temperature": 1.0,
+           "ignore_eos": True, "return_token_ids": True}  # fmt: skip
+    url = c.gateway + "/v1/completions"
+    many = call(url, "POST", {**ask, "n": 3, "seed": 40}, timeout_s=300)["choices"]
+    assert [ch["index"] for ch in many] == [0, 1, 2]
+    singles = [call(url, "POST", {**ask, "seed": 40 + i}, timeout_s=300)["choices"][0]
+               for i in range(3)]  # fmt: skip
+    assert [ch["token_ids"] for ch in many] == [ch["token_ids"] for ch in singles]
+    assert [ch["text"] for ch in many] == [ch["text"] for ch in singles]
+    assert all(len(ch["token_ids"]) == 12 for ch in many)
+    assert len({tuple(ch["token_ids"]) for ch in many}) > 1  # the samples differ
+
+
+def test_a_json_schema_chat_request_through_the_gateway_parses(cluster: Cluster) -> None:
+    import json
+
+    import jsonschema
+
+    c = cluster
+    model = call(c.gateway + "/v1/models")["data"][0]["id"]
+    schema = {"type": "object", "properties": {"answer": {"enum": [41, 42, 43]},
+              "sure": {"type": "boolean"}}, "required": ["answer", "sure"],
+              "additionalProperties": False}  # fmt: skip
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+    for seed in range(3):
+        messages = [{"role": "user", "content": "what is 12 + 30?"}]
+        ask = {"model": model, "messages": messages, "max_tokens": 64, "temperature": 1.0,
+               "seed": seed, "response_format": fmt}  # fmt: skip
+        out = call(c.gateway + "/v1/chat/completions", "POST", ask, timeout_s=300)
+        choice = out["choices"][0]
+        assert choice["finish_reason"] == "stop", choice
+        jsonschema.validate(json.loads(choice["message"]["content"]), schema)
