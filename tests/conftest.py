@@ -15,4 +15,3 @@ def _stop_all_actors(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     if request.node.get_closest_marker("shared_actors") is None:
         pykka.ActorRegistry.stop_all(timeout=10)
-
