@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import re
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -238,8 +240,11 @@ def test_describe_names_what_changed() -> None:
 
 @pytest.fixture
 def pearld(tmp_path: Path) -> Iterator[Daemon]:
+    """A pearld whose socket path is short, so the frame's header (100 columns off a terminal)
+    holds the whole address wherever the test's temporary directory is."""
     cfg = config_mod.load(CONFIG, ["daemon.borrow=never", *SMALL])
-    d = Daemon(cfg, tmp_path / "state", f"ipc://{tmp_path}/api.sock")
+    sock = Path(tempfile.mkdtemp(prefix="top-", dir="/tmp"))
+    d = Daemon(cfg, tmp_path / "state", f"ipc://{sock}/api.sock")
     d.start()
     try:
         c = Client(d.address, timeout_s=2.0)
@@ -250,6 +255,7 @@ def pearld(tmp_path: Path) -> Iterator[Daemon]:
         yield d
     finally:
         d.stop()
+        shutil.rmtree(sock, ignore_errors=True)
 
 
 def settled(s: ClusterStatus | None) -> bool:
