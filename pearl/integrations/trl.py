@@ -15,16 +15,27 @@ Each completion TRL asks for is one PEARL trajectory in the environment
 - ``env_mask``: 1 on generated tokens, 0 on the environment's (observations, chat markers);
 - ``logprobs``: per completion token, the logprob under the weights version that sampled it (0.0
   on the environment's tokens);
+- ``pearl_versions``: per completion token, the weights version that sampled it (-1 on the
+  environment's);
 - ``pearl_reward`` (what :meth:`PearlRollout.reward` returns), ``pearl_version`` (the oldest
   version that generated a token), ``pearl_trajectory`` and ``task_id``.
 
-Step boundaries (TRL's step k = its ``global_step`` + 1 while it computes):
+Step boundaries (TRL's step k = its ``global_step`` + 1 while it computes; PEARL's step and
+weights version for it are ``base`` + k):
 
-- Training Begin(k) once the rollouts TRL trains on are in, before ``rollout_func`` returns: the
-  forward and backward passes that follow run only after every lent training slot is back;
-- weights version k published and Training Finished(k) after TRL's optimizer step
-  (``on_step_end``): the pool may lend the slots again, serving workers move to version k,
-  joiners start from it.
+- Training Begin(base + k) once the rollouts TRL trains on are in, before ``rollout_func``
+  returns: the forward and backward passes that follow run only after every lent training slot
+  is back;
+- weights version base + k published and Training Finished(base + k) after TRL's optimizer step
+  (``on_step_end``): the pool may lend the slots again, serving workers move to it, joiners start
+  from it.
+
+``base`` is 0 on a runtime that has neither trained nor published (its workers serve the model
+TRL starts from, as configured). On one that has (a running pearld, an earlier trainer), steps
+and versions must go on rising, and its workers serve another trainer's weights: ``base`` is
+one more than its training step and weights version, and the first call publishes TRL's model
+as version ``base`` before any rollout, so that every token TRL trains on was sampled by a
+version of its own run (older ones are sampled again).
 
 ``async_steps`` = K > 0: a call returns the rollouts started K calls before, and starts those of
 the prompts it was given, which run while TRL trains. TRL reveals a step's prompts only when it
@@ -141,6 +152,10 @@ class PearlRollout:
         )
         self._window: Any = None  # the open rt.training() context, Begin sent, Finished not
         self._calls = 0
+        s = self.rt.status()
+        fresh = s.training_step == 0 and s.weights_version == 0
+        self.base = 0 if fresh else max(s.training_step, s.weights_version) + 1
+        self._published_base = fresh
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="pearl-trl", daemon=True
@@ -178,7 +193,10 @@ class PearlRollout:
         """Rollouts for ``prompts`` (one trajectory per prompt entry; TRL repeats each prompt
         ``num_generations`` times), then Training Begin when TRL trains on them."""
         training = bool(trainer.model.training)
-        step = int(trainer.state.global_step) + 1
+        step = self.base + int(trainer.state.global_step) + 1
+        if not self._published_base:  # TRL's model, before anything samples for it
+            self.rt.publish_weights(cpu_state(_unwrapped(trainer.model)), self.base)
+            self._published_base = True
         args = trainer.args
         sampling = SamplingParams(
             max_new_tokens=self.max_new_tokens,
@@ -198,14 +216,17 @@ class PearlRollout:
             batch = self._pending.popleft().result()
         resampled = 0
         if training:
-            floor = step - 1 - self.staleness  # TRL's model is at version step - 1
-            stale = [i for i, t in enumerate(batch) if 0 <= t.min_version < floor]
-            if stale:
+            # TRL's model is at version step - 1; none before base is of this run
+            floor = max(step - 1 - self.staleness, self.base)
+            for attempt in range(self.retries + 1):  # workers move to a version lazily
+                stale = [i for i, t in enumerate(batch) if 0 <= t.min_version < floor]
+                if not stale:
+                    break
                 redo = [self._ran[batch[i].task_id] for i in stale]
-                again = self._submit(redo, sampling, f"{tag}r")
+                again = self._submit(redo, sampling, f"{tag}r{attempt}")
                 for i, t in zip(stale, again.result(), strict=True):
                     batch[i] = t
-                resampled = len(stale)
+                resampled += len(stale)
             self._begin(step, batch, resampled)
         return self.fields(batch)
 
@@ -218,6 +239,7 @@ class PearlRollout:
                 "completion_ids",
                 "logprobs",
                 "env_mask",
+                "pearl_versions",
                 "pearl_reward",
                 "pearl_version",
                 "pearl_trajectory",
@@ -232,6 +254,7 @@ class PearlRollout:
             out["completion_ids"].append(list(ids[k:]))
             out["env_mask"].append(list(mask[k:]))
             out["logprobs"].append(list(lps[k:]))
+            out["pearl_versions"].append(list(t.token_versions()[k:]))
             out["pearl_reward"].append(float(t.reward))
             out["pearl_version"].append(t.min_version)
             out["pearl_trajectory"].append(t.id)
@@ -266,12 +289,12 @@ class PearlRollout:
             )
         )
 
-    def finish_step(self, step: int, model: Any) -> None:
-        """After TRL's optimizer step ``step``: publish the weights as version ``step``, then
-        Training Finished."""
+    def finish_step(self, global_step: int, model: Any) -> None:
+        """After TRL's optimizer step ``global_step``: publish the weights as version
+        ``base + global_step``, then Training Finished."""
         if self._window is None:
             return
-        self.rt.publish_weights(cpu_state(getattr(model, "module", model)), step)
+        self.rt.publish_weights(cpu_state(_unwrapped(model)), self.base + global_step)
         window, self._window = self._window, None
         window.__exit__(None, None, None)
 
@@ -335,6 +358,10 @@ class PearlRollout:
                 if attempt == self.retries:
                     raise
         raise AssertionError("unreachable")
+
+
+def _unwrapped(model: Any) -> Any:
+    return getattr(model, "module", model)
 
 
 class PearlCallback(TrainerCallback):
