@@ -6,9 +6,18 @@
                           callbacks=[rollout.callback])
 
 TRL keeps the loss, the optimizer and the model; PEARL runs the rollouts on the elastic pool.
-Each completion TRL asks for is one PEARL trajectory in the environment
-(:func:`pearl.rl.rollout.run_trajectory`), every turn generated through the gateway's
-``/generate`` (:mod:`pearl.integrations.generate`). TRL gets, per trajectory:
+Each completion TRL asks for is one PEARL trajectory, in one of two environments:
+
+- ``env``, a :class:`~pearl.rl.env.Environment` (a registered name or a factory):
+  :func:`pearl.rl.rollout.run_trajectory`, every turn generated through the gateway's
+  ``/generate`` (:mod:`pearl.integrations.generate`);
+- ``agent``, an agent function ``fn(client, task) -> reward`` written against the OpenAI API:
+  ``client`` is an ``openai.OpenAI`` on the gateway whose requests are the trajectory's session,
+  and the trajectory is recovered token for token from what the gateway served it
+  (:mod:`pearl.integrations.agent`: its rules, and what it refuses). It runs in a thread of its
+  own; ``env`` then only names the task set :meth:`PearlRollout.dataset` draws from.
+
+TRL gets, per trajectory:
 
 - ``prompt_ids``: the first turn's prompt; ``completion_ids``: every later token, generated or
   appended by the environment, in order;
@@ -61,6 +70,7 @@ from transformers import TrainerCallback
 
 from pearl.core.errors import ConfigError
 from pearl.engines.base import SamplingParams
+from pearl.integrations.agent import AgentError, AgentFn, AgentSession, HistoryRewritten
 from pearl.integrations.generate import GatewayGenerate
 from pearl.rl.env import Environment, Task, TaskSet, make_env, make_tasks
 from pearl.rl.prompt import PromptBuilder
@@ -95,6 +105,8 @@ class PearlRollout:
         runtime_or_endpoint: Runtime | RemoteRuntime | str,
         env: EnvLike = "tool_use_counts",
         *,
+        agent: AgentFn | None = None,
+        agent_threads: int = 64,
         max_turns: int | None = None,
         env_kwargs: dict[str, Any] | None = None,
         tasks: Sequence[Task] | None = None,
@@ -140,6 +152,14 @@ class PearlRollout:
         if max_turns is not None:
             self.env_kwargs["max_turns"] = max_turns
         self.max_new_tokens = max_new_tokens
+        self.agent = agent
+        self._agents = (
+            concurrent.futures.ThreadPoolExecutor(agent_threads, thread_name_prefix="pearl-agent")
+            if agent is not None
+            else None
+        )
+        self._agent_migrations = 0
+        self._agent_lock = threading.Lock()
         self._tasks: dict[str, Task] = {}  # by prompt: what TRL's prompts stand for
         self._ran: dict[str, Task] = {}  # by id: the tasks rolled out
         if tasks is not None:
@@ -311,6 +331,8 @@ class PearlRollout:
             self._run(self._generate.aclose())
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10.0)
+        if self._agents is not None:
+            self._agents.shutdown(wait=False, cancel_futures=True)
 
     # -- the rollout thread -------------------------------------------------------------------
 
@@ -323,7 +345,7 @@ class PearlRollout:
     @property
     def migrations(self) -> int:
         """Turns that moved to another worker mid-generation (a reclaim, a return)."""
-        return self._generate.migrations
+        return self._generate.migrations + self._agent_migrations
 
     def _submit(
         self, tasks: Sequence[Task], sampling: SamplingParams, tag: str
@@ -342,22 +364,56 @@ class PearlRollout:
 
     async def _one(self, task: Task, sampling: SamplingParams, tid: str) -> Trajectory:
         for attempt in range(self.retries + 1):
-            env = self.env() if callable(self.env) else make_env(self.env, **self.env_kwargs)
+            trajectory_id = f"pearl-trl-{tid}.{attempt}"
             try:
+                if self.agent is not None:
+                    return await asyncio.get_running_loop().run_in_executor(
+                        self._agents, self._agent_trajectory, task, sampling, trajectory_id
+                    )
+                env = self.env() if callable(self.env) else make_env(self.env, **self.env_kwargs)
                 return await run_trajectory(
                     env=env,
                     task=task,
                     generate=self._generate,
                     builder=self.builder,
-                    trajectory_id=f"pearl-trl-{tid}.{attempt}",
+                    trajectory_id=trajectory_id,
                     group_id=task.id,
                     sampling=sampling,
                 )
+            except HistoryRewritten:
+                raise  # the agent's doing: sampling it again would not change it
             except Exception:
                 self.failed += 1
                 if attempt == self.retries:
                     raise
         raise AssertionError("unreachable")
+
+    def _agent_trajectory(
+        self, task: Task, sampling: SamplingParams, trajectory_id: str
+    ) -> Trajectory:
+        """One run of the agent function, as a trajectory (in an agent thread)."""
+        assert self.agent is not None
+        session = AgentSession(
+            self.gateway,
+            trajectory_id,
+            api_key=self.api_key,
+            defaults={"temperature": sampling.temperature, "top_p": sampling.top_p},
+        )
+        try:
+            reward = self.agent(session.client, task)
+            if not isinstance(reward, int | float):
+                raise AgentError(f"the agent function returned {reward!r}, not a reward")
+            return session.trajectory(
+                trajectory_id=trajectory_id,
+                group_id=task.id,
+                task_id=task.id,
+                reward=float(reward),
+                decode=self.builder.decode,
+            )
+        finally:
+            with self._agent_lock:
+                self._agent_migrations += session.migrations
+            session.close()
 
 
 def _unwrapped(model: Any) -> Any:

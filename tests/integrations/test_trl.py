@@ -3,8 +3,8 @@
 One embedded Runtime with torch workers serves the module's torch tests in turn (each TRL run
 goes on from the steps and versions the runs before it left): 2 steps with the environment's
 fields checked (env_mask, the sampling logprobs); a preemptible worker reclaimed mid-rollout and
-one joining; ``async_steps=1``. Then a running pearld (a subprocess) and one vLLM worker,
-each on its own.
+one joining; ``async_steps=1``; an agent function written against the openai SDK as the
+environment. Then a running pearld (a subprocess) and one vLLM worker, each on its own.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import os
 import re
 import signal
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -378,6 +378,128 @@ def test_a_reclaim_mid_rollout_and_a_join_lose_no_trajectory(torch_rt: Torch) ->
     wait_until(lambda: [w for w in routable(rt) if 4 in w.gpus], 60, "the worker on 4", 0.1)
     assert not [w for w in routable(rt) if 3 in w.gpus]
     same_as_replay(rt, t.state)
+
+
+# -- an agent function as the environment ----------------------------------------------------
+
+CALCULATOR = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluate an arithmetic expression.",
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string", "pattern": "^[0-9+*-]{1,5}$"}},
+            "required": ["expression"],
+        },
+    },
+}
+
+
+@dataclass
+class Seen:
+    """What the agent function got back, per session: each response's token ids, logprobs."""
+
+    turns: dict[str, list[tuple[list[int], list[float]]]] = field(default_factory=dict)
+    results: dict[str, str] = field(default_factory=dict)  # the calculator's answer
+
+
+def counting_agent(model: str, seen: Seen) -> Callable[[Any, Any], float]:
+    """The demo's counting task as an agent on the openai SDK: the calculator first
+    (``tool_choice="required"``), its result back as a tool message, then the answer; the
+    reward is 1 for the right number in it."""
+    from pearl.rl.envs.sandbox import run_tool
+
+    def agent(client: Any, task: Any) -> float:
+        session = client.default_headers["X-Session-ID"]
+        messages: list[dict[str, Any]] = [{"role": "user", "content": task.prompt}]
+        got = seen.turns.setdefault(session, [])
+
+        def turn(**kw: Any) -> Any:
+            r = client.chat.completions.create(
+                model=model, messages=messages, tools=[CALCULATOR], **kw
+            )
+            c = r.choices[0]
+            got.append((c.model_extra["token_ids"], [x.logprob for x in c.logprobs.content]))
+            return c.message
+
+        call = turn(tool_choice="required", max_tokens=96)
+        messages.append(call.model_dump(exclude_none=True))
+        for tc in call.tool_calls or []:
+            expr = json.loads(tc.function.arguments)["expression"]
+            out = asyncio.run(run_tool("calc", expr)).output
+            seen.results[session] = out
+            messages.append({"role": "tool", "tool_call_id": tc.id, "content": out})
+        answer = turn(max_tokens=8).content or ""
+        return 1.0 if task.answer in answer else 0.0
+
+    return agent
+
+
+def test_an_agent_function_is_the_environment(torch_rt: Torch) -> None:
+    """PearlRollout(rt, agent=fn): TRL's fields come from what the gateway served the agent's
+    session. The model's tokens are exactly the responses' (env_mask 1), the rest the rendered
+    tool result between them (0), and the logprobs are the engine's."""
+    import openai
+
+    from pearl.rl.prompt import PromptBuilder
+    from pearl.tokenizer import ByteTokenizer
+
+    t = torch_rt
+    model = openai.OpenAI(base_url=t.rt.gateway_url, api_key="none").models.list().data[0].id
+    seen = Seen()
+    run = trl_run(
+        t.rt, t.model, t.tok, t.tmp / "agent", steps=1, batch=4, generations=2,
+        agent=counting_agent(model, seen),
+    )  # fmt: skip
+    check_trained(run, t.state, steps=1, batch=4)
+    (out,) = run.outputs
+    b = PromptBuilder(ByteTokenizer(), max_len=1024)
+    for ids, mask, session in zip(
+        out["completion_ids"], out["env_mask"], out["pearl_trajectory"], strict=True
+    ):
+        (call, _), (answer, _) = seen.turns[session]
+        runs = _runs(ids, mask)
+        assert [v for v, _ in runs] == [1, 0, 1]
+        assert runs[0][1] == call and runs[2][1] == answer
+        between = b.decode(runs[1][1])
+        assert f"<tool_response>\n{seen.results[session]}\n</tool_response>" in between
+        assert between.endswith("<|im_start|>assistant\n")
+    got = {s: [lp for _, lps in turns for lp in lps] for s, turns in seen.turns.items()}
+    for lps, mask, session in zip(
+        out["logprobs"], out["env_mask"], out["pearl_trajectory"], strict=True
+    ):
+        assert [lp for lp, m in zip(lps, mask, strict=True) if m] == got[session]
+    assert check_logprobs(run, t.model) > 0
+
+
+def test_an_agent_that_rewrites_its_history_is_refused(torch_rt: Torch) -> None:
+    """A session whose second prompt does not extend the first turn (the agent dropped the
+    model's answer) cannot be one training sequence: HistoryRewritten names the turn; a
+    streamed or n > 1 request is refused before it reaches the gateway."""
+    import openai
+
+    from pearl.integrations.agent import AgentError, AgentSession, HistoryRewritten
+
+    url = torch_rt.rt.gateway_url
+    model = openai.OpenAI(base_url=url, api_key="none").models.list().data[0].id
+    s = AgentSession(url, "rewrites")
+    ask = {"model": model, "max_tokens": 4}
+    s.client.chat.completions.create(messages=[{"role": "user", "content": "2+2?"}], **ask)
+    s.client.chat.completions.create(messages=[{"role": "user", "content": "3+3?"}], **ask)
+    with pytest.raises(HistoryRewritten, match="turn 1's prompt does not extend turn 0's"):
+        s.trajectory(trajectory_id="t", group_id="g", task_id="x", reward=0.0)
+    s.close()
+
+    s = AgentSession(url, "streams")
+    for kw in ({"stream": True}, {"n": 2}):
+        with pytest.raises(openai.BadRequestError):
+            s.client.chat.completions.create(
+                messages=[{"role": "user", "content": "hi"}], **ask, **kw
+            )
+    with pytest.raises(AgentError, match="not streamed"):
+        s.trajectory(trajectory_id="t", group_id="g", task_id="x", reward=0.0)
+    s.close()
 
 
 # -- a running pearld; vLLM workers --------------------------------------------------------------
