@@ -132,7 +132,11 @@ def _text(v: Any, kind: str, name: str) -> str:
 
 def _tool_grammar(tools: list[Any], choice: Any) -> Grammar:
     """One tool call of ``tools`` (``choice`` = "required") or of the named one, as the chat
-    template writes it: ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``."""
+    template writes it: ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``, with
+    ``json.dumps``'s separators (``", "``, ``": "``), as the template writes the name and the
+    gateway the parsed arguments. So the call the model was made to write renders back, in the
+    next turn's prompt, to the very tokens it sampled: an agent's history extends token for token
+    (what :mod:`pearl.integrations.agent` needs to train on it)."""
     defs = {t.function.name: t.function for t in tools}
     if choice == "required":
         names = list(defs)
@@ -162,7 +166,11 @@ def _tool_grammar(tools: list[Any], choice: Any) -> Grammar:
         for n in names
     ]
     schema: dict[str, Any] = calls[0] if len(calls) == 1 else {"anyOf": calls}
-    schema["x-guidance"] = {"whitespace_flexible": False}
+    schema["x-guidance"] = {
+        "whitespace_flexible": False,
+        "item_separator": ", ",
+        "key_separator": ": ",
+    }
     body = json.dumps(schema, separators=(",", ":"))
     lark = (
         f"start: {json.dumps(TOOL_OPEN + chr(10))} %json{body} {json.dumps(chr(10) + TOOL_CLOSE)}"

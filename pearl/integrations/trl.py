@@ -6,25 +6,45 @@
                           callbacks=[rollout.callback])
 
 TRL keeps the loss, the optimizer and the model; PEARL runs the rollouts on the elastic pool.
-Each completion TRL asks for is one PEARL trajectory in the environment
-(:func:`pearl.rl.rollout.run_trajectory`), every turn generated through the gateway's
-``/generate`` (:mod:`pearl.integrations.generate`). TRL gets, per trajectory:
+Each completion TRL asks for is one PEARL trajectory, in one of two environments:
+
+- ``env``, a :class:`~pearl.rl.env.Environment` (a registered name or a factory):
+  :func:`pearl.rl.rollout.run_trajectory`, every turn generated through the gateway's
+  ``/generate`` (:mod:`pearl.integrations.generate`);
+- ``agent``, an agent function ``fn(client, task) -> reward`` written against the OpenAI API:
+  ``client`` is an ``openai.OpenAI`` on the gateway whose requests are the trajectory's session,
+  and the trajectory is recovered token for token from what the gateway served it
+  (:mod:`pearl.integrations.agent`: its rules, and what it refuses). It runs in a thread of its
+  own; ``env`` then only names the task set :meth:`PearlRollout.dataset` draws from.
+
+TRL gets, per trajectory:
 
 - ``prompt_ids``: the first turn's prompt; ``completion_ids``: every later token, generated or
   appended by the environment, in order;
 - ``env_mask``: 1 on generated tokens, 0 on the environment's (observations, chat markers);
 - ``logprobs``: per completion token, the logprob under the weights version that sampled it (0.0
   on the environment's tokens);
+- ``pearl_versions``: per completion token, the weights version that sampled it (-1 on the
+  environment's);
 - ``pearl_reward`` (what :meth:`PearlRollout.reward` returns), ``pearl_version`` (the oldest
   version that generated a token), ``pearl_trajectory`` and ``task_id``.
 
-Step boundaries (TRL's step k = its ``global_step`` + 1 while it computes):
+Step boundaries (TRL's step k = its ``global_step`` + 1 while it computes; PEARL's step and
+weights version for it are ``base`` + k):
 
-- Training Begin(k) once the rollouts TRL trains on are in, before ``rollout_func`` returns: the
-  forward and backward passes that follow run only after every lent training slot is back;
-- weights version k published and Training Finished(k) after TRL's optimizer step
-  (``on_step_end``): the pool may lend the slots again, serving workers move to version k,
-  joiners start from it.
+- Training Begin(base + k) once the rollouts TRL trains on are in, before ``rollout_func``
+  returns: the forward and backward passes that follow run only after every lent training slot
+  is back;
+- weights version base + k published and Training Finished(base + k) after TRL's optimizer step
+  (``on_step_end``): the pool may lend the slots again, serving workers move to it, joiners start
+  from it.
+
+``base`` is 0 on a runtime that has neither trained nor published (its workers serve the model
+TRL starts from, as configured). On one that has (a running pearld, an earlier trainer), steps
+and versions must go on rising, and its workers serve another trainer's weights: ``base`` is
+one more than its training step and weights version, and the first call publishes TRL's model
+as version ``base`` before any rollout, so that every token TRL trains on was sampled by a
+version of its own run (older ones are sampled again).
 
 ``async_steps`` = K > 0: a call returns the rollouts started K calls before, and starts those of
 the prompts it was given, which run while TRL trains. TRL reveals a step's prompts only when it
@@ -50,6 +70,7 @@ from transformers import TrainerCallback
 
 from pearl.core.errors import ConfigError
 from pearl.engines.base import SamplingParams
+from pearl.integrations.agent import AgentError, AgentFn, AgentSession, HistoryRewritten
 from pearl.integrations.generate import GatewayGenerate
 from pearl.rl.env import Environment, Task, TaskSet, make_env, make_tasks
 from pearl.rl.prompt import PromptBuilder
@@ -84,6 +105,8 @@ class PearlRollout:
         runtime_or_endpoint: Runtime | RemoteRuntime | str,
         env: EnvLike = "tool_use_counts",
         *,
+        agent: AgentFn | None = None,
+        agent_threads: int = 64,
         max_turns: int | None = None,
         env_kwargs: dict[str, Any] | None = None,
         tasks: Sequence[Task] | None = None,
@@ -129,6 +152,14 @@ class PearlRollout:
         if max_turns is not None:
             self.env_kwargs["max_turns"] = max_turns
         self.max_new_tokens = max_new_tokens
+        self.agent = agent
+        self._agents = (
+            concurrent.futures.ThreadPoolExecutor(agent_threads, thread_name_prefix="pearl-agent")
+            if agent is not None
+            else None
+        )
+        self._agent_migrations = 0
+        self._agent_lock = threading.Lock()
         self._tasks: dict[str, Task] = {}  # by prompt: what TRL's prompts stand for
         self._ran: dict[str, Task] = {}  # by id: the tasks rolled out
         if tasks is not None:
@@ -141,6 +172,10 @@ class PearlRollout:
         )
         self._window: Any = None  # the open rt.training() context, Begin sent, Finished not
         self._calls = 0
+        s = self.rt.status()
+        fresh = s.training_step == 0 and s.weights_version == 0
+        self.base = 0 if fresh else max(s.training_step, s.weights_version) + 1
+        self._published_base = fresh
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="pearl-trl", daemon=True
@@ -178,7 +213,10 @@ class PearlRollout:
         """Rollouts for ``prompts`` (one trajectory per prompt entry; TRL repeats each prompt
         ``num_generations`` times), then Training Begin when TRL trains on them."""
         training = bool(trainer.model.training)
-        step = int(trainer.state.global_step) + 1
+        step = self.base + int(trainer.state.global_step) + 1
+        if not self._published_base:  # TRL's model, before anything samples for it
+            self.rt.publish_weights(cpu_state(_unwrapped(trainer.model)), self.base)
+            self._published_base = True
         args = trainer.args
         sampling = SamplingParams(
             max_new_tokens=self.max_new_tokens,
@@ -198,14 +236,17 @@ class PearlRollout:
             batch = self._pending.popleft().result()
         resampled = 0
         if training:
-            floor = step - 1 - self.staleness  # TRL's model is at version step - 1
-            stale = [i for i, t in enumerate(batch) if 0 <= t.min_version < floor]
-            if stale:
+            # TRL's model is at version step - 1; none before base is of this run
+            floor = max(step - 1 - self.staleness, self.base)
+            for attempt in range(self.retries + 1):  # workers move to a version lazily
+                stale = [i for i, t in enumerate(batch) if 0 <= t.min_version < floor]
+                if not stale:
+                    break
                 redo = [self._ran[batch[i].task_id] for i in stale]
-                again = self._submit(redo, sampling, f"{tag}r")
+                again = self._submit(redo, sampling, f"{tag}r{attempt}")
                 for i, t in zip(stale, again.result(), strict=True):
                     batch[i] = t
-                resampled = len(stale)
+                resampled += len(stale)
             self._begin(step, batch, resampled)
         return self.fields(batch)
 
@@ -218,6 +259,7 @@ class PearlRollout:
                 "completion_ids",
                 "logprobs",
                 "env_mask",
+                "pearl_versions",
                 "pearl_reward",
                 "pearl_version",
                 "pearl_trajectory",
@@ -232,6 +274,7 @@ class PearlRollout:
             out["completion_ids"].append(list(ids[k:]))
             out["env_mask"].append(list(mask[k:]))
             out["logprobs"].append(list(lps[k:]))
+            out["pearl_versions"].append(list(t.token_versions()[k:]))
             out["pearl_reward"].append(float(t.reward))
             out["pearl_version"].append(t.min_version)
             out["pearl_trajectory"].append(t.id)
@@ -266,12 +309,12 @@ class PearlRollout:
             )
         )
 
-    def finish_step(self, step: int, model: Any) -> None:
-        """After TRL's optimizer step ``step``: publish the weights as version ``step``, then
-        Training Finished."""
+    def finish_step(self, global_step: int, model: Any) -> None:
+        """After TRL's optimizer step ``global_step``: publish the weights as version
+        ``base + global_step``, then Training Finished."""
         if self._window is None:
             return
-        self.rt.publish_weights(cpu_state(getattr(model, "module", model)), step)
+        self.rt.publish_weights(cpu_state(_unwrapped(model)), self.base + global_step)
         window, self._window = self._window, None
         window.__exit__(None, None, None)
 
@@ -288,6 +331,8 @@ class PearlRollout:
             self._run(self._generate.aclose())
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10.0)
+        if self._agents is not None:
+            self._agents.shutdown(wait=False, cancel_futures=True)
 
     # -- the rollout thread -------------------------------------------------------------------
 
@@ -300,7 +345,7 @@ class PearlRollout:
     @property
     def migrations(self) -> int:
         """Turns that moved to another worker mid-generation (a reclaim, a return)."""
-        return self._generate.migrations
+        return self._generate.migrations + self._agent_migrations
 
     def _submit(
         self, tasks: Sequence[Task], sampling: SamplingParams, tag: str
@@ -319,22 +364,60 @@ class PearlRollout:
 
     async def _one(self, task: Task, sampling: SamplingParams, tid: str) -> Trajectory:
         for attempt in range(self.retries + 1):
-            env = self.env() if callable(self.env) else make_env(self.env, **self.env_kwargs)
+            trajectory_id = f"pearl-trl-{tid}.{attempt}"
             try:
+                if self.agent is not None:
+                    return await asyncio.get_running_loop().run_in_executor(
+                        self._agents, self._agent_trajectory, task, sampling, trajectory_id
+                    )
+                env = self.env() if callable(self.env) else make_env(self.env, **self.env_kwargs)
                 return await run_trajectory(
                     env=env,
                     task=task,
                     generate=self._generate,
                     builder=self.builder,
-                    trajectory_id=f"pearl-trl-{tid}.{attempt}",
+                    trajectory_id=trajectory_id,
                     group_id=task.id,
                     sampling=sampling,
                 )
+            except HistoryRewritten:
+                raise  # the agent's doing: sampling it again would not change it
             except Exception:
                 self.failed += 1
                 if attempt == self.retries:
                     raise
         raise AssertionError("unreachable")
+
+    def _agent_trajectory(
+        self, task: Task, sampling: SamplingParams, trajectory_id: str
+    ) -> Trajectory:
+        """One run of the agent function, as a trajectory (in an agent thread)."""
+        assert self.agent is not None
+        session = AgentSession(
+            self.gateway,
+            trajectory_id,
+            api_key=self.api_key,
+            defaults={"temperature": sampling.temperature, "top_p": sampling.top_p},
+        )
+        try:
+            reward = self.agent(session.client, task)
+            if not isinstance(reward, int | float):
+                raise AgentError(f"the agent function returned {reward!r}, not a reward")
+            return session.trajectory(
+                trajectory_id=trajectory_id,
+                group_id=task.id,
+                task_id=task.id,
+                reward=float(reward),
+                decode=self.builder.decode,
+            )
+        finally:
+            with self._agent_lock:
+                self._agent_migrations += session.migrations
+            session.close()
+
+
+def _unwrapped(model: Any) -> Any:
+    return getattr(model, "module", model)
 
 
 class PearlCallback(TrainerCallback):
