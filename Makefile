@@ -41,8 +41,13 @@ $(INSTRUCTOR_STAMP): deploy/instructor.txt
 demo: $(STAMP)
 	$(VENV)/bin/pearl demo --config configs/local-cpu.toml
 
+# Two pytest workers, a test file each at a time (its module fixtures start once): most of the
+# suite waits on processes it started (pearld, worker hosts, vLLM servers), so two lanes of it
+# share two cores well.
+TEST_WORKERS ?= 2
+
 test: $(STAMP) $(VLLM_STAMP) $(INSTRUCTOR_STAMP)
-	$(PY) -m pytest --durations=30
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=30
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow"

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCHES = sorted((ROOT / "benchmarks").glob("bench_*.py"))
 # A ratio (1.23x; infx when the baseline is 0) or a JSON field; bench_vllm prints its ratio bare.
 FIGURES = re.compile(r'(\d\.\d+|inf) ?x\b|"\w+": |PEARL / direct: \d\.\d+')
-TIMEOUT_S = 240
+TIMEOUT_S = 480  # a smoke run's bound, not a figure: the suite runs beside it
 # Seconds of each small mode on the 2-core machine under load (bench_vllm, two vLLM servers, is
 # a guess): the longest start first, so that the two lanes end together, not one run alone.
 SECONDS = {"bench_vllm": 120, "bench_demo": 70, "bench_ray": 68, "bench_pd": 62,
