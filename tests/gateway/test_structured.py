@@ -21,7 +21,7 @@ from pearl.testing.wait import wait_until
 from tests.gateway.conftest import local_runtime
 from tests.gateway.test_poison import free_port
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.shared_actors]  # one Runtime for the module
 MODEL = "tiny"
 KEY = "none"
 ROOT = Path(__file__).resolve().parents[2]
