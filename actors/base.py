@@ -192,6 +192,11 @@ class Directory:
         with self._lock:
             return sorted(self._refs)
 
+    def refs(self) -> list[Ref]:
+        """Every registered ref, by name."""
+        with self._lock:
+            return [self._refs[n] for n in sorted(self._refs)]
+
     def tell(self, name: str, msg: object) -> bool:
         """Best-effort tell; False when the actor is missing or gone."""
         ref = self.find(name)

@@ -22,6 +22,8 @@ fails with:
 ``on_attempt`` hears each attempt that answered (its worker, tokens and version) as it ends, before
 the next is sent: a streaming caller sees the completion grow across migrations. ``cancel(rid)``
 aborts a request wherever it runs; its future then settles with what it had generated.
+:meth:`reroute` sends every request in flight again after the Router restarted (pearld restarts
+a failed actor; the Router's pending requests die with it).
 
 The client is a :class:`actors.base.Ref` registered under its name, not an actor: the Router's
 answers arrive on the Router's thread and only settle futures or resubmit.
@@ -182,6 +184,17 @@ class RolloutClient:
 
     def close(self) -> None:
         self.directory.unregister(self.name, self)
+
+    def reroute(self) -> None:
+        """The Router was restarted and lost what it held: every request in flight is sent
+        again from what it has (its prompt and the tokens of the attempts that answered), on
+        its own clock. What the old Router had sent answers no one: workers answer the Router."""
+        with self._lock:
+            calls = [c for c in self._calls.values() if not c.cancelled]
+        for call in calls:
+            if not call.future.done():
+                call.out.errors.append("the Router restarted; sent again")
+                self._send(call, self._rest(call))
 
     # -- the Ref side: the Router's answers ------------------------------------------------------
 

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 import pykka
 
 from actors import names
+from actors.rollout_client import RolloutClient
 from pearl import config as config_mod
 from pearl.core import events as ev
 from pearl.core.controller import Controller, ControllerConfig, Output
@@ -628,6 +629,10 @@ class Daemon:
             except Exception as e:
                 self._give_up(f"actor {name} could not be restarted: {e}; shutting down")
                 return
+            if name == names.ROUTER:  # the requests it held died with it: their clients resend
+                for client in self.directory.refs():
+                    if isinstance(client, RolloutClient):
+                        client.reroute()
 
     def _give_up(self, why: str) -> None:
         self.failure = why

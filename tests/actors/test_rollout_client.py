@@ -228,3 +228,14 @@ def test_later_runs_what_is_due_in_order_on_one_thread() -> None:
         later(0.1, note(2))
     assert done.wait(5)
     assert ran == [1, 2, 3] and threads == {"resend"}
+
+
+def test_reroute_sends_what_is_in_flight_again_with_its_prefix() -> None:
+    """After a Router restart: a request held by the old one is sent again from what it has."""
+    client, router = client_with([("abort", 2, 1), ("hold",), ("done", 1)])
+    fut = client.generate(GenerateRequest(rid="r", input_ids=(1,), sampling=S(max_new_tokens=5)))
+    assert len(router.seen) == 2 and not fut.done()  # 2 tokens kept, the rest held and lost
+    client.reroute()
+    out = fut.result(5)
+    assert out.output_ids == [1, 2, 3, 4, 5] and router.seen[-1].input_ids == (1, 1, 2)
+    assert out.errors == ["the Router restarted; sent again"]

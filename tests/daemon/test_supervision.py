@@ -69,3 +69,34 @@ def test_a_dead_actor_is_restarted_and_one_that_keeps_dying_stops_pearld(
     assert daemon.parts == []
     assert pykka.ActorRegistry.get_all() == []
     FileLog(tmp_path / "state" / "log").close()  # the lock is free
+
+
+def test_requests_the_router_held_when_it_died_are_sent_again_after_its_restart(
+    tmp_path: Path,
+) -> None:
+    """The Router's pending requests die with it: once pearld has restarted it, every
+    RolloutClient sends its requests in flight again, and they complete."""
+    from actors.rollout_client import RolloutClient
+    from pearl.engines.base import FinishReason, GenerateRequest, SamplingParams
+
+    cfg = config_mod.load(CONFIG, ["daemon.borrow=never", *SMALL])
+    daemon = Daemon(cfg, tmp_path / "state", f"ipc://{tmp_path}/api.sock")
+    daemon.start()
+    client = RolloutClient(daemon.directory, "test-client", wait_s=60.0)
+    try:
+        first = daemon.directory.get(names.ROUTER)
+        first.ref.stop()  # what a Route sent now reaches no one
+        fut = client.generate(
+            GenerateRequest(rid="r", input_ids=(1, 2, 3), sampling=SamplingParams(max_new_tokens=4))
+        )
+        wait_until(
+            lambda: (r := daemon.directory.find(names.ROUTER)) is not None and r is not first,
+            20,
+            "the Router restarted",
+        )
+        out = fut.result(60)
+        assert out.finish_reason is FinishReason.LENGTH and len(out.output_ids) == 4
+        assert "the Router restarted; sent again" in out.errors
+    finally:
+        client.close()
+        daemon.stop()
