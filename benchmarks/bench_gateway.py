@@ -281,12 +281,40 @@ def start_proxy(pool_file: Path, flags: list[str], stack: contextlib.ExitStack) 
     return url
 
 
+def cpu_seconds() -> dict[int, tuple[str, float]]:
+    """pid -> (command line, user + system CPU seconds so far) of this process and every
+    process under it, from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, str, float]] = {}  # pid -> (parent, command line, seconds)
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue  # gone meanwhile
+        stats[int(d.name)] = (
+            int(fields[1]),
+            cmd.strip(),
+            (int(fields[11]) + int(fields[12])) / tick,
+        )
+    mine, grew = {os.getpid()}, True
+    while grew:
+        more = {pid for pid, (parent, _, _) in stats.items() if parent in mine} - mine
+        mine |= more
+        grew = bool(more)
+    return {pid: (stats[pid][1], stats[pid][2]) for pid in mine if pid in stats}
+
+
 @contextlib.contextmanager
 def profiled(where: str | None, name: str, rate: int) -> Iterator[None]:
     """While in the block, py-spy samples this process and every process under it (pearld's
     threads, the worker hosts, the worker servers, the proxies, the agents) ``rate`` times a
-    second without pausing them, into ``where/name.txt`` (raw: one stack and its count a line,
-    the process and thread first). Nothing when ``where`` is None."""
+    second, into ``where/name.txt`` (raw: one stack and its count a line, the process and
+    thread first; idle threads left out), and ``where/name.cpu.json`` has each process's CPU
+    seconds in the block (from /proc: exact, py-spy's own cost not included). Nothing when
+    ``where`` is None."""
     if where is None:
         yield
         return
@@ -294,15 +322,23 @@ def profiled(where: str | None, name: str, rate: int) -> Iterator[None]:
     out = Path(where) / f"{name}.txt"
     proc = subprocess.Popen(
         [spy, "record", "--pid", str(os.getpid()), "--subprocesses", "--threads",
-         "--nonblocking", "--rate", str(rate), "--format", "raw", "--output", str(out)],
+         "--rate", str(rate), "--format", "raw", "--output", str(out)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     time.sleep(1.0)  # py-spy attaches to every process before the round starts
+    before = cpu_seconds()
     try:
         yield
     finally:
+        after = cpu_seconds()
         proc.send_signal(signal.SIGINT)  # py-spy writes what it sampled and exits
         proc.wait(60)
+        used = {
+            str(pid): {"cmd": cmd[:200], "cpu_s": round(s - before.get(pid, (cmd, 0.0))[1], 3)}
+            for pid, (cmd, s) in after.items()
+            if pid != proc.pid
+        }
+        (Path(where) / f"{name}.cpu.json").write_text(json.dumps(used, indent=1))
 
 
 def storm(rt: pearl.Runtime, pool: Pool, label: str, cycles: int) -> Callable[[], None]:
@@ -363,7 +399,7 @@ def main() -> int:
         "--profile", metavar="DIR",
         help="py-spy every round (all of its processes) into DIR/WAY-ROUND.txt (raw stacks)",
     )  # fmt: skip
-    ap.add_argument("--profile-rate", type=int, default=50, help="py-spy samples per second")
+    ap.add_argument("--profile-rate", type=int, default=100, help="py-spy samples per second")
     ap.add_argument(
         "--structured",
         action="store_true",
