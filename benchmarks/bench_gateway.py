@@ -308,10 +308,10 @@ def cpu_seconds() -> dict[int, tuple[str, float]]:
 
 
 @contextlib.contextmanager
-def profiled(where: str | None, name: str, rate: int) -> Iterator[None]:
-    """While in the block, py-spy samples this process and every process under it (pearld's
-    threads, the worker hosts, the worker servers, the proxies, the agents) ``rate`` times a
-    second, into ``where/name.txt`` (raw: one stack and its count a line, the process and
+def profiled(where: str | None, name: str, rate: int, children: bool = True) -> Iterator[None]:
+    """While in the block, py-spy samples this process and (``children``) every process under it
+    (pearld's threads, the worker hosts, the worker servers, the proxies, the agents) ``rate``
+    times a second, into ``where/name.txt`` (raw: one stack and its count a line, the process and
     thread first; idle threads left out), and ``where/name.cpu.json`` has each process's CPU
     seconds in the block (from /proc: exact, py-spy's own cost not included). Nothing when
     ``where`` is None."""
@@ -321,8 +321,8 @@ def profiled(where: str | None, name: str, rate: int) -> Iterator[None]:
     spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or "py-spy"
     out = Path(where) / f"{name}.txt"
     proc = subprocess.Popen(
-        [spy, "record", "--pid", str(os.getpid()), "--subprocesses", "--threads",
-         "--rate", str(rate), "--format", "raw", "--output", str(out)],
+        [spy, "record", "--pid", str(os.getpid()), *(["--subprocesses"] if children else []),
+         "--threads", "--rate", str(rate), "--format", "raw", "--output", str(out)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     time.sleep(1.0)  # py-spy attaches to every process before the round starts
