@@ -13,8 +13,10 @@ machine; it would measure itself). A request's latency runs from its scheduled a
 server that falls behind shows it even when the client waits.
 
 The rate steps up geometrically; at each step the gateway and the router run one after the
-other (in alternating order). A way's knee is the first rate whose p99 reaches twice its p99 at
-the lowest rate, or one that fails requests; a way stops stepping past its knee. pearld's CPU
+other (in alternating order), each step long enough for ``--min-requests``. A way's low-rate p99
+is the lowest p99 of its steps so far; its knee is the first rate whose p99 reaches twice that,
+confirmed by the next step (one slow step on a shared machine is not a knee), or the first rate
+that fails requests; a way stops stepping once its knee is confirmed. pearld's CPU
 seconds (from /proc, for this process, which embeds it) over the gateway's steps up to its knee
 give its requests per second per core: what one pearld process can carry while its CPU lasts.
 
@@ -93,19 +95,19 @@ class Conn:
 
 
 async def open_loop(
-    url: str, rate: float, seconds: float, sessions: int, tokens: int, seed: int
-) -> tuple[list[float], int, float]:
-    """Requests at ``rate`` a second for ``seconds`` (Poisson arrivals): the latencies of those
-    that succeeded, the number that failed, and the seconds until the last one ended."""
+    url: str, rate: float, seconds: float, sessions: int, tokens: int, prompt: int, seed: int
+) -> tuple[list[float], list[str], float]:
+    """Requests at ``rate`` a second for ``seconds`` (Poisson arrivals), each of ``prompt``
+    token ids: the latencies of those that succeeded, why each failed one did, and the seconds
+    until the last one ended."""
     host, port = url.removeprefix("http://").split(":")
     rng = random.Random(seed)
-    prompts = [[rng.randrange(256) for _ in range(32)] for _ in range(sessions)]
+    prompts = [[rng.randrange(256) for _ in range(prompt)] for _ in range(sessions)]
     idle: list[Conn] = []
     latencies: list[float] = []
-    failed = 0
+    failed: list[str] = []
 
     async def one(i: int, due: float) -> None:
-        nonlocal failed
         body = json.dumps(
             {
                 "input_ids": prompts[i % sessions],
@@ -122,15 +124,15 @@ async def open_loop(
                 conn = Conn(*await asyncio.open_connection(host, int(port)))
             status, data, keep = await conn.post(head, body)
             if status != 200 or b'"output_ids"' not in data:
-                failed += 1
+                failed.append(f"{status} {data[:200]!r}")
             else:
                 latencies.append(time.perf_counter() - due)
             if keep:
                 idle.append(conn)
             else:
                 conn.close()
-        except (OSError, ValueError, IndexError, asyncio.IncompleteReadError):
-            failed += 1
+        except (OSError, ValueError, IndexError, asyncio.IncompleteReadError) as e:
+            failed.append(f"{type(e).__name__}: {e}")
             if conn is not None:
                 conn.close()
 
@@ -150,10 +152,10 @@ async def open_loop(
 
 
 def load_process(
-    url: str, rate: float, seconds: float, sessions: int, tokens: int, seed: int
-) -> tuple[list[float], int, float]:
+    url: str, rate: float, seconds: float, sessions: int, tokens: int, prompt: int, seed: int
+) -> tuple[list[float], list[str], float]:
     """:func:`open_loop` in the load process."""
-    return asyncio.run(open_loop(url, rate, seconds, sessions, tokens, seed))
+    return asyncio.run(open_loop(url, rate, seconds, sessions, tokens, prompt, seed))
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -196,10 +198,12 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sessions", type=int, default=256)
     ap.add_argument("--tokens", type=int, default=8, help="max_new_tokens of each request")
+    ap.add_argument("--prompt", type=int, default=32, help="token ids in each request's prompt")
     ap.add_argument("--start-rps", type=float, default=10.0)
     ap.add_argument("--factor", type=float, default=1.5, help="rate step: times the previous")
     ap.add_argument("--max-rps", type=float, default=2000.0)
     ap.add_argument("--step-s", type=float, default=6.0, help="seconds of arrivals per step")
+    ap.add_argument("--min-requests", type=int, default=300, help="a step is at least this long")
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--small", action="store_true", help="short steps, a coarse ladder")
     ap.add_argument(
@@ -208,7 +212,7 @@ def main() -> int:
     )  # fmt: skip
     a = ap.parse_args()
     if a.small:
-        a.step_s, a.start_rps, a.factor, a.max_rps = 1.0, 20.0, 3.0, 540.0
+        a.step_s, a.start_rps, a.factor, a.max_rps, a.min_requests = 1.0, 20.0, 3.0, 540.0, 30
 
     work = Path(tempfile.mkdtemp(prefix="bench-capacity-"))
     router_port = free_port()
@@ -225,7 +229,8 @@ def main() -> int:
     rt.start()
     pool: Pool | None = None
     steps: dict[str, list[dict[str, float]]] = {w: [] for w in WAYS}
-    knee: dict[str, float | None] = dict.fromkeys(WAYS)
+    knee: dict[str, float | None] = dict.fromkeys(WAYS)  # confirmed
+    over: dict[str, float | None] = dict.fromkeys(WAYS)  # a step at twice the base, to confirm
     gw_cpu = gw_done = 0.0
     try:
         assert rt.gateway_url is not None
@@ -242,9 +247,10 @@ def main() -> int:
         spawn = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(1, mp_context=spawn) as procs:
             for way in WAYS:  # warm: the load process, connections, first-request paths
-                warm = (urls[way], a.start_rps, 1.0, a.sessions, a.tokens, 99)
+                warm = (urls[way], a.start_rps, 1.0, a.sessions, a.tokens, a.prompt, 99)
                 procs.submit(load_process, *warm).result()
-            print(f"bench_capacity: {a.sessions} sessions, {a.tokens} tokens a request, "
+            print(f"bench_capacity: {a.sessions} sessions, {a.prompt}-token prompts, "
+                  f"{a.tokens} tokens a request, "
                   f"{serving()} sim workers at time scale {TIME_SCALE}", flush=True)  # fmt: skip
             rate, k = a.start_rps, 0
             while rate <= a.max_rps and any(knee[w] is None for w in WAYS):
@@ -254,28 +260,41 @@ def main() -> int:
                         continue
                     pool.paused = way == "gateway"  # nothing else asks pearld meanwhile
                     spy = a.profile if way == "gateway" else None
+                    seconds = max(a.step_s, a.min_requests / rate)
                     with profiled(spy, f"gateway-{rate:g}", 250, children=False):
                         c0 = cpu_s()
                         fut = procs.submit(
-                            load_process, urls[way], rate, a.step_s, a.sessions, a.tokens, k
-                        )
-                        lat, failed, secs = fut.result()
+                            load_process, urls[way], rate, seconds, a.sessions, a.tokens,
+                            a.prompt, k,
+                        )  # fmt: skip
+                        lat, errors, secs = fut.result()
                         used = cpu_s() - c0
                     pool.paused = False
-                    p50, p99 = pct(lat, 0.5), pct(lat, 0.99)
+                    p50, p99, failed = pct(lat, 0.5), pct(lat, 0.99), len(errors)
                     row = {"rate": rate, "achieved": len(lat) / secs, "p50_ms": p50 * 1e3,
                            "p99_ms": p99 * 1e3, "failed": failed,
                            "pearld_cpu": used / secs}  # fmt: skip
+                    base = min((s["p99_ms"] for s in steps[way]), default=p99 * 1e3)
                     steps[way].append(row)
-                    base = steps[way][0]["p99_ms"]
-                    if way == "gateway":
+                    if way == "gateway" and over[way] is None:  # up to the knee
                         gw_cpu, gw_done = gw_cpu + used, gw_done + len(lat)
-                    if failed or (p99 * 1e3 >= 2 * base and len(steps[way]) > 1):
-                        knee[way] = rate
+                    if failed:
+                        knee[way] = over[way] or rate
+                    elif p99 * 1e3 >= 2 * base and len(steps[way]) > 1:
+                        if over[way] is not None:
+                            knee[way] = over[way]
+                        else:
+                            over[way] = rate
+                    else:
+                        over[way] = None  # one slow step: not a knee
                     print(f"  {way:8s} {rate:7.1f} rps offered, {row['achieved']:7.1f} served, "
                           f"p50 {p50 * 1e3:7.1f} ms, p99 {p99 * 1e3:7.1f} ms, {failed} failed, "
                           f"pearld {used / secs:.2f} cores"
-                          + ("  <- knee" if knee[way] == rate else ""), flush=True)  # fmt: skip
+                          + ("  <- p99 x2" if over[way] == rate else "")
+                          + (f"  <- knee at {knee[way]:g}" if knee[way] is not None else ""),
+                          flush=True)  # fmt: skip
+                    if errors:
+                        print("    failed:", *errors[:3], sep="\n      ", flush=True)
                 rate, k = round(rate * a.factor, 1), k + 1
     finally:
         if pool is not None:
@@ -290,7 +309,8 @@ def main() -> int:
         "p99_knee_rps": knee["gateway"],
         "processes": 1,
         "sessions": a.sessions,
-        "base_p99_ms": {w: steps[w][0]["p99_ms"] for w in WAYS if steps[w]},
+        "prompt_tokens": a.prompt,
+        "base_p99_ms": {w: min(s["p99_ms"] for s in steps[w]) for w in WAYS if steps[w]},
         "steps": steps,
     }
     reached = {w: knee[w] if knee[w] is not None else f">{steps[w][-1]['rate']:g}" for w in WAYS}
