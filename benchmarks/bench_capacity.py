@@ -55,14 +55,19 @@ WAYS = ("gateway", "router")
 GPUS_32, GPUS_1024 = 32, 1024
 
 
+IDLE_S = 3.0  # a kept connection idle longer is closed: below the servers' keep-alive (5 s)
+
+
 class Conn:
     """One keep-alive HTTP/1.1 connection: a request, then its whole response."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader, self.writer = reader, writer
+        self.used = time.monotonic()
 
     async def post(self, head: bytes, body: bytes) -> tuple[int, bytes, bool]:
-        """(status, body, whether the connection stays open)."""
+        """(status, body, whether the connection stays open); ConnectionError when it closed
+        before a response began (a kept connection the server had just closed)."""
         self.writer.write(head + body)
         status_line = await self.reader.readline()
         if not status_line:
@@ -88,6 +93,7 @@ class Conn:
             data = await self.reader.readexactly(length)
         else:
             data, keep = await self.reader.read(), False
+        self.used = time.monotonic()
         return status, data, keep
 
     def close(self) -> None:
@@ -118,11 +124,22 @@ async def open_loop(
             f"POST /generate HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-type: application/json"
             f"\r\nx-session-id: s{i % sessions}\r\ncontent-length: {len(body)}\r\n\r\n"
         ).encode()
-        conn = idle.pop() if idle else None
+        conn = None
+        while idle and conn is None:  # the most recently used first; stale ones closed
+            conn = idle.pop()
+            if time.monotonic() - conn.used > IDLE_S:
+                conn.close()
+                conn = None
         try:
+            if conn is not None:
+                try:
+                    status, data, keep = await conn.post(head, body)
+                except ConnectionError:  # closed by the server as it was reused: once more
+                    conn.close()
+                    conn = None
             if conn is None:
                 conn = Conn(*await asyncio.open_connection(host, int(port)))
-            status, data, keep = await conn.post(head, body)
+                status, data, keep = await conn.post(head, body)
             if status != 200 or b'"output_ids"' not in data:
                 failed.append(f"{status} {data[:200]!r}")
             else:
