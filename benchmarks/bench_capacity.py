@@ -17,8 +17,9 @@ other (in alternating order), each step long enough for ``--min-requests``. A wa
 is the lowest p99 of its steps so far; its knee is the first rate whose p99 reaches twice that,
 confirmed by the next step (one slow step on a shared machine is not a knee), or the first rate
 that fails requests; a way stops stepping once its knee is confirmed. pearld's CPU
-seconds (from /proc, for this process, which embeds it) over the gateway's steps up to its knee
-give its requests per second per core: what one pearld process can carry while its CPU lasts.
+seconds (from /proc, for this process, which embeds it) in the gateway's knee step (its last
+step when it found none) give its requests per second per core: the rate it served there over
+the cores it used, its background work (ticks, heartbeats) included.
 
 ``--json FILE`` writes ``{"gateway_rps_per_core", "router_rps", "p99_knee_rps", "processes"}``
 (``processes``: gateway processes, 1: the gateway runs in pearld) and the steps; the full run
@@ -248,7 +249,6 @@ def main() -> int:
     steps: dict[str, list[dict[str, float]]] = {w: [] for w in WAYS}
     knee: dict[str, float | None] = dict.fromkeys(WAYS)  # confirmed
     over: dict[str, float | None] = dict.fromkeys(WAYS)  # a step at twice the base, to confirm
-    gw_cpu = gw_done = 0.0
     try:
         assert rt.gateway_url is not None
         urls = {
@@ -293,8 +293,6 @@ def main() -> int:
                            "pearld_cpu": used / secs}  # fmt: skip
                     base = min((s["p99_ms"] for s in steps[way]), default=p99 * 1e3)
                     steps[way].append(row)
-                    if way == "gateway" and over[way] is None:  # up to the knee
-                        gw_cpu, gw_done = gw_cpu + used, gw_done + len(lat)
                     if failed:
                         knee[way] = over[way] or rate
                     elif p99 * 1e3 >= 2 * base and len(steps[way]) > 1:
@@ -319,7 +317,9 @@ def main() -> int:
         rt.stop()
         router.stop()
 
-    per_core = gw_done / gw_cpu if gw_cpu > 0 else float("nan")
+    gw = steps["gateway"]
+    at = next((s for s in gw if s["rate"] == knee["gateway"]), gw[-1] if gw else None)
+    per_core = at["achieved"] / at["pearld_cpu"] if at and at["pearld_cpu"] > 0 else float("nan")
     out: dict[str, Any] = {
         "gateway_rps_per_core": per_core,
         "router_rps": knee["router"],
@@ -331,9 +331,11 @@ def main() -> int:
         "steps": steps,
     }
     reached = {w: knee[w] if knee[w] is not None else f">{steps[w][-1]['rate']:g}" for w in WAYS}
-    print(f"gateway: p99 doubles at {reached['gateway']} rps (sglang-router: "
-          f"{reached['router']} rps); pearld serves {per_core:.0f} requests/s per core "
-          f"({1e3 / per_core:.2f} CPU ms a request)")  # fmt: skip
+    print(
+        f"gateway: p99 doubles at {reached['gateway']} rps (sglang-router: "
+        f"{reached['router']} rps); pearld serves {per_core:.0f} requests/s per core "
+        f"({1e3 / per_core:.2f} CPU ms a request at {at['rate'] if at else 0:g} rps)"
+    )
     if not a.small:
         t = turn_rates()
         cores = {
