@@ -4,6 +4,7 @@ workers.
 
     python benchmarks/bench_gateway.py [--engine sim|torch] [--sessions 64] [--turns 4]
                                        [--tokens 32] [--rounds 3] [--storm-cycles 2]
+                                       [--client shared|per-session] [--profile DIR]
                                        [--json FILE] [--small]
 
 One pearld (the embedded Runtime) runs its rollout workers as SGLang-dialect servers: PEARL's
@@ -215,12 +216,28 @@ async def run_way(
     picker: Serving,
     until: Any = None,
 ) -> float:
-    limits = httpx.Limits(max_connections=a.sessions + 8, max_keepalive_connections=a.sessions + 8)
-    async with httpx.AsyncClient(timeout=300, limits=limits) as http:
+    """One round of ``way``'s agents. ``a.client``: ``shared``, one httpx client (and connection
+    pool) for all sessions; ``per-session``, one for each session, as separate agents have: a
+    shared pool scans every idle keep-alive connection on each request (httpcore's
+    ``_assign_requests_to_connections``), a cost the servers that close connections (the
+    workers, HTTP/1.0: ``direct``) never see."""
+    async with contextlib.AsyncExitStack() as stack:
+        clients: dict[str, httpx.AsyncClient] = {}
+
+        def client_of(sid: str) -> httpx.AsyncClient:
+            key = sid.rsplit(".", 1)[0] if a.client == "per-session" else ""
+            if key not in clients:
+                n = 2 if key else a.sessions + 8
+                limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+                clients[key] = httpx.AsyncClient(timeout=300, limits=limits)
+                stack.push_async_callback(clients[key].aclose)
+            return clients[key]
 
         async def post(sid: str, body: dict[str, Any]) -> Any:
             base = picker.pick(sid) if way == "direct" else urls[way]
-            r = await http.post(base + "/generate", json=body, headers={"X-Session-ID": sid})
+            r = await client_of(sid).post(
+                base + "/generate", json=body, headers={"X-Session-ID": sid}
+            )
             if r.status_code != 200:
                 raise RuntimeError(f"{r.status_code} {r.text[:200]}")
             return r.json()
@@ -396,6 +413,10 @@ def main() -> int:
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--small", action="store_true", help="8 sessions x 2 turns, one round")
     ap.add_argument(
+        "--client", choices=("shared", "per-session"), default="shared",
+        help="the agents' httpx clients: one for all sessions, or one each (see run_way)",
+    )  # fmt: skip
+    ap.add_argument(
         "--profile", metavar="DIR",
         help="py-spy every round (all of its processes) into DIR/WAY-ROUND.txt (raw stacks)",
     )  # fmt: skip
@@ -493,6 +514,7 @@ def main() -> int:
     out = {
         "engine": a.engine,
         "sessions": a.sessions,
+        "client": a.client,
         "gateway_tok_s": tok["gateway"],
         "direct_tok_s": tok["direct"],
         "router_tok_s": tok["router"],

@@ -7,16 +7,17 @@ told), and by package and function on one of its threads.
 
 py-spy's raw format is one stack a line, root first, ``;``-separated, then the sample count:
 ``process PID:"CMD";...;thread (TID): NAME;func (file:line);... N`` (``--subprocesses
---threads``). Each sample is 1/rate CPU seconds of one thread that was running (py-spy leaves
-idle threads out), so samples x 1000 / rate / requests is CPU ms per request. A process is named
-by its command line: the agents (multiprocessing's spawn), pearld (the benchmark, which embeds
-it), worker hosts (forked by ``actors.forkserver``), worker servers (``pearl.engines.facade``),
-the pass-through proxy. Samples of a process's start-up (imports) are left out: they are not
-per-request work; so are samples of a thread waiting (:data:`WAITING`). py-spy drops samples on a
-loaded machine: its absolute figures read low, its shares within a process are what it gives.
-Several files add up (rounds of one way). Where ``X.cpu.json`` lies beside
-``X.txt`` (each process's CPU seconds in the round, from /proc), the exact CPU ms per request by
-process come first.
+--threads``). A sample is 1/rate seconds of one thread py-spy took for running, so samples x
+1000 / rate / requests is ms per request. A process is named by its command line: the agents
+(multiprocessing's spawn), pearld (the benchmark, which embeds it), worker hosts (forked by
+``actors.forkserver``), worker servers (``pearl.engines.facade``), the pass-through proxy,
+sglang-router (its /proc figure only: py-spy samples no Rust). Left out: samples of a process's
+start-up (imports: not per-request work) and of a thread waiting (:data:`WAITING`: py-spy does
+not tell every waiting thread idle). py-spy drops samples on a loaded machine and counts a
+runnable thread waiting for a core: its absolute figures are not CPU; its shares within a
+process are what it gives. Several files add up (rounds of one way). Where ``X.cpu.json`` lies
+beside ``X.txt`` (each process's CPU seconds in the round, from /proc), the exact CPU ms per
+request by process come first.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ KINDS = (  # (what the command line holds, the process's name), first match wins
     ("actors.forkserver", "worker hosts"),
     ("pearl.engines.facade", "worker servers"),
     ("bench_", "pearld"),
+    ("sglang::router", "sglang-router"),
 )
 START_UP = ("_find_and_load", "_fixup_main_from_path")
 # Leaf frames of a thread that waits: py-spy does not tell these threads idle in every process
@@ -91,8 +93,8 @@ def main() -> None:
                 continue
             count = int(n)
             total += count
-            at = max(i for i, f in enumerate(frames) if f.startswith("process "))
-            kind = kind_of(frames[at])
+            at = max((i for i, f in enumerate(frames) if f.startswith("process ")), default=-1)
+            kind = kind_of(frames[at]) if at >= 0 else a.process  # one process sampled
             procs[kind] += count
             th = next((f for f in frames if f.startswith("thread (")), "thread (0): ?")
             name = NUMBERED.sub("", th.split(": ", 1)[-1])
