@@ -43,6 +43,7 @@ import os
 import random
 import shutil
 import signal
+import ssl
 import statistics
 import subprocess
 import sys
@@ -221,6 +222,9 @@ async def run_way(
     shared pool scans every idle keep-alive connection on each request (httpcore's
     ``_assign_requests_to_connections``), a cost the servers that close connections (the
     workers, HTTP/1.0: ``direct``) never see."""
+    # One TLS context for all clients: httpx builds one per client (loading the CA bundle, ms of
+    # CPU) even for plain HTTP, a cost per session that no request should carry.
+    tls = ssl.create_default_context()
     async with contextlib.AsyncExitStack() as stack:
         clients: dict[str, httpx.AsyncClient] = {}
 
@@ -229,7 +233,7 @@ async def run_way(
             if key not in clients:
                 n = 2 if key else a.sessions + 8
                 limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
-                clients[key] = httpx.AsyncClient(timeout=300, limits=limits)
+                clients[key] = httpx.AsyncClient(timeout=300, limits=limits, verify=tls)
                 stack.push_async_callback(clients[key].aclose)
             return clients[key]
 
