@@ -19,7 +19,9 @@ confirmed by the next step (one slow step on a shared machine is not a knee), or
 that fails requests; a way stops stepping once its knee is confirmed. pearld's CPU
 seconds (from /proc, for this process, which embeds it) in the gateway's knee step (its last
 step when it found none) give its requests per second per core: the rate it served there over
-the cores it used, its background work (ticks, heartbeats) included.
+the cores it used, its background work (ticks, heartbeats) included; the marginal figure is
+1 / the slope of pearld's cores over the rate served up to there (:func:`marginal`): what each
+request adds, the figure a cluster's turn rate divides (``clusters``).
 
 ``--json FILE`` writes ``{"gateway_rps_per_core", "router_rps", "p99_knee_rps", "processes"}``
 (``processes``: gateway processes, 1: the gateway runs in pearld) and the steps; the full run
@@ -181,6 +183,19 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
+def marginal(steps: list[dict[str, float]]) -> float:
+    """Requests/s per core that a request adds: 1 / the least-squares slope of pearld's cores
+    over the rate served, across ``steps`` (its background, the intercept, left out); nan with
+    fewer than two steps or no rise."""
+    if len(steps) < 2:
+        return float("nan")
+    xs, ys = [s["achieved"] for s in steps], [s["pearld_cpu"] for s in steps]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var if var else 0.0
+    return 1.0 / slope if slope > 0 else float("nan")
+
+
 def cpu_s() -> float:
     """This process's CPU seconds so far (pearld's, which it embeds)."""
     t = os.times()
@@ -320,11 +335,14 @@ def main() -> int:
     gw = steps["gateway"]
     at = next((s for s in gw if s["rate"] == knee["gateway"]), gw[-1] if gw else None)
     per_core = at["achieved"] / at["pearld_cpu"] if at and at["pearld_cpu"] > 0 else float("nan")
+    upto = gw[: gw.index(at) + 1] if at else []
+    out_marginal = marginal(upto)
     out: dict[str, Any] = {
         "gateway_rps_per_core": per_core,
         "router_rps": knee["router"],
         "p99_knee_rps": knee["gateway"],
         "processes": 1,
+        "gateway_rps_per_core_marginal": out_marginal,
         "sessions": a.sessions,
         "prompt_tokens": a.prompt,
         "base_p99_ms": {w: min(s["p99_ms"] for s in steps[w]) for w in WAYS if steps[w]},
@@ -334,13 +352,14 @@ def main() -> int:
     print(
         f"gateway: p99 doubles at {reached['gateway']} rps (sglang-router: "
         f"{reached['router']} rps); pearld serves {per_core:.0f} requests/s per core "
-        f"({1e3 / per_core:.2f} CPU ms a request at {at['rate'] if at else 0:g} rps)"
+        f"({1e3 / per_core:.2f} CPU ms a request at {at['rate'] if at else 0:g} rps); "
+        f"{out_marginal:.0f} per core marginal (background left out)"
     )
     if not a.small:
         t = turn_rates()
         cores = {
             f"{n}_gpus": {
-                pace: t[key] * n / GPUS_32 / per_core
+                pace: t[key] * n / GPUS_32 / out_marginal
                 for pace, key in (("paper_peak", "peak"), ("roofline_peak", "roofline_peak"))
             }
             for n in (GPUS_32, GPUS_1024)
