@@ -39,12 +39,25 @@ KINDS = (  # (what the command line holds, the process's name), first match wins
 START_UP = ("_find_and_load", "_fixup_main_from_path")
 # Leaf frames of a thread that waits: py-spy does not tell these threads idle in every process
 # (a forked worker host, a thread blocked in a lock or a ZeroMQ poll), so they are left out.
-WAITING = ("EpollSelector.select", "Condition.wait", "Event.wait", "Poller.poll", "sleep",
-           "Condition._acquire_restore", "Queue.get", "select", "poll", "accept", "_recv_msg",
-           "Socket.recv", "Socket.recv_multipart", "wait", "readinto", "Lock.acquire")  # fmt: skip
+WAITING = (
+    "select",
+    "poll",
+    "wait",
+    "sleep",
+    "accept",
+    "readinto",
+    "recv",
+    "recv_multipart",
+    "_recv_msg",
+    "_acquire_restore",
+    "acquire",
+    "Queue.get",
+    "_worker",
+    "ForkServer._read",
+)
 LINE = re.compile(r":\d+\)$")
 TID = re.compile(r"\((?:0x)?[0-9a-f]+\)")
-NUMBERED = re.compile(r"(-\d+| worker/\d+)$")
+NUMBERED = re.compile(r"(-\d+|_\d+| worker/\d+)$")
 
 
 def kind_of(process: str) -> str:
@@ -89,7 +102,8 @@ def main() -> None:
             frames = stack.split(";")
             if any(f.startswith(START_UP) for f in frames):
                 continue
-            if frames[-1].rsplit(" (", 1)[0] in WAITING:
+            name = frames[-1].rsplit(" (", 1)[0]  # Class.method (file:line) -> Class.method
+            if name in WAITING or name.rsplit(".", 1)[-1] in WAITING:
                 continue
             count = int(n)
             total += count
