@@ -370,6 +370,8 @@ def main() -> int:
               f"{cores['32_gpus']['paper_peak']:.4f} / {cores['32_gpus']['roofline_peak']:.2f}, "
               f"1,024 GPUs {cores['1024_gpus']['paper_peak']:.3f} / "
               f"{cores['1024_gpus']['roofline_peak']:.2f}")  # fmt: skip
+    keys = ("gateway_rps_per_core", "router_rps", "p99_knee_rps", "processes")
+    print(json.dumps({k: out[k] for k in (*keys, "gateway_rps_per_core_marginal")}))
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
     return 0
