@@ -1,22 +1,29 @@
 """K concurrent multi-turn agent sessions through PEARL's HTTP gateway, directly to the workers,
-and through a real router (``sglang-router``), on the same workers.
+through a real router (``sglang-router``) and through a bare pass-through proxy, on the same
+workers.
 
     python benchmarks/bench_gateway.py [--engine sim|torch] [--sessions 64] [--turns 4]
                                        [--tokens 32] [--rounds 3] [--storm-cycles 2]
+                                       [--client shared|per-session] [--profile DIR]
                                        [--json FILE] [--small]
 
 One pearld (the embedded Runtime) runs its rollout workers as SGLang-dialect servers: PEARL's
 facade (``pearl.engines.facade``) over the sim engine's cost model (``--engine sim``) or the
 tiny torch model (``--engine torch``). The same agents (token-id prompts that grow by each reply
 and an observation, an environment delay between turns, one session id each), in a process of
-their own, post SGLang's ``/generate`` three ways, in alternating rounds:
+their own, post SGLang's ``/generate`` five ways, in alternating rounds:
 
 - ``gateway``: to pearld's gateway, with ``X-Session-ID``;
 - ``direct``: to the worker servers themselves, each session pinned to one by its id (client-side
   affinity over the workers that serve at that moment);
 - ``router``: to one ``sglang-router`` (cache-aware policy) whose worker list a thread keeps
   equal to the workers that serve (the best an operator could do: it learns of each change
-  from pearld's status within 50 ms).
+  from pearld's status within 50 ms);
+- ``proxy``: through a bare pass-through reverse proxy (``benchmarks/passthrough.py``, a
+  process of its own on the gateway's HTTP stack) that takes the workers that serve in turn:
+  the floor any extra hop pays;
+- ``pinned``: through the same proxy placing each session by its id's hash, as ``direct`` does:
+  a hop and nothing else.
 
 The ratios of their token rates and the differences of their latency percentiles are what the
 gateway adds. Then each way meets a storm of its own, twice: two preemptible GPUs join, are
@@ -34,13 +41,16 @@ import json
 import multiprocessing
 import os
 import random
+import shutil
+import signal
+import ssl
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
-import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +62,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import pearl  # noqa: E402
+from benchmarks.passthrough import Serving  # noqa: E402
 from pearl.core import events as ev  # noqa: E402
 from pearl.engines.base import EngineError  # noqa: E402
 from pearl.engines.sglang.launch import FACADE_MODULE  # noqa: E402
@@ -61,7 +72,8 @@ from pearl.runtime import wait_training_may_proceed  # noqa: E402
 from pearl.testing.pearld import free_port  # noqa: E402
 from pearl.testing.wait import poll, wait_until  # noqa: E402
 
-WAYS = ("gateway", "direct", "router")
+WAYS = ("gateway", "direct", "router", "proxy", "pinned")
+PROXIES = {"proxy": [], "pinned": ["--pinned"]}  # benchmarks/passthrough.py's flags per way
 JOINERS = (3, 4)  # preemptible GPUs of configs/local-cpu.toml
 
 
@@ -147,20 +159,6 @@ class Pool:
         self._thread.join(5)
 
 
-class Picker:
-    """Client-side affinity, in the agents' process: a session's hash over the workers that
-    serve now (the file :class:`Pool` keeps, re-read when it changes)."""
-
-    def __init__(self, path: str) -> None:
-        self.path, self.mtime, self.urls = Path(path), 0, list[str]()
-
-    def pick(self, sid: str) -> str:
-        mtime = self.path.stat().st_mtime_ns
-        if mtime != self.mtime:
-            self.mtime, self.urls = mtime, [u for _, u in json.loads(self.path.read_text())]
-        return self.urls[zlib.crc32(sid.encode()) % len(self.urls)]
-
-
 async def agents(
     post: Callable[[str, dict[str, Any]], Any],
     a: argparse.Namespace,
@@ -216,15 +214,34 @@ async def run_way(
     tag: str,
     tally: Tally,
     urls: dict[str, str],
-    picker: Picker,
+    picker: Serving,
     until: Any = None,
 ) -> float:
-    limits = httpx.Limits(max_connections=a.sessions + 8, max_keepalive_connections=a.sessions + 8)
-    async with httpx.AsyncClient(timeout=300, limits=limits) as http:
+    """One round of ``way``'s agents. ``a.client``: ``shared``, one httpx client (and connection
+    pool) for all sessions; ``per-session``, one for each session, as separate agents have: a
+    shared pool scans every idle keep-alive connection on each request (httpcore's
+    ``_assign_requests_to_connections``), a cost the servers that close connections (the
+    workers, HTTP/1.0: ``direct``) never see."""
+    # One TLS context for all clients: httpx builds one per client (loading the CA bundle, ms of
+    # CPU) even for plain HTTP, a cost per session that no request should carry.
+    tls = ssl.create_default_context()
+    async with contextlib.AsyncExitStack() as stack:
+        clients: dict[str, httpx.AsyncClient] = {}
+
+        def client_of(sid: str) -> httpx.AsyncClient:
+            key = sid.rsplit(".", 1)[0] if a.client == "per-session" else ""
+            if key not in clients:
+                n = 2 if key else a.sessions + 8
+                limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+                clients[key] = httpx.AsyncClient(timeout=300, limits=limits, verify=tls)
+                stack.push_async_callback(clients[key].aclose)
+            return clients[key]
 
         async def post(sid: str, body: dict[str, Any]) -> Any:
             base = picker.pick(sid) if way == "direct" else urls[way]
-            r = await http.post(base + "/generate", json=body, headers={"X-Session-ID": sid})
+            r = await client_of(sid).post(
+                base + "/generate", json=body, headers={"X-Session-ID": sid}
+            )
             if r.status_code != 200:
                 raise RuntimeError(f"{r.status_code} {r.text[:200]}")
             return r.json()
@@ -245,11 +262,104 @@ def agents_process(
             tag=tag,
             tally=tally,
             urls=urls,
-            picker=Picker(pool_file),
+            picker=Serving(pool_file),
             until=until,
         )
     )
     return secs, tally
+
+
+def start_proxy(pool_file: Path, flags: list[str], stack: contextlib.ExitStack) -> str:
+    """A pass-through proxy (``benchmarks/passthrough.py``) in a process of its own, serving;
+    its URL. The stack stops it."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "benchmarks" / "passthrough.py"), "--pool", str(pool_file),
+         "--port", str(port), *flags],
+        cwd=ROOT,
+    )  # fmt: skip
+
+    def stop() -> None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    stack.callback(stop)
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the proxy {flags} exited {proc.returncode}")
+        try:
+            return httpx.get(url + "/", timeout=1).status_code == 404
+        except httpx.HTTPError:
+            return False
+
+    wait_until(up, 30, "the pass-through proxy serving", every=0.1)
+    return url
+
+
+def cpu_seconds() -> dict[int, tuple[str, float]]:
+    """pid -> (command line, user + system CPU seconds so far) of this process and every
+    process under it, from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, str, float]] = {}  # pid -> (parent, command line, seconds)
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue  # gone meanwhile
+        stats[int(d.name)] = (
+            int(fields[1]),
+            cmd.strip(),
+            (int(fields[11]) + int(fields[12])) / tick,
+        )
+    mine, grew = {os.getpid()}, True
+    while grew:
+        more = {pid for pid, (parent, _, _) in stats.items() if parent in mine} - mine
+        mine |= more
+        grew = bool(more)
+    return {pid: (stats[pid][1], stats[pid][2]) for pid in mine if pid in stats}
+
+
+@contextlib.contextmanager
+def profiled(where: str | None, name: str, rate: int, children: bool = True) -> Iterator[None]:
+    """While in the block, py-spy samples this process and (``children``) every process under it
+    (pearld's threads, the worker hosts, the worker servers, the proxies, the agents) ``rate``
+    times a second, into ``where/name.txt`` (raw: one stack and its count a line, the process and
+    thread first; idle threads left out), and ``where/name.cpu.json`` has each process's CPU
+    seconds in the block (from /proc: exact, py-spy's own cost not included). Nothing when
+    ``where`` is None."""
+    if where is None:
+        yield
+        return
+    spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or "py-spy"
+    out = Path(where) / f"{name}.txt"
+    proc = subprocess.Popen(
+        [spy, "record", "--pid", str(os.getpid()), *(["--subprocesses"] if children else []),
+         "--threads", "--rate", str(rate), "--format", "raw", "--output", str(out)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    time.sleep(1.0)  # py-spy attaches to every process before the round starts
+    before = cpu_seconds()
+    try:
+        yield
+    finally:
+        after = cpu_seconds()
+        proc.send_signal(signal.SIGINT)  # py-spy writes what it sampled and exits
+        proc.wait(60)
+        used = {
+            str(pid): {"cmd": cmd[:200], "cpu_s": round(s - before.get(pid, (cmd, 0.0))[1], 3)}
+            for pid, (cmd, s) in after.items()
+            if pid != proc.pid
+        }
+        (Path(where) / f"{name}.cpu.json").write_text(json.dumps(used, indent=1))
 
 
 def storm(rt: pearl.Runtime, pool: Pool, label: str, cycles: int) -> Callable[[], None]:
@@ -307,6 +417,15 @@ def main() -> int:
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--small", action="store_true", help="8 sessions x 2 turns, one round")
     ap.add_argument(
+        "--client", choices=("shared", "per-session"), default="shared",
+        help="the agents' httpx clients: one for all sessions, or one each (see run_way)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--profile", metavar="DIR",
+        help="py-spy every round (all of its processes) into DIR/WAY-ROUND.txt (raw stacks)",
+    )  # fmt: skip
+    ap.add_argument("--profile-rate", type=int, default=100, help="py-spy samples per second")
+    ap.add_argument(
         "--structured",
         action="store_true",
         help="also structured_ratio (bench_structured.py) and n_ratio (bench_n.py)",
@@ -341,6 +460,8 @@ def main() -> int:
         wait_until(lambda: serving() >= 3, 180, "the workers serving", every=0.2)
         pool_file = work / "serving.json"
         pool = Pool(rt, urls["router"], pool_file)
+        for way, flags in PROXIES.items():
+            urls[way] = start_proxy(pool_file, flags, stack)
         spawn = multiprocessing.get_context("spawn")
         procs = stack.enter_context(ProcessPoolExecutor(1, mp_context=spawn))
         manager = stack.enter_context(spawn.Manager())
@@ -359,9 +480,10 @@ def main() -> int:
         rates: dict[str, list[float]] = {w: [] for w in WAYS}
         lat: dict[str, list[float]] = {w: [] for w in WAYS}
         for r in range(a.rounds):
-            order = WAYS[r % 3 :] + WAYS[: r % 3]
+            order = WAYS[r % len(WAYS) :] + WAYS[: r % len(WAYS)]
             for way in order:
-                secs, tally = round_of(way, f"{way[0]}{r}")
+                with profiled(a.profile, f"{way}-{r + 1}", a.profile_rate):
+                    secs, tally = round_of(way, f"{way[0]}{r}")
                 if tally.failed:
                     print(f"  {way}: {tally.failed} failed: {tally.errors[:3]}", flush=True)
                 rates[way].append(tally.tokens / secs)
@@ -396,11 +518,16 @@ def main() -> int:
     out = {
         "engine": a.engine,
         "sessions": a.sessions,
+        "client": a.client,
         "gateway_tok_s": tok["gateway"],
         "direct_tok_s": tok["direct"],
         "router_tok_s": tok["router"],
         "ratio_direct": tok["gateway"] / tok["direct"],
         "ratio_router": tok["gateway"] / tok["router"],
+        "proxy_tok_s": tok["proxy"],
+        "ratio_proxy": tok["gateway"] / tok["proxy"],
+        "pinned_tok_s": tok["pinned"],
+        "ratio_pinned": tok["gateway"] / tok["pinned"],
         "p50_added_ms": (pct(lat["gateway"], 0.5) - pct(lat["direct"], 0.5)) * 1e3,
         "p99_added_ms": (pct(lat["gateway"], 0.99) - pct(lat["direct"], 0.99)) * 1e3,
         "p50_ms": {w: pct(lat[w], 0.5) * 1e3 for w in WAYS},
@@ -408,6 +535,8 @@ def main() -> int:
         "failed_requests": gw.failed,
         "direct_failed_requests": storms["direct"].failed,
         "router_failed_requests": storms["router"].failed,
+        "proxy_failed_requests": storms["proxy"].failed,
+        "pinned_failed_requests": storms["pinned"].failed,
         "recomputed_tokens": gw.recomputed,
         "migrations": gw.migrations,
         "affinity_hit_ratio": hits / turns_after_first if turns_after_first else None,
@@ -423,12 +552,14 @@ def main() -> int:
               f" / {out['free_tokens_per_s']:.0f} tok/s, mask {out['mask_share']:.0%} of the "
               f"constrained time); n=8 / 8 separate: {out['n_ratio']:.3f}x")  # fmt: skip
     print(f"gateway / direct: {out['ratio_direct']:.3f}x, gateway / sglang-router: "
-          f"{out['ratio_router']:.3f}x ({tok['gateway']:.0f} / {tok['direct']:.0f} / "
-          f"{tok['router']:.0f} tok/s, medians of {a.rounds}); added latency p50 "
-          f"{out['p50_added_ms']:.2f} ms, p99 {out['p99_added_ms']:.2f} ms; storm failed: "
-          f"gateway {gw.failed} ({gw.migrations} migrated, {gw.recomputed} tokens recomputed), "
-          f"direct {storms['direct'].failed}, router {storms['router'].failed}; affinity "
-          f"{out['affinity_hit_ratio']}")  # fmt: skip
+          f"{out['ratio_router']:.3f}x, gateway / proxy: {out['ratio_proxy']:.3f}x, gateway / "
+          f"pinned: {out['ratio_pinned']:.3f}x (tok/s, medians of {a.rounds}: "
+          + ", ".join(f"{w} {tok[w]:.0f}" for w in WAYS)
+          + f"); added latency p50 {out['p50_added_ms']:.2f} ms, p99 {out['p99_added_ms']:.2f} "
+          f"ms; storm failed: gateway {gw.failed} ({gw.migrations} migrated, {gw.recomputed} "
+          "tokens recomputed), "
+          + ", ".join(f"{w} {storms[w].failed}" for w in WAYS[1:])
+          + f"; affinity {out['affinity_hit_ratio']}")  # fmt: skip
     if gw.errors:
         print("  gateway failures:", *gw.errors[:5], sep="\n    ")
     if a.json:

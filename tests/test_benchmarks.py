@@ -25,8 +25,9 @@ TIMEOUT_S = 480  # a smoke run's bound, not a figure: the suite runs beside it
 # Seconds of each small mode on the 2-core machine under load (bench_vllm, two vLLM servers, is
 # a guess): the longest start first, so that the two lanes end together, not one run alone.
 SECONDS = {"bench_vllm": 120, "bench_demo": 70, "bench_ray": 68, "bench_pd": 62,
-           "bench_learning": 58, "bench_notice": 41, "bench_engine": 34, "bench_gateway": 33,
-           "bench_log": 24, "bench_n": 19, "bench_metrics": 16, "bench_pearld": 13}  # fmt: skip
+           "bench_learning": 58, "bench_gateway": 47, "bench_notice": 41, "bench_engine": 34,
+           "bench_log": 24, "bench_capacity": 21, "bench_n": 19, "bench_metrics": 16,
+           "bench_pearld": 13}  # fmt: skip
 PYTHONPATH = os.environ.get("PYTHONPATH", "")
 
 

@@ -15,6 +15,10 @@ documented in docs/gateway.md.
 
 from __future__ import annotations
 
+import functools
+import itertools
+import types
+import typing
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
@@ -53,6 +57,8 @@ class _Request(_Open):
 
 
 def _is_text(s: str) -> bool:
+    if s.isascii():
+        return True
     try:
         s.encode("utf-8")
     except UnicodeEncodeError:
@@ -60,27 +66,70 @@ def _is_text(s: str) -> bool:
     return True
 
 
-def bad_text(value: Any, path: str = "") -> str | None:
-    """Where the first string in ``value`` that is not valid Unicode text (a lone surrogate: it
-    cannot be encoded as UTF-8) is: its path (``messages.0.content``; a bad key: the path of its
-    mapping, "" at the top), or None when every string is text."""
-    if isinstance(value, BaseModel):
-        value = value.model_dump()
+_SCALARS = (int, float, bool, type(None))
+
+
+def _holds_no_text(tp: Any) -> bool:
+    """Whether every value of annotation ``tp`` is a number, a boolean, None, or a list or
+    tuple of them: once validated, no string can be in it."""
+    if tp in _SCALARS:
+        return True
+    origin = typing.get_origin(tp)
+    if origin is Annotated:
+        return _holds_no_text(typing.get_args(tp)[0])
+    if origin in (list, tuple, typing.Union, types.UnionType):
+        return all(a is Ellipsis or _holds_no_text(a) for a in typing.get_args(tp))
+    return False
+
+
+@functools.cache
+def _textless(cls: type[BaseModel]) -> frozenset[str]:
+    """The fields of ``cls`` that hold no text (token ids, numbers): never walked."""
+    return frozenset(n for n, f in cls.model_fields.items() if _holds_no_text(f.annotation))
+
+
+def _where(value: Any) -> list[str] | None:
+    """The path of the first string in ``value`` that is not text, innermost key first (a bad
+    key: its mapping's path); None when every string is text. A model's fields that hold no
+    text are skipped (:func:`_textless`), and numbers at once: a request's token ids are most
+    of its values, and none can hold text."""
     if isinstance(value, str):
-        return None if _is_text(value) else path
+        return None if _is_text(value) else []
+    if isinstance(value, BaseModel):
+        skip = _textless(type(value))
+        fields = ((k, v) for k, v in value.__dict__.items() if k not in skip)
+        value = dict(itertools.chain(fields, (value.model_extra or {}).items()))
     if isinstance(value, dict):
         for k, v in value.items():
             if isinstance(k, str) and not _is_text(k):
-                return path
-            found = bad_text(v, f"{path}.{k}" if path else str(k))
+                return []
+            if isinstance(v, _SCALARS):
+                continue
+            found = _where(v)
             if found is not None:
+                found.append(str(k))
                 return found
     elif isinstance(value, list | tuple):
         for i, v in enumerate(value):
-            found = bad_text(v, f"{path}.{i}" if path else str(i))
+            if isinstance(v, _SCALARS):
+                continue
+            found = _where(v)
             if found is not None:
+                found.append(str(i))
                 return found
     return None
+
+
+def bad_text(value: Any, path: str = "") -> str | None:
+    """Where the first string in ``value`` that is not valid Unicode text (a lone surrogate: it
+    cannot be encoded as UTF-8) is: its path (``messages.0.content``; a bad key: the path of its
+    mapping, "" at the top), or None when every string is text. A model is walked as its dump
+    would be (field names, then the extra fields), without dumping it; the path is built only
+    for a string that is not text."""
+    found = _where(value)
+    if found is None:
+        return None
+    return ".".join([*([path] if path else []), *reversed(found)])
 
 
 # --- requests -----------------------------------------------------------------------------------
