@@ -114,9 +114,11 @@ class GatewayBackend(Protocol):
         load balancers ask every few seconds."""
         ...
 
-    async def event(self, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def event(self, kind: str, body: dict[str, Any], wait: bool = True) -> dict[str, Any]:
         """An elastic event by its kind (``gpus-added``, ``training-begin``, ...) with its
-        fields; the same handlers as the ZeroMQ API. Raises GatewayError for a refused one."""
+        fields; the same handlers as the ZeroMQ API. Raises GatewayError for a refused one.
+        With ``wait``, ``training-begin`` answers once training may proceed (every borrowed GPU
+        back), as ``pearl event training-begin`` does."""
         ...
 
 

@@ -14,7 +14,9 @@ events to the same handlers as the ZeroMQ API.
 - ``status`` is the Orchestrator's status (``pearl status --json``); ``event`` builds the record
   of one of :data:`pearl.core.events.ELASTIC_EVENTS` from its kind and fields and hands it to the
   ElasticScheduler: a bad kind or body is a 400, an event the scheduler refuses a 409 with its
-  message. A training event without a ``step`` gets the one ``pearl event`` would send.
+  message. A training event without a ``step`` gets the one ``pearl event`` would send, and
+  ``training-begin`` answers once training may proceed (``may_proceed_s``), as ``pearl event``
+  does, unless asked not to wait.
 - ``serving`` (``/health``) reads the routable workers from the table's last change; before
   one is heard, or while none is routable, the Orchestrator's status says why.
 - Registered as :data:`actors.names.GATEWAY`, it hears the table's changes: a training step's
@@ -28,6 +30,7 @@ import contextlib
 import json
 import re
 import threading
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import Future
@@ -53,6 +56,7 @@ from pearl.gateway.sessions import SessionBook
 from pearl.tokenizer import Tokenizer
 
 ASK_S = 30.0  # an event or a status answered by pearld's actors
+RETURN_WAIT_S = 60.0  # training-begin: borrowed GPUs back within this, or a 504 (as pearl event)
 HEALTH_ASK_S = 5.0  # /health's status: a probe does not wait long
 STEP_EVENTS = frozenset({"training-begin", "training-finished"})  # a step by default
 EVENTS: dict[str, type[ev.ElasticEvent]] = {t.KIND: t for t in ev.ELASTIC_EVENTS}
@@ -352,12 +356,29 @@ class PoolBackend:
         states = ", ".join(f"{n} {a}" for a, n in sorted(counts.items()))
         return f"no rollout worker is active yet ({states})"
 
-    async def event(self, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def event(self, kind: str, body: dict[str, Any], wait: bool = True) -> dict[str, Any]:
         if kind in STEP_EVENTS and isinstance(body, dict) and "step" not in body:
             body = {**body, "step": await asyncio.to_thread(self._default_step, kind)}
         record = self.record(kind, body)
+        t0 = time.monotonic()
         seq = await asyncio.to_thread(self._event, record)
-        return {"kind": kind, "seq": seq}
+        out: dict[str, Any] = {"kind": kind, "seq": seq}
+        if wait and isinstance(record, ev.TrainingBegin):
+            out["may_proceed_s"] = await asyncio.to_thread(self._may_proceed, record.step, t0)
+        return out
+
+    def _may_proceed(self, step: int, t0: float) -> float:
+        """Seconds from ``t0`` until training ``step`` may proceed; 504 past RETURN_WAIT_S."""
+        from pearl.runtime import TrainingTimeout, wait_training_may_proceed
+        from transports.protocol import StatusRequest
+
+        orchestrator = self.directory.get(names.ORCHESTRATOR)
+        try:
+            return wait_training_may_proceed(
+                lambda: orchestrator.ask(StatusRequest(), ASK_S), step, RETURN_WAIT_S, since=t0
+            )
+        except TrainingTimeout as e:
+            raise GatewayError(f"{e}; the event is logged", 504, "server_error") from None
 
     @staticmethod
     def record(kind: str, body: dict[str, Any]) -> ev.ElasticEvent:

@@ -77,6 +77,7 @@ class ScriptedBackend:
     not_serving: str | None = None  # /health's answer: None (a worker serves), else why not
     calls: list[Call] = field(default_factory=list)
     events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    waits: list[bool] = field(default_factory=list)  # each event's wait
     closed: list[str] = field(default_factory=list)  # rids whose generator was closed early
     tokenizer: ScriptedTokenizer = field(default_factory=ScriptedTokenizer)
 
@@ -144,8 +145,9 @@ class ScriptedBackend:
     async def status(self) -> dict[str, Any]:
         return {"status": "replay", "workers": 2, "events": len(self.events)}
 
-    async def event(self, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def event(self, kind: str, body: dict[str, Any], wait: bool = True) -> dict[str, Any]:
         if body.get("refuse"):
             raise GatewayError(f"{kind} refused: {body['refuse']}", 409, "invalid_request_error")
         self.events.append((kind, body))
+        self.waits.append(wait)
         return {"ok": True, "kind": kind, "seq": len(self.events)}

@@ -232,7 +232,9 @@ def test_status_and_events_map_to_the_backend(client: TestClient, backend: Scrip
     assert backend.events == [(k, {"gpus": [0, 1]}) for k in EVENT_KINDS]
     as_json = {"Content-Type": "application/json"}  # control routes take JSON only
     assert client.post("/pearl/v1/events/training-begin", headers=as_json).status_code == 200
-    assert backend.events[-1] == ("training-begin", {})
+    assert backend.events[-1] == ("training-begin", {}) and backend.waits[-1] is True
+    r = client.post("/pearl/v1/events/training-begin?wait=false", headers=as_json)
+    assert r.status_code == 200 and backend.waits[-1] is False  # answers once logged
 
     r = client.post("/pearl/v1/events/reboot", json={})
     assert r.status_code == 404 and "gpus-added" in r.json()["error"]["message"]

@@ -1,6 +1,7 @@
 """PEARL's control routes: ``GET /pearl/v1/status`` (``pearl status --json``) and
 ``POST /pearl/v1/events/{kind}``, an elastic event whose body is its fields as a JSON object.
-The answers are the backend's handlers', as with the ZeroMQ API."""
+The answers are the backend's handlers', as with the ZeroMQ API. ``training-begin`` answers once
+training may proceed (borrowed GPUs back), unless ``?wait=false``."""
 
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ def router(ctx: Context) -> APIRouter:
                 param="kind",
             )
         fields = event_fields(await request.body())
-        return JSONResponse(await ctx.backend.event(kind, fields))
+        wait = request.query_params.get("wait", "true").lower() not in ("false", "0", "no")
+        return JSONResponse(await ctx.backend.event(kind, fields, wait=wait))
 
     return r
 
