@@ -19,7 +19,7 @@ from actors import names
 from pearl.core.status import status_plain
 from pearl.log import FileLog
 from pearl.runtime import wait_training_may_proceed
-from pearl.testing.wait import wait_until
+from pearl.testing.wait import poll, wait_until
 from tests.gateway.test_pool import SETS, routable
 
 openai = pytest.importorskip("openai")
@@ -109,15 +109,19 @@ def test_openai_agents_stream_through_joins_reclaims_and_a_borrow_cycle(tmp_path
         sync = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120)
         router = rt.daemon.directory.get(names.ROUTER).ref.proxy()
 
-        event("gpus-added", gpus=[3, 4])
-        wait_until(lambda: len(routable(rt)) >= 3, 60, "the added workers serving", every=0.1)
-
         def busy() -> bool:  # an added worker holds turns: the reclaim moves them
             on = {w for p in router.pending.get().values() for w in p.workers}
             return any(set(w.gpus) & {3, 4} and w.id in on for w in routable(rt))
 
-        wait_until(busy, 60, "an added worker with turns in flight", every=0.01)
-        event("gpus-reclaimed", gpus=[3, 4])
+        # Join and reclaim until a reclaim caught a stream mid-turn: a turn seen on a joiner may
+        # still end before the reclaim lands (the migration is reported with the stream's end).
+        for _ in range(5):
+            event("gpus-added", gpus=[3, 4])
+            wait_until(lambda: len(routable(rt)) >= 3, 60, "the added workers serving", every=0.1)
+            wait_until(busy, 60, "an added worker with turns in flight", every=0.01)
+            event("gpus-reclaimed", gpus=[3, 4])
+            if poll(lambda: agents.migrations > 0, 30, 0.05):
+                break
         # a sync, non-streaming request meanwhile
         out = sync.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=8
