@@ -81,6 +81,11 @@ class AbortRequest(WireStruct, tag="abort-request", frozen=True, kw_only=True):
 
 
 @MESSAGES.add
+class RouterRestarted(WireStruct, tag="router-restarted", frozen=True, kw_only=True):
+    """pearld restarted the Router: the requests it held are gone; whoever sent them resends."""
+
+
+@MESSAGES.add
 class LoadWeights(WireStruct, tag="load-weights", frozen=True, kw_only=True):
     """Move to weights ``version`` (from the weight store at ``uri``; lazy propagation)."""
 

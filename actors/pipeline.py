@@ -11,7 +11,7 @@ import threading
 
 from actors import names
 from actors.base import Directory, PearlActor
-from actors.messages import GenerateDone, RolloutStep, Route, StateChanged
+from actors.messages import GenerateDone, RolloutStep, Route, RouterRestarted, StateChanged
 from pearl.core import commands as cmd
 from pearl.core.errors import EngineError
 from pearl.core.state import Role, Zone
@@ -35,6 +35,7 @@ class PipelineActor(PearlActor):
         pipeline.attach(self._generate, self._on_batch)
         self._ids = itertools.count(1)
         self._futures: dict[str, asyncio.Future[GenerateResult]] = {}
+        self._sent: dict[str, GenerateRequest] = {}  # the turns in flight, to route again
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._halt: asyncio.Event | None = None
@@ -64,18 +65,27 @@ class PipelineActor(PearlActor):
     ) -> GenerateResult:
         rid = f"{trajectory_id}#{next(self._ids)}"
         fut: asyncio.Future[GenerateResult] = self._loop.create_future()
-        with self._lock:
-            self._futures[rid] = fut
         critical = self.pipeline.is_critical(trajectory_id)
         req = GenerateRequest(
             rid=rid, input_ids=ids, sampling=sampling, trajectory=trajectory_id, critical=critical
         )
+        with self._lock:
+            self._futures[rid] = fut
+            self._sent[rid] = req
         self.directory.tell(names.ROUTER, Route(request=req, reply_to=self.name))
         return await fut
+
+    def router_restarted(self, _: RouterRestarted) -> None:
+        """The turns the old Router held died with it: each is routed again, whole."""
+        with self._lock:
+            again = list(self._sent.values())
+        for req in again:
+            self.directory.tell(names.ROUTER, Route(request=req, reply_to=self.name))
 
     def done(self, msg: GenerateDone) -> None:
         with self._lock:
             fut = self._futures.pop(msg.rid, None)
+            self._sent.pop(msg.rid, None)
         if fut is None:
             return
         if msg.result is not None:
@@ -127,7 +137,7 @@ class PipelineActor(PearlActor):
             self._loop.call_soon_threadsafe(self._halt.set)
         self._thread.join(10.0)
 
-    handles = {GenerateDone: done, StateChanged: state_changed}
+    handles = {GenerateDone: done, StateChanged: state_changed, RouterRestarted: router_restarted}
 
 
 def _settle(

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 import pykka
 
 from actors import names
+from actors.messages import RouterRestarted
 from actors.rollout_client import RolloutClient
 from pearl import config as config_mod
 from pearl.core import events as ev
@@ -629,10 +630,11 @@ class Daemon:
             except Exception as e:
                 self._give_up(f"actor {name} could not be restarted: {e}; shutting down")
                 return
-            if name == names.ROUTER:  # the requests it held died with it: their clients resend
+            if name == names.ROUTER:  # the requests it held died with it: their senders resend
                 for client in self.directory.refs():
                     if isinstance(client, RolloutClient):
                         client.reroute()
+                self.directory.tell(names.PIPELINE, RouterRestarted())
 
     def _give_up(self, why: str) -> None:
         self.failure = why
