@@ -383,7 +383,7 @@ class Router(PearlActor):
         self.expired += 1
         wait = p.route.wait_s if p.route.wait_s > 0 else self.wait_s
         last = f" (last: {p.why})" if p.why else " (no worker was routable)"
-        why = f"no worker served {rid} within {wait:g} s{last}"
+        why = f"no worker served {rid} within {round(wait, 2):g} s{last}"
         log.warning("%s", why)
         self._finish(
             rid,

@@ -9,12 +9,12 @@ import sys
 
 import instructor
 from openai import OpenAI
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 
-class City(BaseModel):
-    name: str
-    population: int
+class City(BaseModel):  # bounded, so a random model's output ends within the context
+    name: str = Field(max_length=24)
+    population: int = Field(ge=0, le=10**9)
     capital: bool
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from pearl.testing.wait import wait_until
 from tests.gateway.conftest import local_runtime
@@ -28,9 +28,9 @@ ROOT = Path(__file__).resolve().parents[2]
 INSTRUCTOR_PYTHON = ROOT / ".venv-instructor" / "bin" / "python"
 
 
-class City(BaseModel):
-    name: str
-    population: int
+class City(BaseModel):  # bounded, so a random model's output ends within the context
+    name: str = Field(max_length=24)
+    population: int = Field(ge=0, le=10**9)
     capital: bool
 
 
