@@ -22,12 +22,12 @@ BENCHES = sorted((ROOT / "benchmarks").glob("bench_*.py"))
 # A ratio (1.23x; infx when the baseline is 0) or a JSON field; bench_vllm prints its ratio bare.
 FIGURES = re.compile(r'(\d\.\d+|inf) ?x\b|"\w+": |PEARL / direct: \d\.\d+')
 TIMEOUT_S = 480  # a smoke run's bound, not a figure: the suite runs beside it
-# Seconds of each small mode on the 2-core machine under load (bench_vllm, two vLLM servers, is
-# a guess): the longest start first, so that the two lanes end together, not one run alone.
-SECONDS = {"bench_vllm": 120, "bench_demo": 70, "bench_ray": 68, "bench_pd": 62,
-           "bench_learning": 58, "bench_gateway": 47, "bench_notice": 41, "bench_engine": 34,
-           "bench_log": 24, "bench_capacity": 21, "bench_n": 19, "bench_metrics": 16,
-           "bench_pearld": 13}  # fmt: skip
+# Seconds of each small mode alone on the 2-core machine: the longest start first, so that the
+# two lanes end together, not one run alone.
+SECONDS = {"bench_vllm": 84, "bench_demo": 35, "bench_ray": 34, "bench_notice": 33,
+           "bench_learning": 23, "bench_gateway": 18, "bench_capacity": 16, "bench_engine": 12,
+           "bench_pd": 12, "bench_device": 8, "bench_n": 6, "bench_structured": 6, "bench_log": 5,
+           "bench_metrics": 5, "bench_pearld": 5, "bench_sim": 3}  # fmt: skip
 PYTHONPATH = os.environ.get("PYTHONPATH", "")
 
 

@@ -1,17 +1,13 @@
-"""Virtual devices: a slot holds a fixed share of one core, so two slots give twice the throughput.
+"""Virtual devices: a slot holds a fixed share of one core (``benchmarks/bench_device.py``
+measures that two slots give twice one's throughput).
 
 A step that names its work is charged its CPU time over the host's current inflation (CPU time
 against the work's typical cost): the host's noise (cold caches after an idle, a step at the same
 moment as the other slot's) is not billed.
-
-The throughput test runs each slot as its own process (one torch engine, one torch thread, its own
-VirtualDevice), as worker hosts do: threads of one process would share the GIL, and two slots that
-wait for one lock are not two devices.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import time
 from pathlib import Path
 from typing import Any
@@ -25,7 +21,6 @@ from pearl.engines.device import VirtualDevice, check_fits, default_share
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARE = 0.2
-REQUESTS, PROMPT, NEW = 8, 24, 48  # per slot: one batch of decode-heavy requests
 
 
 class FakeClock:
@@ -199,89 +194,3 @@ def test_the_torch_engine_is_unthrottled_unless_asked() -> None:
     assert e.virtual_device is not None and e.virtual_device.share == SHARE
     with pytest.raises(ConfigError, match=r"\(0, 1\]"):
         TorchEngine(preset="tiny", device_share=1.2)
-
-
-# -- one slot vs two slots ----------------------------------------------------------------------
-
-
-def _slot(share: float, name: str, go: Any, results: Any) -> None:
-    """One virtual device: a torch engine in its own process; the same batch after ``go``."""
-    from pearl.engines.base import GenerateRequest, SamplingParams
-    from pearl.engines.torch import TorchEngine
-
-    engine = TorchEngine(preset="tiny", seed=0, threads=1, device_share=share)
-    engine.start()
-
-    def batch(tag: str) -> int:
-        sp = SamplingParams(max_new_tokens=NEW, temperature=1.0, seed=1)
-        futs = [
-            engine.generate(
-                GenerateRequest(rid=f"{tag}{i}", input_ids=tuple(range(i, i + PROMPT)), sampling=sp)
-            )
-            for i in range(REQUESTS)
-        ]
-        return sum(len(f.result(120).output_ids) for f in futs)
-
-    try:
-        batch("warm")
-        results.put((name, "ready", 0.0, 0.0, 0))
-        while (cmd := go.get()) != "stop":
-            t0 = time.monotonic()
-            tokens = batch(cmd)
-            results.put((name, cmd, t0, time.monotonic(), tokens))
-    finally:
-        engine.stop()
-
-
-@pytest.mark.slow
-def test_two_slots_give_twice_the_throughput_of_one() -> None:
-    ctx = mp.get_context("spawn")
-    results: Any = ctx.Queue()
-    inbox = {n: ctx.Queue() for n in ("a", "b")}
-    procs = [
-        ctx.Process(target=_slot, args=(SHARE, n, q, results), daemon=True)
-        for n, q in inbox.items()
-    ]
-    for p in procs:
-        p.start()
-    try:
-        assert {results.get(timeout=120)[:2] for _ in procs} == {("a", "ready"), ("b", "ready")}
-
-        def one() -> float:
-            inbox["a"].put("one-")
-            _, _, t0, t1, tokens = results.get(timeout=120)
-            return float(tokens / (t1 - t0))
-
-        def two() -> float:
-            for q in inbox.values():
-                q.put("two-")
-            got = [results.get(timeout=120) for _ in procs]
-            start, end = min(g[2] for g in got), max(g[3] for g in got)
-            return float(sum(g[4] for g in got) / (end - start))
-
-        # Adjacent rounds see the same load from the rest of the (shared) machine: the ratio of
-        # each pair, in alternating order, and their median. (A slot's tokens/s follows its CPU
-        # time per token, which moves by tens of percent with what else runs on the machine.)
-        pairs: list[tuple[float, float]] = []
-        for r in range(9):
-            if r % 2:
-                b = two()
-                a = one()
-            else:
-                a = one()
-                b = two()
-            pairs.append((a, b))
-        ratios = sorted(b / a for a, b in pairs)
-        ratio = ratios[len(ratios) // 2]
-        print(
-            f"1 slot vs 2 slots at share {SHARE}: median {ratio:.2f}x of "
-            + ", ".join(f"{a:.0f}/{b:.0f} tok/s" for a, b in pairs)
-        )
-        assert ratio >= 1.7, pairs
-    finally:
-        for q in inbox.values():
-            q.put("stop")
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
