@@ -32,7 +32,7 @@ from actors import names  # noqa: E402
 from pearl.core import events as ev  # noqa: E402
 from pearl.core.status import status_plain  # noqa: E402
 from pearl.log import FileLog  # noqa: E402
-from pearl.testing.wait import wait_until  # noqa: E402
+from pearl.testing.wait import poll, wait_until  # noqa: E402
 
 # The torch tests share one runtime (their module fixture stops its actors).
 pytestmark = [pytest.mark.slow, pytest.mark.shared_actors]
@@ -349,34 +349,47 @@ def test_async_steps_one_trains_on_rollouts_sampled_a_step_ahead(torch_rt: Torch
 
 
 def test_a_reclaim_mid_rollout_and_a_join_lose_no_trajectory(torch_rt: Torch) -> None:
+    """A preemptible worker is reclaimed while it holds turns of TRL's rollout, and another
+    joins. A turn of 16 tokens can end between the look and the reclaim, so the churn goes on,
+    GPU 3 and 4 in turn, until a reclaim has moved a turn (or the run ends: then it fails)."""
     t = torch_rt
     rt = t.rt
     rt.event(ev.GpusAdded(gpus=(3,)))
     wait_until(lambda: any(3 in w.gpus for w in routable(rt)), 60, "the worker on 3", 0.1)
     router = rt.daemon.directory.get(names.ROUTER).ref.proxy()
-    moved: list[str] = []
+    migrated0 = router.migrated.get()
+    ended = threading.Event()
+    serving = [3]  # the preemptible GPU serving now
 
-    def busy() -> bool:  # the worker on GPU 3 holds turns of TRL's rollout
+    def busy(gpu: int) -> bool:  # the worker on ``gpu`` holds turns of TRL's rollout
         on = {w for p in router.pending.get().values() for w in p.workers}
-        return any(3 in w.gpus and w.id in on for w in routable(rt))
+        return any(gpu in w.gpus and w.id in on for w in routable(rt))
 
     def churn() -> None:
-        wait_until(busy, 120, "a turn in flight on the worker on 3", every=0.005)
-        rt.event(ev.GpusReclaimed(gpus=(3,)))
-        rt.event(ev.GpusAdded(gpus=(4,)))
-        moved.append("done")
+        while router.migrated.get() == migrated0:
+            gpu, other = serving[0], 7 - serving[0]
+            if not poll(lambda g=gpu: busy(g) or ended.is_set(), 120, 0.005) or ended.is_set():
+                return
+            rt.event(ev.GpusReclaimed(gpus=(gpu,)))
+            rt.event(ev.GpusAdded(gpus=(other,)))
+            serving[0] = other
+            wait_until(lambda o=other: any(o in w.gpus for w in routable(rt)) or ended.is_set(),
+                       60, f"the worker on {other}", 0.01)  # fmt: skip
 
     th = threading.Thread(target=churn, daemon=True)
     th.start()
-    run = trl_run(rt, t.model, t.tok, t.tmp / "reclaim")
-    th.join(60)
-    assert moved == ["done"]
+    try:
+        run = trl_run(rt, t.model, t.tok, t.tmp / "reclaim")
+    finally:
+        ended.set()
+        th.join(60)
     check_trained(run, t.state)
     assert run.rollout.migrations >= 1  # the reclaimed worker's turns moved and finished
     trajectories = [i for out in run.outputs for i in out["pearl_trajectory"]]
     assert len(trajectories) == len(set(trajectories)) == 16
-    wait_until(lambda: [w for w in routable(rt) if 4 in w.gpus], 60, "the worker on 4", 0.1)
-    assert not [w for w in routable(rt) if 3 in w.gpus]
+    gpu = serving[0]
+    wait_until(lambda: [w for w in routable(rt) if gpu in w.gpus], 60, f"the worker on {gpu}", 0.1)
+    assert not [w for w in routable(rt) if 7 - gpu in w.gpus]
     same_as_replay(rt, t.state)
 
 
