@@ -358,7 +358,11 @@ def connect(
     within it and says whether authentication failed or nothing listens there.
     """
     rt = RemoteRuntime(endpoint, keys_dir, timeout_s)
-    rt.status()  # fail now, clearly, when nobody answers
+    try:
+        rt.status()  # fail now, clearly, when nobody answers
+    except BaseException:
+        rt.stop()  # its socket and monitor: a caller retrying must not collect them
+        raise
     return rt
 
 

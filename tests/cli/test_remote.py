@@ -70,3 +70,23 @@ def test_status_of_an_empty_pool_shows_no_prediction_and_why() -> None:
                      "workers": 0, "current": True},
     }  # fmt: skip
     assert f"decision: 0C no prediction ({reason})" in render(s).splitlines()
+
+
+def test_a_failed_connect_closes_its_sockets(tmp_path: Path) -> None:
+    """``pearl.connect`` that finds nobody raises and leaves no open socket behind: a trainer
+    retrying until pearld is up must not leave one client (and its socket monitor) per try for
+    the garbage collector, which closed them under later clients' feet."""
+    import gc
+
+    import zmq
+
+    import pearl
+
+    def open_sockets() -> int:
+        return sum(1 for o in gc.get_objects() if isinstance(o, zmq.Socket) and not o.closed)
+
+    before = open_sockets()
+    for _ in range(3):
+        with pytest.raises(PearlError, match="unreachable"):
+            pearl.connect(f"ipc://{tmp_path}/nothing.sock", timeout_s=0.2)
+    assert open_sockets() == before
