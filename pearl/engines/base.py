@@ -36,12 +36,15 @@ class FinishReason(enum.StrEnum):
     PREFILLED = "prefilled"  # prefill role: KV shipped, first token in output_ids
 
 
+GREEDY_BELOW = 1e-5  # a temperature below this samples greedily (vLLM's _SAMPLING_EPS)
+
+
 class SamplingParams(Value, frozen=True, kw_only=True):
     """How tokens are drawn, with vLLM's fields, defaults and semantics (vLLM's order: min_tokens
     and logit_bias, then the penalties, then greedy or temperature, min_p, top_k and top_p)."""
 
     max_new_tokens: int = 64
-    temperature: float = 0.0  # 0 means greedy
+    temperature: float = 0.0  # 0 (or below GREEDY_BELOW) means greedy
     top_p: float = 1.0
     stop_ids: tuple[int, ...] = ()
     seed: int | None = None
@@ -53,6 +56,12 @@ class SamplingParams(Value, frozen=True, kw_only=True):
     min_tokens: int = 0  # the stop ids cannot be sampled before this many tokens
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]) added
     grammar: Grammar | None = None  # structured outputs: the output follows it (grammar.py)
+
+    @property
+    def greedy(self) -> bool:
+        """Argmax: a temperature below :data:`GREEDY_BELOW` (as vLLM's ``_SAMPLING_EPS``), so
+        that logits / temperature stay finite."""
+        return self.temperature < GREEDY_BELOW
 
     @property
     def plain(self) -> bool:

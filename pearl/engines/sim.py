@@ -138,7 +138,7 @@ class SimEngine(InProcessEngine):
 
     def _new_sequence(self, seq: Seq) -> None:
         sp = seq.req.sampling
-        if sp.temperature == 0:
+        if sp.greedy:
             seed = b""  # greedy: a function of (version, prompt, position) only
         elif sp.seed is not None:
             seed = struct.pack("<q", sp.seed)

@@ -65,7 +65,7 @@ def draw(drawn: bytes, model: bytes, seq: Seq, vocab: int) -> Sample:
                 counts[t] = counts.get(t, 0) + 1
         for t, c in counts.items():
             x[t] -= sp.frequency_penalty * c + sp.presence_penalty
-    tok = max(x, key=lambda t: (x[t], -t)) if sp.temperature == 0 else _random(x, sp, drawn)
+    tok = max(x, key=lambda t: (x[t], -t)) if sp.greedy else _random(x, sp, drawn)
     top = sorted(raw.items(), key=lambda kv: (-kv[1], kv[0]))[: seq.req.top_logprobs]
     return Sample(tok, raw[tok], tuple(top))
 

@@ -97,3 +97,19 @@ def test_sampling_fields_change_the_output_as_vllms_do(
     assert rep.output_ids != (7,) * 8  # the penalties stop the repetition
     noop = req(f"{kind}-noop", top_k=-1, repetition_penalty=1.0, min_p=0.0, top=1)
     assert run(engine, noop)[0].output_ids == greedy.output_ids  # no-op values change nothing
+
+
+@pytest.mark.parametrize("kind", ["torch", "sim"])
+def test_a_temperature_near_zero_is_greedy(
+    kind: str, torch_engine: TorchEngine, sim_engine: SimEngine
+) -> None:
+    """A denormal temperature (4e-256: found by the gateway's fuzz) would make logits / t
+    infinite and the draw fail: below GREEDY_BELOW it is greedy, as in vLLM."""
+    engine = torch_engine if kind == "torch" else sim_engine
+    greedy, tiny, below = run(
+        engine,
+        req(f"{kind}-g", temperature=0.0),
+        req(f"{kind}-t", temperature=4.179346457584668e-256, seed=3),
+        req(f"{kind}-b", temperature=9e-6),
+    )
+    assert tiny.output_ids == greedy.output_ids == below.output_ids

@@ -1,9 +1,9 @@
 """Token sampling with vLLM's sampling fields and order, and a per-request generator.
 
 For each row: min_tokens (the stop ids masked until that many tokens) and logit_bias, then the
-repetition, frequency and presence penalties, then greedy (argmax) at temperature 0, else
-temperature, min_p, top_k and top_p, and a draw from the request's generator — the order of
-vLLM's v1 sampler.
+repetition, frequency and presence penalties, then greedy (argmax) at a temperature below
+``GREEDY_BELOW``, else temperature, min_p, top_k and top_p, and a draw from the request's
+generator — the order of vLLM's v1 sampler.
 
 Logprobs, the sampled token's and the top alternatives', are the model's raw distribution
 (temperature 1, before any of the above): vLLM's default ``logprobs_mode="raw_logprobs"``, and the
@@ -36,7 +36,7 @@ class Row:
 
 def generator_for(params: SamplingParams) -> torch.Generator | None:
     """A CPU generator seeded from ``params.seed`` (or fresh entropy); None for greedy."""
-    if params.temperature == 0:
+    if params.greedy:
         return None
     g = torch.Generator(device="cpu")
     seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
@@ -57,7 +57,7 @@ def sample(
         for i in adjusted:
             adjust(logits[i], rows[i])
     tokens = torch.argmax(logits, dim=-1)
-    hot = [i for i, r in enumerate(rows) if r.params.temperature > 0]
+    hot = [i for i, r in enumerate(rows) if not r.params.greedy]
     if hot:
         cpu = logits[hot].cpu()
         for row, i in enumerate(hot):
