@@ -1,5 +1,6 @@
 """A bare pass-through reverse proxy for SGLang's ``POST /generate``: the floor any extra hop
-pays, on the gateway's HTTP stack (uvicorn's h11 protocol, an ASGI app, httpx to the workers).
+pays, on the gateway's HTTP stack (uvicorn's httptools protocol on uvloop, an ASGI app, httpx to
+the workers).
 
     python benchmarks/passthrough.py --pool FILE --port PORT [--pinned]
 
@@ -110,8 +111,8 @@ def main() -> None:
     ap.add_argument("--pinned", action="store_true", help="place by X-Session-ID's hash")
     a = ap.parse_args()
     uvicorn.run(
-        app(a.pool, a.pinned), host="127.0.0.1", port=a.port, http="h11", lifespan="on",
-        log_level="warning", access_log=False, backlog=2048,
+        app(a.pool, a.pinned), host="127.0.0.1", port=a.port, http="httptools", loop="uvloop",
+        lifespan="on", log_level="warning", access_log=False, backlog=2048,
     )  # fmt: skip
 
 

@@ -1,11 +1,12 @@
 """Serving the gateway inside pearld (and the embedded Runtime): uvicorn on a thread of its own,
-with its own event loop, so that HTTP never runs on an actor's thread.
+with its own event loop, so that HTTP never runs on an actor's thread. The loop is uvloop's and
+the HTTP/1.1 parser httptools' (llhttp): both C, where asyncio's own loop and h11 are Python.
 
 :class:`GatewayServer` binds its socket on the caller's thread before anything serves: an address
 in use (or malformed, or not permitted) fails the start with one line naming it. ``stop`` asks
 uvicorn to finish (open streams are closed) and joins its thread.
 
-Connections are bounded before any request is read (:class:`BoundedH11`, uvicorn's h11
+Connections are bounded before any request is read (``BoundedHttpTools``, uvicorn's httptools
 protocol):
 - at most ``max_connections`` are open at once, never more than a quarter of the process's
   open-file limit. One more is answered 429 with ``Retry-After`` and closed at once, without
@@ -32,6 +33,8 @@ import threading
 import time
 from typing import Any
 
+import uvloop
+
 from pearl.config import read_small_file
 from pearl.core.address import parse_address
 from pearl.core.errors import ConfigError, PearlError
@@ -40,7 +43,7 @@ log = logging.getLogger("pearl.gateway")
 
 START_S = 10.0  # uvicorn's start-up (the app's lifespan) on its thread
 STOP_S = 10.0
-MAX_HEAD_BYTES = 64 << 10  # a request line and headers (h11's bound on an incomplete event)
+MAX_HEAD_BYTES = 64 << 10  # a request line and its headers
 KEEP_ALIVE_S = 5  # seconds: an idle connection between requests is closed after this
 
 
@@ -81,8 +84,8 @@ def _raw_response(status: int, reason: str, message: str, extra: str = "") -> by
 
 
 def bounded_protocol(max_connections: int, header_timeout_s: float) -> type[Any]:
-    """uvicorn's h11 protocol with these bounds (see the module); one class per server."""
-    from uvicorn.protocols.http.h11_impl import H11Protocol
+    """uvicorn's httptools protocol with these bounds (see the module); one class per server."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     full = _raw_response(
         status=429,
@@ -93,9 +96,16 @@ def bounded_protocol(max_connections: int, header_timeout_s: float) -> type[Any]
     late = _raw_response(
         408, "Request Timeout", f"the request head did not arrive within {header_timeout_s:g} s"
     )
+    big = _raw_response(
+        431,
+        "Request Header Fields Too Large",
+        f"the request line and headers are over {MAX_HEAD_BYTES >> 10} KiB",
+    )
 
-    class BoundedH11(H11Protocol):
-        """One connection; refused at once beyond the cap, closed when a head is late."""
+    class BoundedHttpTools(HttpToolsProtocol):
+        """One connection; refused at once beyond the cap, closed when a head is late or over
+        its bound. A head is due (its timer armed) from the connection's open, and from each
+        response's end, until the parser has read all of it."""
 
         refused = False
         head_timer: asyncio.TimerHandle | None = None
@@ -117,19 +127,22 @@ def bounded_protocol(max_connections: int, header_timeout_s: float) -> type[Any]
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
-            self.head_bytes += len(data)
             super().data_received(data)
-
-        def handle_events(self) -> None:
-            before = self.cycle
-            super().handle_events()
-            if self.cycle is not before:  # a request's head is complete
+            if self.head_timer is None:  # no head due, or this data completed it
+                return
+            self.head_bytes += len(data)
+            if self.head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
                 self.disarm()
+                self.transport.write(big)
+                self.transport.close()
+
+        def on_headers_complete(self) -> None:
+            self.disarm()  # the head is whole: the body's deadline is the app's
+            super().on_headers_complete()
 
         def on_response_complete(self) -> None:
-            before = self.cycle
             super().on_response_complete()
-            if self.cycle is before and not self.transport.is_closing():
+            if not self.pipeline and not self.transport.is_closing():
                 self.arm()  # the next request's head is due
 
         def arm(self) -> None:
@@ -150,7 +163,7 @@ def bounded_protocol(max_connections: int, header_timeout_s: float) -> type[Any]
                 self.transport.write(late)
             self.transport.close()
 
-    return BoundedH11
+    return BoundedHttpTools
 
 
 class GatewayBindFailed(PearlError):
@@ -221,7 +234,6 @@ class GatewayServer:
             lifespan="auto",
             http=bounded_protocol(self.max_connections, header_timeout_s),
             timeout_keep_alive=KEEP_ALIVE_S,
-            h11_max_incomplete_event_size=MAX_HEAD_BYTES,
             # Connections accepted in one go (and the listen queue): beyond the cap each holds
             # a descriptor until it is refused (see the module).
             backlog=max(16, min(2048, self.max_connections // 2)),
@@ -252,7 +264,7 @@ class GatewayServer:
         return self
 
     def _run(self) -> None:
-        loop = asyncio.new_event_loop()
+        loop = uvloop.new_event_loop()
         asyncio.set_event_loop(loop)
         try:
             loop.run_until_complete(self._server.serve(sockets=[self._sock]))

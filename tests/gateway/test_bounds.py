@@ -110,7 +110,7 @@ def test_a_late_head_is_answered_408_and_an_idle_connection_closed() -> None:
 def test_a_head_over_its_bound_is_refused() -> None:
     with gateway(ScriptedBackend(), header_timeout_s=60) as server, connect(server) as big:
         big.sendall(head(server) + b"X-Big: " + b"a" * (80 << 10))  # and still no end of the head
-        assert until_closed(big).startswith(b"HTTP/1.1 400 ")
+        assert until_closed(big).startswith(b"HTTP/1.1 431 ")
 
 
 @pytest.mark.parametrize("key", [None, "sk-k"])
