@@ -82,11 +82,11 @@ def test_a_failed_connect_closes_its_sockets(tmp_path: Path) -> None:
 
     import pearl
 
-    def open_sockets() -> int:
-        return sum(1 for o in gc.get_objects() if isinstance(o, zmq.Socket) and not o.closed)
+    def open_sockets() -> set[int]:  # the process's others may close meanwhile, never open
+        return {id(o) for o in gc.get_objects() if isinstance(o, zmq.Socket) and not o.closed}
 
     before = open_sockets()
     for _ in range(3):
         with pytest.raises(PearlError, match="unreachable"):
             pearl.connect(f"ipc://{tmp_path}/nothing.sock", timeout_s=0.2)
-    assert open_sockets() == before
+    assert open_sockets() <= before
