@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from pearl.testing.wait import poll
 from tests.ports import free_base
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,12 +119,25 @@ class Shell:
         return out
 
     def stop(self) -> None:
+        """SIGTERM to each block's session (pearld etc.), SIGKILL to what is left of it after
+        30 s: nothing a block started outlives the test."""
         for p in self.procs:
-            with contextlib.suppress(ProcessLookupError):  # the block's session: pearld etc.
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGTERM)
         for p in self.procs:
             p.wait(timeout=60)
+            if not poll(lambda g=p.pid: not group_alive(g), 30, 0.1):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
         shutil.rmtree(self.sock_dir, ignore_errors=True)
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 @pytest.fixture
