@@ -186,3 +186,19 @@ def test_a_client_that_leaves_aborts_its_request_in_the_pool(stream: bool) -> No
             assert r.status_code == 200
     finally:
         gate.set()
+
+
+def test_a_body_is_not_counted_in_the_head_and_a_head_sent_slowly_still_is() -> None:
+    """A 300 KiB body arriving with its head is the app's to judge, not a 431; a head over its
+    bound arriving 1 KiB at a time is refused all the same."""
+    with gateway(ScriptedBackend(), header_timeout_s=60) as server:
+        with connect(server) as big:
+            body = b'{"model": "m", "prompt": "' + b"a" * (300 << 10) + b'"}'
+            big.sendall(head(server) + b"Content-Type: application/json\r\n"
+                        + b"Content-Length: %d\r\n\r\n" % len(body) + body)  # fmt: skip
+            assert not response(big).startswith(b"HTTP/1.1 431 ")
+        with connect(server) as slow:
+            slow.sendall(head(server) + b"X-Slow: ")
+            for _ in range(65):  # just over 64 KiB in all: nothing follows the refusal
+                slow.sendall(b"a" * 1024)
+            assert until_closed(slow).startswith(b"HTTP/1.1 431 ")
