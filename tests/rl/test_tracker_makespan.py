@@ -10,7 +10,8 @@ trajectories really in flight (B_flight).
 How close the forecast comes is a measurement (``bench_demo.py``'s
 ``makespan_forecast_median_abs_error``), not a test: on shared cores a step's error moves with
 whatever runs beside it. What this test holds is that from the fourth step on both predictions
-come from the measured profile: their median error is within 100%.
+come from the measured profile: their median is within a factor of 2 of the measured makespan,
+either way (an under-prediction as far off as an over-prediction: the roofline under-predicts).
 """
 
 from __future__ import annotations
@@ -34,14 +35,15 @@ STEADY = (
     "workload.batch=8",
     "rl.max_new_tokens=32",
 )
-TOLERANCE = 1.0  # the measured profile, not the roofline (orders of magnitude off)
+FACTOR = 2.0  # the measured profile, not the roofline (many times too fast for a CPU slot)
 STEPS = 7  # steps 4-7 are judged
 
 
-def _median_abs_error(records: list[dict], field: str) -> tuple[float, list[float]]:
+def _median_factor(records: list[dict], field: str) -> tuple[float, list[float]]:
+    """The median of max(p / m, m / p) over the judged steps, and their errors p / m - 1."""
     errors = makespan_errors(records, field, first_step=4)
     assert len(errors) == len(records) - 3, (field, records)  # every judged step has both
-    return float(statistics.median(abs(e) for e in errors)), errors
+    return float(statistics.median(max(1 + e, 1 / (1 + e)) for e in errors)), errors
 
 
 def test_prediction_after_three_steps_comes_from_the_measured_profile(tmp_path: Path) -> None:
@@ -49,8 +51,8 @@ def test_prediction_after_three_steps_comes_from_the_measured_profile(tmp_path: 
     records = report["records"]
     assert len(records) == STEPS and not report["interrupted"]
     # Made before each batch was handed out, from the profile of the steps before it.
-    forecast, errors = _median_abs_error(records, "forecast_makespan_s")
-    assert forecast <= TOLERANCE, (forecast, errors)
+    forecast, errors = _median_factor(records, "forecast_makespan_s")
+    assert forecast <= FACTOR, (forecast, errors)
     # The same profile for the workers and concurrency each batch really had.
-    predicted, errors = _median_abs_error(records, "predicted_makespan_s")
-    assert predicted <= TOLERANCE, (predicted, errors)
+    predicted, errors = _median_factor(records, "predicted_makespan_s")
+    assert predicted <= FACTOR, (predicted, errors)
