@@ -203,10 +203,11 @@ class Router(PearlActor):
     ) -> int:
         """The worker of ``pool`` that :func:`~pearl.core.routing.choose_worker` picks for a turn
         of ``trajectory`` (none: the least loaded) with ``context`` prompt tokens, remembered as
-        the trajectory's home. A move off home is weighed by the fitted profile, when known."""
+        the trajectory's home. A move off home is weighed by the profile once telemetry has
+        fitted it (``observed``); the prior's roofline guesses never decide a move."""
         home = self.homes.get(trajectory) if trajectory else None
         cost = None
-        if home is not None and (p := self.profile) is not None:
+        if home is not None and (p := self.profile) is not None and p.observed:
             cost = move_cost(A=p.A, b=p.b, r=p.r, t_prefill=p.t_prefill,
                              prefill_per_turn=p.prefill_per_turn, context=context)  # fmt: skip
         choice = choose_worker(

@@ -9,6 +9,7 @@ import threading
 from collections.abc import Collection, Iterator
 from typing import Any
 
+import msgspec
 import pykka
 import pytest
 
@@ -578,7 +579,8 @@ def test_the_router_weighs_a_move_by_the_fitted_profile_and_the_turns_context() 
     from pearl.config import load
     from pearl.core.profile import prior_profile
 
-    profile = prior_profile(load(None, []))
+    prior = prior_profile(load(None, []))
+    profile = msgspec.structs.replace(prior, observed=1)
     r = Router(Directory())
     r.state_changed(changed([1, 2]))
     r.profile = profile
@@ -593,3 +595,22 @@ def test_the_router_weighs_a_move_by_the_fitted_profile_and_the_turns_context() 
     r.state_changed(changed([2]))  # home left: the turn goes, whatever it costs
     r.profile = profile
     assert turn(r, "long", context=long) == 2
+
+
+def test_an_unfitted_profile_leaves_moves_to_the_slack_rule() -> None:
+    """The prior (no step observed) is a roofline guess for another machine: it decides no
+    move. A gap within the slack keeps a long turn home and, beyond it, moves a long one too."""
+    from pearl.config import load
+    from pearl.core.profile import prior_profile
+
+    prior = prior_profile(load(None, []))
+    assert prior.observed == 0
+    r = Router(Directory())
+    r.state_changed(changed([1, 2]))
+    r.profile = prior
+    long = 4_000
+    assert turn(r, "a", context=long) == 1
+    r.load = {1: AFFINITY_SLACK + 1, 2: 1}  # within the slack: home
+    assert turn(r, "a", context=long) == 1
+    r.load = {1: 2 * AFFINITY_SLACK + 4, 2: 0}  # beyond the slack and the ratio: it moves
+    assert turn(r, "a", context=long) == 2
