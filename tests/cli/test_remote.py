@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,8 @@ import pytest
 from pearl.cli import main
 from pearl.cli.remote import _reachable, client, render
 from pearl.core.errors import PearlError
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_wildcard_change_stream_is_reached_where_the_api_was() -> None:
@@ -75,18 +79,26 @@ def test_status_of_an_empty_pool_shows_no_prediction_and_why() -> None:
 def test_a_failed_connect_closes_its_sockets(tmp_path: Path) -> None:
     """``pearl.connect`` that finds nobody raises and leaves no open socket behind: a trainer
     retrying until pearld is up must not leave one client (and its socket monitor) per try for
-    the garbage collector, which closed them under later clients' feet."""
-    import gc
-
-    import zmq
-
-    import pearl
-
-    def open_sockets() -> set[int]:  # the process's others may close meanwhile, never open
-        return {id(o) for o in gc.get_objects() if isinstance(o, zmq.Socket) and not o.closed}
-
-    before = open_sockets()
-    for _ in range(3):
-        with pytest.raises(PearlError, match="unreachable"):
-            pearl.connect(f"ipc://{tmp_path}/nothing.sock", timeout_s=0.2)
-    assert open_sockets() <= before
+    the garbage collector, which closed them under later clients' feet. Counted in a process of
+    its own: in this one, other tests' threads may open sockets meanwhile."""
+    script = f"""
+import gc, zmq, pearl
+from pearl.core.errors import PearlError
+def open_sockets():
+    return {{id(o) for o in gc.get_objects() if isinstance(o, zmq.Socket) and not o.closed}}
+before = open_sockets()
+for _ in range(3):
+    try:
+        pearl.connect("ipc://{tmp_path}/nothing.sock", timeout_s=0.2)
+    except PearlError as e:
+        assert "unreachable" in str(e), e
+    else:
+        raise SystemExit("connected to nobody")
+left = open_sockets() - before
+print(len(left))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "0", out.stdout + out.stderr[-2000:]
