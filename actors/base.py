@@ -164,9 +164,11 @@ def encode_value(value: object) -> object:
 class Directory:
     """Name -> ref, shared by the actors of one process."""
 
-    def __init__(self) -> None:
+    def __init__(self, resolve: Callable[[str], Ref | None] | None = None) -> None:
         self._refs: dict[str, Ref] = {}
         self._lock = threading.Lock()
+        # The ref of a name nobody registered (None: there is none); it keeps its own refs.
+        self.resolve = resolve
 
     def register(self, ref: Ref) -> None:
         with self._lock:
@@ -178,15 +180,17 @@ class Directory:
                 self._refs.pop(name, None)
 
     def get(self, name: str) -> Ref:
-        with self._lock:
-            ref = self._refs.get(name)
+        ref = self.find(name)
         if ref is None:
             raise ActorUnavailable(f"no actor named {name!r}")
         return ref
 
     def find(self, name: str) -> Ref | None:
         with self._lock:
-            return self._refs.get(name)
+            ref = self._refs.get(name)
+        if ref is None and self.resolve is not None:
+            return self.resolve(name)
+        return ref
 
     def names(self) -> list[str]:
         with self._lock:

@@ -59,9 +59,11 @@ class RestoreWorker(WireStruct, tag="restore-worker", frozen=True, kw_only=True)
 
 @MESSAGES.add
 class Generate(WireStruct, tag="generate", frozen=True, kw_only=True):
-    """Run one request on a worker; its result comes back as ``generate-done``."""
+    """Run one request on a worker; its result comes back as ``generate-done``, to pearld's
+    Router, or to the Router of the gateway process whose rpc server is ``reply_to``."""
 
     request: GenerateRequest
+    reply_to: str = ""
 
 
 @MESSAGES.add

@@ -17,6 +17,13 @@ TOGGLE = "toggle"  # the IntraScaleToggleManager
 TRAINER = "trainer"  # registered by an embedding trainer; hears lend / reclaim hand-offs
 ROLLOUT_CLIENT = "rollout-client"  # a RolloutClient's default name
 GATEWAY = "gateway"  # the gateway's backend: hears table changes (trainer step boundaries)
+ROUTES = "routes"  # the routes feed of gateway processes (pearl.gateway.feed)
+
+
+def at(name: str, address: str) -> str:
+    """The name of actor ``name`` in the process whose rpc server is ``address`` (a worker host
+    resolves it to a courier of its own: a gateway process's Router)."""
+    return f"{name}@{address}"
 
 
 def worker_name(worker: int) -> str:
@@ -34,10 +41,12 @@ __all__ = [
     "REBUILDER",
     "ROLLOUT_CLIENT",
     "ROUTER",
+    "ROUTES",
     "SCHEDULER",
     "SUPERVISOR",
     "TOGGLE",
     "TRACKER",
     "TRAINER",
+    "at",
     "worker_name",
 ]

@@ -70,6 +70,7 @@ LISTENERS = (
     names.TRACKER,
     names.NODES,  # the RayNodeWatcher, with [ray] node_events
     names.GATEWAY,  # the HTTP gateway's backend, with [gateway] listen
+    names.ROUTES,  # the routes feed of gateway processes, with [gateway] processes
 )
 
 

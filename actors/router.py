@@ -61,7 +61,7 @@ from actors.messages import AbortRequest, Generate, GenerateDone, Route, StateCh
 from actors.retries import FIRST_BACKOFF_S, MAX_BACKOFF_S, RETRY_AFTER_S, WAIT_S, Pending
 from pearl.core import notice
 from pearl.core.errors import RequestRefused
-from pearl.core.routing import Choice, choose_worker, move_cost
+from pearl.core.routing import Choice, choose_worker, hashed_home, move_cost
 from pearl.core.state import Zone
 from pearl.engines.base import GenerateRequest, check_request
 
@@ -114,11 +114,19 @@ class Router(PearlActor):
         link: Any = None,
         wait_s: float = WAIT_S,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        reply_to: str = "",
+        hashed: bool = False,
     ) -> None:
+        """``reply_to``: the rpc address worker hosts answer this Router at (a gateway
+        process's; "": pearld's, by name). ``hashed``: a trajectory this Router has not seen
+        starts at its rendezvous worker, not the least loaded (gateway processes, so that every
+        process sends a session's turns to one worker)."""
         super().__init__()
         self.directory = directory
         self.link = link  # an SGLangRouterLink, or None: PEARL dispatches to workers itself
         self.wait_s, self.clock = wait_s, clock
+        self.reply_to, self.hashed = reply_to, hashed
         self.expired = 0  # requests that found no worker in their time
         self.view = View()
         self.kv: dict[int, str] = {}
@@ -206,6 +214,8 @@ class Router(PearlActor):
         the trajectory's home. A move off home is weighed by the profile once telemetry has
         fitted it (``observed``); the prior's roofline guesses never decide a move."""
         home = self.homes.get(trajectory) if trajectory else None
+        if home is None and trajectory and self.hashed:
+            home = hashed_home(trajectory, pool)
         cost = None
         if home is not None and (p := self.profile) is not None and p.observed:
             cost = move_cost(A=p.A, b=p.b, r=p.r, t_prefill=p.t_prefill,
@@ -280,7 +290,9 @@ class Router(PearlActor):
 
     def _send(self, worker: int, req: GenerateRequest) -> None:
         self.load[worker] = self.load.get(worker, 0) + 1
-        if not self.directory.tell(names.worker_name(worker), Generate(request=req)):
+        if not self.directory.tell(
+            names.worker_name(worker), Generate(request=req, reply_to=self.reply_to)
+        ):
             self.directory.tell(
                 self.name,
                 GenerateDone(

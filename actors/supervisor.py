@@ -44,6 +44,7 @@ from pearl.config import Config
 from pearl.core import commands as cmd
 from pearl.core.errors import PearlError
 from pearl.core.state import Activity, Worker
+from pearl.gateway.feed import HostUp
 from pearl.metrics import TARGETS, write_targets
 from transports.auth import DaemonKeys
 from transports.heartbeat import Clock, Liveness
@@ -414,9 +415,7 @@ class RoleSupervisor(PearlActor):
         self.launcher.adopt(handle)  # stopped with pearld's own hosts at shutdown
         if h.ref is not None:  # hello again (its first reply was lost): a new courier
             self._drop_ref(h)  # drops what the old one had not delivered, requests included:
-            self.directory.tell(
-                names.ROUTER, WorkerGone(h.worker, h.incarnation, "said hello again")
-            )
+            self._gone(WorkerGone(h.worker, h.incarnation, "said hello again"))
         h.ref = CourierRef(
             names.worker_name(msg.worker),
             Client(msg.address, keys=self.host_keys, timeout_s=2.0, retries=2),
@@ -424,6 +423,9 @@ class RoleSupervisor(PearlActor):
         )
         self.directory.register(h.ref)
         self.directory.tell(names.ROUTER, KvAddress(msg.worker, msg.kv_address))
+        up = HostUp(worker=msg.worker, incarnation=msg.incarnation, address=msg.address,
+                    kv_address=msg.kv_address)  # fmt: skip
+        self.directory.tell(names.ROUTES, up)  # gateway processes route to it too
         self.board.add(msg.worker, msg.incarnation, msg.metrics_address, msg.node_id)
         self._targets()
         if msg.node_id:  # status shows where each host runs
@@ -492,6 +494,12 @@ class RoleSupervisor(PearlActor):
         if msg.force or h.ref is None:
             self._forget(h, kill=True)
 
+    def _gone(self, msg: WorkerGone) -> None:
+        """What ran on a host will not answer: pearld's Router and the gateway processes'
+        (through the routes feed) route it again elsewhere."""
+        self.directory.tell(names.ROUTER, msg)
+        self.directory.tell(names.ROUTES, msg)
+
     def _drop_ref(self, h: Host) -> None:
         if h.ref is not None:
             self.directory.unregister(h.ref.name, h.ref)
@@ -499,9 +507,12 @@ class RoleSupervisor(PearlActor):
             h.ref = None
 
     def _forget(self, h: Host, kill: bool) -> None:
+        gone = WorkerGone(h.worker, h.incarnation, "stopped")
         if kill and h.handle:
             self.launcher.kill(h.handle, force=True)
-            self.directory.tell(names.ROUTER, WorkerGone(h.worker, h.incarnation, "stopped"))
+            self._gone(gone)
+        else:  # stopped of itself: nothing runs there, but gateway processes forget its address
+            self.directory.tell(names.ROUTES, gone)
         self._drop_ref(h)
         self.board.remove(h.worker)
         self._targets()
@@ -601,7 +612,7 @@ class RoleSupervisor(PearlActor):
         self.board.remove(h.worker)
         self._targets()
         # Its requests will never be answered: the router sends them elsewhere at once.
-        self.directory.tell(names.ROUTER, WorkerGone(h.worker, h.incarnation, why))
+        self._gone(WorkerGone(h.worker, h.incarnation, why))
         self.directory.tell(
             names.ORCHESTRATOR,
             cmd.WorkerDown(worker=h.worker, incarnation=h.incarnation, reason=why),

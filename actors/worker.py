@@ -223,39 +223,43 @@ class WorkerActor(PearlActor):
 
     def on_generate(self, msg: Generate) -> None:
         rid = msg.request.rid
+        # pearld's Router, or a gateway process's (its own rpc server): whoever routed it
+        to = names.at(names.ROUTER, msg.reply_to) if msg.reply_to else names.ROUTER
         if self.engine is None or self.released:
-            self._done(rid, None, f"{self.name} is not serving", retryable=True)
+            self._done(to, rid, None, f"{self.name} is not serving", retryable=True)
             return
         try:
             fut = self.engine.generate(msg.request)
         except RequestRefused as e:  # the request's own fault: final
-            self._done(rid, None, str(e), refused=True)
+            self._done(to, rid, None, str(e), refused=True)
             return
         except PearlError as e:
-            self._done(rid, None, str(e), retryable=True)
+            self._done(to, rid, None, str(e), retryable=True)
             return
-        fut.add_done_callback(lambda f: self._finished(rid, f))
+        fut.add_done_callback(lambda f: self._finished(to, rid, f))
 
-    def _finished(self, rid: str, fut: Future[GenerateResult]) -> None:
+    def _finished(self, to: str, rid: str, fut: Future[GenerateResult]) -> None:
         try:
-            self._done(rid, fut.result(), "")
+            self._done(to, rid, fut.result(), "")
         except KVTimeout as e:
-            self._done(rid, None, str(e), retryable=True)
+            self._done(to, rid, None, str(e), retryable=True)
         except RequestRefused as e:  # the server refused it (4xx): final, never retried
-            self._done(rid, None, str(e), refused=True)
+            self._done(to, rid, None, str(e), refused=True)
         except Exception as e:  # the router decides; the engine keeps serving
-            self._done(rid, None, str(e), retryable=False)
+            self._done(to, rid, None, str(e), retryable=False)
 
     def _done(
         self,
+        to: str,
         rid: str,
         result: GenerateResult | None,
         error: str,
+        *,
         retryable: bool = False,
         refused: bool = False,
     ) -> None:
         self.directory.tell(
-            names.ROUTER,
+            to,
             GenerateDone(
                 worker=self.worker,
                 rid=rid,

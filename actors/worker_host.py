@@ -22,6 +22,7 @@ import signal
 import sys
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,6 +92,48 @@ class QueuedRef:
         raise PearlError(f"{self.name} is remote: worker hosts only tell pearld")
 
 
+class Replies:
+    """Couriers to the gateway processes that routed requests here: ``router@ADDRESS``
+    (:func:`actors.names.at`) resolves to a reporter of its own to that rpc server, made on
+    first use, with the keys that dial pearld (a gateway process serves with pearld's key
+    pair). At most ``MAX_PEERS`` are kept: the least recently used is closed beyond them (a
+    gateway process restarted serves at a new address)."""
+
+    MAX_PEERS = 64
+
+    def __init__(self, keys: HostKeys | None, name: str) -> None:
+        self.keys, self.name = keys, name
+        self.peers: OrderedDict[str, QueuedRef] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __call__(self, name: str) -> QueuedRef | None:
+        actor, sep, address = name.partition("@")
+        if not sep or actor != names.ROUTER or not address:
+            return None
+        with self._lock:
+            ref = self.peers.get(address)
+            if ref is None:
+                client = Client(
+                    address,
+                    keys=self.keys.to_pearld if self.keys else None,
+                    timeout_s=5.0,
+                    retries=2,
+                    name=self.name,
+                )
+                ref = self.peers[address] = QueuedRef(actor, Reporter(client))
+                while len(self.peers) > self.MAX_PEERS:
+                    _, old = self.peers.popitem(last=False)
+                    old.reporter.close()
+            self.peers.move_to_end(address)
+            return ref
+
+    def close(self) -> None:
+        with self._lock:
+            peers, self.peers = list(self.peers.values()), OrderedDict()
+        for ref in peers:
+            ref.reporter.close()
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The host's command line (its launcher writes it: :mod:`actors.launcher`)."""
     p = argparse.ArgumentParser(prog="pearl-worker-host")
@@ -157,6 +200,7 @@ class Host:
     args: argparse.Namespace
     keys: HostKeys | None
     reporter: Reporter
+    replies: Replies
     kv: ZmqKVChannel
     actor: pykka.ActorRef[Any]
     server: Server
@@ -199,6 +243,7 @@ class Host:
         self.server.close()
         self.actor.stop(timeout=10)
         self.reporter.close()
+        self.replies.close()
         self.kv.close()
         if self.exporter is not None:
             self.exporter.close()
@@ -215,7 +260,8 @@ def set_up(
 ) -> Host:
     """The reporter to pearld, the KV inbox, the WorkerActor (its engine is built on its first
     role) and the command server, then the host's files."""
-    directory = Directory()
+    replies = Replies(keys, host_name(a.worker, a.incarnation, "g"))
+    directory = Directory(resolve=replies)
     to_pearld = keys.to_pearld if keys else None
     reporter = Reporter(  # named after the host: pearld counts every report as a heartbeat
         Client(
@@ -262,6 +308,7 @@ def set_up(
         args=a,
         keys=keys,
         reporter=reporter,
+        replies=replies,
         kv=kv,
         actor=actor,
         server=server,

@@ -19,6 +19,7 @@ than ``AFFINITY_SLACK`` requests more than the least-loaded worker and more than
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Collection, Mapping, Sequence
 from typing import NamedTuple
 
@@ -46,6 +47,20 @@ def move_cost(
     return MoveCost(
         per_request_s=r * b + prefill_per_turn * t_prefill, reprefill_s=resident * t_prefill
     )
+
+
+def hashed_home(key: str, pool: Sequence[int]) -> int:
+    """The worker of ``pool`` that rendezvous hashing gives ``key`` (a session): the one whose
+    hash with the key is highest. Any process computes the same worker from the same pool, in
+    any order, and a worker that leaves the pool moves only the keys it held. ``pool`` must not
+    be empty."""
+    if not pool:
+        raise ValueError("hashed_home needs at least one worker in the pool")
+
+    def score(worker: int) -> bytes:
+        return hashlib.blake2b(f"{worker}\x00{key}".encode(), digest_size=8).digest()
+
+    return max(pool, key=lambda w: (score(w), w))
 
 
 class Choice(NamedTuple):
@@ -104,6 +119,7 @@ __all__ = [
     "Choice",
     "MoveCost",
     "choose_worker",
+    "hashed_home",
     "leaves_home",
     "move_cost",
 ]
