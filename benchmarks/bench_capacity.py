@@ -2,6 +2,7 @@
 its HTTP gateway doubles, against ``sglang-router`` on the same workers.
 
     python benchmarks/bench_capacity.py [--sessions 256] [--step-s 6] [--json FILE] [--small]
+                                        [--processes N]
 
 One pearld (the embedded Runtime) serves SGLang-dialect workers whose generation is nearly free
 (PEARL's facade over the sim engine at ``--sim-time-scale 0.0001``: a turn's model seconds pass
@@ -21,10 +22,14 @@ seconds (from /proc, for this process, which embeds it) in the gateway's knee st
 step when it found none) give its requests per second per core: the rate it served there over
 the cores it used, its background work (ticks, heartbeats) included; the marginal figure is
 1 / the slope of pearld's cores over the rate served up to there (:func:`marginal`): what each
-request adds, the figure a cluster's turn rate divides (``clusters``).
+request adds, the figure a cluster's turn rate divides (``clusters``). With ``--processes N``
+the gateway runs in N gateway processes (``gateway.processes``): pearld's cores are then its own
+and theirs (from /proc), and each step also prints pearld's own, what is left on the control
+plane's interpreter.
 
 ``--json FILE`` writes ``{"gateway_rps_per_core", "router_rps", "p99_knee_rps", "processes"}``
-(``processes``: gateway processes, 1: the gateway runs in pearld) and the steps; the full run
+(``processes``: the processes the data path runs in, 1 when the gateway runs in pearld) and the
+steps; the full run
 adds ``clusters``: the cores pearld needs at the turn rates the simulator measures for the
 paper's 32-GPU cluster and for 1,024 GPUs (:func:`turn_rates`).
 """
@@ -202,6 +207,20 @@ def cpu_s() -> float:
     return t.user + t.system
 
 
+def pid_cpu_s(pids: list[int]) -> float:
+    """CPU seconds so far of the processes ``pids`` (the gateway processes), from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue  # restarting: its CPU is not counted
+        fields = stat.rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
+
+
 def turn_rates() -> dict[str, float]:
     """Turns per second of the paper's 32-GPU cluster (16 training, 4 reserved, up to 12
     preemptible GPUs) under PEARL, as the simulator measures them on the paper's traces (S1-S3,
@@ -243,6 +262,10 @@ def main() -> int:
         "--profile", metavar="DIR",
         help="py-spy pearld (this process) over each gateway step into DIR/gateway-RATE.txt",
     )  # fmt: skip
+    ap.add_argument(
+        "--processes", type=int, default=0,
+        help="gateway processes (gateway.processes); 0: the gateway runs in pearld",
+    )  # fmt: skip
     a = ap.parse_args()
     if a.small:
         a.step_s, a.start_rps, a.factor, a.max_rps, a.min_requests = 1.0, 20.0, 3.0, 540.0, 30
@@ -256,10 +279,16 @@ def main() -> int:
         else o
         for o in settings("sim", free_port() + 200)
     ]
+    overrides.append(f"gateway.processes={a.processes}")
     rt = pearl.Runtime.from_config(
         ROOT / "configs" / "local-cpu.toml", state_dir=work / "state", overrides=overrides
     )
     rt.start()
+
+    def gateway_pids() -> list[int]:
+        g = rt.daemon.gateway_processes
+        return [p for p in g.pids if p] if g is not None else []
+
     pool: Pool | None = None
     steps: dict[str, list[dict[str, float]]] = {w: [] for w in WAYS}
     knee: dict[str, float | None] = dict.fromkeys(WAYS)  # confirmed
@@ -294,18 +323,21 @@ def main() -> int:
                     spy = a.profile if way == "gateway" else None
                     seconds = max(a.step_s, a.min_requests / rate)
                     with profiled(spy, f"gateway-{rate:g}", 250, children=False):
-                        c0 = cpu_s()
+                        pids = gateway_pids()
+                        c0, g0 = cpu_s(), pid_cpu_s(pids)
                         fut = procs.submit(
                             load_process, urls[way], rate, seconds, a.sessions, a.tokens,
                             a.prompt, k,
                         )  # fmt: skip
                         lat, errors, secs = fut.result()
-                        used = cpu_s() - c0
+                        own = cpu_s() - c0
+                        used = own + pid_cpu_s(pids) - g0
                     pool.paused = False
                     p50, p99, failed = pct(lat, 0.5), pct(lat, 0.99), len(errors)
                     row = {"rate": rate, "achieved": len(lat) / secs, "p50_ms": p50 * 1e3,
                            "p99_ms": p99 * 1e3, "failed": failed,
-                           "pearld_cpu": used / secs}  # fmt: skip
+                           "pearld_cpu": used / secs,
+                           "pearld_own_cpu": own / secs}  # fmt: skip
                     base = min((s["p99_ms"] for s in steps[way]), default=p99 * 1e3)
                     steps[way].append(row)
                     if failed:
@@ -320,6 +352,7 @@ def main() -> int:
                     print(f"  {way:8s} {rate:7.1f} rps offered, {row['achieved']:7.1f} served, "
                           f"p50 {p50 * 1e3:7.1f} ms, p99 {p99 * 1e3:7.1f} ms, {failed} failed, "
                           f"pearld {used / secs:.2f} cores"
+                          + (f" ({own / secs:.2f} its own)" if a.processes else "")
                           + ("  <- p99 x2" if over[way] == rate else "")
                           + (f"  <- knee at {knee[way]:g}" if knee[way] is not None else ""),
                           flush=True)  # fmt: skip
@@ -341,7 +374,7 @@ def main() -> int:
         "gateway_rps_per_core": per_core,
         "router_rps": knee["router"],
         "p99_knee_rps": knee["gateway"],
-        "processes": 1,
+        "processes": max(1, a.processes),
         "gateway_rps_per_core_marginal": out_marginal,
         "sessions": a.sessions,
         "prompt_tokens": a.prompt,

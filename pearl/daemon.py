@@ -55,7 +55,9 @@ if TYPE_CHECKING:
     from actors.base import LocalRef
     from actors.launcher import Launcher
     from actors.ray_launcher import RayLauncher
+    from pearl.gateway.feed import RouteFeed
     from pearl.gateway.pool import PoolBackend
+    from pearl.gateway.processes import GatewayProcesses
     from pearl.gateway.serve import GatewayServer
     from pearl.metrics import Metrics, MetricsServer
     from pearl.rl.pipeline import Pipeline
@@ -227,8 +229,11 @@ class Daemon:
         self.metrics: Metrics | None = None  # when [daemon] metrics is set
         self.plans = PlanHistory()  # every plan of this process's life, timed (reports read it)
         self.metrics_server: MetricsServer | None = None
-        self.gateway: GatewayServer | None = None  # when [gateway] listen is set
+        self.gateway: GatewayServer | None = None  # when [gateway] listen is set (in-process)
         self.gateway_backend: PoolBackend | None = None  # the gateway's
+        self.gateway_processes: GatewayProcesses | None = None  # with [gateway] processes
+        self.gateway_address: str | None = None  # HOST:PORT while the gateway serves
+        self.routes: RouteFeed | None = None  # what the gateway processes route by
         self._gateway_sock: socket.socket | None = None  # bound at start, until served on
         self._gateway_key: str | None = None
 
@@ -289,6 +294,7 @@ class Daemon:
             ("log", self._open_log, self._close_log),
             ("launcher", self._make_launcher, self._reap_workers),
             ("metrics", self._start_metrics, self._stop_metrics),
+            ("routes", self._start_routes, self._stop_routes),
             ("actors", self._start_actors, self._stop_actors),
             ("gateway", self._start_gateway, self._stop_gateway),
             ("ticker", self._start_ticker, self._stop_ticker),
@@ -371,6 +377,8 @@ class Daemon:
 
         controller, recovered = self._recover()
         self.directory = base.Directory()
+        if self.routes is not None:
+            self.directory.register(self.routes)
         self.pipeline = build_pipeline(self.cfg)
         self.factories = self._factories(recovered)
         for name, make in self.factories.items():  # dependency order
@@ -397,7 +405,10 @@ class Daemon:
         g = self.cfg.gateway
         if g.listen:
             self._gateway_key = read_api_key(g.api_key_file)
-            self._gateway_sock = bind(g.listen)
+            if g.processes:  # their port, held (not listened on) while they serve it
+                self._gateway_sock = bind(g.listen, reuse_port=True, backlog=None)
+            else:
+                self._gateway_sock = bind(g.listen)
 
     def _unbind_gateway(self, failed: bool) -> None:
         if self._gateway_sock is not None:  # never handed to the server (it closes its own)
@@ -406,39 +417,66 @@ class Daemon:
 
     def _start_gateway(self) -> None:
         """The OpenAI-compatible gateway (``[gateway] listen``), once the actors it routes to
-        are up; off when empty. A taken address fails the start in one line."""
-        g = self.cfg.gateway
+        are up; off when empty. A taken address fails the start in one line. With
+        ``[gateway] processes``, the gateway processes serve it, fed by the routes feed."""
         if self._gateway_sock is None:
             return
-        from pearl.gateway.app import build_app
+        if self.cfg.gateway.processes:
+            self._start_gateway_processes()
+            return
+        from pearl.gateway.app import open_gateway
         from pearl.gateway.pool import PoolBackend
-        from pearl.gateway.serve import GatewayServer
 
         self.gateway_backend = PoolBackend(self.directory, self.cfg)
-        app = build_app(
-            self.gateway_backend,
-            api_key=self._gateway_key,
-            max_body_bytes=g.max_body_bytes,
-            max_streams=g.max_streams,
-            body_timeout_s=g.body_timeout_s,
-            allowed_origins=g.allowed_origins,
-        )
         sock, self._gateway_sock = self._gateway_sock, None
-        self.gateway = GatewayServer(
-            app,
-            g.listen,
-            sock,
-            max_connections=g.max_connections,
-            header_timeout_s=g.header_timeout_s,
-        ).start()
+        self.gateway = open_gateway(self.gateway_backend, self.cfg.gateway, sock, self._gateway_key)
+        self.gateway_address = self.gateway.address
+
+    def _start_gateway_processes(self) -> None:
+        import dataclasses
+        import json
+
+        from pearl.gateway.processes import GatewayProcesses
+
+        assert self._gateway_sock is not None and self.routes is not None
+        host, port = self._gateway_sock.getsockname()[:2]
+        self.gateway_address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self.gateway_processes = GatewayProcesses(
+            self.cfg.gateway.processes,
+            folder=self.state_dir / "gateway",
+            config_json=json.dumps(dataclasses.asdict(self.cfg)),
+            endpoint=self.address,
+            routes=self.routes.addresses,
+            listen=self.gateway_address,
+        )
+        self.gateway_processes.start()
 
     def _stop_gateway(self, failed: bool) -> None:
+        self.gateway_address = None
+        if self.gateway_processes is not None:
+            self.gateway_processes.stop()
+            self.gateway_processes = None
         if self.gateway is not None:
             self.gateway.stop()
             self.gateway = None
         if self.gateway_backend is not None:
             self.gateway_backend.close()
             self.gateway_backend = None
+
+    def _start_routes(self) -> None:
+        """The routes feed of the gateway processes (``[gateway] processes``), before the
+        actors: it hears the first view and every host's hello. Bound where pearld's API is,
+        with its keys."""
+        if not (self.cfg.gateway.listen and self.cfg.gateway.processes):
+            return
+        from pearl.gateway.feed import RouteFeed, serving_host
+
+        self.routes = RouteFeed(serving_host(self.address), self.keys)
+
+    def _stop_routes(self, failed: bool) -> None:
+        if self.routes is not None:
+            self.routes.close()
+            self.routes = None
 
     def _start_ticker(self) -> None:
         self._ticker = threading.Thread(target=self._tick, name="ticker", daemon=True)
@@ -761,8 +799,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         pykka.ActorRegistry.stop_all(timeout=2.0)  # stragglers: no thread may keep us alive
         return 1
     print(f"pearld listening on {daemon.address} (pid {os.getpid()})", flush=True)
-    if daemon.gateway is not None:
-        print(f"gateway at http://{daemon.gateway.address}/v1", flush=True)
+    if daemon.gateway_address is not None:
+        print(f"gateway at http://{daemon.gateway_address}/v1", flush=True)
     try:
         while not done.wait(0.5):
             if daemon.failed.is_set():

@@ -225,8 +225,8 @@ class Runtime(_Base):
     def gateway_url(self) -> str | None:
         """The OpenAI-compatible gateway's base URL (``http://HOST:PORT/v1``) while it serves
         (``[gateway] listen``), else None."""
-        server = self.daemon.gateway
-        return None if server is None else f"http://{server.address}/v1"
+        address = self.daemon.gateway_address
+        return None if address is None else f"http://{address}/v1"
 
     def start(self) -> Runtime:
         if not self._started:

@@ -36,6 +36,12 @@ class GatewayConfig:
     """Browser origins (``scheme://host[:port]``) allowed to call the gateway, with CORS answers;
     a request with any other ``Origin`` header is refused with 403. A TOML list, or a
     comma-separated string on the command line."""
+    processes: int = 0
+    """Gateway processes serving ``listen`` together (``SO_REUSEPORT``), each with a Router of
+    its own fed by pearld's routes feed and sending requests straight to the worker hosts, so
+    the data path leaves pearld's interpreter; pearld starts them again when they exit. 0: the
+    gateway runs inside pearld (and in an embedded Runtime). At most 64. ``max_connections``
+    and ``max_streams`` bound each process."""
 
 
 __all__ = ["GatewayConfig"]

@@ -63,6 +63,7 @@ NON_NEGATIVE: dict[str, tuple[str, ...]] = {
     "engine.vllm": ("kv_cache_mb",),
     "rl": ("seed", "max_turns", "temperature"),
     "demo": ("eval_every", "trace_s"),
+    "gateway": ("processes",),
 }
 """Keys that must be >= 0 (0 has a meaning: none, off, the default). Every float key of every
 section must also be finite, and every ``*_s`` key at most :data:`MAX_SECONDS`."""

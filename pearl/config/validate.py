@@ -8,7 +8,7 @@ import dataclasses
 import re
 from typing import TYPE_CHECKING
 
-from pearl.config.engine import EngineKind
+from pearl.config.engine import EngineKind, RouterKind
 from pearl.config.gpus import available_cores
 from pearl.config.ranges import check_ranges
 from pearl.config.rl import parse_budget
@@ -19,6 +19,9 @@ from pearl.core.policy import PD
 
 if TYPE_CHECKING:
     from pearl.config.schema import Config
+
+
+MAX_GATEWAY_PROCESSES = 64
 
 
 def check(cfg: Config) -> None:
@@ -80,6 +83,20 @@ def _check_gateway(cfg: Config) -> None:
                 f"gateway.allowed_origins: {origin!r} is not an origin; expected "
                 'scheme://host[:port], e.g. "http://localhost:3000"'
             )
+    if g.processes > MAX_GATEWAY_PROCESSES:
+        raise ConfigError(
+            f"gateway.processes = {g.processes}: at most {MAX_GATEWAY_PROCESSES} (each one is a "
+            "Python process with a Router of its own)"
+        )
+    if g.processes and not g.listen:
+        raise ConfigError(
+            f"gateway.processes = {g.processes} needs gateway.listen: the processes serve it"
+        )
+    if g.processes and cfg.engine.router is RouterKind.SGLANG_ROUTER:
+        raise ConfigError(
+            "gateway.processes route to the worker hosts themselves; with engine.router = "
+            '"sglang-router" the gateway runs inside pearld: set gateway.processes = 0'
+        )
     if not g.listen:
         return
     parse_address(g.listen, "gateway.listen")

@@ -26,11 +26,14 @@ Rules:
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Sequence
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
+from pearl.config.gateway import GatewayConfig
 from pearl.gateway import errors, routes
 from pearl.gateway.backend import GatewayBackend
 from pearl.gateway.context import Context
@@ -39,6 +42,7 @@ from pearl.gateway.guard import Guard, origin_of
 from pearl.gateway.jobs import SESSION_HEADER
 from pearl.gateway.output import Detok as _Detok  # noqa: F401  (tests/gateway import it here)
 from pearl.gateway.routes.control import EVENT_KINDS
+from pearl.gateway.serve import GatewayServer
 
 
 def build_app(
@@ -77,4 +81,61 @@ def build_app(
     return app
 
 
-__all__ = ["EVENT_KINDS", "SESSION_HEADER", "Guard", "build_app", "error_body"]
+PROCESS_HEADER = "x-pearl-gateway-process"
+
+
+def tag_process(app: Any, index: int) -> Any:
+    """``app`` answering every response with ``X-PEARL-Gateway-Process: index`` (which of the
+    gateway processes sharing the port served it)."""
+    header = (PROCESS_HEADER.encode(), str(index).encode())
+
+    async def tagged(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+
+        async def send_tagged(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), header]}
+            await send(message)
+
+        await app(scope, receive, send_tagged)
+
+    return tagged
+
+
+def open_gateway(
+    backend: GatewayBackend,
+    g: GatewayConfig,
+    sock: socket.socket,
+    api_key: str | None,
+    process: int | None = None,
+) -> GatewayServer:
+    """The gateway over ``backend`` with ``[gateway]``'s bounds, serving on ``sock`` (bound by
+    :func:`pearl.gateway.serve.bind`); returns once it serves. ``process``: the index of the
+    gateway process serving it, told in every response (None: pearld's own gateway)."""
+    app = build_app(
+        backend,
+        api_key=api_key,
+        max_body_bytes=g.max_body_bytes,
+        max_streams=g.max_streams,
+        body_timeout_s=g.body_timeout_s,
+        allowed_origins=g.allowed_origins,
+    )
+    asgi = app if process is None else tag_process(app, process)
+    server = GatewayServer(
+        asgi, g.listen, sock, max_connections=g.max_connections, header_timeout_s=g.header_timeout_s
+    )
+    return server.start()
+
+
+__all__ = [
+    "EVENT_KINDS",
+    "PROCESS_HEADER",
+    "SESSION_HEADER",
+    "Guard",
+    "build_app",
+    "error_body",
+    "open_gateway",
+    "tag_process",
+]

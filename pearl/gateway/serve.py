@@ -170,18 +170,24 @@ class GatewayBindFailed(PearlError):
     """The gateway cannot listen on ``gateway.listen``."""
 
 
-def bind(listen: str) -> socket.socket:
-    """A listening TCP socket on ``listen`` (HOST:PORT; port 0: any free one)."""
+def bind(listen: str, *, reuse_port: bool = False, backlog: int | None = 2048) -> socket.socket:
+    """A TCP socket bound on ``listen`` (HOST:PORT; port 0: any free one) and listening with
+    ``backlog``. ``reuse_port``: shared with other sockets bound so (``SO_REUSEPORT``): the
+    kernel spreads connections over those that listen. ``backlog`` None: bound, not listening
+    (pearld holds the port of its gateway processes so)."""
     host, port = parse_address(listen, "gateway.listen")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         # Accepted connections inherit it: uvicorn sets it only on the sockets it binds itself,
         # and without it every small response waits on Nagle's delayed-ACK timer.
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((host, port))
-        sock.listen(2048)
+        if backlog is not None:
+            sock.listen(backlog)
     except OSError as e:
         sock.close()
         if e.errno == errno.EADDRINUSE:
