@@ -426,6 +426,10 @@ def main() -> int:
     )  # fmt: skip
     ap.add_argument("--profile-rate", type=int, default=100, help="py-spy samples per second")
     ap.add_argument(
+        "--processes", type=int, default=0,
+        help="gateway processes (gateway.processes); 0: the gateway runs in pearld",
+    )  # fmt: skip
+    ap.add_argument(
         "--structured",
         action="store_true",
         help="also structured_ratio (bench_structured.py) and n_ratio (bench_n.py)",
@@ -442,7 +446,7 @@ def main() -> int:
     rt = pearl.Runtime.from_config(
         ROOT / "configs" / "local-cpu.toml",
         state_dir=work / "state",
-        overrides=settings(a.engine, free_port() + 200),
+        overrides=[*settings(a.engine, free_port() + 200), f"gateway.processes={a.processes}"],
     )
     rt.start()
     pool: Pool | None = None
@@ -490,8 +494,11 @@ def main() -> int:
                 lat[way] += tally.latencies
                 print(f"  round {r + 1}: {way:8s} {tally.tokens / secs:8.1f} tok/s, p50 "
                       f"{pct(tally.latencies, 0.5) * 1e3:.1f} ms", flush=True)  # fmt: skip
-        sessions = rt.daemon.gateway_backend.sessions
-        homes = [s.workers for s in sessions.open.values() if len(s.workers) > 1]
+        # The sessions' workers, as the in-process gateway's book holds them (none with
+        # gateway processes: each keeps its own)
+        backend = rt.daemon.gateway_backend
+        opened = backend.sessions.open.values() if backend is not None else ()
+        homes = [s.workers for s in opened if len(s.workers) > 1]
         hits = sum(w == s[0] for s in homes for w in s[1:])
         turns_after_first = sum(len(s) - 1 for s in homes)
 
@@ -540,6 +547,7 @@ def main() -> int:
         "recomputed_tokens": gw.recomputed,
         "migrations": gw.migrations,
         "affinity_hit_ratio": hits / turns_after_first if turns_after_first else None,
+        "processes": a.processes,
     }
     if a.structured:  # torch engine, in-process, after the runtime has stopped
         from benchmarks.bench_n import n_ratio

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import pytest
 import pearl
 from actors import names
 from pearl.core.status import status_plain
+from pearl.gateway.app import PROCESS_HEADER
 from pearl.log import FileLog
 from pearl.runtime import wait_training_may_proceed
 from pearl.testing.wait import poll, wait_until
@@ -30,16 +32,19 @@ MODEL = "pearl-sim"
 
 
 class Agents:
-    """Async agents on an event loop of their own, streaming every turn, until stopped."""
+    """Async agents on an event loop of their own, each with a client (and connections) of its
+    own, streaming every turn, until stopped. ``processes`` counts the gateway processes that
+    answered (``X-PEARL-Gateway-Process``; "" from pearld's own gateway)."""
 
-    def __init__(self, url: str) -> None:
-        self.url, self.stop = url, threading.Event()
+    def __init__(self, url: str, count: int = AGENTS) -> None:
+        self.url, self.count, self.stop = url, count, threading.Event()
         self.completed = self.migrations = 0
+        self.processes: Counter[str] = Counter()
         self.failures: list[str] = []
         self.thread = threading.Thread(target=lambda: asyncio.run(self.run()))
 
     async def turn(self, client: Any, session: str, messages: list[dict[str, str]]) -> str:
-        stream = await client.chat.completions.create(
+        raw = await client.chat.completions.with_raw_response.create(
             model=MODEL,
             messages=messages,
             max_tokens=NEW,
@@ -48,6 +53,8 @@ class Agents:
             extra_headers={"X-Session-ID": session},
             extra_body={"return_token_ids": True},
         )
+        self.processes[raw.headers.get(PROCESS_HEADER, "")] += 1
+        stream = raw.parse()  # the SDK's stream itself, for a streamed response
         ids: list[int] = []
         text, usage = "", None
         async for chunk in stream:
@@ -80,7 +87,7 @@ class Agents:
         await client.close()
 
     async def run(self) -> None:
-        await asyncio.gather(*(self.agent(i) for i in range(AGENTS)))
+        await asyncio.gather(*(self.agent(i) for i in range(self.count)))
 
 
 @pytest.mark.slow

@@ -10,11 +10,9 @@ again, and pearld's stop takes every process down.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -26,72 +24,13 @@ import pytest
 import pearl
 from pearl.runtime import wait_training_may_proceed
 from pearl.testing.wait import poll, wait_until
+from tests.gateway.test_gateway_churn import Agents
 from tests.gateway.test_pool import SETS, routable
 
 openai = pytest.importorskip("openai")
 
 ROOT = Path(__file__).resolve().parents[2]
-AGENTS, TURNS, NEW = 12, 3, 48
-MODEL = "pearl-sim"
-PROCESS = "x-pearl-gateway-process"
-
-
-class Agents:
-    """Async agents, each on a connection of its own, streaming sessions until stopped."""
-
-    def __init__(self, url: str) -> None:
-        self.url, self.stop = url, threading.Event()
-        self.completed = self.migrations = 0
-        self.processes: Counter[str] = Counter()
-        self.failures: list[str] = []
-        self.thread = threading.Thread(target=lambda: asyncio.run(self.run()))
-
-    async def turn(self, client: Any, session: str, messages: list[dict[str, str]]) -> str:
-        raw = await client.chat.completions.with_raw_response.create(
-            model=MODEL,
-            messages=messages,
-            max_tokens=NEW,
-            stream=True,
-            stream_options={"include_usage": True},
-            extra_headers={"X-Session-ID": session},
-            extra_body={"return_token_ids": True},
-        )
-        self.processes[raw.headers.get(PROCESS, "none")] += 1
-        ids: list[int] = []
-        text, usage = "", None
-        stream = raw.parse()  # the SDK's stream itself, for a streamed response
-        async for chunk in stream:
-            if chunk.usage is not None:
-                usage = chunk.usage
-            for c in chunk.choices:
-                ids += (c.model_extra or {}).get("token_ids") or []
-                text += c.delta.content or ""
-        assert usage is not None and usage.completion_tokens == len(ids) > 0, (usage, ids)
-        self.migrations += (usage.model_extra or {}).get("migrations", 0)
-        return text
-
-    async def agent(self, i: int) -> None:
-        # a client (and connection pool) per agent: the kernel spreads connections over processes
-        client = openai.AsyncOpenAI(base_url=self.url, api_key="none", max_retries=0, timeout=120)
-        n = 0
-        while not self.stop.is_set():
-            session, messages = f"agent{i}-{n}", [{"role": "user", "content": f"task {i}.{n}"}]
-            for t in range(TURNS):
-                try:
-                    reply = await self.turn(client, session, messages)
-                except Exception as e:  # noqa: BLE001 - every failure is the finding
-                    self.failures.append(f"{session} turn {t}: {type(e).__name__}: {e}")
-                    return
-                self.completed += 1
-                messages += [
-                    {"role": "assistant", "content": reply},
-                    {"role": "user", "content": f"tool output {t}"},
-                ]
-            n += 1
-        await client.close()
-
-    async def run(self) -> None:
-        await asyncio.gather(*(self.agent(i) for i in range(AGENTS)))
+AGENTS = 12
 
 
 def hosts_metrics(state: Path) -> dict[int, str]:
@@ -126,7 +65,7 @@ def test_two_gateway_processes_lose_no_request_through_reclaims_notices_and_retu
         overrides=(
             *SETS,
             "gateway.listen=127.0.0.1:0",
-            f"gateway.model={MODEL}",
+            "gateway.model=pearl-sim",
             "gateway.processes=2",
             "daemon.metrics=127.0.0.1:0",
         ),
@@ -146,7 +85,7 @@ def test_two_gateway_processes_lose_no_request_through_reclaims_notices_and_retu
             assert r.status_code == 200, (kind, r.status_code, r.text)
 
         wait_until(lambda: routable(rt), 60, "a worker serving", every=0.1)
-        agents = Agents(url)
+        agents = Agents(url, AGENTS)
         agents.thread.start()
 
         def busy(gpus: set[int]) -> bool:  # a worker on these GPUs holds requests
