@@ -4,7 +4,8 @@ One embedded Runtime with torch workers serves the module's torch tests in turn 
 goes on from the steps and versions the runs before it left): 2 steps with the environment's
 fields checked (env_mask, the sampling logprobs); a preemptible worker reclaimed mid-rollout and
 one joining; ``async_steps=1``; an agent function written against the openai SDK as the
-environment. Then a running pearld (a subprocess) and one vLLM worker, each on its own.
+environment. Then a running pearld (a subprocess). TRL on vLLM workers runs in
+tests/engines/vllm/test_vllm_pearl.py, on the servers that module starts anyway.
 """
 
 from __future__ import annotations
@@ -515,7 +516,7 @@ def test_an_agent_that_rewrites_its_history_is_refused(torch_rt: Torch) -> None:
     s.close()
 
 
-# -- a running pearld; vLLM workers --------------------------------------------------------------
+# -- a running pearld --------------------------------------------------------------------------
 
 
 def test_a_running_pearld(tmp_path: Path) -> None:
@@ -542,32 +543,3 @@ def test_a_running_pearld(tmp_path: Path) -> None:
         rt.stop()
     finally:
         d.cleanup()  # pearld and its worker hosts, by pid
-
-
-def test_vllm_workers(tmp_path: Path) -> None:
-    venv = ROOT / ".venv-vllm" / "bin" / "python"
-    if not venv.exists():
-        pytest.skip(f"no vLLM environment at {venv.parent.parent}: `make vllm` creates it")
-    from tests.ports import free_base
-
-    model, tok = model_files(tmp_path, "tiny32")
-    sets = (
-        f"engine.torch.preset={model}",
-        f"engine.vllm.model_path={model}",
-        f"engine.vllm.tokenizer={tok}",
-        f"engine.vllm.python={venv}",
-        f"engine.vllm.port={free_base(8)}",
-        "engine.vllm.max_model_len=512",
-        # one vLLM server: the reserved slot; the trainer's are never lent
-        "cluster.training_gpus=0",
-        "cluster.reserved_gpus=1",
-        "cluster.preemptible_gpus=",
-        "daemon.borrow=never",
-    )
-    with runtime(tmp_path, sets, config="local-vllm.toml") as rt:
-        servers = [w.gpus for w in rt.status().workers if w.role != "training"]
-        assert servers == [(1,)], servers
-        run = trl_run(
-            rt, model, tok, tmp_path / "out", steps=1, batch=4, generations=2, max_len=512
-        )
-        check_trained(run, tmp_path / "state", steps=1, batch=4)
