@@ -24,6 +24,7 @@ pearld's state. The payloads are plain mappings: ``{"view": StateChanged}``,
 from __future__ import annotations
 
 import logging
+import socket
 from typing import Any
 
 from actors import names
@@ -61,6 +62,16 @@ def serving_host(endpoint: str) -> str:
     return endpoint.removeprefix("tcp://").rsplit(":", 1)[0] or "127.0.0.1"
 
 
+def reachable(address: str) -> str:
+    """A bound ``tcp://HOST:PORT`` as another machine dials it: a wildcard host (pearld bound on
+    every interface) becomes this machine's address."""
+    scheme, _, rest = address.partition("://")
+    host, _, port = rest.rpartition(":")
+    if scheme == "tcp" and host in ("*", "0.0.0.0", "[::]", "::"):
+        return f"tcp://{socket.gethostbyname(socket.gethostname())}:{port}"
+    return address
+
+
 class RouteFeed:
     """pearld's side of the feed (see the module): a publisher of changes and an rpc server of
     snapshots, both bound on ``host`` (any free port), with pearld's keys when it has them.
@@ -83,7 +94,7 @@ class RouteFeed:
     @property
     def addresses(self) -> tuple[str, str]:
         """Where changes are published, and where snapshots are answered."""
-        return self.publisher.address, self.server.address
+        return reachable(self.publisher.address), reachable(self.server.address)
 
     def tell(self, msg: object) -> None:
         with self.publisher.lock:
@@ -141,4 +152,12 @@ def read_snapshot(payload: dict[str, Any]) -> tuple[StateChanged | None, list[Ho
     return (view if isinstance(view, StateChanged) else None), hosts
 
 
-__all__ = ["TOPIC", "HostUp", "RouteFeed", "read_change", "read_snapshot", "serving_host"]
+__all__ = [
+    "TOPIC",
+    "HostUp",
+    "RouteFeed",
+    "reachable",
+    "read_change",
+    "read_snapshot",
+    "serving_host",
+]

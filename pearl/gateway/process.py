@@ -43,7 +43,14 @@ from pearl.config import Config
 from pearl.config.loader import from_mapping
 from pearl.core.errors import PearlError
 from pearl.core.status import ClusterStatus
-from pearl.gateway.feed import TOPIC, HostUp, read_change, read_snapshot, serving_host
+from pearl.gateway.feed import (
+    TOPIC,
+    HostUp,
+    reachable,
+    read_change,
+    read_snapshot,
+    serving_host,
+)
 from transports.auth import ClientKeys, DaemonKeys, HostKeys, ServerKeys
 from transports.protocol import Status, StatusRequest
 from transports.pubsub import Subscriber
@@ -226,7 +233,7 @@ def run(a: argparse.Namespace, stop: threading.Event) -> int:
         Router,
         directory=directory,
         wait_s=cfg.gateway.request_timeout_s,
-        reply_to=reply.address,
+        reply_to=reachable(reply.address),  # hosts on other machines dial it
         hashed=True,
     )
     directory.register(PearldStatus(Client(a.endpoint, keys=keys.to_pearld, timeout_s=30)))

@@ -143,3 +143,14 @@ def test_a_gateway_router_asks_hosts_to_answer_at_its_own_address() -> None:
     plain.state_changed(changed([1, 2, 3]))
     plain.load = {w: 1 if w == home else 0 for w in (1, 2, 3)}
     assert turn(plain, "session-b") != home and sent[-1].reply_to == ""
+
+
+def test_a_wildcard_address_is_given_as_one_another_machine_can_dial() -> None:
+    from pearl.gateway.feed import reachable, serving_host
+
+    assert reachable("tcp://127.0.0.1:5001") == "tcp://127.0.0.1:5001"
+    assert reachable("ipc:///tmp/pearl.sock") == "ipc:///tmp/pearl.sock"
+    host, _, port = reachable("tcp://0.0.0.0:5001").removeprefix("tcp://").rpartition(":")
+    assert port == "5001" and host not in ("0.0.0.0", "*", "")
+    assert serving_host("tcp://10.0.0.5:7440") == "10.0.0.5"
+    assert serving_host("ipc:///tmp/pearld.sock") == "127.0.0.1"
