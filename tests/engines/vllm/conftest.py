@@ -67,9 +67,32 @@ def write_tiny_qwen3(out: Path, seed: int = 0) -> Path:
     return out
 
 
+def write_tiny_llama(out: Path, tokenizer_from: Path, seed: int = 3) -> Path:
+    """A random Llama checkpoint in ``out``, with the tokenizer files of ``tokenizer_from``:
+    another architecture than the Qwen3, which vLLM serves as well."""
+    import shutil
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=384, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                      max_position_embeddings=512, tie_word_embeddings=False)  # fmt: skip
+    torch.manual_seed(seed)
+    LlamaForCausalLM(cfg).save_pretrained(out)
+    for f in tokenizer_from.glob("tokenizer*"):
+        shutil.copy(f, out)
+    return out
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3"))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), tiny_model)
 
 
 @pytest.fixture(scope="package")

@@ -268,43 +268,6 @@ def test_a_killed_server_is_relaunched_at_the_current_weights_and_fails_none_of_
     assert out.output_ids == before and out.weights_version == version
 
 
-def test_a_llama_checkpoint_serves_and_equals_transformers(
-    tiny_model: Path, tmp_path: Path
-) -> None:
-    """Any checkpoint vLLM serves: a Llama directory (with the Qwen3's tokenizer) through the
-    same engine; greedy tokens equal transformers' forward."""
-    import shutil
-
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from pearl.engines.vllm import VLLMEngine, VLLMEngineConfig, VLLMSpec
-
-    from .conftest import free_port, vllm_python
-
-    out = tmp_path / "llama"
-    cfg = LlamaConfig(vocab_size=384, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                      max_position_embeddings=512, tie_word_embeddings=False)  # fmt: skip
-    torch.manual_seed(3)
-    model = LlamaForCausalLM(cfg).eval()
-    model.save_pretrained(out)
-    for f in tiny_model.glob("tokenizer*"):
-        shutil.copy(f, out)
-    spec = VLLMSpec(str(out), port=free_port(), dtype="float32", max_model_len=512,
-                    kv_cache_mb=64, python=vllm_python())  # fmt: skip
-    eng = VLLMEngine(VLLMEngineConfig(spec, log_path=str(tmp_path / "server.log")))
-    eng.start()
-    try:
-        got = eng.generate(greedy("l1", n=12)).result(120).output_ids
-    finally:
-        eng.stop()
-    with torch.no_grad():
-        ref = model.generate(torch.tensor([list(PROMPT)]), max_new_tokens=12, do_sample=False,
-                             min_new_tokens=12)[0]  # fmt: skip
-    assert got == tuple(ref[len(PROMPT) :].tolist())
-
-
 # -- structured outputs: PEARL's grammar processor in the server (issue 43) --------------------
 
 OBJECT = {

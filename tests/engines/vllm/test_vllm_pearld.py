@@ -1,7 +1,10 @@
 """pearld with a vLLM worker, as a process: SIGKILLed and restarted, it adopts the running worker
 host and its vLLM server (the same processes serve on); a vLLM server that dies is noticed by its
 host and relaunched at the same port, and the worker stays in the table. The status equals the
-replay of the log after each."""
+replay of the log after each. The checkpoint is a Llama (with the conftest Qwen3's tokenizer):
+any architecture vLLM serves, served as configured, its greedy tokens equal transformers'
+forward (here rather than a server of its own in test_vllm_engine.py: a start is tens of
+seconds)."""
 
 from __future__ import annotations
 
@@ -88,8 +91,20 @@ def status_is_replay(d: Pearld) -> None:
     wait_until(same, 30, "the status to equal the replay of the log")
 
 
+def transformers_greedy(model_dir: Path, n: int = 8) -> list[int]:
+    """``n`` greedy tokens after PROMPT from transformers' forward of the checkpoint."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = model.generate(torch.tensor([PROMPT]), max_new_tokens=n, do_sample=False,
+                             min_new_tokens=n)[0]  # fmt: skip
+    return list(out[len(PROMPT) :].tolist())
+
+
 @pytest.fixture
-def daemon(tiny_model: Path, tmp_path: Path) -> Any:
+def daemon(tiny_llama: Path, tmp_path: Path) -> Any:
     port = free_port()
     sets = [
         "rl.env=",
@@ -97,7 +112,7 @@ def daemon(tiny_model: Path, tmp_path: Path) -> Any:
         "cluster.reserved_gpus=1",
         "cluster.preemptible_gpus=",
         "daemon.borrow=never",
-        f"engine.vllm.model_path={tiny_model}",
+        f"engine.vllm.model_path={tiny_llama}",
         f"engine.vllm.python={vllm_python()}",
         f"engine.vllm.port={port - 1}",  # GPU 1's server on the free port
         "engine.vllm.max_model_len=512",
@@ -118,11 +133,12 @@ def daemon(tiny_model: Path, tmp_path: Path) -> Any:
 
 
 def test_pearld_killed_adopts_the_running_vllm_host_and_a_dead_server_is_relaunched(
-    daemon: Any,
+    daemon: Any, tiny_llama: Path
 ) -> None:
     d, url = daemon
     wait_until(lambda: 1 in serving(d), 600, "the vLLM worker to serve")
     before = greedy(url)
+    assert before == transformers_greedy(tiny_llama)  # a Llama, served as transformers runs it
     ((name, host),) = d.host_pids().items()
     server = server_pid(host)
     assert server is not None
