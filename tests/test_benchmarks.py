@@ -24,7 +24,7 @@ FIGURES = re.compile(r'(\d\.\d+|inf) ?x\b|"\w+": |PEARL / direct: \d\.\d+')
 TIMEOUT_S = 480  # a smoke run's bound, not a figure: the suite runs beside it
 # Seconds of each small mode alone on the 2-core machine: the longest start first, so that the
 # two lanes end together, not one run alone.
-SECONDS = {"bench_vllm": 51, "bench_demo": 35, "bench_ray": 34, "bench_notice": 33,
+SECONDS = {"bench_vllm": 51, "bench_demo": 35, "bench_ray": 34, "bench_notice": 20,
            "bench_learning": 23, "bench_gateway": 18, "bench_capacity": 16, "bench_engine": 12,
            "bench_pd": 12, "bench_device": 8, "bench_n": 6, "bench_structured": 6, "bench_log": 5,
            "bench_metrics": 5, "bench_pearld": 5, "bench_sim": 3}  # fmt: skip
