@@ -45,7 +45,8 @@ def test_a_dead_actor_is_restarted_and_one_that_keeps_dying_stops_pearld(
     daemon.start()
     try:
         parts = [
-            "api", "gateway-socket", "log", "launcher", "metrics", "actors", "gateway", "ticker",
+            "api", "gateway-socket", "log", "launcher", "metrics", "routes", "actors", "gateway",
+            "ticker",
         ]  # fmt: skip
         assert daemon.parts == parts
         for k in range(1, 6):  # five restarts within 5 minutes are allowed
