@@ -94,6 +94,11 @@ class HostHeart:
             return
         self.on_beat()
 
+    def wake(self) -> None:
+        """End the heart's wait at once (a stop just set: :meth:`run` returns without waiting
+        out its interval). Thread-safe; from a signal handler too."""
+        self._rehello.set()
+
     def run(self, stop: threading.Event) -> str:
         """Until ``stop`` is set (returns "stopped"), pearld forgets the host ("unknown") or stays
         unreachable for ``orphan_s`` ("orphaned")."""
@@ -127,7 +132,7 @@ class HostHeart:
                 elif min(self.beacon.silent_s(), time.monotonic() - last_ok) > self.orphan_s:
                     log.warning("pearld silent for %.0fs; exiting", self.orphan_s)
                     return "orphaned"
-                self._rehello.wait(self.interval_s)  # a re-hello goes at once
+                self._rehello.wait(self.interval_s)  # a re-hello (or a wake) goes at once
             return "stopped"
         finally:
             self.beacon.close()

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pearl.worker_host")
 
+TERM_REPORT_S = 0.5  # reports still queued when SIGTERM stops the host: delivered within this
 ENGINE_MODULES = {"sim": "pearl.engines.sim", "torch": "pearl.engines.torch"}
 
 
@@ -76,9 +77,10 @@ class Reporter:
                         log.warning("dropped %s for %s: %s", type(msg).__name__, name, e)
                     time.sleep(min(2.0, 0.05 * 2**attempt))
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Deliver what is queued, waiting at most ``timeout_s`` (the rest is dropped)."""
         self.q.put(None)
-        self.thread.join(5.0)
+        self.thread.join(timeout_s)
 
 
 class QueuedRef:
@@ -236,13 +238,14 @@ class Host:
         # Earlier incarnations of this slot: their logs beyond the last few, dead pid files.
         worker_files.prune(folder, a.worker)
 
-    def close(self) -> None:
-        """Stop what :func:`set_up` started, the pid file first (the host is going)."""
+    def close(self, report_s: float = 5.0) -> None:
+        """Stop what :func:`set_up` started, the pid file first (the host is going); reports
+        still queued get ``report_s`` to reach pearld."""
         if self.pid_file is not None:
             worker_files.remove_own(self.pid_file)
         self.server.close()
         self.actor.stop(timeout=10)
-        self.reporter.close()
+        self.reporter.close(report_s)
         self.replies.close()
         self.kv.close()
         if self.exporter is not None:
@@ -360,8 +363,16 @@ def main(argv: list[str] | None = None) -> int:
     engine_cfg = EngineConfig(**json.loads(a.engine))
     parse_gpus(a.gpus)
 
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop, terminated = threading.Event(), threading.Event()
+    beats: HostHeart | None = None
+
+    def on_sigterm(*_: object) -> None:
+        terminated.set()
+        stop.set()
+        if beats is not None:
+            beats.wake()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     metrics = HostMetrics(a.worker, a.incarnation, engine_cfg.kind)
     try:
         keys = read_keys(a)
@@ -382,7 +393,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         beats.run(stop)  # beats leave from the heart's own thread, whatever the engine does
     finally:
-        host.close()
+        # SIGTERM comes from pearld stopping (or killing this host): a report it has not taken
+        # in half a second it will not take; a stop command's reports get their full time.
+        host.close(report_s=TERM_REPORT_S if terminated.is_set() else 5.0)
     return 0
 
 
