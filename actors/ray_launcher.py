@@ -38,6 +38,7 @@ from actors.launcher import Handle, LaunchError, WorkerSpec, host_args
 from actors.messages import WorkerHello
 from actors.ray_nodes import RayNode, check_placement, placement, read_nodes
 from pearl.config import Config, EngineKind, format_gpus
+from pearl.core.address import advertised
 from pearl.core.errors import ConfigError
 from transports.auth import HostKeys, is_local
 
@@ -270,11 +271,7 @@ class RayLauncher:
 
     def _routable(self, endpoint: str) -> str:
         """pearld's address as a host elsewhere dials it: a wildcard host is this node's IP."""
-        scheme, sep, rest = endpoint.partition("://")
-        host, _, port = rest.rpartition(":")
-        if scheme == "tcp" and host in ("*", "0.0.0.0", "[::]", "::"):
-            return f"tcp://{self.here}:{port}"
-        return endpoint
+        return advertised(endpoint, self.here)
 
     def _poll(self) -> None:
         """Read each host's actor: its child running, its CPU seconds; never block the caller."""

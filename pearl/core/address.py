@@ -31,6 +31,19 @@ def is_local(address: str) -> bool:
         return False  # an interface name or hostname: may be reachable from outside
 
 
+WILDCARDS = ("*", "0.0.0.0", "[::]", "::")
+
+
+def advertised(address: str, here: str) -> str:
+    """A bound ``tcp://HOST:PORT`` as another machine dials it: a wildcard host (bound on every
+    interface) becomes ``here``, this machine's address; any other address is itself."""
+    scheme, _, rest = address.partition("://")
+    host, _, port = rest.rpartition(":")
+    if scheme == "tcp" and host in WILDCARDS:
+        return f"tcp://{here}:{port}"
+    return address
+
+
 def parse_address(value: str, where: str = "daemon.metrics") -> tuple[str, int]:
     """``HOST:PORT`` (port 0: any free port) -> (host, port); a clear error otherwise."""
     host, sep, port = value.rpartition(":")

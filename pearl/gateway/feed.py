@@ -31,6 +31,7 @@ from actors import names
 from actors.base import decode_value
 from actors.messages import StateChanged
 from actors.router import WorkerGone
+from pearl.core.address import advertised
 from pearl.core.errors import PearlError
 from pearl.core.schema import WireStruct, to_wire
 from transports.auth import ServerKeys
@@ -65,11 +66,7 @@ def serving_host(endpoint: str) -> str:
 def reachable(address: str) -> str:
     """A bound ``tcp://HOST:PORT`` as another machine dials it: a wildcard host (pearld bound on
     every interface) becomes this machine's address."""
-    scheme, _, rest = address.partition("://")
-    host, _, port = rest.rpartition(":")
-    if scheme == "tcp" and host in ("*", "0.0.0.0", "[::]", "::"):
-        return f"tcp://{socket.gethostbyname(socket.gethostname())}:{port}"
-    return address
+    return advertised(address, socket.gethostbyname(socket.gethostname()))
 
 
 class RouteFeed:
