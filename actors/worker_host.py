@@ -125,7 +125,7 @@ class Replies:
                 ref = self.peers[address] = QueuedRef(actor, Reporter(client))
                 while len(self.peers) > self.MAX_PEERS:
                     _, old = self.peers.popitem(last=False)
-                    old.reporter.close()
+                    old.reporter.close(timeout_s=0)  # ends after what it holds; no wait here
             self.peers.move_to_end(address)
             return ref
 
