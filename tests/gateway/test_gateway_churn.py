@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +91,18 @@ class Agents:
         await asyncio.gather(*(self.agent(i) for i in range(self.count)))
 
 
+def control(url: str) -> Callable[..., None]:
+    """``event(kind, **fields)``: POST the elastic event to the gateway's ``/pearl/v1/events``
+    (``url`` is its ``/v1`` base); asserts it was logged."""
+    client = httpx.Client(base_url=f"{url.removesuffix('/v1')}/pearl/v1", timeout=60)
+
+    def event(kind: str, **body: Any) -> None:
+        r = client.post(f"/events/{kind}", json=body)
+        assert r.status_code == 200, (kind, r.status_code, r.text)
+
+    return event
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_openai_agents_stream_through_joins_reclaims_and_a_borrow_cycle(tmp_path: Path) -> None:
@@ -103,13 +116,7 @@ def test_openai_agents_stream_through_joins_reclaims_and_a_borrow_cycle(tmp_path
     try:
         url = rt.gateway_url
         assert url is not None
-        base = url.removesuffix("/v1")
-        control = httpx.Client(base_url=f"{base}/pearl/v1", timeout=60)
-
-        def event(kind: str, **body: Any) -> None:
-            r = control.post(f"/events/{kind}", json=body)
-            assert r.status_code == 200, (kind, r.status_code, r.text)
-
+        event = control(url)
         wait_until(lambda: routable(rt), 60, "a worker serving", every=0.1)
         agents = Agents(url)
         agents.thread.start()
@@ -142,7 +149,7 @@ def test_openai_agents_stream_through_joins_reclaims_and_a_borrow_cycle(tmp_path
         agents.stop.set()
         agents.thread.join(180)
         assert not agents.thread.is_alive()
-        served = control.get("/status").json()
+        served = httpx.get(f"{url.removesuffix('/v1')}/pearl/v1/status", timeout=60).json()
         final = rt.status()
     finally:
         if agents is not None:

@@ -16,7 +16,6 @@ import signal
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -24,13 +23,22 @@ import pytest
 import pearl
 from pearl.runtime import wait_training_may_proceed
 from pearl.testing.wait import poll, wait_until
-from tests.gateway.test_gateway_churn import Agents
+from tests.gateway.test_gateway_churn import Agents, control
 from tests.gateway.test_pool import SETS, routable
 
 openai = pytest.importorskip("openai")
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENTS = 12
+HUGE = 2**64  # no worker host can be sent it
+POISON = [  # (path, body): a token id out of any range, an id past the vocabulary, a huge seed
+    ("/v1/completions", {"model": "pearl-sim", "prompt": [HUGE], "max_tokens": 4}),
+    ("/generate", {"input_ids": [10**9, 5], "sampling_params": {"max_new_tokens": 4}}),
+    (
+        "/v1/chat/completions",
+        {"model": "pearl-sim", "messages": [{"role": "user", "content": "x"}], "seed": HUGE},
+    ),
+]
 
 
 def hosts_metrics(state: Path) -> dict[int, str]:
@@ -77,16 +85,17 @@ def test_two_gateway_processes_lose_no_request_through_reclaims_notices_and_retu
     try:
         url = rt.gateway_url
         assert url is not None
-        base = url.removesuffix("/v1")
-        control = httpx.Client(base_url=f"{base}/pearl/v1", timeout=60)
-
-        def event(kind: str, **body: Any) -> None:
-            r = control.post(f"/events/{kind}", json=body)
-            assert r.status_code == 200, (kind, r.status_code, r.text)
-
+        event = control(url)
         wait_until(lambda: routable(rt), 60, "a worker serving", every=0.1)
         agents = Agents(url, AGENTS)
         agents.thread.start()
+        # Poison beside the agents, to every process: refused alone, nothing restarted.
+        started = list(gateways.pids)
+        for _ in range(4):  # a connection each: the kernel spreads them over the processes
+            for path, body in POISON:
+                r = httpx.post(f"{url.removesuffix('/v1')}{path}", json=body, timeout=30)
+                assert r.status_code == 400, (path, r.status_code, r.text)
+        assert gateways.pids == started
 
         def busy(gpus: set[int]) -> bool:  # a worker on these GPUs holds requests
             metrics = hosts_metrics(tmp_path / "state")
