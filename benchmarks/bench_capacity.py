@@ -28,8 +28,8 @@ and theirs (from /proc), and each step also prints pearld's own, what is left on
 plane's interpreter.
 
 ``--json FILE`` writes ``{"gateway_rps_per_core", "router_rps", "p99_knee_rps", "processes"}``
-(``processes``: the processes the data path runs in, 1 when the gateway runs in pearld) and the
-steps; the full run
+(``processes``: the processes the data path runs in, 1 when the gateway runs in pearld, which
+``gateway_in_pearld`` tells apart from one gateway process) and the steps; the full run
 adds ``clusters``: the cores pearld needs at the turn rates the simulator measures for the
 paper's 32-GPU cluster and for 1,024 GPUs (:func:`turn_rates`).
 """
@@ -375,6 +375,7 @@ def main() -> int:
         "router_rps": knee["router"],
         "p99_knee_rps": knee["gateway"],
         "processes": max(1, a.processes),
+        "gateway_in_pearld": a.processes == 0,
         "gateway_rps_per_core_marginal": out_marginal,
         "sessions": a.sessions,
         "prompt_tokens": a.prompt,
